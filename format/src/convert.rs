@@ -1,0 +1,112 @@
+//! Element conversions between the plain float dtypes.
+//!
+//! All narrowing conversions round to nearest, ties to even (IEEE 754's default, and what
+//! PyTorch's `.to(torch.float16/bfloat16)` does), so a Kiln cast equals the reference cast.
+
+use half::{bf16, f16};
+
+use crate::dtype::DType;
+
+/// Decode little-endian elements of a float dtype into f32. `bytes.len()` must equal
+/// `out.len() * dtype.block_bytes()`; quantized dtypes are not accepted here.
+pub fn decode_to_f32(dtype: DType, bytes: &[u8], out: &mut [f32]) {
+    assert!(
+        !dtype.is_quantized(),
+        "decode_to_f32 takes plain float dtypes"
+    );
+    assert_eq!(
+        bytes.len(),
+        out.len() * dtype.block_bytes(),
+        "length mismatch"
+    );
+    match dtype {
+        DType::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        DType::F16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        DType::BF16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        DType::Q8_0 | DType::Q4_0 => unreachable!("checked above"),
+    }
+}
+
+/// Encode f32 values as little-endian elements of a plain float dtype, appending to `out`.
+pub fn encode_from_f32(dtype: DType, x: &[f32], out: &mut Vec<u8>) {
+    assert!(
+        !dtype.is_quantized(),
+        "encode_from_f32 takes plain float dtypes"
+    );
+    out.reserve(x.len() * dtype.block_bytes());
+    match dtype {
+        DType::F32 => x
+            .iter()
+            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        DType::F16 => x
+            .iter()
+            .for_each(|v| out.extend_from_slice(&f16::from_f32(*v).to_le_bytes())),
+        DType::BF16 => x
+            .iter()
+            .for_each(|v| out.extend_from_slice(&bf16::from_f32(*v).to_le_bytes())),
+        DType::Q8_0 | DType::Q4_0 => unreachable!("checked above"),
+    }
+}
+
+/// Convert `bytes` of plain float dtype `from` to dtype `to`, appending to `out`.
+/// Equal dtypes copy the bytes unchanged.
+pub fn cast_bytes(from: DType, to: DType, bytes: &[u8], out: &mut Vec<u8>) {
+    if from == to {
+        out.extend_from_slice(bytes);
+        return;
+    }
+    const CHUNK: usize = 4096;
+    let n = bytes.len() / from.block_bytes();
+    let mut buf = vec![0f32; CHUNK.min(n)];
+    let step = CHUNK * from.block_bytes();
+    for chunk in bytes.chunks(step) {
+        let m = chunk.len() / from.block_bytes();
+        decode_to_f32(from, chunk, &mut buf[..m]);
+        encode_from_f32(to, &buf[..m], out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn bf16_to_f32_and_back_is_lossless(bits in any::<u16>()) {
+            let v = bf16::from_bits(bits);
+            prop_assume!(!v.is_nan());
+            let mut out = Vec::new();
+            cast_bytes(DType::F32, DType::BF16, &v.to_f32().to_le_bytes(), &mut out);
+            prop_assert_eq!(out, bits.to_le_bytes().to_vec());
+        }
+
+        #[test]
+        fn f16_casts_match_half(x in -7.0e4f32..7.0e4) {
+            let mut out = Vec::new();
+            cast_bytes(DType::F32, DType::F16, &x.to_le_bytes(), &mut out);
+            prop_assert_eq!(out, f16::from_f32(x).to_le_bytes().to_vec());
+        }
+    }
+
+    #[test]
+    fn ties_round_to_even() {
+        // 1 + 2^-8 lies exactly between two bf16 values; even mantissa wins (1.0).
+        let x = 1.0f32 + 1.0 / 256.0;
+        let mut out = Vec::new();
+        encode_from_f32(DType::BF16, &[x], &mut out);
+        assert_eq!(bf16::from_le_bytes([out[0], out[1]]).to_f32(), 1.0);
+    }
+}

@@ -1,0 +1,135 @@
+//! The one error type of the format crate.
+//!
+//! Every variant carries the file it is about and, where there is one, the tensor or header
+//! field at fault, so that a message printed once at the top of a program is enough to act on.
+
+use std::io;
+use std::path::Path;
+
+/// Everything that can go wrong reading, validating or writing a `.kiln` file.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    /// An operating-system error while touching `file`.
+    #[error("{file}: {action}: {source}")]
+    Io {
+        file: String,
+        action: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// The first bytes are not the `.kiln` magic.
+    #[error("{file}: not a .kiln file (the first 8 bytes are {found}, expected {expected})")]
+    BadMagic {
+        file: String,
+        found: String,
+        expected: String,
+    },
+    /// A major version this build does not read.
+    #[error(
+        "{file}: .kiln format version {major}.{minor} is not supported; this build reads major \
+         version {supported} (any minor); upgrade Kiln to read this file"
+    )]
+    UnsupportedVersion {
+        file: String,
+        major: u16,
+        minor: u16,
+        supported: u16,
+    },
+    /// The file ends before a section it declares.
+    #[error(
+        "{file}: truncated: {what} needs bytes {start}..{end} but the file is {len} bytes long"
+    )]
+    Truncated {
+        file: String,
+        what: String,
+        start: u64,
+        end: u64,
+        len: u64,
+    },
+    /// A fixed-header field holds an impossible value.
+    #[error("{file}: header field `{field}` is invalid: {reason}")]
+    BadHeader {
+        file: String,
+        field: &'static str,
+        reason: String,
+    },
+    /// The header checksum does not match the header, metadata and index bytes.
+    #[error(
+        "{file}: header checksum mismatch (stored {stored}, computed {computed}): the header, \
+         metadata or tensor index is corrupt; re-create the file"
+    )]
+    HeaderChecksum {
+        file: String,
+        stored: String,
+        computed: String,
+    },
+    /// The metadata section is not the JSON document the spec describes.
+    #[error("{file}: metadata field `{field}`: {reason}")]
+    BadMetadata {
+        file: String,
+        field: String,
+        reason: String,
+    },
+    /// A tensor-index entry that cannot be parsed (its name may not be known yet).
+    #[error("{file}: tensor index entry #{entry}: {reason}")]
+    BadIndexEntry {
+        file: String,
+        entry: usize,
+        reason: String,
+    },
+    /// A tensor whose index entry parses but does not make sense.
+    #[error("{file}: tensor `{tensor}`: {reason}")]
+    BadTensor {
+        file: String,
+        tensor: String,
+        reason: String,
+    },
+    /// A tensor's bytes do not hash to the stored sha256.
+    #[error(
+        "{file}: tensor `{tensor}`: checksum mismatch (stored sha256 {stored}, computed {computed}): \
+         the tensor data is corrupt; re-create or re-download the file"
+    )]
+    TensorChecksum {
+        file: String,
+        tensor: String,
+        stored: String,
+        computed: String,
+    },
+    /// A tensor was asked for by name and is not in the file.
+    #[error("{file}: no tensor named `{tensor}`")]
+    TensorNotFound { file: String, tensor: String },
+    /// A typed view of the wrong dtype was asked for.
+    #[error("{file}: tensor `{tensor}` is {actual}, but {expected} was requested")]
+    DTypeMismatch {
+        file: String,
+        tensor: String,
+        expected: String,
+        actual: String,
+    },
+    /// The output exists and overwriting was not allowed.
+    #[error("{file}: already exists; pass --force to overwrite it")]
+    AlreadyExists { file: String },
+    /// The writer was used against its contract (wrong length, tensor written twice…).
+    #[error("{file}: tensor `{tensor}`: {reason}")]
+    Write {
+        file: String,
+        tensor: String,
+        reason: String,
+    },
+    /// Values that cannot be quantized (NaN or infinity).
+    #[error("non-finite value {value} at element {position} cannot be quantized")]
+    NonFinite { position: usize, value: f32 },
+}
+
+/// Result alias for the format crate.
+pub type Result<T, E = FormatError> = std::result::Result<T, E>;
+
+impl FormatError {
+    pub(crate) fn io(path: &Path, action: &'static str, source: io::Error) -> Self {
+        FormatError::Io {
+            file: path.display().to_string(),
+            action,
+            source,
+        }
+    }
+}

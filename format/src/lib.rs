@@ -1,0 +1,37 @@
+//! `kiln-format`: the `.kiln` container shared by every Kiln program.
+//!
+//! A `.kiln` file is one versioned, checksummed file holding a model: a fixed header
+//! ([`layout::FixedHeader`]), a JSON [`Metadata`] document (model config, tokenizer files, chat
+//! template, generation defaults, provenance), a tensor index ([`TensorInfo`]: canonical name,
+//! [`DType`], shape, offset, length, sha256) and 64-byte-aligned tensor data.
+//!
+//! - [`KilnFile`] memory-maps and validates a file, and hands out typed zero-copy
+//!   [`TensorView`]s; [`KilnFile::verify_checksums`] hashes every tensor in parallel.
+//! - [`KilnWriter`] writes one: layout planned up front, tensors streamed (from many threads if
+//!   wanted), hashed as written, and published atomically.
+//! - [`blocks`] holds GGML's Q8_0/Q4_0 block layouts and their scalar reference quantizers,
+//!   the specification every faster path is tested against.
+//! - [`names`] defines the canonical tensor names.
+//!
+//! The format is specified in `docs/FORMAT.md`. This crate knows no model maths, no SIMD and no
+//! user interface.
+
+pub mod blocks;
+pub mod convert;
+pub mod dtype;
+pub mod error;
+pub mod layout;
+pub mod metadata;
+pub mod names;
+pub mod reader;
+pub mod writer;
+
+pub use blocks::{BlockQ4_0, BlockQ8_0, QK};
+pub use dtype::DType;
+pub use error::{FormatError, Result};
+pub use metadata::{
+    Architecture, Metadata, ModelConfig, ProvenanceStep, RopeScaling, SourceFile, TokenizerFiles,
+};
+pub use names::{Role, TensorName};
+pub use reader::{hex, ChecksumFailure, KilnFile, TensorInfo, TensorView};
+pub use writer::{remove_pending_outputs, KilnWriter, TensorSink, TensorSpec, WriteSummary};

@@ -1,0 +1,190 @@
+//! Canonical tensor names: one spelling per role, whatever the source called it.
+//!
+//! A `.kiln` file always uses these names, so the runner, quantizer and verifier never see a
+//! source's naming (`model.layers.3.self_attn.q_proj.weight` in Hugging Face files,
+//! `blk.3.attn_q.weight` in GGUF). The converter owns the table of source spellings; this module
+//! owns the canonical side, keyed by [`Role`] and layer.
+
+use std::fmt;
+
+/// What a tensor is in a Llama-family decoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    /// Token embedding matrix, `(vocab, hidden)`.
+    Embed,
+    /// Final RMSNorm weight, `(hidden)`.
+    FinalNorm,
+    /// Output projection, `(vocab, hidden)`; absent when embeddings are tied.
+    LmHead,
+    /// Pre-attention RMSNorm weight, `(hidden)`.
+    AttnNorm,
+    /// Query projection, `(heads*head_dim, hidden)`.
+    AttnQ,
+    /// Key projection, `(kv_heads*head_dim, hidden)`.
+    AttnK,
+    /// Value projection, `(kv_heads*head_dim, hidden)`.
+    AttnV,
+    /// Attention output projection, `(hidden, heads*head_dim)`.
+    AttnO,
+    /// Query bias (Qwen2), `(heads*head_dim)`.
+    AttnQBias,
+    /// Key bias (Qwen2), `(kv_heads*head_dim)`.
+    AttnKBias,
+    /// Value bias (Qwen2), `(kv_heads*head_dim)`.
+    AttnVBias,
+    /// Pre-MLP RMSNorm weight, `(hidden)`.
+    MlpNorm,
+    /// SwiGLU gate projection, `(intermediate, hidden)`.
+    MlpGate,
+    /// SwiGLU up projection, `(intermediate, hidden)`.
+    MlpUp,
+    /// SwiGLU down projection, `(hidden, intermediate)`.
+    MlpDown,
+}
+
+impl Role {
+    /// Every role.
+    pub const ALL: [Role; 15] = [
+        Role::Embed,
+        Role::FinalNorm,
+        Role::LmHead,
+        Role::AttnNorm,
+        Role::AttnQ,
+        Role::AttnK,
+        Role::AttnV,
+        Role::AttnO,
+        Role::AttnQBias,
+        Role::AttnKBias,
+        Role::AttnVBias,
+        Role::MlpNorm,
+        Role::MlpGate,
+        Role::MlpUp,
+        Role::MlpDown,
+    ];
+
+    /// Whether the role repeats once per decoder layer.
+    pub const fn per_layer(self) -> bool {
+        !matches!(self, Role::Embed | Role::FinalNorm | Role::LmHead)
+    }
+
+    /// The name's part after `layers.N.` (or the whole name for model-level roles).
+    pub const fn suffix(self) -> &'static str {
+        match self {
+            Role::Embed => "embed.weight",
+            Role::FinalNorm => "final_norm.weight",
+            Role::LmHead => "lm_head.weight",
+            Role::AttnNorm => "attn_norm.weight",
+            Role::AttnQ => "attn.q.weight",
+            Role::AttnK => "attn.k.weight",
+            Role::AttnV => "attn.v.weight",
+            Role::AttnO => "attn.o.weight",
+            Role::AttnQBias => "attn.q.bias",
+            Role::AttnKBias => "attn.k.bias",
+            Role::AttnVBias => "attn.v.bias",
+            Role::MlpNorm => "mlp_norm.weight",
+            Role::MlpGate => "mlp.gate.weight",
+            Role::MlpUp => "mlp.up.weight",
+            Role::MlpDown => "mlp.down.weight",
+        }
+    }
+
+    /// Whether the tensor is a weight matrix (2-D) rather than a vector.
+    pub const fn is_matrix(self) -> bool {
+        matches!(
+            self,
+            Role::Embed
+                | Role::LmHead
+                | Role::AttnQ
+                | Role::AttnK
+                | Role::AttnV
+                | Role::AttnO
+                | Role::MlpGate
+                | Role::MlpUp
+                | Role::MlpDown
+        )
+    }
+}
+
+/// A role, with its layer for per-layer roles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorName {
+    /// Decoder layer, `None` for model-level tensors.
+    pub layer: Option<u32>,
+    /// What the tensor is.
+    pub role: Role,
+}
+
+impl TensorName {
+    /// A model-level tensor.
+    pub const fn global(role: Role) -> Self {
+        TensorName { layer: None, role }
+    }
+
+    /// A per-layer tensor.
+    pub const fn layer(layer: u32, role: Role) -> Self {
+        TensorName {
+            layer: Some(layer),
+            role,
+        }
+    }
+
+    /// Parse a canonical name; `None` for anything else.
+    pub fn parse(s: &str) -> Option<TensorName> {
+        if let Some(rest) = s.strip_prefix("layers.") {
+            let (num, suffix) = rest.split_once('.')?;
+            if num.is_empty() || (num.len() > 1 && num.starts_with('0')) {
+                return None;
+            }
+            let layer: u32 = num.parse().ok()?;
+            let role = Role::ALL
+                .into_iter()
+                .find(|r| r.per_layer() && r.suffix() == suffix)?;
+            Some(TensorName::layer(layer, role))
+        } else {
+            Role::ALL
+                .into_iter()
+                .find(|r| !r.per_layer() && r.suffix() == s)
+                .map(TensorName::global)
+        }
+    }
+}
+
+impl fmt::Display for TensorName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.layer {
+            Some(l) => write!(f, "layers.{l}.{}", self.role.suffix()),
+            None => f.write_str(self.role.suffix()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_role_round_trips() {
+        for role in Role::ALL {
+            let n = if role.per_layer() {
+                TensorName::layer(17, role)
+            } else {
+                TensorName::global(role)
+            };
+            assert_eq!(TensorName::parse(&n.to_string()), Some(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn rejects_non_canonical() {
+        for s in [
+            "model.layers.0.self_attn.q_proj.weight",
+            "layers.x.attn.q.weight",
+            "layers.01.attn.q.weight",
+            "layers.0.embed.weight",
+            "attn.q.weight",
+            "",
+        ] {
+            assert_eq!(TensorName::parse(s), None, "{s}");
+        }
+    }
+}

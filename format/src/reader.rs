@@ -1,0 +1,644 @@
+//! Opening a `.kiln` file: memory map, structural validation, typed zero-copy views and the
+//! separate, parallel checksum verification.
+//!
+//! [`KilnFile::open`] checks everything that is cheap (bounds, overlaps, alignment, dtype ×
+//! shape = byte length, limits, zero padding, and the header checksum over the header, metadata
+//! and index, a few megabytes at most) so that no later access can go out of bounds. It does not
+//! hash tensor data; [`KilnFile::verify_checksums`] does, over all cores.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use half::{bf16, f16};
+use memmap2::Mmap;
+use rayon::prelude::*;
+use sha2::{Digest, Sha256};
+
+use crate::blocks::{BlockQ4_0, BlockQ8_0};
+use crate::dtype::DType;
+use crate::error::{FormatError, Result};
+use crate::layout::{
+    align_up, Cursor, FixedHeader, ALIGNMENT, FORMAT_MAJOR, HEADER_LEN, HEADER_SHA_RANGE, MAGIC,
+    MAX_DIM, MAX_DIMS, MAX_INDEX_LEN, MAX_METADATA_LEN, MAX_NAME_LEN, MAX_TENSORS,
+};
+use crate::metadata::Metadata;
+
+#[cfg(target_endian = "big")]
+compile_error!(
+    "the .kiln format is little-endian and Kiln's zero-copy views need a little-endian host"
+);
+
+/// A tensor's entry in the index, with its absolute position in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Canonical name.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Row-major shape, outermost first (PyTorch order).
+    pub shape: Vec<u64>,
+    /// Absolute byte offset in the file.
+    pub offset: u64,
+    /// Byte length.
+    pub len: u64,
+    /// sha256 of the tensor's bytes.
+    pub sha256: [u8; 32],
+}
+
+impl TensorInfo {
+    /// Number of elements.
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+enum Backing {
+    Mmap(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Mmap(m) => m,
+            Backing::Owned(v) => v,
+        }
+    }
+}
+
+/// An open, structurally valid `.kiln` file.
+pub struct KilnFile {
+    label: String,
+    path: Option<PathBuf>,
+    backing: Backing,
+    header: FixedHeader,
+    metadata: Metadata,
+    tensors: Vec<TensorInfo>,
+    by_name: HashMap<String, usize>,
+}
+
+impl std::fmt::Debug for KilnFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KilnFile")
+            .field("file", &self.label)
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+/// One checksum that did not match, from [`KilnFile::verify_checksums`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChecksumFailure {
+    /// Tensor name.
+    pub tensor: String,
+    /// Stored sha256, hex.
+    pub stored: String,
+    /// Computed sha256, hex.
+    pub computed: String,
+}
+
+/// Lower-case hex of a byte string.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+impl KilnFile {
+    /// Memory-map and validate a file. Tensor data is not read.
+    pub fn open(path: impl AsRef<Path>) -> Result<KilnFile> {
+        let path = path.as_ref();
+        let file = File::open(path).map_err(|e| FormatError::io(path, "cannot open", e))?;
+        // SAFETY: the map is read-only and private to this process. Like every memory-mapped
+        // reader (safetensors, candle, llama.cpp) we rely on the file not being truncated or
+        // rewritten by another process while it is open; Kiln's own writer never modifies a
+        // finished file in place (it writes a new file and renames it).
+        let map =
+            unsafe { Mmap::map(&file) }.map_err(|e| FormatError::io(path, "cannot map", e))?;
+        Self::parse(
+            path.display().to_string(),
+            Some(path.to_path_buf()),
+            Backing::Mmap(map),
+        )
+    }
+
+    /// Validate a file held in memory (used by tests and the fuzzer).
+    ///
+    /// Typed views need the buffer to be aligned for their element type; a `Vec<u8>` usually
+    /// is, and a view that is not aligned returns an error rather than copying.
+    pub fn from_bytes(label: impl Into<String>, bytes: Vec<u8>) -> Result<KilnFile> {
+        Self::parse(label.into(), None, Backing::Owned(bytes))
+    }
+
+    fn parse(label: String, path: Option<PathBuf>, backing: Backing) -> Result<KilnFile> {
+        let bytes = backing.bytes();
+        let file_len = bytes.len() as u64;
+        let truncated = |what: &str, start: u64, end: u64| FormatError::Truncated {
+            file: label.clone(),
+            what: what.to_string(),
+            start,
+            end,
+            len: file_len,
+        };
+        let bad = |field: &'static str, reason: String| FormatError::BadHeader {
+            file: label.clone(),
+            field,
+            reason,
+        };
+
+        if file_len < 8 || bytes[..8] != MAGIC {
+            if file_len >= 8 || (file_len > 0 && !MAGIC.starts_with(bytes)) {
+                let n = bytes.len().min(8);
+                return Err(FormatError::BadMagic {
+                    file: label.clone(),
+                    found: format!("{:02x?}", &bytes[..n]),
+                    expected: format!("{MAGIC:02x?}"),
+                });
+            }
+            return Err(truncated("the fixed header", 0, HEADER_LEN));
+        }
+        let Some(head) = bytes.get(..HEADER_LEN as usize) else {
+            return Err(truncated("the fixed header", 0, HEADER_LEN));
+        };
+        let header = FixedHeader::decode(head.try_into().expect("128 bytes"));
+        if header.major != FORMAT_MAJOR {
+            return Err(FormatError::UnsupportedVersion {
+                file: label.clone(),
+                major: header.major,
+                minor: header.minor,
+                supported: FORMAT_MAJOR,
+            });
+        }
+        if header.flags != 0 {
+            return Err(bad(
+                "flags",
+                format!("reserved flags {:#x} must be 0", header.flags),
+            ));
+        }
+        if header.alignment as u64 != ALIGNMENT {
+            return Err(bad(
+                "alignment",
+                format!("{} (this version requires {ALIGNMENT})", header.alignment),
+            ));
+        }
+        if header.reserved.iter().any(|&b| b != 0) {
+            return Err(bad("reserved", "reserved header bytes must be zero".into()));
+        }
+        if header.metadata_offset != HEADER_LEN {
+            return Err(bad(
+                "metadata_offset",
+                format!("{} (must be {HEADER_LEN})", header.metadata_offset),
+            ));
+        }
+        if header.metadata_len > MAX_METADATA_LEN {
+            return Err(bad(
+                "metadata_len",
+                format!(
+                    "{} exceeds the limit of {MAX_METADATA_LEN} bytes",
+                    header.metadata_len
+                ),
+            ));
+        }
+        let meta_end = HEADER_LEN + header.metadata_len;
+        if header.index_offset != meta_end {
+            return Err(bad(
+                "index_offset",
+                format!(
+                    "{} (must follow the metadata at {meta_end})",
+                    header.index_offset
+                ),
+            ));
+        }
+        if header.index_len > MAX_INDEX_LEN {
+            return Err(bad(
+                "index_len",
+                format!(
+                    "{} exceeds the limit of {MAX_INDEX_LEN} bytes",
+                    header.index_len
+                ),
+            ));
+        }
+        let index_end = meta_end + header.index_len;
+        let expected_data = align_up(index_end).expect("bounded by limits");
+        if header.data_offset != expected_data {
+            return Err(bad(
+                "data_offset",
+                format!(
+                    "{} (must be the index end {index_end} rounded up to {ALIGNMENT}, {expected_data})",
+                    header.data_offset
+                ),
+            ));
+        }
+        if header.tensor_count > MAX_TENSORS {
+            return Err(bad(
+                "tensor_count",
+                format!("{} exceeds the limit of {MAX_TENSORS}", header.tensor_count),
+            ));
+        }
+        let data_end = header
+            .data_offset
+            .checked_add(header.data_len)
+            .ok_or_else(|| bad("data_len", format!("{} overflows", header.data_len)))?;
+        if index_end > file_len {
+            return Err(truncated(
+                "the metadata and tensor index",
+                HEADER_LEN,
+                index_end,
+            ));
+        }
+        if data_end > file_len {
+            return Err(truncated("the tensor data", header.data_offset, data_end));
+        }
+        if data_end < file_len {
+            return Err(bad(
+                "data_len",
+                format!(
+                    "the file has {} bytes after the data section ends at {data_end}",
+                    file_len - data_end
+                ),
+            ));
+        }
+
+        // Header checksum: fixed header (minus the checksum itself), metadata and index.
+        let mut h = Sha256::new();
+        h.update(&bytes[..HEADER_SHA_RANGE.start]);
+        h.update(&bytes[HEADER_LEN as usize..index_end as usize]);
+        let computed: [u8; 32] = h.finalize().into();
+        if computed != header.header_sha256 {
+            return Err(FormatError::HeaderChecksum {
+                file: label.clone(),
+                stored: hex(&header.header_sha256),
+                computed: hex(&computed),
+            });
+        }
+        if bytes[index_end as usize..header.data_offset as usize]
+            .iter()
+            .any(|&b| b != 0)
+        {
+            return Err(bad(
+                "data_offset",
+                "padding before the data section is not zero".into(),
+            ));
+        }
+
+        let meta_bytes = &bytes[HEADER_LEN as usize..meta_end as usize];
+        let metadata: Metadata =
+            serde_json::from_slice(meta_bytes).map_err(|e| FormatError::BadMetadata {
+                file: label.clone(),
+                field: if e.is_data() { "(document)" } else { "(json)" }.to_string(),
+                reason: e.to_string(),
+            })?;
+
+        let index = &bytes[meta_end as usize..index_end as usize];
+        let tensors = parse_index(&label, index, &header, bytes)?;
+        let mut by_name = HashMap::with_capacity(tensors.len());
+        for (i, t) in tensors.iter().enumerate() {
+            if by_name.insert(t.name.clone(), i).is_some() {
+                return Err(FormatError::BadTensor {
+                    file: label.clone(),
+                    tensor: t.name.clone(),
+                    reason: "the name appears twice in the index".into(),
+                });
+            }
+        }
+        Ok(KilnFile {
+            label,
+            path,
+            backing,
+            header,
+            metadata,
+            tensors,
+            by_name,
+        })
+    }
+
+    /// The file name used in messages.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The path it was opened from (None for in-memory files).
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The format version the file was written with.
+    pub fn version(&self) -> (u16, u16) {
+        (self.header.major, self.header.minor)
+    }
+
+    /// The header checksum, which identifies the file's metadata and tensor index.
+    pub fn header_sha256(&self) -> [u8; 32] {
+        self.header.header_sha256
+    }
+
+    /// Total file size in bytes.
+    pub fn file_len(&self) -> u64 {
+        self.backing.bytes().len() as u64
+    }
+
+    /// The parsed metadata.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// Every tensor, in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    /// A tensor's entry, if present.
+    pub fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// A tensor by name.
+    pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
+        let info = self.info(name).ok_or_else(|| FormatError::TensorNotFound {
+            file: self.label.clone(),
+            tensor: name.to_string(),
+        })?;
+        Ok(self.view(info))
+    }
+
+    /// A view of a tensor from [`KilnFile::tensors`].
+    pub fn view<'a>(&'a self, info: &'a TensorInfo) -> TensorView<'a> {
+        let start = info.offset as usize;
+        TensorView {
+            file: &self.label,
+            info,
+            bytes: &self.backing.bytes()[start..start + info.len as usize],
+        }
+    }
+
+    /// Hash every tensor in parallel and compare with the index. Returns every mismatch.
+    ///
+    /// `progress` is called with the number of bytes just hashed, from worker threads.
+    pub fn verify_checksums(&self, progress: &(dyn Fn(u64) + Sync)) -> Vec<ChecksumFailure> {
+        let done = AtomicU64::new(0);
+        let mut failures: Vec<ChecksumFailure> = self
+            .tensors
+            .par_iter()
+            .filter_map(|t| {
+                let bytes = self.view(t).bytes;
+                let mut h = Sha256::new();
+                for chunk in bytes.chunks(1 << 20) {
+                    h.update(chunk);
+                    done.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    progress(chunk.len() as u64);
+                }
+                let computed: [u8; 32] = h.finalize().into();
+                (computed != t.sha256).then(|| ChecksumFailure {
+                    tensor: t.name.clone(),
+                    stored: hex(&t.sha256),
+                    computed: hex(&computed),
+                })
+            })
+            .collect();
+        failures.sort_by(|a, b| a.tensor.cmp(&b.tensor));
+        failures
+    }
+
+    /// [`KilnFile::verify_checksums`] as a `Result`: the first mismatch (by name) as an error.
+    pub fn verify(&self) -> Result<()> {
+        match self.verify_checksums(&|_| {}).into_iter().next() {
+            None => Ok(()),
+            Some(f) => Err(FormatError::TensorChecksum {
+                file: self.label.clone(),
+                tensor: f.tensor,
+                stored: f.stored,
+                computed: f.computed,
+            }),
+        }
+    }
+
+    /// Total bytes of tensor data.
+    pub fn data_len(&self) -> u64 {
+        self.header.data_len
+    }
+}
+
+fn parse_index(
+    label: &str,
+    index: &[u8],
+    header: &FixedHeader,
+    bytes: &[u8],
+) -> Result<Vec<TensorInfo>> {
+    let mut cur = Cursor::new(index);
+    // Every record is at least 60 bytes, so the count is also bounded by the index length;
+    // capping the capacity this way means a corrupt count cannot force a large allocation.
+    let cap = (header.tensor_count as usize).min(index.len() / 60);
+    let mut tensors = Vec::with_capacity(cap);
+    let mut expected_offset = 0u64;
+    for entry in 0..header.tensor_count as usize {
+        let err = |reason: String| FormatError::BadIndexEntry {
+            file: label.to_string(),
+            entry,
+            reason,
+        };
+        let name_len = cur.u32("name length").map_err(err)?;
+        if name_len == 0 || name_len > MAX_NAME_LEN {
+            return Err(err(format!(
+                "name length {name_len} is outside 1..={MAX_NAME_LEN}"
+            )));
+        }
+        let name_bytes = cur.take(name_len as usize, "name").map_err(err)?;
+        let name = std::str::from_utf8(name_bytes)
+            .map_err(|e| err(format!("name is not UTF-8: {e}")))?
+            .to_string();
+        if name.chars().any(char::is_control) {
+            return Err(err(format!("name {name:?} contains control characters")));
+        }
+        let terr = |reason: String| FormatError::BadTensor {
+            file: label.to_string(),
+            tensor: name.clone(),
+            reason,
+        };
+        let dtype_id = cur.u32("dtype").map_err(terr)?;
+        let dtype = DType::from_id(dtype_id).ok_or_else(|| {
+            terr(format!(
+                "unknown dtype id {dtype_id} (this build knows {}); the file may come from a newer Kiln",
+                DType::ALL.map(|d| format!("{}={}", d.name(), d.id())).join(", ")
+            ))
+        })?;
+        let ndim = cur.u32("rank").map_err(terr)?;
+        if ndim == 0 || ndim > MAX_DIMS {
+            return Err(terr(format!("rank {ndim} is outside 1..={MAX_DIMS}")));
+        }
+        let mut shape = Vec::with_capacity(ndim as usize);
+        for _ in 0..ndim {
+            let d = cur.u64("dimension").map_err(terr)?;
+            if d == 0 || d > MAX_DIM {
+                return Err(terr(format!("dimension {d} is outside 1..={MAX_DIM}")));
+            }
+            shape.push(d);
+        }
+        let offset = cur.u64("offset").map_err(terr)?;
+        let len = cur.u64("length").map_err(terr)?;
+        let sha256: [u8; 32] = cur
+            .take(32, "sha256")
+            .map_err(terr)?
+            .try_into()
+            .expect("32 bytes");
+        let expected_len = dtype.byte_len(&shape).map_err(terr)?;
+        if len != expected_len {
+            return Err(terr(format!(
+                "byte length {len} does not match {dtype} {shape:?} ({expected_len} bytes)"
+            )));
+        }
+        if offset != expected_offset {
+            let why = if offset < expected_offset {
+                "overlaps the previous tensor"
+            } else {
+                "leaves a gap after the previous tensor"
+            };
+            return Err(terr(format!(
+                "data offset {offset} {why}: tensors are stored in index order, each at the \
+                 previous end rounded up to {ALIGNMENT} (expected {expected_offset})"
+            )));
+        }
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= header.data_len)
+            .ok_or_else(|| {
+                terr(format!(
+                    "bytes {offset}..{} run past the end of the data section ({} bytes)",
+                    offset.saturating_add(len),
+                    header.data_len
+                ))
+            })?;
+        let next = align_up(end).expect("end <= data_len, far below u64::MAX");
+        // Padding between this tensor and the next must be zero.
+        let pad_start = (header.data_offset + end) as usize;
+        let pad_end = (header.data_offset + next.min(header.data_len)) as usize;
+        if bytes[pad_start..pad_end].iter().any(|&b| b != 0) {
+            return Err(terr("the padding after the tensor is not zero".into()));
+        }
+        expected_offset = next;
+        tensors.push(TensorInfo {
+            name,
+            dtype,
+            shape,
+            offset: header.data_offset + offset,
+            len,
+            sha256,
+        });
+    }
+    if cur.remaining() != 0 {
+        return Err(FormatError::BadHeader {
+            file: label.to_string(),
+            field: "index_len",
+            reason: format!(
+                "{} bytes are left in the index after {} records",
+                cur.remaining(),
+                header.tensor_count
+            ),
+        });
+    }
+    let last_end = tensors
+        .last()
+        .map(|t| t.offset + t.len - header.data_offset)
+        .unwrap_or(0);
+    if last_end != header.data_len {
+        return Err(FormatError::BadHeader {
+            file: label.to_string(),
+            field: "data_len",
+            reason: format!("{} but the last tensor ends at {last_end}", header.data_len),
+        });
+    }
+    Ok(tensors)
+}
+
+/// A borrowed view of one tensor's bytes, with typed accessors that never copy.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorView<'a> {
+    file: &'a str,
+    info: &'a TensorInfo,
+    bytes: &'a [u8],
+}
+
+impl<'a> TensorView<'a> {
+    /// The index entry.
+    pub fn info(&self) -> &'a TensorInfo {
+        self.info
+    }
+
+    /// The raw little-endian bytes.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.info.dtype
+    }
+
+    /// Shape.
+    pub fn shape(&self) -> &'a [u64] {
+        &self.info.shape
+    }
+
+    fn cast<T: bytemuck::Pod>(&self, want: DType) -> Result<&'a [T]> {
+        if self.info.dtype != want {
+            return Err(FormatError::DTypeMismatch {
+                file: self.file.to_string(),
+                tensor: self.info.name.clone(),
+                expected: want.to_string(),
+                actual: self.info.dtype.to_string(),
+            });
+        }
+        bytemuck::try_cast_slice(self.bytes).map_err(|e| FormatError::BadTensor {
+            file: self.file.to_string(),
+            tensor: self.info.name.clone(),
+            reason: format!("cannot view the bytes as {want}: {e:?}"),
+        })
+    }
+
+    /// The data as f32 elements.
+    pub fn as_f32(&self) -> Result<&'a [f32]> {
+        self.cast(DType::F32)
+    }
+
+    /// The data as f16 elements.
+    pub fn as_f16(&self) -> Result<&'a [f16]> {
+        self.cast(DType::F16)
+    }
+
+    /// The data as bf16 elements.
+    pub fn as_bf16(&self) -> Result<&'a [bf16]> {
+        self.cast(DType::BF16)
+    }
+
+    /// The data as Q8_0 blocks, row after row.
+    pub fn as_q8_0(&self) -> Result<&'a [BlockQ8_0]> {
+        self.cast(DType::Q8_0)
+    }
+
+    /// The data as Q4_0 blocks, row after row.
+    pub fn as_q4_0(&self) -> Result<&'a [BlockQ4_0]> {
+        self.cast(DType::Q4_0)
+    }
+
+    /// Decode the whole tensor to f32 (a copy: for tests, reports and small tensors).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let n = self.info.numel() as usize;
+        let mut out = vec![0f32; n];
+        match self.info.dtype {
+            // Collecting copies into a properly aligned buffer, whatever the source alignment.
+            DType::Q8_0 => crate::blocks::dequantize_row_q8_0(
+                &bytemuck::pod_collect_to_vec::<u8, BlockQ8_0>(self.bytes),
+                &mut out,
+            ),
+            DType::Q4_0 => crate::blocks::dequantize_row_q4_0(
+                &bytemuck::pod_collect_to_vec::<u8, BlockQ4_0>(self.bytes),
+                &mut out,
+            ),
+            d => crate::convert::decode_to_f32(d, self.bytes, &mut out),
+        }
+        out
+    }
+}

@@ -1,0 +1,472 @@
+//! Writing a `.kiln` file: streamed, checksummed as it goes, parallel-friendly and atomic.
+//!
+//! The caller declares every tensor (name, dtype, shape) and the metadata up front, so the whole
+//! layout is known before the first byte: tensors can then be written from many threads at once
+//! (positioned writes into their own slots, each hashed by the thread that writes it), and no
+//! tensor ever has to be held in memory beyond the chunk being written.
+//!
+//! Atomicity: everything goes to a temporary file beside the destination; [`KilnWriter::finish`]
+//! writes the index and header, fsyncs, and only then moves the file into place (without
+//! replacing an existing file unless overwriting was asked for) and fsyncs the directory. A
+//! writer dropped before `finish` (an error, a panic) deletes its temporary file, and
+//! [`remove_pending_outputs`] lets a Ctrl-C handler do the same.
+
+use std::fs::{self, File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use sha2::{Digest, Sha256};
+
+use crate::dtype::DType;
+use crate::error::{FormatError, Result};
+use crate::layout::{
+    align_up, FixedHeader, IndexRecord, ALIGNMENT, FORMAT_MAJOR, FORMAT_MINOR, HEADER_LEN,
+    HEADER_SHA_RANGE, MAX_DIM, MAX_DIMS, MAX_NAME_LEN, MAX_TENSORS,
+};
+use crate::metadata::Metadata;
+
+/// A tensor to be written: everything but its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// Canonical name.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Row-major shape.
+    pub shape: Vec<u64>,
+}
+
+/// What a finished write produced.
+#[derive(Debug, Clone)]
+pub struct WriteSummary {
+    /// The destination path.
+    pub path: PathBuf,
+    /// File size in bytes.
+    pub file_len: u64,
+    /// Bytes of tensor data.
+    pub data_len: u64,
+    /// Header checksum of the new file.
+    pub header_sha256: [u8; 32],
+}
+
+/// Temporary files of writers in progress, so an interrupt handler can remove them.
+static PENDING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Delete the temporary files of every unfinished writer in this process.
+///
+/// Meant for a Ctrl-C handler in a program's `main`, which then exits: libraries do not install
+/// signal handlers themselves.
+pub fn remove_pending_outputs() {
+    let pending = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    for p in pending.iter() {
+        let _ = fs::remove_file(p);
+    }
+}
+
+#[derive(Debug)]
+struct Slot {
+    spec: TensorSpec,
+    offset: u64,
+    len: u64,
+    sha256: Mutex<Option<[u8; 32]>>,
+}
+
+/// An in-progress `.kiln` file. Dropping it without [`KilnWriter::finish`] removes it.
+#[derive(Debug)]
+pub struct KilnWriter {
+    dest: PathBuf,
+    tmp: PathBuf,
+    file: File,
+    overwrite: bool,
+    metadata: Vec<u8>,
+    slots: Vec<Slot>,
+    data_offset: u64,
+    data_len: u64,
+    index_len: u64,
+    finished: bool,
+}
+
+impl KilnWriter {
+    /// Create the temporary file and plan the layout. Fails early if `dest` exists and
+    /// `overwrite` is false, or if any spec could not be read back by a reader.
+    pub fn create(
+        dest: impl AsRef<Path>,
+        metadata: &Metadata,
+        tensors: Vec<TensorSpec>,
+        overwrite: bool,
+    ) -> Result<KilnWriter> {
+        let dest = dest.as_ref().to_path_buf();
+        let label = dest.display().to_string();
+        if !overwrite && dest.exists() {
+            return Err(FormatError::AlreadyExists { file: label });
+        }
+        if tensors.len() > MAX_TENSORS as usize {
+            return Err(FormatError::Write {
+                file: label,
+                tensor: String::new(),
+                reason: format!(
+                    "{} tensors exceed the limit of {MAX_TENSORS}",
+                    tensors.len()
+                ),
+            });
+        }
+        let metadata_bytes =
+            serde_json::to_vec(metadata).map_err(|e| FormatError::BadMetadata {
+                file: label.clone(),
+                field: "(document)".into(),
+                reason: e.to_string(),
+            })?;
+        let mut slots = Vec::with_capacity(tensors.len());
+        let mut seen = std::collections::HashSet::new();
+        let mut offset = 0u64;
+        let mut index_len = 0u64;
+        for spec in tensors {
+            let err = |reason: String| FormatError::Write {
+                file: label.clone(),
+                tensor: spec.name.clone(),
+                reason,
+            };
+            if spec.name.is_empty()
+                || spec.name.len() > MAX_NAME_LEN as usize
+                || spec.name.chars().any(char::is_control)
+            {
+                return Err(err(
+                    "the name must be 1 to 1024 bytes without control characters".into(),
+                ));
+            }
+            if !seen.insert(spec.name.clone()) {
+                return Err(err("the name is declared twice".into()));
+            }
+            if spec.shape.is_empty()
+                || spec.shape.len() > MAX_DIMS as usize
+                || spec.shape.iter().any(|&d| d == 0 || d > MAX_DIM)
+            {
+                return Err(err(format!(
+                    "shape {:?} must have 1 to {MAX_DIMS} dimensions of 1..={MAX_DIM}",
+                    spec.shape
+                )));
+            }
+            let len = spec.dtype.byte_len(&spec.shape).map_err(err)?;
+            index_len += IndexRecord::encoded_len(spec.name.len(), spec.shape.len()) as u64;
+            slots.push(Slot {
+                spec,
+                offset,
+                len,
+                sha256: Mutex::new(None),
+            });
+            let end = offset + len;
+            offset = align_up(end).ok_or_else(|| FormatError::Write {
+                file: label.clone(),
+                tensor: String::new(),
+                reason: "the data section overflows 64 bits".into(),
+            })?;
+        }
+        let data_len = slots.last().map(|s| s.offset + s.len).unwrap_or(0);
+        let index_end = HEADER_LEN + metadata_bytes.len() as u64 + index_len;
+        let data_offset = align_up(index_end).expect("small");
+
+        let dir = dest
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let base = dest
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "out.kiln".into());
+        let (tmp, file) = create_temp(dir, &base)?;
+        PENDING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(tmp.clone());
+        let writer = KilnWriter {
+            dest,
+            tmp,
+            file,
+            overwrite,
+            metadata: metadata_bytes,
+            slots,
+            data_offset,
+            data_len,
+            index_len,
+            finished: false,
+        };
+        // Size the file now: padding reads as zeros, and a disk too small for a sparse file's
+        // metadata fails here rather than late.
+        writer
+            .file
+            .set_len(data_offset + data_len)
+            .map_err(|e| FormatError::io(&writer.tmp, "cannot size the output", e))?;
+        Ok(writer)
+    }
+
+    /// Number of declared tensors.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether no tensors were declared.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// The declared spec of tensor `i`.
+    pub fn spec(&self, i: usize) -> &TensorSpec {
+        &self.slots[i].spec
+    }
+
+    /// Byte length tensor `i` must have.
+    pub fn tensor_len(&self, i: usize) -> u64 {
+        self.slots[i].len
+    }
+
+    /// Write tensor `i` in one call. Safe to call from several threads for different tensors.
+    pub fn write_tensor(&self, i: usize, bytes: &[u8]) -> Result<()> {
+        let mut sink = self.tensor_sink(i)?;
+        sink.write(bytes)?;
+        sink.finish()
+    }
+
+    /// A sink that takes tensor `i`'s bytes in consecutive chunks and hashes them as they pass.
+    pub fn tensor_sink(&self, i: usize) -> Result<TensorSink<'_>> {
+        let slot = self.slots.get(i).ok_or_else(|| FormatError::Write {
+            file: self.dest.display().to_string(),
+            tensor: format!("#{i}"),
+            reason: format!("only {} tensors were declared", self.slots.len()),
+        })?;
+        if slot
+            .sha256
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            return Err(self.slot_err(slot, "written twice".into()));
+        }
+        Ok(TensorSink {
+            writer: self,
+            slot,
+            pos: 0,
+            hasher: Sha256::new(),
+        })
+    }
+
+    fn slot_err(&self, slot: &Slot, reason: String) -> FormatError {
+        FormatError::Write {
+            file: self.dest.display().to_string(),
+            tensor: slot.spec.name.clone(),
+            reason,
+        }
+    }
+
+    fn write_at(&self, bytes: &[u8], at: u64) -> Result<()> {
+        write_all_at(&self.file, bytes, at)
+            .map_err(|e| FormatError::io(&self.tmp, "cannot write", e))
+    }
+
+    /// Write the index and header, fsync, and move the file into place.
+    pub fn finish(mut self) -> Result<WriteSummary> {
+        let mut index = Vec::with_capacity(self.index_len as usize);
+        for slot in &self.slots {
+            let sha = slot
+                .sha256
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .ok_or_else(|| self.slot_err(slot, "declared but never written".into()))?;
+            IndexRecord {
+                name: slot.spec.name.clone(),
+                dtype: slot.spec.dtype,
+                shape: slot.spec.shape.clone(),
+                offset: slot.offset,
+                len: slot.len,
+                sha256: sha,
+            }
+            .encode(&mut index);
+        }
+        debug_assert_eq!(index.len() as u64, self.index_len);
+        let mut header = FixedHeader {
+            major: FORMAT_MAJOR,
+            minor: FORMAT_MINOR,
+            flags: 0,
+            metadata_offset: HEADER_LEN,
+            metadata_len: self.metadata.len() as u64,
+            index_offset: HEADER_LEN + self.metadata.len() as u64,
+            index_len: self.index_len,
+            data_offset: self.data_offset,
+            data_len: self.data_len,
+            tensor_count: self.slots.len() as u32,
+            alignment: ALIGNMENT as u32,
+            reserved: [0; 24],
+            header_sha256: [0; 32],
+        }
+        .encode();
+        let mut h = Sha256::new();
+        h.update(&header[..HEADER_SHA_RANGE.start]);
+        h.update(&self.metadata);
+        h.update(&index);
+        let sha: [u8; 32] = h.finalize().into();
+        header[HEADER_SHA_RANGE].copy_from_slice(&sha);
+
+        self.write_at(&self.metadata, HEADER_LEN)?;
+        self.write_at(&index, HEADER_LEN + self.metadata.len() as u64)?;
+        self.write_at(&header, 0)?;
+        self.file
+            .sync_all()
+            .map_err(|e| FormatError::io(&self.tmp, "cannot sync", e))?;
+        self.publish()?;
+        self.finished = true;
+        self.forget_pending();
+        Ok(WriteSummary {
+            path: self.dest.clone(),
+            file_len: self.data_offset + self.data_len,
+            data_len: self.data_len,
+            header_sha256: sha,
+        })
+    }
+
+    fn publish(&self) -> Result<()> {
+        let label = self.dest.display().to_string();
+        if self.overwrite {
+            fs::rename(&self.tmp, &self.dest)
+                .map_err(|e| FormatError::io(&self.dest, "cannot move the output into place", e))?;
+        } else {
+            // A hard link fails if the destination appeared meanwhile: no silent replacement.
+            match fs::hard_link(&self.tmp, &self.dest) {
+                Ok(()) => {
+                    let _ = fs::remove_file(&self.tmp);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    return Err(FormatError::AlreadyExists { file: label });
+                }
+                Err(_) => {
+                    // File systems without hard links: check, then rename.
+                    if self.dest.exists() {
+                        return Err(FormatError::AlreadyExists { file: label });
+                    }
+                    fs::rename(&self.tmp, &self.dest).map_err(|e| {
+                        FormatError::io(&self.dest, "cannot move the output into place", e)
+                    })?;
+                }
+            }
+        }
+        sync_parent_dir(&self.dest);
+        Ok(())
+    }
+
+    fn forget_pending(&self) {
+        let mut pending = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+        pending.retain(|p| p != &self.tmp);
+    }
+}
+
+impl Drop for KilnWriter {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = fs::remove_file(&self.tmp);
+            self.forget_pending();
+        }
+    }
+}
+
+/// Consecutive chunks of one tensor; see [`KilnWriter::tensor_sink`].
+#[derive(Debug)]
+pub struct TensorSink<'w> {
+    writer: &'w KilnWriter,
+    slot: &'w Slot,
+    pos: u64,
+    hasher: Sha256,
+}
+
+impl TensorSink<'_> {
+    /// Append bytes to the tensor.
+    pub fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        let end = self.pos + bytes.len() as u64;
+        if end > self.slot.len {
+            return Err(self.writer.slot_err(
+                self.slot,
+                format!(
+                    "{end} bytes written but {} {:?} holds {}",
+                    self.slot.spec.dtype, self.slot.spec.shape, self.slot.len
+                ),
+            ));
+        }
+        self.writer
+            .write_at(bytes, self.writer.data_offset + self.slot.offset + self.pos)?;
+        self.hasher.update(bytes);
+        self.pos = end;
+        Ok(())
+    }
+
+    /// Check the length and record the checksum.
+    pub fn finish(self) -> Result<()> {
+        if self.pos != self.slot.len {
+            return Err(self.writer.slot_err(
+                self.slot,
+                format!("{} bytes written, {} expected", self.pos, self.slot.len),
+            ));
+        }
+        let mut sha = self.slot.sha256.lock().unwrap_or_else(|e| e.into_inner());
+        if sha.is_some() {
+            return Err(self.writer.slot_err(self.slot, "written twice".into()));
+        }
+        *sha = Some(self.hasher.finalize().into());
+        Ok(())
+    }
+}
+
+fn create_temp(dir: &Path, base: &str) -> Result<(PathBuf, File)> {
+    let pid = std::process::id();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    for attempt in 0..100u32 {
+        let tmp = dir.join(format!(".{base}.tmp-{pid}-{nanos:x}-{attempt}"));
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+        {
+            Ok(f) => return Ok((tmp, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(FormatError::io(&tmp, "cannot create a temporary file", e)),
+        }
+    }
+    Err(FormatError::io(
+        dir,
+        "cannot create a temporary file",
+        std::io::Error::new(std::io::ErrorKind::AlreadyExists, "100 names taken"),
+    ))
+}
+
+#[cfg(unix)]
+fn write_all_at(file: &File, bytes: &[u8], at: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::write_all_at(file, bytes, at)
+}
+
+#[cfg(windows)]
+fn write_all_at(file: &File, mut bytes: &[u8], mut at: u64) -> std::io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !bytes.is_empty() {
+        let n = file.seek_write(bytes, at)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        bytes = &bytes[n..];
+        at += n as u64;
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn sync_parent_dir(path: &Path) {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+#[cfg(not(unix))]
+fn sync_parent_dir(_path: &Path) {}
