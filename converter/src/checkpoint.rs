@@ -1,0 +1,291 @@
+//! A Hugging Face checkpoint directory: its files, its (possibly sharded) safetensors, memory
+//! mapped, and the tensor list resolved to canonical names.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use kiln_format::{DType, TensorName};
+use memmap2::Mmap;
+use safetensors::{Dtype as StDtype, SafeTensors};
+use serde_json::Value;
+
+use crate::error::{ConvertError, Result};
+use crate::names::{self, Source};
+
+/// Largest JSON side file read (config, tokenizer, index): tokenizers are the big ones, ~10 MB.
+const MAX_JSON_FILE: u64 = 64 << 20;
+/// Most shards accepted from an index.
+const MAX_SHARDS: usize = 10_000;
+
+/// One memory-mapped safetensors file.
+pub struct Shard {
+    /// Full path.
+    pub path: PathBuf,
+    /// File name relative to the checkpoint directory.
+    pub name: String,
+    map: Mmap,
+}
+
+impl std::fmt::Debug for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shard").field("path", &self.path).finish()
+    }
+}
+
+impl Shard {
+    fn open(dir: &Path, name: &str) -> Result<Shard> {
+        let path = dir.join(name);
+        let file = File::open(&path).map_err(|e| ConvertError::io(&path, "cannot open", e))?;
+        // SAFETY: read-only private map; the checkpoint must not be modified while it is
+        // being converted (the same contract as every memory-mapped model loader).
+        let map =
+            unsafe { Mmap::map(&file) }.map_err(|e| ConvertError::io(&path, "cannot map", e))?;
+        Ok(Shard {
+            path,
+            name: name.to_string(),
+            map,
+        })
+    }
+
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    fn parse(&self) -> Result<SafeTensors<'_>> {
+        SafeTensors::deserialize(&self.map).map_err(|e| ConvertError::Safetensors {
+            path: self.path.display().to_string(),
+            reason: e.to_string(),
+        })
+    }
+}
+
+/// A source tensor resolved to its canonical name.
+#[derive(Debug, Clone)]
+pub struct SourceTensor {
+    /// Canonical name.
+    pub name: TensorName,
+    /// Name in the source file.
+    pub source_name: String,
+    /// Index into [`Checkpoint::shards`].
+    pub shard: usize,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<u64>,
+    /// Byte range within the shard file.
+    pub range: std::ops::Range<usize>,
+}
+
+/// An opened checkpoint directory.
+#[derive(Debug)]
+pub struct Checkpoint {
+    /// The directory.
+    pub dir: PathBuf,
+    /// Its safetensors files.
+    pub shards: Vec<Shard>,
+    /// Its tensors, by canonical name.
+    pub tensors: BTreeMap<TensorName, SourceTensor>,
+    /// Source tensors that were skipped as derived buffers.
+    pub skipped: Vec<String>,
+    /// The index file, if the checkpoint is sharded.
+    pub index_file: Option<String>,
+}
+
+/// Read a small side file as text, refusing anything absurdly large.
+pub fn read_text(path: &Path) -> Result<String> {
+    let meta = std::fs::metadata(path).map_err(|e| ConvertError::io(path, "cannot read", e))?;
+    if meta.len() > MAX_JSON_FILE {
+        return Err(ConvertError::Json {
+            path: path.display().to_string(),
+            reason: format!(
+                "{} bytes is larger than the {MAX_JSON_FILE}-byte limit for side files",
+                meta.len()
+            ),
+        });
+    }
+    std::fs::read_to_string(path).map_err(|e| ConvertError::io(path, "cannot read", e))
+}
+
+/// Read and parse a JSON side file.
+pub fn read_json(path: &Path) -> Result<Value> {
+    serde_json::from_str(&read_text(path)?).map_err(|e| ConvertError::Json {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })
+}
+
+fn dtype_of(d: StDtype) -> Option<DType> {
+    match d {
+        StDtype::F32 => Some(DType::F32),
+        StDtype::F16 => Some(DType::F16),
+        StDtype::BF16 => Some(DType::BF16),
+        _ => None,
+    }
+}
+
+impl Checkpoint {
+    /// Find and map the weight files of `dir` and resolve every tensor's canonical name.
+    ///
+    /// `arch` is only used in messages.
+    pub fn open(dir: &Path, arch: &str) -> Result<Checkpoint> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let (files, index_map, index_file) = if index_path.is_file() {
+            let (files, map) = read_index(dir, &index_path)?;
+            (
+                files,
+                Some(map),
+                Some("model.safetensors.index.json".to_string()),
+            )
+        } else if dir.join("model.safetensors").is_file() {
+            (vec!["model.safetensors".to_string()], None, None)
+        } else {
+            return Err(ConvertError::MissingFile {
+                dir: dir.display().to_string(),
+                file: "model.safetensors or model.safetensors.index.json".into(),
+                hint: "Kiln converts checkpoints saved as safetensors (save_pretrained(..., safe_serialization=True))",
+            });
+        };
+
+        let shards = files
+            .iter()
+            .map(|f| Shard::open(dir, f))
+            .collect::<Result<Vec<_>>>()?;
+        let mut tensors: BTreeMap<TensorName, SourceTensor> = BTreeMap::new();
+        let mut skipped = Vec::new();
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for (si, shard) in shards.iter().enumerate() {
+            let st = shard.parse()?;
+            let base = shard.bytes().as_ptr() as usize;
+            for (name, view) in st.tensors() {
+                if let Some(&prev) = seen.get(&name) {
+                    return Err(ConvertError::DuplicateTensor {
+                        tensor: name,
+                        first: shards[prev].path.display().to_string(),
+                        second: shard.path.display().to_string(),
+                    });
+                }
+                seen.insert(name.clone(), si);
+                if let Some(map) = &index_map {
+                    match map.get(&name) {
+                        Some(f) if *f == shard.name => {}
+                        Some(f) => {
+                            return Err(ConvertError::ShardIndex {
+                                path: index_path.display().to_string(),
+                                reason: format!(
+                                    "tensor `{name}` is listed in {f} but stored in {}",
+                                    shard.name
+                                ),
+                            })
+                        }
+                        None => {
+                            return Err(ConvertError::ShardIndex {
+                                path: index_path.display().to_string(),
+                                reason: format!(
+                                    "tensor `{name}` in {} is not in the weight_map",
+                                    shard.name
+                                ),
+                            })
+                        }
+                    }
+                }
+                if names::is_ignorable_hf(&name) {
+                    skipped.push(name);
+                    continue;
+                }
+                let canon = names::canonical(Source::HuggingFace, &name).ok_or_else(|| {
+                    ConvertError::UnknownTensor {
+                        path: shard.path.display().to_string(),
+                        tensor: name.clone(),
+                        arch: arch.to_string(),
+                    }
+                })?;
+                let dtype =
+                    dtype_of(view.dtype()).ok_or_else(|| ConvertError::UnsupportedDtype {
+                        path: shard.path.display().to_string(),
+                        tensor: name.clone(),
+                        dtype: format!("{:?}", view.dtype()),
+                    })?;
+                let data = view.data();
+                let start = data.as_ptr() as usize - base;
+                tensors.insert(
+                    canon,
+                    SourceTensor {
+                        name: canon,
+                        source_name: name,
+                        shard: si,
+                        dtype,
+                        shape: view.shape().iter().map(|&d| d as u64).collect(),
+                        range: start..start + data.len(),
+                    },
+                );
+            }
+        }
+        if let Some(map) = &index_map {
+            if let Some(missing) = map.keys().find(|k| !seen.contains_key(*k)) {
+                return Err(ConvertError::ShardIndex {
+                    path: index_path.display().to_string(),
+                    reason: format!(
+                        "tensor `{missing}` is listed in the weight_map but not stored in {}",
+                        map[missing]
+                    ),
+                });
+            }
+        }
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            shards,
+            tensors,
+            skipped,
+            index_file,
+        })
+    }
+
+    /// The bytes of a source tensor.
+    pub fn bytes(&self, t: &SourceTensor) -> &[u8] {
+        &self.shards[t.shard].bytes()[t.range.clone()]
+    }
+}
+
+fn read_index(dir: &Path, index_path: &Path) -> Result<(Vec<String>, HashMap<String, String>)> {
+    let v = read_json(index_path)?;
+    let bad = |reason: String| ConvertError::ShardIndex {
+        path: index_path.display().to_string(),
+        reason,
+    };
+    let wm = v
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| bad("no `weight_map` object".into()))?;
+    let mut map = HashMap::with_capacity(wm.len());
+    let mut files: Vec<String> = Vec::new();
+    for (tensor, file) in wm {
+        let file = file
+            .as_str()
+            .ok_or_else(|| bad(format!("weight_map[`{tensor}`] is not a file name")))?;
+        // Shard names are plain file names inside the checkpoint directory.
+        if file.is_empty() || file.contains('/') || file.contains('\\') || file == ".." {
+            return Err(bad(format!(
+                "weight_map[`{tensor}`] = `{file}` is not a file name in the checkpoint directory"
+            )));
+        }
+        if !files.iter().any(|f| f == file) {
+            files.push(file.to_string());
+            if files.len() > MAX_SHARDS {
+                return Err(bad(format!("more than {MAX_SHARDS} shard files")));
+            }
+        }
+        map.insert(tensor.clone(), file.to_string());
+    }
+    files.sort();
+    for f in &files {
+        if !dir.join(f).is_file() {
+            return Err(bad(format!(
+                "names shard `{f}`, which does not exist in {}",
+                dir.display()
+            )));
+        }
+    }
+    Ok((files, map))
+}

@@ -1,0 +1,317 @@
+//! The conversion pipeline: checkpoint directory → validated plan → `.kiln`, in parallel.
+//!
+//! The plan (every output tensor with its dtype and shape) is checked against `config.json`
+//! before the output file is created, so a bad checkpoint fails in milliseconds and leaves
+//! nothing behind. Tensors are then written from all cores: a kept-dtype tensor goes straight
+//! from the source map to the output (the writer hashes it on the way), a cast tensor goes
+//! through a small chunk buffer, so peak memory stays far below the model size.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kiln_format::convert::cast_bytes;
+use kiln_format::metadata::now_rfc3339;
+use kiln_format::{
+    DType, KilnWriter, Metadata, ModelConfig, ProvenanceStep, Role, SourceFile, TensorName,
+    TensorSpec,
+};
+use rayon::prelude::*;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::checkpoint::{read_json, read_text, Checkpoint, SourceTensor};
+use crate::error::{ConvertError, Result};
+use crate::{hf_config, tokenizer_files, Progress};
+
+/// What to convert and how.
+#[derive(Debug, Clone, Default)]
+pub struct ConvertOptions {
+    /// The Hugging Face checkpoint directory.
+    pub input: PathBuf,
+    /// The `.kiln` file to write.
+    pub output: PathBuf,
+    /// Output dtype for every tensor; `None` keeps each tensor's source dtype (lossless).
+    pub dtype: Option<DType>,
+    /// Replace an existing output file.
+    pub overwrite: bool,
+}
+
+/// What a conversion did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ConvertSummary {
+    /// Input directory.
+    pub input: String,
+    /// Output file.
+    pub output: String,
+    /// Architecture class of the source.
+    pub architecture: String,
+    /// Tensors written.
+    pub tensors: usize,
+    /// Tensors written per dtype.
+    pub dtypes: std::collections::BTreeMap<String, usize>,
+    /// Bytes of tensor data read from the source.
+    pub bytes_in: u64,
+    /// Size of the output file.
+    pub bytes_out: u64,
+    /// Wall time in seconds.
+    pub seconds: f64,
+    /// Source bytes converted per second, in GB/s (10^9), checksums included.
+    pub gb_per_s: f64,
+    /// Header checksum of the output.
+    pub header_sha256: String,
+    /// Source tensors skipped (derived buffers, a tied duplicate of the embedding).
+    pub skipped: Vec<String>,
+}
+
+/// Shapes `config.json` implies, in output order.
+pub fn expected_tensors(c: &ModelConfig) -> Vec<(TensorName, Vec<u64>)> {
+    let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
+    let q = c.num_heads * c.head_dim;
+    let kv = c.num_kv_heads * c.head_dim;
+    let mut out = vec![(TensorName::global(Role::Embed), vec![v, h])];
+    for l in 0..c.num_layers as u32 {
+        let mut push = |role, shape: Vec<u64>| out.push((TensorName::layer(l, role), shape));
+        push(Role::AttnNorm, vec![h]);
+        push(Role::AttnQ, vec![q, h]);
+        push(Role::AttnK, vec![kv, h]);
+        push(Role::AttnV, vec![kv, h]);
+        if c.attention_bias {
+            push(Role::AttnQBias, vec![q]);
+            push(Role::AttnKBias, vec![kv]);
+            push(Role::AttnVBias, vec![kv]);
+        }
+        push(Role::AttnO, vec![h, q]);
+        push(Role::MlpNorm, vec![h]);
+        push(Role::MlpGate, vec![i, h]);
+        push(Role::MlpUp, vec![i, h]);
+        push(Role::MlpDown, vec![h, i]);
+    }
+    out.push((TensorName::global(Role::FinalNorm), vec![h]));
+    if !c.tie_word_embeddings {
+        out.push((TensorName::global(Role::LmHead), vec![v, h]));
+    }
+    out
+}
+
+/// Match the checkpoint's tensors against what the config implies: every expected tensor
+/// present with the right shape, nothing unexplained left over.
+fn plan<'c>(
+    ck: &'c Checkpoint,
+    config: &ModelConfig,
+    skipped: &mut Vec<String>,
+) -> Result<Vec<&'c SourceTensor>> {
+    let expected = expected_tensors(config);
+    let mut planned = Vec::with_capacity(expected.len());
+    for (name, shape) in &expected {
+        let t = ck
+            .tensors
+            .get(name)
+            .ok_or_else(|| ConvertError::MissingTensor {
+                dir: ck.dir.display().to_string(),
+                tensor: crate::names::source_name(crate::names::Source::HuggingFace, *name),
+                expected: shape.clone(),
+            })?;
+        if &t.shape != shape {
+            return Err(ConvertError::ShapeMismatch {
+                path: ck.shards[t.shard].path.display().to_string(),
+                tensor: t.source_name.clone(),
+                found: t.shape.clone(),
+                expected: shape.clone(),
+            });
+        }
+        planned.push(t);
+    }
+    for (name, t) in &ck.tensors {
+        if expected.iter().any(|(n, _)| n == name) {
+            continue;
+        }
+        // A tied model may still ship lm_head: accept it only as an exact copy.
+        if name.role == Role::LmHead && config.tie_word_embeddings {
+            let embed = &ck.tensors[&TensorName::global(Role::Embed)];
+            if t.shape == embed.shape && t.dtype == embed.dtype && ck.bytes(t) == ck.bytes(embed) {
+                skipped.push(t.source_name.clone());
+                continue;
+            }
+            return Err(ConvertError::ShapeMismatch {
+                path: ck.shards[t.shard].path.display().to_string(),
+                tensor: format!(
+                    "{} (tie_word_embeddings is true, but it differs from the embedding)",
+                    t.source_name
+                ),
+                found: t.shape.clone(),
+                expected: embed.shape.clone(),
+            });
+        }
+        return Err(ConvertError::UnknownTensor {
+            path: ck.shards[t.shard].path.display().to_string(),
+            tensor: t.source_name.clone(),
+            arch: format!(
+                "{} ({} layers{})",
+                config.source_architecture,
+                config.num_layers,
+                if config.attention_bias {
+                    ", attention biases"
+                } else {
+                    ", no attention biases"
+                }
+            ),
+        });
+    }
+    Ok(planned)
+}
+
+fn sha256_file(path: &Path, name: &str) -> Result<SourceFile> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| ConvertError::io(path, "cannot open", e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| ConvertError::io(path, "cannot read", e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        bytes += n as u64;
+    }
+    Ok(SourceFile {
+        name: name.to_string(),
+        bytes,
+        sha256: kiln_format::hex(&h.finalize()),
+    })
+}
+
+/// Convert a checkpoint directory to a `.kiln` file.
+pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<ConvertSummary> {
+    let start = Instant::now();
+    let dir = &opts.input;
+    if !dir.is_dir() {
+        return Err(ConvertError::io(
+            dir,
+            "not a checkpoint directory",
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no such directory"),
+        ));
+    }
+    if let Some(d) = opts.dtype {
+        if d.is_quantized() {
+            return Err(ConvertError::field(
+                Path::new("--dtype"),
+                "dtype",
+                format!("{d} is a quantized type; convert to f32/f16/bf16 and use kiln-quantize"),
+            ));
+        }
+    }
+    let config_path = dir.join("config.json");
+    if !config_path.is_file() {
+        return Err(ConvertError::MissingFile {
+            dir: dir.display().to_string(),
+            file: "config.json".into(),
+            hint: "is this a Hugging Face model directory?",
+        });
+    }
+    let gen_path = dir.join("generation_config.json");
+    let generation = if gen_path.is_file() {
+        Some(read_json(&gen_path)?)
+    } else {
+        None
+    };
+    let config_text = read_text(&config_path)?;
+    let config = hf_config::parse(&config_path, &config_text, generation.as_ref())?;
+    let tokenizer = tokenizer_files::read(dir)?;
+    let ck = Checkpoint::open(dir, &config.source_architecture)?;
+    let mut skipped = ck.skipped.clone();
+    let planned = plan(&ck, &config, &mut skipped)?;
+
+    // Hash every source file (in parallel) for provenance.
+    let mut side: Vec<String> = ["config.json", "generation_config.json"]
+        .iter()
+        .chain(tokenizer_files::FILES)
+        .map(|s| s.to_string())
+        .filter(|f| dir.join(f).is_file())
+        .collect();
+    side.extend(ck.index_file.clone());
+    side.extend(ck.shards.iter().map(|s| s.name.clone()));
+    let sources = side
+        .par_iter()
+        .map(|f| sha256_file(&dir.join(f), f))
+        .collect::<Result<Vec<_>>>()?;
+
+    let specs: Vec<TensorSpec> = planned
+        .iter()
+        .map(|t| TensorSpec {
+            name: t.name.to_string(),
+            dtype: opts.dtype.unwrap_or(t.dtype),
+            shape: t.shape.clone(),
+        })
+        .collect();
+    let mut dtypes = std::collections::BTreeMap::new();
+    for s in &specs {
+        *dtypes.entry(s.dtype.name().to_string()).or_insert(0usize) += 1;
+    }
+    let metadata = Metadata {
+        config: config.clone(),
+        tokenizer,
+        generation: generation.unwrap_or(Value::Null),
+        provenance: vec![ProvenanceStep {
+            tool: format!("kiln-convert {}", env!("CARGO_PKG_VERSION")),
+            created: now_rfc3339(),
+            details: json!({
+                "conversion": {
+                    "from": "huggingface-safetensors",
+                    "source_dtype": hf_config::declared_dtype(&serde_json::from_str(&config_text).unwrap_or(Value::Null)),
+                    "output_dtype": opts.dtype.map(|d| d.name()).unwrap_or("source"),
+                    "skipped": skipped,
+                }
+            }),
+            sources,
+        }],
+    };
+
+    let writer = KilnWriter::create(&opts.output, &metadata, specs, opts.overwrite)?;
+    let bytes_in: u64 = planned.iter().map(|t| t.range.len() as u64).sum();
+    progress.start(bytes_in, planned.len());
+    // Largest first, so the long tensors do not end up alone at the tail of the schedule.
+    let mut order: Vec<usize> = (0..planned.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(planned[i].range.len()));
+    order.par_iter().try_for_each(|&i| -> Result<()> {
+        let t = planned[i];
+        let src = ck.bytes(t);
+        let to = writer.spec(i).dtype;
+        let mut sink = writer.tensor_sink(i)?;
+        // 4 MiB of source per chunk: large enough for fast I/O, small for memory.
+        const CHUNK_ELEMS: usize = 1 << 20;
+        let step = CHUNK_ELEMS * t.dtype.block_bytes();
+        let mut buf = Vec::new();
+        for chunk in src.chunks(step) {
+            if to == t.dtype {
+                sink.write(chunk)?;
+            } else {
+                buf.clear();
+                cast_bytes(t.dtype, to, chunk, &mut buf);
+                sink.write(&buf)?;
+            }
+            progress.advance(chunk.len() as u64, 0);
+        }
+        sink.finish()?;
+        progress.advance(0, 1);
+        Ok(())
+    })?;
+    let summary = writer.finish()?;
+    progress.finish();
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(ConvertSummary {
+        input: dir.display().to_string(),
+        output: opts.output.display().to_string(),
+        architecture: config.source_architecture,
+        tensors: planned.len(),
+        dtypes,
+        bytes_in,
+        bytes_out: summary.file_len,
+        seconds,
+        gb_per_s: bytes_in as f64 / seconds / 1e9,
+        header_sha256: kiln_format::hex(&summary.header_sha256),
+        skipped,
+    })
+}

@@ -1,0 +1,503 @@
+//! `config.json` as transformers 4.x or 5.x writes it, resolved into a [`ModelConfig`].
+//!
+//! The raw file keeps Hugging Face's names and defaults; this module applies those defaults
+//! once (as `LlamaConfig`, `MistralConfig` and `Qwen2Config` do) so that nothing downstream
+//! deals with optional fields. Both spellings of the RoPE settings are accepted: 4.x's
+//! top-level `rope_theta` / `rope_scaling` and 5.x's `rope_parameters`.
+
+use std::path::Path;
+
+use kiln_format::{Architecture, ModelConfig, RopeScaling};
+use serde_json::{Map, Value};
+
+use crate::error::{ConvertError, Result};
+
+/// Class names (and `model_type`s) Kiln converts.
+pub const SUPPORTED: &[(&str, &str, Architecture)] = &[
+    ("LlamaForCausalLM", "llama", Architecture::Llama),
+    ("MistralForCausalLM", "mistral", Architecture::Mistral),
+    ("Qwen2ForCausalLM", "qwen2", Architecture::Qwen2),
+];
+
+/// Largest value accepted for any size field: far beyond real models, small enough that
+/// products of two sizes cannot overflow.
+const MAX_SIZE: u64 = 1 << 24;
+
+/// The source dtype named in the config (`dtype` in 5.x, `torch_dtype` in 4.x), if any.
+pub fn declared_dtype(raw: &Value) -> Option<String> {
+    raw.get("dtype")
+        .or_else(|| raw.get("torch_dtype"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
+struct Fields<'a> {
+    path: &'a Path,
+    map: &'a Map<String, Value>,
+}
+
+impl Fields<'_> {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn uint(&self, key: &str) -> Result<Option<u64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => {
+                let n = v.as_u64().ok_or_else(|| {
+                    ConvertError::field(
+                        self.path,
+                        key,
+                        format!("expected a non-negative integer, found {v}"),
+                    )
+                })?;
+                if n == 0 || n > MAX_SIZE {
+                    return Err(ConvertError::field(
+                        self.path,
+                        key,
+                        format!("{n} is outside 1..={MAX_SIZE}"),
+                    ));
+                }
+                Ok(Some(n))
+            }
+        }
+    }
+
+    fn req_uint(&self, key: &str) -> Result<u64> {
+        self.uint(key)?
+            .ok_or_else(|| ConvertError::field(self.path, key, "missing"))
+    }
+
+    fn float(&self, map: &Map<String, Value>, key: &str, ctx: &str) -> Result<Option<f64>> {
+        match map.get(key).filter(|v| !v.is_null()) {
+            None => Ok(None),
+            Some(v) => {
+                let f = v
+                    .as_f64()
+                    .filter(|f| f.is_finite() && *f > 0.0)
+                    .ok_or_else(|| {
+                        ConvertError::field(
+                            self.path,
+                            &format!("{ctx}{key}"),
+                            format!("expected a positive number, found {v}"),
+                        )
+                    })?;
+                Ok(Some(f))
+            }
+        }
+    }
+
+    fn bool(&self, key: &str, default: bool) -> Result<bool> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_bool().ok_or_else(|| {
+                ConvertError::field(self.path, key, format!("expected true or false, found {v}"))
+            }),
+        }
+    }
+
+    fn token_ids(&self, key: &str) -> Result<Vec<u32>> {
+        let bad = |v: &Value| {
+            ConvertError::field(
+                self.path,
+                key,
+                format!("expected a token id or a list of ids, found {v}"),
+            )
+        };
+        let one = |v: &Value| {
+            v.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| bad(v))
+        };
+        match self.get(key) {
+            None => Ok(vec![]),
+            Some(Value::Array(a)) => a.iter().map(one).collect(),
+            Some(v) => Ok(vec![one(v)?]),
+        }
+    }
+}
+
+/// Parse and resolve `config.json` (already read into `text`; `path` is for messages).
+///
+/// `generation` is `generation_config.json` if present: its `eos_token_id` list (Llama 3 keeps
+/// the end-of-turn token there) is merged into the stop tokens.
+pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<ModelConfig> {
+    let raw: Value = serde_json::from_str(text).map_err(|e| ConvertError::Json {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    let map = raw.as_object().ok_or_else(|| ConvertError::Json {
+        path: path.display().to_string(),
+        reason: "the top level is not an object".into(),
+    })?;
+    let f = Fields { path, map };
+
+    let class = match f.get("architectures") {
+        Some(Value::Array(a)) if a.len() == 1 => a[0].as_str().map(str::to_string),
+        Some(v @ Value::Array(_)) => {
+            return Err(ConvertError::field(
+                path,
+                "architectures",
+                format!("expected exactly one class name, found {v}"),
+            ))
+        }
+        Some(v) => {
+            return Err(ConvertError::field(
+                path,
+                "architectures",
+                format!("expected a list, found {v}"),
+            ))
+        }
+        None => None,
+    };
+    let model_type = f.get("model_type").and_then(Value::as_str);
+    let found = class
+        .clone()
+        .or(model_type.map(str::to_string))
+        .ok_or_else(|| {
+            ConvertError::field(
+                path,
+                "architectures",
+                "missing (and no `model_type` either)",
+            )
+        })?;
+    let (source_class, _, architecture) = SUPPORTED
+        .iter()
+        .find(|(c, t, _)| {
+            Some(*c) == class.as_deref() || (class.is_none() && Some(*t) == model_type)
+        })
+        .copied()
+        .ok_or_else(|| ConvertError::UnsupportedArchitecture {
+            path: path.display().to_string(),
+            found: found.clone(),
+            supported: SUPPORTED.iter().map(|s| s.0).collect::<Vec<_>>().join(", "),
+        })?;
+
+    let hidden_size = f.req_uint("hidden_size")?;
+    let intermediate_size = f.req_uint("intermediate_size")?;
+    let num_layers = f.req_uint("num_hidden_layers")?;
+    let num_heads = f.req_uint("num_attention_heads")?;
+    let num_kv_heads = f.uint("num_key_value_heads")?.unwrap_or(num_heads);
+    let vocab_size = f.req_uint("vocab_size")?;
+    let max_position_embeddings =
+        f.uint("max_position_embeddings")?
+            .unwrap_or(match architecture {
+                Architecture::Mistral => 4096 * 32,
+                Architecture::Qwen2 => 32768,
+                Architecture::Llama => 2048,
+            });
+    if num_heads % num_kv_heads != 0 {
+        return Err(ConvertError::field(
+            path,
+            "num_key_value_heads",
+            format!("{num_kv_heads} does not divide num_attention_heads ({num_heads})"),
+        ));
+    }
+    let head_dim = match f.uint("head_dim")? {
+        Some(h) => h,
+        None => {
+            if hidden_size % num_heads != 0 {
+                return Err(ConvertError::field(
+                    path,
+                    "head_dim",
+                    format!("missing, and hidden_size {hidden_size} is not a multiple of num_attention_heads {num_heads}"),
+                ));
+            }
+            hidden_size / num_heads
+        }
+    };
+    if head_dim % 2 != 0 {
+        return Err(ConvertError::field(
+            path,
+            "head_dim",
+            format!("{head_dim} must be even for rotary embeddings"),
+        ));
+    }
+    let rms_norm_eps = f.float(map, "rms_norm_eps", "")?.unwrap_or(1e-6);
+
+    if let Some(act) = f.get("hidden_act").or_else(|| f.get("hidden_activation")) {
+        if act.as_str() != Some("silu") {
+            return Err(ConvertError::field(
+                path,
+                "hidden_act",
+                format!("{act} is not supported; Kiln implements SwiGLU with silu"),
+            ));
+        }
+    }
+    if f.bool("mlp_bias", false)? {
+        return Err(ConvertError::field(
+            path,
+            "mlp_bias",
+            "MLP biases are not supported",
+        ));
+    }
+    let attention_bias = match architecture {
+        // Qwen2 always has q/k/v biases (hard-wired in transformers' Qwen2Attention).
+        Architecture::Qwen2 => true,
+        _ => f.bool("attention_bias", false)?,
+    };
+    let tie_word_embeddings = f.bool("tie_word_embeddings", false)?;
+
+    // RoPE: 5.x `rope_parameters`, else 4.x top-level `rope_theta` + `rope_scaling`.
+    let (rope_map, ctx): (Option<&Map<String, Value>>, &str) = match f.get("rope_parameters") {
+        Some(Value::Object(m)) => (Some(m), "rope_parameters."),
+        Some(v) => {
+            return Err(ConvertError::field(
+                path,
+                "rope_parameters",
+                format!("expected an object, found {v}"),
+            ))
+        }
+        None => match f.get("rope_scaling") {
+            Some(Value::Object(m)) => (Some(m), "rope_scaling."),
+            Some(v) => {
+                return Err(ConvertError::field(
+                    path,
+                    "rope_scaling",
+                    format!("expected an object or null, found {v}"),
+                ))
+            }
+            None => (None, ""),
+        },
+    };
+    let default_theta = match architecture {
+        Architecture::Qwen2 | Architecture::Mistral => 10000.0,
+        Architecture::Llama => 10000.0,
+    };
+    let rope_theta = match rope_map.and_then(|m| m.get("rope_theta")) {
+        Some(_) => f.float(rope_map.expect("checked"), "rope_theta", ctx)?,
+        None => f.float(map, "rope_theta", "")?,
+    }
+    .unwrap_or(default_theta);
+    let rope_scaling = match rope_map {
+        None => None,
+        Some(m) => {
+            let kind = m
+                .get("rope_type")
+                .or_else(|| m.get("type"))
+                .and_then(Value::as_str)
+                .unwrap_or("default");
+            let need = |key: &str| -> Result<f64> {
+                f.float(m, key, ctx)?
+                    .ok_or_else(|| ConvertError::field(path, &format!("{ctx}{key}"), "missing"))
+            };
+            match kind {
+                "default" => None,
+                "linear" => Some(RopeScaling::Linear {
+                    factor: need("factor")?,
+                }),
+                "llama3" => {
+                    let omp = m
+                        .get("original_max_position_embeddings")
+                        .and_then(Value::as_u64)
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| {
+                            ConvertError::field(
+                                path,
+                                &format!("{ctx}original_max_position_embeddings"),
+                                "missing or not a positive integer",
+                            )
+                        })?;
+                    Some(RopeScaling::Llama3 {
+                        factor: need("factor")?,
+                        low_freq_factor: need("low_freq_factor")?,
+                        high_freq_factor: need("high_freq_factor")?,
+                        original_max_position_embeddings: omp,
+                    })
+                }
+                other => {
+                    return Err(ConvertError::field(
+                        path,
+                        &format!("{ctx}rope_type"),
+                        format!("`{other}` is not supported (supported: default, linear, llama3)"),
+                    ))
+                }
+            }
+        }
+    };
+
+    let sliding_window = match architecture {
+        Architecture::Mistral => f.uint("sliding_window")?,
+        Architecture::Qwen2 => {
+            if f.bool("use_sliding_window", false)? {
+                return Err(ConvertError::field(
+                    path,
+                    "use_sliding_window",
+                    "Qwen2's per-layer sliding window is not supported",
+                ));
+            }
+            None
+        }
+        Architecture::Llama => None,
+    };
+
+    let bos_token_id = f.token_ids("bos_token_id")?.first().copied();
+    let mut eos_token_ids = f.token_ids("eos_token_id")?;
+    if let Some(g) = generation.and_then(Value::as_object) {
+        let gf = Fields { path, map: g };
+        for id in gf.token_ids("eos_token_id")? {
+            if !eos_token_ids.contains(&id) {
+                eos_token_ids.push(id);
+            }
+        }
+    }
+    for (key, ids) in [
+        (
+            "bos_token_id",
+            bos_token_id.iter().copied().collect::<Vec<_>>(),
+        ),
+        ("eos_token_id", eos_token_ids.clone()),
+    ] {
+        if let Some(bad) = ids.iter().find(|&&id| u64::from(id) >= vocab_size) {
+            return Err(ConvertError::field(
+                path,
+                key,
+                format!("token id {bad} is outside the vocabulary ({vocab_size})"),
+            ));
+        }
+    }
+
+    Ok(ModelConfig {
+        architecture,
+        source_architecture: source_class.to_string(),
+        hidden_size,
+        intermediate_size,
+        num_layers,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        vocab_size,
+        max_position_embeddings,
+        rms_norm_eps,
+        rope_theta,
+        rope_scaling,
+        tie_word_embeddings,
+        attention_bias,
+        sliding_window,
+        bos_token_id,
+        eos_token_ids,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> String {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures/tiny/configs")
+            .join(name);
+        std::fs::read_to_string(p).unwrap()
+    }
+
+    #[test]
+    fn transformers_4x_and_5x_spellings_resolve_identically() {
+        for (a, b) in [
+            ("llama-4x-style.json", "llama-5x-style.json"),
+            ("llama3-rope-4x-style.json", "llama3-rope-5x-style.json"),
+        ] {
+            let ca = parse(Path::new(a), &fixture(a), None).unwrap();
+            let cb = parse(Path::new(b), &fixture(b), None).unwrap();
+            assert_eq!(ca, cb, "{a} vs {b}");
+        }
+        let c = parse(Path::new("x"), &fixture("llama3-rope-5x-style.json"), None).unwrap();
+        assert!(
+            matches!(c.rope_scaling, Some(RopeScaling::Llama3 { factor, .. }) if factor == 8.0)
+        );
+        assert_eq!(c.rope_theta, 500000.0);
+    }
+
+    fn base() -> Value {
+        serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 320, "rms_norm_eps": 1e-5, "eos_token_id": 2, "bos_token_id": 1
+        })
+    }
+
+    fn parse_value(v: &Value) -> Result<ModelConfig> {
+        parse(Path::new("config.json"), &v.to_string(), None)
+    }
+
+    #[test]
+    fn defaults_follow_transformers() {
+        let c = parse_value(&base()).unwrap();
+        assert_eq!(c.head_dim, 16);
+        assert_eq!(c.rope_theta, 10000.0);
+        assert!(!c.tie_word_embeddings);
+        assert_eq!(c.max_position_embeddings, 2048);
+        assert_eq!(c.eos_token_ids, vec![2]);
+    }
+
+    #[test]
+    fn generation_config_eos_list_is_merged() {
+        let g = serde_json::json!({"eos_token_id": [2, 7]});
+        let c = parse(Path::new("c"), &base().to_string(), Some(&g)).unwrap();
+        assert_eq!(c.eos_token_ids, vec![2, 7]);
+    }
+
+    #[test]
+    fn unsupported_architecture_names_it_and_lists_supported() {
+        let mut v = base();
+        v["architectures"] = serde_json::json!(["GPT2LMHeadModel"]);
+        let e = parse_value(&v).unwrap_err().to_string();
+        assert!(
+            e.contains("GPT2LMHeadModel")
+                && e.contains("LlamaForCausalLM")
+                && e.contains("Qwen2ForCausalLM"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        for (key, val, needle) in [
+            ("hidden_size", serde_json::json!("64"), "hidden_size"),
+            (
+                "num_key_value_heads",
+                serde_json::json!(3),
+                "num_key_value_heads",
+            ),
+            ("rms_norm_eps", serde_json::json!(-1.0), "rms_norm_eps"),
+            ("vocab_size", serde_json::json!(0), "vocab_size"),
+            ("hidden_act", serde_json::json!("gelu"), "hidden_act"),
+            (
+                "rope_scaling",
+                serde_json::json!({"rope_type": "yarn", "factor": 4.0}),
+                "rope_type",
+            ),
+            ("eos_token_id", serde_json::json!(999), "eos_token_id"),
+            (
+                "num_hidden_layers",
+                serde_json::json!(1u64 << 40),
+                "num_hidden_layers",
+            ),
+        ] {
+            let mut v = base();
+            v[key] = val;
+            let e = parse_value(&v).unwrap_err().to_string();
+            assert!(
+                e.contains(needle) && e.contains("config.json"),
+                "{key}: {e}"
+            );
+        }
+        let mut v = base();
+        v.as_object_mut().unwrap().remove("hidden_size");
+        assert!(parse_value(&v)
+            .unwrap_err()
+            .to_string()
+            .contains("hidden_size"));
+        assert!(parse(Path::new("c.json"), "{not json", None)
+            .unwrap_err()
+            .to_string()
+            .contains("c.json"));
+    }
+
+    #[test]
+    fn qwen2_always_has_attention_bias() {
+        let mut v = base();
+        v["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]);
+        assert!(parse_value(&v).unwrap().attention_bias);
+    }
+}

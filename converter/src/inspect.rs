@@ -1,0 +1,284 @@
+//! `kiln-convert inspect`: what a `.kiln` file holds, and optionally whether every checksum
+//! still matches.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Instant;
+
+use kiln_format::{ChecksumFailure, KilnFile, Metadata};
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::Progress;
+
+/// One row of the tensor table.
+#[derive(Debug, Clone, Serialize)]
+pub struct TensorRow {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<u64>,
+    pub offset: u64,
+    pub len: u64,
+    pub sha256: String,
+}
+
+/// Result of hashing every tensor.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyResult {
+    /// Whether every checksum matched.
+    pub ok: bool,
+    /// Seconds spent hashing.
+    pub seconds: f64,
+    /// Tensor bytes hashed per second, GB/s (10^9).
+    pub gb_per_s: f64,
+    /// Mismatches, by tensor name.
+    pub failures: Vec<Failure>,
+}
+
+/// A checksum mismatch.
+#[derive(Debug, Clone, Serialize)]
+pub struct Failure {
+    pub tensor: String,
+    pub stored: String,
+    pub computed: String,
+}
+
+impl From<ChecksumFailure> for Failure {
+    fn from(f: ChecksumFailure) -> Self {
+        Failure {
+            tensor: f.tensor,
+            stored: f.stored,
+            computed: f.computed,
+        }
+    }
+}
+
+/// Everything `inspect` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct Inspection {
+    pub file: String,
+    pub format_version: String,
+    pub file_len: u64,
+    pub header_sha256: String,
+    /// Milliseconds to open and validate the file (no tensor hashing).
+    pub open_ms: f64,
+    pub parameters: u64,
+    pub bytes_by_dtype: BTreeMap<String, u64>,
+    pub metadata: MetadataSummary,
+    pub tensors: Vec<TensorRow>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verify: Option<VerifyResult>,
+}
+
+/// The metadata, with the large tokenizer strings reduced to their sizes.
+#[derive(Debug, Clone, Serialize)]
+pub struct MetadataSummary {
+    pub config: kiln_format::ModelConfig,
+    pub tokenizer_json_bytes: Option<usize>,
+    pub tokenizer_config_json_bytes: Option<usize>,
+    pub chat_template: Option<String>,
+    pub special_tokens: BTreeMap<String, String>,
+    pub add_bos_token: Option<bool>,
+    pub generation: serde_json::Value,
+    pub provenance: Vec<kiln_format::ProvenanceStep>,
+}
+
+impl From<&Metadata> for MetadataSummary {
+    fn from(m: &Metadata) -> Self {
+        MetadataSummary {
+            config: m.config.clone(),
+            tokenizer_json_bytes: m.tokenizer.tokenizer_json.as_ref().map(String::len),
+            tokenizer_config_json_bytes: m
+                .tokenizer
+                .tokenizer_config_json
+                .as_ref()
+                .map(String::len),
+            chat_template: m.tokenizer.chat_template.clone(),
+            special_tokens: m.tokenizer.special_tokens.clone(),
+            add_bos_token: m.tokenizer.add_bos_token,
+            generation: m.generation.clone(),
+            provenance: m.provenance.clone(),
+        }
+    }
+}
+
+/// Open (and with `verify`, hash) a file.
+pub fn inspect(path: &Path, verify: bool, progress: &dyn Progress) -> Result<Inspection> {
+    let t0 = Instant::now();
+    let f = KilnFile::open(path)?;
+    let open_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let mut bytes_by_dtype = BTreeMap::new();
+    let mut parameters = 0;
+    let tensors = f
+        .tensors()
+        .iter()
+        .map(|t| {
+            *bytes_by_dtype
+                .entry(t.dtype.name().to_string())
+                .or_insert(0) += t.len;
+            parameters += t.numel();
+            TensorRow {
+                name: t.name.clone(),
+                dtype: t.dtype.name().to_string(),
+                shape: t.shape.clone(),
+                offset: t.offset,
+                len: t.len,
+                sha256: kiln_format::hex(&t.sha256),
+            }
+        })
+        .collect();
+    let verify = verify.then(|| {
+        progress.start(f.data_len(), f.tensors().len());
+        let t = Instant::now();
+        let failures = f.verify_checksums(&|n| progress.advance(n, 0));
+        progress.finish();
+        let seconds = t.elapsed().as_secs_f64();
+        VerifyResult {
+            ok: failures.is_empty(),
+            seconds,
+            gb_per_s: f.data_len() as f64 / seconds / 1e9,
+            failures: failures.into_iter().map(Failure::from).collect(),
+        }
+    });
+    let (major, minor) = f.version();
+    Ok(Inspection {
+        file: path.display().to_string(),
+        format_version: format!("{major}.{minor}"),
+        file_len: f.file_len(),
+        header_sha256: kiln_format::hex(&f.header_sha256()),
+        open_ms,
+        parameters,
+        bytes_by_dtype,
+        metadata: MetadataSummary::from(f.metadata()),
+        tensors,
+        verify,
+    })
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// The human-readable report.
+pub fn render(i: &Inspection) -> String {
+    let c = &i.metadata.config;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{}  (.kiln {}, {}, opened in {:.1} ms)",
+        i.file,
+        i.format_version,
+        human(i.file_len),
+        i.open_ms
+    );
+    let _ = writeln!(s, "header sha256  {}", i.header_sha256);
+    let _ = writeln!(
+        s,
+        "model          {} ({:?}): {} layers, hidden {}, ffn {}, heads {}/{} kv, head_dim {}, vocab {}",
+        c.source_architecture, c.architecture, c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size
+    );
+    let _ = writeln!(
+        s,
+        "               rope theta {}{}, rms eps {:e}, context {}, tied embeddings {}, attention bias {}{}",
+        c.rope_theta,
+        c.rope_scaling.as_ref().map(|r| format!(" ({r:?})")).unwrap_or_default(),
+        c.rms_norm_eps,
+        c.max_position_embeddings,
+        c.tie_word_embeddings,
+        c.attention_bias,
+        c.sliding_window.map(|w| format!(", sliding window {w}")).unwrap_or_default()
+    );
+    let _ = writeln!(
+        s,
+        "               bos {:?}, eos {:?}, {} parameters",
+        c.bos_token_id, c.eos_token_ids, i.parameters
+    );
+    let m = &i.metadata;
+    let _ = writeln!(
+        s,
+        "tokenizer      tokenizer.json {}, tokenizer_config.json {}, chat template {}, special {:?}",
+        m.tokenizer_json_bytes.map(|b| human(b as u64)).unwrap_or_else(|| "absent".into()),
+        m.tokenizer_config_json_bytes.map(|b| human(b as u64)).unwrap_or_else(|| "absent".into()),
+        if m.chat_template.is_some() { "present" } else { "absent" },
+        m.special_tokens
+    );
+    for p in &m.provenance {
+        let _ = writeln!(
+            s,
+            "provenance     {} at {}: {}",
+            p.tool, p.created, p.details
+        );
+        for src in &p.sources {
+            let _ = writeln!(
+                s,
+                "                 {} ({}) sha256 {}",
+                src.name,
+                human(src.bytes),
+                src.sha256
+            );
+        }
+    }
+    let by: Vec<String> = i
+        .bytes_by_dtype
+        .iter()
+        .map(|(d, b)| format!("{d} {}", human(*b)))
+        .collect();
+    let _ = writeln!(s, "tensors        {} ({})", i.tensors.len(), by.join(", "));
+    let w = i
+        .tensors
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let _ = writeln!(
+        s,
+        "  {:<w$}  {:<5}  {:<14}  {:>12}  {:>10}  sha256",
+        "name", "dtype", "shape", "offset", "bytes"
+    );
+    for t in &i.tensors {
+        let _ = writeln!(
+            s,
+            "  {:<w$}  {:<5}  {:<14}  {:>12}  {:>10}  {}…",
+            t.name,
+            t.dtype,
+            format!("{:?}", t.shape),
+            t.offset,
+            t.len,
+            &t.sha256[..16]
+        );
+    }
+    if let Some(v) = &i.verify {
+        if v.ok {
+            let _ = writeln!(
+                s,
+                "checksums      all {} match ({:.3} s, {:.2} GB/s)",
+                i.tensors.len(),
+                v.seconds,
+                v.gb_per_s
+            );
+        } else {
+            let _ = writeln!(s, "checksums      {} MISMATCH:", v.failures.len());
+            for f in &v.failures {
+                let _ = writeln!(
+                    s,
+                    "  {}: stored {} computed {}",
+                    f.tensor, f.stored, f.computed
+                );
+            }
+        }
+    }
+    s
+}

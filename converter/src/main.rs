@@ -1,0 +1,213 @@
+//! The `kiln-convert` command line. All the work happens in the library.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln_convert::{convert_hf, inspect, ConvertOptions, Progress};
+use kiln_format::DType;
+
+const EXAMPLES: &str = "\
+Examples:
+  kiln-convert hf ./SmolLM2-135M-Instruct -o smollm2.kiln
+  kiln-convert hf ./model-dir -o model-f16.kiln --dtype f16 --force
+  kiln-convert inspect smollm2.kiln --verify";
+
+/// Convert Hugging Face checkpoints to .kiln files and inspect them.
+#[derive(Parser, Debug)]
+#[command(name = "kiln-convert", version, after_help = EXAMPLES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Convert a Hugging Face model directory (config.json, tokenizer files, *.safetensors).
+    #[command(after_help = "Example:\n  kiln-convert hf ./SmolLM2-135M-Instruct -o smollm2.kiln")]
+    Hf {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// The .kiln file to write.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Output dtype (default: keep each tensor's source dtype, lossless).
+        #[arg(long, value_enum)]
+        dtype: Option<FloatType>,
+        /// Overwrite the output file if it exists.
+        #[arg(long)]
+        force: bool,
+        /// Print a JSON summary on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a .kiln file's metadata and tensor table; --verify checks every checksum.
+    #[command(after_help = "Example:\n  kiln-convert inspect smollm2.kiln --verify")]
+    Inspect {
+        /// The .kiln file.
+        file: PathBuf,
+        /// Hash every tensor and compare with the index (exit status 1 on a mismatch).
+        #[arg(long)]
+        verify: bool,
+        /// Print JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum FloatType {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl From<FloatType> for DType {
+    fn from(f: FloatType) -> DType {
+        match f {
+            FloatType::F32 => DType::F32,
+            FloatType::F16 => DType::F16,
+            FloatType::Bf16 => DType::BF16,
+        }
+    }
+}
+
+/// Exit statuses.
+#[repr(u8)]
+enum Exit {
+    Ok = 0,
+    /// Checksums did not match.
+    Mismatch = 1,
+    /// Bad input or an I/O error.
+    Error = 2,
+}
+
+struct Bar(ProgressBar);
+
+impl Bar {
+    fn new(what: &'static str) -> Bar {
+        let pb = ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{prefix} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} {msg} ETA {eta}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        pb.set_prefix(what);
+        Bar(pb)
+    }
+}
+
+impl Progress for Bar {
+    fn start(&self, bytes: u64, items: usize) {
+        self.0.set_length(bytes);
+        self.0.set_message(format!("0/{items} tensors"));
+        self.0.set_position(0);
+        // Store the total in the message template's state.
+        *TOTAL.lock().unwrap_or_else(|e| e.into_inner()) = (0, items);
+    }
+    fn advance(&self, bytes: u64, items: usize) {
+        self.0.inc(bytes);
+        if items > 0 {
+            let mut t = TOTAL.lock().unwrap_or_else(|e| e.into_inner());
+            t.0 += items;
+            self.0.set_message(format!("{}/{} tensors", t.0, t.1));
+        }
+    }
+    fn finish(&self) {
+        self.0.finish_and_clear();
+    }
+}
+
+static TOTAL: std::sync::Mutex<(usize, usize)> = std::sync::Mutex::new((0, 0));
+
+fn print_stdout(s: &str) {
+    let mut out = std::io::stdout().lock();
+    // A closed pipe (`| head`) is not an error worth reporting.
+    let _ = out.write_all(s.as_bytes()).and_then(|_| out.flush());
+}
+
+fn run(cli: Cli) -> Result<Exit, kiln_convert::ConvertError> {
+    match cli.command {
+        Command::Hf {
+            dir,
+            output,
+            dtype,
+            force,
+            json,
+        } => {
+            let opts = ConvertOptions {
+                input: dir,
+                output,
+                dtype: dtype.map(DType::from),
+                overwrite: force,
+            };
+            let s = convert_hf(&opts, &Bar::new("converting"))?;
+            let dt: Vec<String> = s.dtypes.iter().map(|(d, n)| format!("{n} {d}")).collect();
+            eprintln!(
+                "wrote {} ({:.1} MB): {} tensors ({}) from {} ({})\n{:.1} MB of tensor data in {:.2} s ({:.2} GB/s, checksums included)\nheader sha256 {}",
+                s.output,
+                s.bytes_out as f64 / 1e6,
+                s.tensors,
+                dt.join(", "),
+                s.input,
+                s.architecture,
+                s.bytes_in as f64 / 1e6,
+                s.seconds,
+                s.gb_per_s,
+                s.header_sha256
+            );
+            if !s.skipped.is_empty() {
+                eprintln!(
+                    "skipped {} source tensor(s): {}",
+                    s.skipped.len(),
+                    s.skipped.join(", ")
+                );
+            }
+            if json {
+                print_stdout(&(serde_json::to_string_pretty(&s).expect("serializable") + "\n"));
+            }
+            Ok(Exit::Ok)
+        }
+        Command::Inspect { file, verify, json } => {
+            let i = inspect(&file, verify, &Bar::new("verifying"))?;
+            if json {
+                print_stdout(&(serde_json::to_string_pretty(&i).expect("serializable") + "\n"));
+            } else {
+                print_stdout(&kiln_convert::inspect::render(&i));
+            }
+            match &i.verify {
+                Some(v) if !v.ok => {
+                    let names: Vec<&str> = v.failures.iter().map(|f| f.tensor.as_str()).collect();
+                    eprintln!(
+                        "error: {}: {} tensor checksum(s) do not match: {}",
+                        i.file,
+                        names.len(),
+                        names.join(", ")
+                    );
+                    Ok(Exit::Mismatch)
+                }
+                _ => Ok(Exit::Ok),
+            }
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // Ctrl-C: remove any half-written output, then exit as interrupted shells expect.
+    let _ = ctrlc::set_handler(|| {
+        kiln_format::remove_pending_outputs();
+        std::process::exit(130);
+    });
+    match run(cli) {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(Exit::Error as u8)
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! Bad checkpoints: each gets an error naming the file and the field or tensor at fault, and
+//! leaves no output behind.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kiln_convert::{convert_hf, ConvertError, ConvertOptions, NoProgress};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/tiny")
+        .join(name)
+}
+
+/// A temporary copy of a fixture directory.
+fn copy_of(name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(fixture(name)).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, tmp.path().join(p.file_name().unwrap())).unwrap();
+    }
+    tmp
+}
+
+/// Rewrite `model.safetensors` of `dir` after `edit` changes the tensor map.
+fn edit_tensors(dir: &Path, edit: impl FnOnce(&mut HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>)) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut map: HashMap<String, (Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
+        .collect();
+    edit(&mut map);
+    let views: Vec<(String, TensorView)> = map
+        .iter()
+        .map(|(n, (d, s, b))| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::tensor::serialize_to_file(views, None, &path).unwrap();
+}
+
+/// Convert `dir`, expect failure, check the message and that nothing was left behind.
+fn expect_error(dir: &Path, needles: &[&str]) -> ConvertError {
+    let out = tempfile::tempdir().unwrap();
+    let target = out.path().join("m.kiln");
+    let err = convert_hf(
+        &ConvertOptions {
+            input: dir.to_path_buf(),
+            output: target.clone(),
+            dtype: None,
+            overwrite: false,
+        },
+        &NoProgress,
+    )
+    .expect_err("conversion should fail");
+    let msg = err.to_string();
+    for n in needles {
+        assert!(msg.contains(n), "message {msg:?} should contain {n:?}");
+    }
+    assert_eq!(
+        std::fs::read_dir(out.path()).unwrap().count(),
+        0,
+        "no output or temp file is left"
+    );
+    err
+}
+
+#[test]
+fn malformed_config_json_names_the_file() {
+    let d = copy_of("llama-tied-f32");
+    std::fs::write(d.path().join("config.json"), "{\"hidden_size\": 64,").unwrap();
+    assert!(matches!(
+        expect_error(d.path(), &["config.json", "invalid JSON"]),
+        ConvertError::Json { .. }
+    ));
+}
+
+#[test]
+fn config_field_of_wrong_type_is_named() {
+    let d = copy_of("llama-tied-f32");
+    let p = d.path().join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    v["num_attention_heads"] = serde_json::json!("four");
+    std::fs::write(&p, v.to_string()).unwrap();
+    expect_error(d.path(), &["config.json", "num_attention_heads"]);
+}
+
+#[test]
+fn unsupported_architecture_is_named() {
+    let d = copy_of("llama-tied-f32");
+    let p = d.path().join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    v["architectures"] = serde_json::json!(["GemmaForCausalLM"]);
+    std::fs::write(&p, v.to_string()).unwrap();
+    expect_error(d.path(), &["GemmaForCausalLM", "LlamaForCausalLM"]);
+}
+
+#[test]
+fn shard_index_naming_a_missing_file() {
+    let d = copy_of("llama-sharded-f16");
+    std::fs::remove_file(d.path().join("model-00002-of-00003.safetensors")).unwrap();
+    expect_error(
+        d.path(),
+        &[
+            "model.safetensors.index.json",
+            "model-00002-of-00003.safetensors",
+            "does not exist",
+        ],
+    );
+}
+
+#[test]
+fn shard_index_disagreeing_with_shards() {
+    let d = copy_of("llama-sharded-f16");
+    let p = d.path().join("model.safetensors.index.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    v["weight_map"]["model.norm.weight"] = serde_json::json!("model-00001-of-00003.safetensors");
+    v["weight_map"]["model.layers.0.mlp.up_proj.weight"] =
+        serde_json::json!("model-00003-of-00003.safetensors");
+    std::fs::write(&p, v.to_string()).unwrap();
+    expect_error(d.path(), &["model.safetensors.index.json", "is listed in"]);
+}
+
+#[test]
+fn shard_index_with_path_traversal_is_refused() {
+    let d = copy_of("llama-sharded-f16");
+    let p = d.path().join("model.safetensors.index.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    v["weight_map"]["model.norm.weight"] = serde_json::json!("../../etc/passwd");
+    std::fs::write(&p, v.to_string()).unwrap();
+    expect_error(d.path(), &["is not a file name"]);
+}
+
+#[test]
+fn missing_tensor_is_named_with_its_expected_shape() {
+    let d = copy_of("llama-tied-f32");
+    edit_tensors(d.path(), |m| {
+        m.remove("model.layers.1.mlp.down_proj.weight");
+    });
+    expect_error(
+        d.path(),
+        &["model.layers.1.mlp.down_proj.weight", "[64, 128]"],
+    );
+}
+
+#[test]
+fn mis_shaped_tensor_names_both_shapes() {
+    let d = copy_of("llama-tied-f32");
+    edit_tensors(d.path(), |m| {
+        let t = m.get_mut("model.layers.0.self_attn.k_proj.weight").unwrap();
+        t.1 = vec![64, 32]; // same byte count, wrong shape
+    });
+    expect_error(
+        d.path(),
+        &[
+            "model.layers.0.self_attn.k_proj.weight",
+            "[64, 32]",
+            "[32, 64]",
+        ],
+    );
+}
+
+#[test]
+fn extra_tensor_is_named() {
+    let d = copy_of("llama-tied-f32");
+    edit_tensors(d.path(), |m| {
+        m.insert(
+            "model.layers.0.self_attn.q_norm.weight".into(),
+            (Dtype::F32, vec![16], vec![0; 64]),
+        );
+    });
+    expect_error(d.path(), &["model.layers.0.self_attn.q_norm.weight"]);
+    let d = copy_of("llama-tied-f32");
+    edit_tensors(d.path(), |m| {
+        let t = m["model.norm.weight"].clone();
+        m.insert("model.layers.2.input_layernorm.weight".into(), t);
+    });
+    expect_error(
+        d.path(),
+        &["model.layers.2.input_layernorm.weight", "2 layers"],
+    );
+}
+
+#[test]
+fn tied_lm_head_that_differs_from_the_embedding_is_refused() {
+    let d = copy_of("llama-tied-f32");
+    edit_tensors(d.path(), |m| {
+        let mut t = m["model.embed_tokens.weight"].clone();
+        t.2[0] ^= 1;
+        m.insert("lm_head.weight".into(), t);
+    });
+    expect_error(d.path(), &["lm_head.weight", "tie_word_embeddings"]);
+}
+
+#[test]
+fn unsupported_dtype_is_named() {
+    let d = copy_of("llama-tied-f32");
+    edit_tensors(d.path(), |m| {
+        let t = m.get_mut("model.norm.weight").unwrap();
+        t.0 = Dtype::I32;
+    });
+    expect_error(d.path(), &["model.norm.weight", "I32"]);
+}
+
+#[test]
+fn truncated_safetensors_file() {
+    let d = copy_of("llama-tied-f32");
+    let p = d.path().join("model.safetensors");
+    let bytes = std::fs::read(&p).unwrap();
+    for cut in [4, 100, bytes.len() / 2, bytes.len() - 1] {
+        std::fs::write(&p, &bytes[..cut]).unwrap();
+        expect_error(d.path(), &["model.safetensors"]);
+    }
+}
+
+#[test]
+fn missing_files_are_named() {
+    let d = copy_of("llama-tied-f32");
+    std::fs::remove_file(d.path().join("tokenizer.json")).unwrap();
+    expect_error(d.path(), &["tokenizer.json"]);
+    let d = copy_of("llama-tied-f32");
+    std::fs::remove_file(d.path().join("model.safetensors")).unwrap();
+    expect_error(d.path(), &["model.safetensors"]);
+    let d = copy_of("llama-tied-f32");
+    std::fs::remove_file(d.path().join("config.json")).unwrap();
+    expect_error(d.path(), &["config.json"]);
+}
+
+fn cli() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_kiln-convert"))
+}
+
+#[test]
+fn existing_output_needs_force() {
+    let out = tempfile::tempdir().unwrap();
+    let target = out.path().join("m.kiln");
+    std::fs::write(&target, b"precious").unwrap();
+    let r = cli()
+        .arg("hf")
+        .arg(fixture("llama-tied-f32"))
+        .arg("-o")
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(
+        err.contains("already exists") && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&target).unwrap(), b"precious");
+    let r = cli()
+        .arg("hf")
+        .arg(fixture("llama-tied-f32"))
+        .arg("-o")
+        .arg(&target)
+        .arg("--force")
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+    assert_eq!(summary["tensors"], 20); // embed + 2 layers × 9 + final norm
+    kiln_format::KilnFile::open(&target)
+        .unwrap()
+        .verify()
+        .unwrap();
+    assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn inspect_verify_names_a_corrupt_tensor_and_exits_1() {
+    let out = tempfile::tempdir().unwrap();
+    let target = out.path().join("m.kiln");
+    let r = cli()
+        .arg("hf")
+        .arg(fixture("qwen2-bias-f32"))
+        .arg("-o")
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert!(r.status.success());
+    let r = cli()
+        .arg("inspect")
+        .arg(&target)
+        .arg("--verify")
+        .output()
+        .unwrap();
+    assert!(r.status.success());
+    assert!(String::from_utf8_lossy(&r.stdout).contains("layers.1.attn.v.bias"));
+    // Flip one byte inside layers.0.mlp.up.weight.
+    let f = kiln_format::KilnFile::open(&target).unwrap();
+    let info = f.info("layers.0.mlp.up.weight").unwrap().clone();
+    drop(f);
+    let mut bytes = std::fs::read(&target).unwrap();
+    bytes[(info.offset + info.len / 2) as usize] ^= 0x40;
+    std::fs::write(&target, &bytes).unwrap();
+    let r = cli()
+        .arg("inspect")
+        .arg(&target)
+        .arg("--verify")
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+    assert_eq!(
+        v["verify"]["failures"][0]["tensor"],
+        "layers.0.mlp.up.weight"
+    );
+    assert!(String::from_utf8_lossy(&r.stderr).contains("layers.0.mlp.up.weight"));
+}
+
+#[test]
+fn cli_errors_exit_2_with_one_clear_line() {
+    let r = cli()
+        .arg("hf")
+        .arg("/nonexistent/model")
+        .arg("-o")
+        .arg("/tmp/never.kiln")
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(err.starts_with("error: /nonexistent/model"), "{err}");
+    let r = cli()
+        .arg("inspect")
+        .arg(fixture("llama-tied-f32").join("config.json"))
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("not a .kiln file"));
+    let r = cli().arg("--help").output().unwrap();
+    assert!(String::from_utf8_lossy(&r.stdout).contains("kiln-convert hf"));
+}
