@@ -24,6 +24,7 @@ pub struct Shard {
     pub path: PathBuf,
     /// File name relative to the checkpoint directory.
     pub name: String,
+    file: File,
     map: Mmap,
 }
 
@@ -44,6 +45,7 @@ impl Shard {
         Ok(Shard {
             path,
             name: name.to_string(),
+            file,
             map,
         })
     }
@@ -51,6 +53,15 @@ impl Shard {
     /// The whole file.
     pub fn bytes(&self) -> &[u8] {
         &self.map
+    }
+
+    /// Read `buf.len()` bytes at `offset` with a positioned read.
+    ///
+    /// Bulk tensor data is read this way rather than through the map so that a conversion's
+    /// resident memory stays at its chunk buffers instead of growing to the model's size.
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        read_exact_at(&self.file, buf, offset)
+            .map_err(|e| ConvertError::io(&self.path, "cannot read", e))
     }
 
     fn parse(&self) -> Result<SafeTensors<'_>> {
@@ -288,4 +299,23 @@ fn read_index(dir: &Path, index_path: &Path) -> Result<(Vec<String>, HashMap<Str
         }
     }
     Ok((files, map))
+}
+
+#[cfg(unix)]
+fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+}
+
+#[cfg(windows)]
+fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !buf.is_empty() {
+        let n = file.seek_read(buf, offset)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf = &mut buf[n..];
+        offset += n as u64;
+    }
+    Ok(())
 }

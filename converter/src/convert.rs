@@ -277,22 +277,28 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
     order.sort_by_key(|&i| std::cmp::Reverse(planned[i].range.len()));
     order.par_iter().try_for_each(|&i| -> Result<()> {
         let t = planned[i];
-        let src = ck.bytes(t);
         let to = writer.spec(i).dtype;
         let mut sink = writer.tensor_sink(i)?;
         // 4 MiB of source per chunk: large enough for fast I/O, small for memory.
-        const CHUNK_ELEMS: usize = 1 << 20;
-        let step = CHUNK_ELEMS * t.dtype.block_bytes();
-        let mut buf = Vec::new();
-        for chunk in src.chunks(step) {
+        const CHUNK_BYTES: usize = 4 << 20;
+        let step = CHUNK_BYTES / t.dtype.block_bytes() * t.dtype.block_bytes();
+        let shard = &ck.shards[t.shard];
+        let mut src = vec![0u8; step.min(t.range.len())];
+        let mut cast = Vec::new();
+        let mut pos = t.range.start;
+        while pos < t.range.end {
+            let n = step.min(t.range.end - pos);
+            let chunk = &mut src[..n];
+            shard.read_at(chunk, pos as u64)?;
             if to == t.dtype {
                 sink.write(chunk)?;
             } else {
-                buf.clear();
-                cast_bytes(t.dtype, to, chunk, &mut buf);
-                sink.write(&buf)?;
+                cast.clear();
+                cast_bytes(t.dtype, to, chunk, &mut cast);
+                sink.write(&cast)?;
             }
-            progress.advance(chunk.len() as u64, 0);
+            pos += n;
+            progress.advance(n as u64, 0);
         }
         sink.finish()?;
         progress.advance(0, 1);

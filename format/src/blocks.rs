@@ -199,7 +199,7 @@ mod tests {
         x[1] = 3.0;
         let b = quantize_block_q4_0_ref(&x);
         assert_eq!(b.d.to_f32(), 1.0);
-        assert_eq!(b.qs[0], 0x00 | (15 << 4)); // low: -8+8=0, high: 7+8=15
+        assert_eq!(b.qs[0], 15 << 4); // low nibble: -8+8 = 0, high nibble: 7+8 = 15
         assert_eq!(b.qs[1] & 0x0f, 11);
         assert_eq!(b.code(0), -8);
         assert_eq!(b.code(16), 7);

@@ -25,11 +25,17 @@ pub fn decode_to_f32(dtype: DType, bytes: &[u8], out: &mut [f32]) {
                 *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         }
-        DType::F16 => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
+        DType::F16 => match bytemuck::try_cast_slice::<u8, f16>(bytes) {
+            Ok(h) => {
+                use half::slice::HalfFloatSliceExt;
+                h.convert_to_f32_slice(out);
             }
-        }
+            Err(_) => {
+                for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
+                }
+            }
+        },
         DType::BF16 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
                 *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
@@ -62,19 +68,42 @@ pub fn encode_from_f32(dtype: DType, x: &[f32], out: &mut Vec<u8>) {
 
 /// Convert `bytes` of plain float dtype `from` to dtype `to`, appending to `out`.
 /// Equal dtypes copy the bytes unchanged.
+///
+/// Works in chunks through an f32 buffer with slice conversions, which `half` vectorizes
+/// (F16C where the CPU has it): the cast must not be what limits a conversion.
 pub fn cast_bytes(from: DType, to: DType, bytes: &[u8], out: &mut Vec<u8>) {
+    assert!(
+        !from.is_quantized() && !to.is_quantized(),
+        "cast_bytes takes plain float dtypes"
+    );
     if from == to {
         out.extend_from_slice(bytes);
         return;
     }
-    const CHUNK: usize = 4096;
+    use half::slice::HalfFloatSliceExt;
+    const CHUNK: usize = 16 * 1024;
     let n = bytes.len() / from.block_bytes();
-    let mut buf = vec![0f32; CHUNK.min(n)];
-    let step = CHUNK * from.block_bytes();
-    for chunk in bytes.chunks(step) {
+    let mut wide = vec![0f32; CHUNK.min(n)];
+    let mut narrow16 = vec![0u16; CHUNK.min(n)];
+    out.reserve(n * to.block_bytes());
+    for chunk in bytes.chunks(CHUNK * from.block_bytes()) {
         let m = chunk.len() / from.block_bytes();
-        decode_to_f32(from, chunk, &mut buf[..m]);
-        encode_from_f32(to, &buf[..m], out);
+        let w = &mut wide[..m];
+        decode_to_f32(from, chunk, w);
+        match to {
+            DType::F32 => out.extend_from_slice(bytemuck::cast_slice(w)),
+            DType::F16 => {
+                let h: &mut [f16] = bytemuck::cast_slice_mut(&mut narrow16[..m]);
+                h.convert_from_f32_slice(w);
+                out.extend_from_slice(bytemuck::cast_slice(h));
+            }
+            DType::BF16 => {
+                let h: &mut [bf16] = bytemuck::cast_slice_mut(&mut narrow16[..m]);
+                h.convert_from_f32_slice(w);
+                out.extend_from_slice(bytemuck::cast_slice(h));
+            }
+            DType::Q8_0 | DType::Q4_0 => unreachable!("checked above"),
+        }
     }
 }
 

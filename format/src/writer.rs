@@ -21,7 +21,8 @@ use crate::dtype::DType;
 use crate::error::{FormatError, Result};
 use crate::layout::{
     align_up, FixedHeader, IndexRecord, ALIGNMENT, FORMAT_MAJOR, FORMAT_MINOR, HEADER_LEN,
-    HEADER_SHA_RANGE, MAX_DIM, MAX_DIMS, MAX_NAME_LEN, MAX_TENSORS,
+    HEADER_SHA_RANGE, MAX_DIM, MAX_DIMS, MAX_INDEX_LEN, MAX_METADATA_LEN, MAX_NAME_LEN,
+    MAX_TENSORS,
 };
 use crate::metadata::Metadata;
 
@@ -154,16 +155,39 @@ impl KilnWriter {
                 len,
                 sha256: Mutex::new(None),
             });
-            let end = offset + len;
-            offset = align_up(end).ok_or_else(|| FormatError::Write {
-                file: label.clone(),
-                tensor: String::new(),
-                reason: "the data section overflows 64 bits".into(),
-            })?;
+            // Checked: shapes are only bounded per dimension, so a few huge tensors can sum
+            // past 64 bits; that must be an error, not an overflow panic.
+            offset = offset
+                .checked_add(len)
+                .and_then(align_up)
+                .ok_or_else(|| overflow(&label))?;
         }
         let data_len = slots.last().map(|s| s.offset + s.len).unwrap_or(0);
+        // Refuse what a reader would refuse, before writing anything.
+        if metadata_bytes.len() as u64 > MAX_METADATA_LEN {
+            return Err(FormatError::BadMetadata {
+                file: label,
+                field: "(document)".into(),
+                reason: format!(
+                    "{} bytes of JSON exceed the limit of {MAX_METADATA_LEN} bytes",
+                    metadata_bytes.len()
+                ),
+            });
+        }
+        if index_len > MAX_INDEX_LEN {
+            return Err(FormatError::Write {
+                file: label,
+                tensor: String::new(),
+                reason: format!(
+                    "the tensor index needs {index_len} bytes, over the limit of {MAX_INDEX_LEN}"
+                ),
+            });
+        }
         let index_end = HEADER_LEN + metadata_bytes.len() as u64 + index_len;
-        let data_offset = align_up(index_end).expect("small");
+        let data_offset = align_up(index_end).expect("bounded by the limits above");
+        if data_offset.checked_add(data_len).is_none() {
+            return Err(overflow(&label));
+        }
 
         let dir = dest
             .parent()
@@ -409,6 +433,14 @@ impl TensorSink<'_> {
         }
         *sha = Some(self.hasher.finalize().into());
         Ok(())
+    }
+}
+
+fn overflow(label: &str) -> FormatError {
+    FormatError::Write {
+        file: label.to_string(),
+        tensor: String::new(),
+        reason: "the data section overflows 64 bits".into(),
     }
 }
 
