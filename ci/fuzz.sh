@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Fuzz the .kiln reader for a fixed time: ci/fuzz.sh [SECONDS]   (default 60)
+#
+# Runs the cargo-fuzz target `reader` (fuzz/fuzz_targets/reader.rs), which opens arbitrary
+# bytes with KilnFile::from_bytes and, when a file is accepted, touches every view and verifies
+# every checksum. Exits non-zero if the fuzzer finds a crash; the input that caused it is left
+# in fuzz/artifacts/reader/ (reproduce with `RUSTC_BOOTSTRAP=1 cargo fuzz run reader FILE`).
+#
+# Toolchain: cargo-fuzz needs nightly-only flags (-Zsanitizer=address, sanitizer coverage).
+# Only the stable toolchain can be installed here, so the script sets RUSTC_BOOTSTRAP=1, which
+# lets the stable compiler accept them; this is harmless on a nightly toolchain.
+#
+# The committed seeds (fuzz/corpus/reader/, made by
+# `cargo run -p kiln-format --example fuzz_seed_corpus -- fuzz/corpus/reader`) are read but
+# never written: inputs the fuzzer discovers go to a scratch directory, so the repository's
+# corpus stays small. Set KILN_FUZZ_CORPUS=DIR to keep discoveries in DIR across runs.
+set -euo pipefail
+
+duration="${1:-60}"
+if ! [[ "$duration" =~ ^[0-9]+$ ]] || [ "$duration" -eq 0 ]; then
+    echo "usage: ci/fuzz.sh [SECONDS]   (a positive whole number, default 60)" >&2
+    exit 2
+fi
+
+cd "$(dirname "$0")/.."
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "ci/fuzz.sh: installing cargo-fuzz" >&2
+    cargo install cargo-fuzz --locked
+fi
+
+export RUSTC_BOOTSTRAP=1
+
+scratch="${KILN_FUZZ_CORPUS:-}"
+if [ -z "$scratch" ]; then
+    scratch="$(mktemp -d)"
+    trap 'rm -rf "$scratch"' EXIT
+fi
+mkdir -p "$scratch"
+
+# The first corpus directory receives new inputs; the second (the seeds) is only read.
+# -max_len keeps inputs near the size of the seeds, where the interesting structure is.
+# -timeout flags a single input that takes over 10 s (a hang) as a failure.
+cargo fuzz run reader "$scratch" fuzz/corpus/reader -- \
+    -max_total_time="$duration" -max_len=4096 -timeout=10 -print_final_stats=1

