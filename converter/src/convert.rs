@@ -233,9 +233,21 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
         .collect();
     side.extend(ck.index_file.clone());
     side.extend(ck.shards.iter().map(|s| s.name.clone()));
+    // Source checksums are computed while the tensors are written; the metadata holds
+    // fixed-width placeholders until then (see KilnWriter::replace_metadata).
     let sources = side
-        .par_iter()
-        .map(|f| sha256_file(&dir.join(f), f))
+        .iter()
+        .map(|f| {
+            let p = dir.join(f);
+            let bytes = std::fs::metadata(&p)
+                .map_err(|e| ConvertError::io(&p, "cannot read", e))?
+                .len();
+            Ok(SourceFile {
+                name: f.clone(),
+                bytes,
+                sha256: "0".repeat(64),
+            })
+        })
         .collect::<Result<Vec<_>>>()?;
 
     let specs: Vec<TensorSpec> = planned
@@ -269,41 +281,53 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
         }],
     };
 
-    let writer = KilnWriter::create(&opts.output, &metadata, specs, opts.overwrite)?;
+    let mut writer = KilnWriter::create(&opts.output, &metadata, specs, opts.overwrite)?;
     let bytes_in: u64 = planned.iter().map(|t| t.range.len() as u64).sum();
     progress.start(bytes_in, planned.len());
     // Largest first, so the long tensors do not end up alone at the tail of the schedule.
     let mut order: Vec<usize> = (0..planned.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(planned[i].range.len()));
-    order.par_iter().try_for_each(|&i| -> Result<()> {
-        let t = planned[i];
-        let to = writer.spec(i).dtype;
-        let mut sink = writer.tensor_sink(i)?;
-        // 4 MiB of source per chunk: large enough for fast I/O, small for memory.
-        const CHUNK_BYTES: usize = 4 << 20;
-        let step = CHUNK_BYTES / t.dtype.block_bytes() * t.dtype.block_bytes();
-        let shard = &ck.shards[t.shard];
-        let mut src = vec![0u8; step.min(t.range.len())];
-        let mut cast = Vec::new();
-        let mut pos = t.range.start;
-        while pos < t.range.end {
-            let n = step.min(t.range.end - pos);
-            let chunk = &mut src[..n];
-            shard.read_at(chunk, pos as u64)?;
-            if to == t.dtype {
-                sink.write(chunk)?;
-            } else {
-                cast.clear();
-                cast_bytes(t.dtype, to, chunk, &mut cast);
-                sink.write(&cast)?;
+    let write_all = || {
+        order.par_iter().try_for_each(|&i| -> Result<()> {
+            let t = planned[i];
+            let to = writer.spec(i).dtype;
+            let mut sink = writer.tensor_sink(i)?;
+            // 4 MiB of source per chunk: large enough for fast I/O, small for memory.
+            const CHUNK_BYTES: usize = 4 << 20;
+            let step = CHUNK_BYTES / t.dtype.block_bytes() * t.dtype.block_bytes();
+            let shard = &ck.shards[t.shard];
+            let mut src = vec![0u8; step.min(t.range.len())];
+            let mut cast = Vec::new();
+            let mut pos = t.range.start;
+            while pos < t.range.end {
+                let n = step.min(t.range.end - pos);
+                let chunk = &mut src[..n];
+                shard.read_at(chunk, pos as u64)?;
+                if to == t.dtype {
+                    sink.write(chunk)?;
+                } else {
+                    cast.clear();
+                    cast_bytes(t.dtype, to, chunk, &mut cast);
+                    sink.write(&cast)?;
+                }
+                pos += n;
+                progress.advance(n as u64, 0);
             }
-            pos += n;
-            progress.advance(n as u64, 0);
-        }
-        sink.finish()?;
-        progress.advance(0, 1);
-        Ok(())
-    })?;
+            sink.finish()?;
+            progress.advance(0, 1);
+            Ok(())
+        })
+    };
+    let hash_all = || {
+        side.par_iter()
+            .map(|f| sha256_file(&dir.join(f), f))
+            .collect::<Result<Vec<_>>>()
+    };
+    let (written, hashed) = rayon::join(write_all, hash_all);
+    written?;
+    let mut metadata = metadata;
+    metadata.provenance[0].sources = hashed?;
+    writer.replace_metadata(&metadata)?;
     let summary = writer.finish()?;
     progress.finish();
     let seconds = start.elapsed().as_secs_f64();

@@ -224,3 +224,33 @@ fn smollm2_converts_losslessly_and_verifies() {
 fn smollm2_converts_to_f32_exactly() {
     convert_and_compare(&repo().join(SMOLLM2), Some(DType::F32));
 }
+
+#[test]
+fn provenance_records_every_source_file_with_its_sha256() {
+    use sha2::{Digest, Sha256};
+    let dir = repo().join("fixtures/tiny/llama-sharded-f16");
+    let f = convert_and_compare(&dir, None);
+    let step = &f.metadata().provenance[0];
+    assert!(step.tool.starts_with("kiln-convert "));
+    for src in &step.sources {
+        let bytes = std::fs::read(dir.join(&src.name)).unwrap();
+        assert_eq!(src.bytes, bytes.len() as u64, "{}", src.name);
+        assert_eq!(
+            src.sha256,
+            kiln_format::hex(&Sha256::digest(&bytes)),
+            "{}",
+            src.name
+        );
+    }
+    for name in [
+        "config.json",
+        "tokenizer.json",
+        "model.safetensors.index.json",
+        "model-00003-of-00003.safetensors",
+    ] {
+        assert!(
+            step.sources.iter().any(|s| s.name == name),
+            "{name} recorded"
+        );
+    }
+}

@@ -223,6 +223,32 @@ impl KilnWriter {
         Ok(writer)
     }
 
+    /// Replace the metadata declared at [`KilnWriter::create`] with a document of exactly the
+    /// same serialized length (the layout is already fixed).
+    ///
+    /// This lets a caller declare values it computes while tensors are written, such as source
+    /// file checksums, as fixed-width placeholders and fill them in before `finish`.
+    pub fn replace_metadata(&mut self, metadata: &Metadata) -> Result<()> {
+        let bytes = serde_json::to_vec(metadata).map_err(|e| FormatError::BadMetadata {
+            file: self.dest.display().to_string(),
+            field: "(document)".into(),
+            reason: e.to_string(),
+        })?;
+        if bytes.len() != self.metadata.len() {
+            return Err(FormatError::BadMetadata {
+                file: self.dest.display().to_string(),
+                field: "(document)".into(),
+                reason: format!(
+                    "replacement metadata is {} bytes, the declared layout holds {}",
+                    bytes.len(),
+                    self.metadata.len()
+                ),
+            });
+        }
+        self.metadata = bytes;
+        Ok(())
+    }
+
     /// Number of declared tensors.
     pub fn len(&self) -> usize {
         self.slots.len()
