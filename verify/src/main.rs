@@ -1,0 +1,264 @@
+//! The `kiln-verify` command line. Exit status: 0 pass, 1 out of tolerance (or a checksum
+//! mismatch), 2 could not run (bad input).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln_format::KilnFile;
+use kiln_verify::perplexity::{PerplexityOptions, PerplexityProgress, ScoredLogits};
+use kiln_verify::tolerance::Tolerance;
+use kiln_verify::{diff, dump, layers, perplexity, Result, VerifyError};
+
+const EXAMPLES: &str = "\
+Examples:
+  kiln-verify layers smollm2-f32.kiln --reference fixtures/reference/smollm2/0.safetensors
+  kiln-verify integrity smollm2-q4_0.kiln
+  kiln-verify diff smollm2-bf16.kiln smollm2-q4_0.kiln
+  kiln-verify perplexity smollm2-f16.kiln --text wiki.txt -c 512 --save-logits base.logits
+  kiln-verify perplexity smollm2-q4_0.kiln --text wiki.txt -c 512 --kl-base base.logits";
+
+/// Numerical accuracy checks for .kiln models.
+#[derive(Parser, Debug)]
+#[command(name = "kiln-verify", version, after_help = EXAMPLES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Compare every named activation with a reference dump, in forward order.
+    Layers {
+        model: PathBuf,
+        /// Reference dump (safetensors: input_ids + transformers module outputs).
+        #[arg(long)]
+        reference: PathBuf,
+        /// Override the largest NMSE allowed for any activation.
+        #[arg(long)]
+        max_nmse: Option<f64>,
+        /// Override the smallest top-1 agreement of the logits (0..1).
+        #[arg(long)]
+        min_top1: Option<f64>,
+        #[arg(short, long)]
+        threads: Option<usize>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Verify every checksum.
+    Integrity {
+        model: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Tensor-by-tensor error between two files of the same model.
+    Diff {
+        a: PathBuf,
+        b: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Perplexity by llama.cpp's protocol; KL-divergence against a base model's saved logits.
+    Perplexity {
+        model: PathBuf,
+        /// UTF-8 text file.
+        #[arg(long)]
+        text: PathBuf,
+        /// Tokens per chunk.
+        #[arg(short = 'c', long = "ctx", default_value_t = 512)]
+        ctx: usize,
+        /// Use at most N chunks.
+        #[arg(long)]
+        chunks: Option<usize>,
+        /// Save the scored log-probabilities (to compare other files against this one).
+        #[arg(long)]
+        save_logits: Option<PathBuf>,
+        /// Base model's saved log-probabilities: report mean KL-divergence and top-token agreement.
+        #[arg(long)]
+        kl_base: Option<PathBuf>,
+        #[arg(short, long)]
+        threads: Option<usize>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn threads(t: Option<usize>) -> Result<usize> {
+    match t {
+        Some(0) => Err(VerifyError::Usage(
+            "--threads 0: use at least one thread".into(),
+        )),
+        Some(n) => Ok(n),
+        None => Ok(kiln_runner::threads::physical_cores()),
+    }
+}
+
+fn out(s: &str) {
+    let mut o = std::io::stdout().lock();
+    let _ = o.write_all(s.as_bytes()).and_then(|_| o.flush());
+}
+
+fn json<T: serde::Serialize>(v: &T) {
+    out(&(serde_json::to_string_pretty(v).expect("serializable") + "\n"));
+}
+
+struct Bar(ProgressBar);
+
+impl PerplexityProgress for Bar {
+    fn chunk(&self, done: usize, total: usize, ppl: f64) {
+        self.0.set_length(total as u64);
+        self.0.set_position(done as u64);
+        self.0.set_message(format!("ppl ≈ {ppl:.4}"));
+    }
+}
+
+fn run(cli: Cli) -> Result<bool> {
+    match cli.command {
+        Command::Layers {
+            model,
+            reference,
+            max_nmse,
+            min_top1,
+            threads: t,
+            json: j,
+        } => {
+            let f = KilnFile::open(&model)?;
+            let d = dump::Dump::load(&reference)?;
+            let default = Tolerance::for_class(kiln_verify::tolerance::WeightClass::of_file(&f));
+            let tol = (max_nmse.is_some() || min_top1.is_some()).then(|| Tolerance {
+                max_nmse: max_nmse.unwrap_or(default.max_nmse),
+                min_top1: min_top1.unwrap_or(default.min_top1),
+            });
+            let r = layers::verify_layers(&f, &d, tol, threads(t)?)?;
+            if j {
+                json(&r);
+            } else {
+                out(&layers::render(&r));
+            }
+            Ok(r.pass)
+        }
+        Command::Integrity { model, json: j } => {
+            let t0 = std::time::Instant::now();
+            let f = KilnFile::open(&model)?;
+            let pb = ProgressBar::new(f.data_len());
+            pb.set_style(
+                ProgressStyle::with_template(
+                    "verifying [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec}",
+                )
+                .expect("template")
+                .progress_chars("=> "),
+            );
+            let failures = f.verify_checksums(&|n| pb.inc(n));
+            pb.finish_and_clear();
+            let secs = t0.elapsed().as_secs_f64();
+            if j {
+                json(&serde_json::json!({
+                    "file": f.label(), "pass": failures.is_empty(), "tensors": f.tensors().len(),
+                    "bytes": f.data_len(), "seconds": secs,
+                    "failures": failures.iter().map(|x| serde_json::json!({"tensor": x.tensor, "stored": x.stored, "computed": x.computed})).collect::<Vec<_>>(),
+                }));
+            } else if failures.is_empty() {
+                out(&format!("{}: all {} tensor checksums and the header checksum match ({:.1} MB in {:.2} s)\n", f.label(), f.tensors().len(), f.data_len() as f64 / 1e6, secs));
+            } else {
+                for x in &failures {
+                    out(&format!(
+                        "{}: tensor `{}`: checksum mismatch (stored {}, computed {})\n",
+                        f.label(),
+                        x.tensor,
+                        x.stored,
+                        x.computed
+                    ));
+                }
+            }
+            Ok(failures.is_empty())
+        }
+        Command::Diff { a, b, json: j } => {
+            let (fa, fb) = (KilnFile::open(&a)?, KilnFile::open(&b)?);
+            let r = diff::diff(&fa, &fb)?;
+            if j {
+                json(&r);
+            } else {
+                out(&diff::render(&r));
+            }
+            Ok(true)
+        }
+        Command::Perplexity {
+            model,
+            text,
+            ctx,
+            chunks,
+            save_logits,
+            kl_base,
+            threads: t,
+            json: j,
+        } => {
+            let f = KilnFile::open(&model)?;
+            let body = std::fs::read(&text).map_err(|e| VerifyError::Text {
+                path: text.display().to_string(),
+                reason: format!("cannot read: {e}"),
+            })?;
+            let body = String::from_utf8(body).map_err(|e| VerifyError::Text {
+                path: text.display().to_string(),
+                reason: format!("not UTF-8 (byte {})", e.utf8_error().valid_up_to()),
+            })?;
+            let base = kl_base.as_deref().map(ScoredLogits::load).transpose()?;
+            let pb = ProgressBar::new(1);
+            pb.set_style(
+                ProgressStyle::with_template(
+                    "perplexity [{bar:30}] {pos}/{len} chunks {msg} ETA {eta}",
+                )
+                .expect("template")
+                .progress_chars("=> "),
+            );
+            let opts = PerplexityOptions {
+                ctx,
+                chunks,
+                threads: threads(t)?,
+            };
+            let (r, kept) = perplexity::perplexity(
+                &f,
+                &text,
+                &body,
+                &opts,
+                base.as_ref(),
+                save_logits.is_some(),
+                &Bar(pb.clone()),
+            )?;
+            pb.finish_and_clear();
+            if let (Some(p), Some(k)) = (&save_logits, kept) {
+                k.save(p)?;
+            }
+            if j {
+                json(&r);
+            } else {
+                let mut s = format!(
+                    "{}: perplexity {:.4} ± {:.4} over {} chunks of {} ({} tokens scored, {:.0} tok/s)\n",
+                    r.model, r.ppl, r.ppl_stderr, r.chunks, r.ctx, r.tokens_scored, r.tok_s
+                );
+                if let (Some(k), Some(p)) = (r.kld_mean, r.same_top_p) {
+                    s += &format!(
+                        "mean KL-divergence {k:.6}, same top token {:.2}%\n",
+                        p * 100.0
+                    );
+                }
+                out(&s);
+            }
+            Ok(true)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let _ = ctrlc::set_handler(|| std::process::exit(130));
+    match run(cli) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! `kiln-verify perplexity`: llama.cpp's `llama-perplexity` protocol, so figures compare.
+//!
+//! The text is tokenized once (BOS added only if the model's tokenizer adds it), cut into
+//! non-overlapping chunks of `ctx` tokens (at least two chunks' worth of text is required, as
+//! llama.cpp requires), each chunk is run from an empty cache (its first token replaced by BOS
+//! when the tokenizer adds one) and scored on its second half: positions `ctx/2 .. ctx-1`
+//! predict the next token. Perplexity = exp(mean negative log-likelihood over all scored
+//! tokens). With a base model's saved log-probabilities, the same positions also give the
+//! mean KL-divergence KL(base ‖ model) and the fraction whose top token agrees.
+
+use std::path::Path;
+use std::time::Instant;
+
+use half::f16;
+use kiln_format::KilnFile;
+use kiln_runner::{Logits, Model, Tokenizer};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use serde::Serialize;
+
+use crate::error::{Result, VerifyError};
+use crate::metrics::{argmax, kl_divergence, log_softmax};
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct PerplexityOptions {
+    /// Tokens per chunk (`-c`).
+    pub ctx: usize,
+    /// Use at most this many chunks.
+    pub chunks: Option<usize>,
+    /// Worker threads.
+    pub threads: usize,
+}
+
+/// Running figures, reported after every chunk.
+pub trait PerplexityProgress {
+    /// `done` of `total` chunks, with the estimate so far.
+    fn chunk(&self, _done: usize, _total: usize, _ppl: f64) {}
+}
+
+impl PerplexityProgress for () {}
+
+/// Per-position log-probabilities of the scored tokens, for `--save-logits`/`--kl-base`.
+#[derive(Debug, Clone)]
+pub struct ScoredLogits {
+    /// The token ids the chunks were made from (after BOS substitution).
+    pub tokens: Vec<u32>,
+    /// Tokens per chunk.
+    pub ctx: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// One `(ctx - 1 - ctx/2) × vocab` block of log-probabilities per chunk, as f16.
+    pub chunks: Vec<Vec<f16>>,
+}
+
+/// The result.
+#[derive(Debug, Clone, Serialize)]
+pub struct PerplexityReport {
+    pub model: String,
+    pub text: String,
+    pub ctx: usize,
+    pub chunks: usize,
+    pub tokens_scored: usize,
+    /// exp(mean NLL).
+    pub ppl: f64,
+    /// Standard error of the perplexity (delta method on the NLL's standard error).
+    pub ppl_stderr: f64,
+    /// Mean KL(base ‖ model), with `--kl-base`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kld_mean: Option<f64>,
+    /// Fraction of scored positions whose top token equals the base model's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub same_top_p: Option<f64>,
+    /// Scored tokens per second.
+    pub tok_s: f64,
+}
+
+/// Measure perplexity of `file` on `text`; optionally keep the scored log-probabilities and
+/// compare with a base model's.
+pub fn perplexity(
+    file: &KilnFile,
+    text_path: &Path,
+    text: &str,
+    opts: &PerplexityOptions,
+    base: Option<&ScoredLogits>,
+    keep: bool,
+    progress: &dyn PerplexityProgress,
+) -> Result<(PerplexityReport, Option<ScoredLogits>)> {
+    let ctx = opts.ctx;
+    if ctx < 8 {
+        return Err(VerifyError::Usage(format!(
+            "-c {ctx}: the context must be at least 8 tokens"
+        )));
+    }
+    let model = Model::load(file)?;
+    let tok = Tokenizer::from_file(file)?;
+    let mut tokens = tok.encode(text)?;
+    let bos = file.metadata().config.bos_token_id;
+    let add_bos = bos.is_some() && tokens.first().copied() == bos;
+    if tokens.len() < 2 * ctx {
+        return Err(VerifyError::Text {
+            path: text_path.display().to_string(),
+            reason: format!(
+                "{} tokens is too short: perplexity with -c {ctx} needs at least {} (two chunks)",
+                tokens.len(),
+                2 * ctx
+            ),
+        });
+    }
+    let mut n_chunks = tokens.len() / ctx;
+    if let Some(c) = opts.chunks {
+        n_chunks = n_chunks.min(c.max(1));
+    }
+    tokens.truncate(n_chunks * ctx);
+    if add_bos {
+        for c in 0..n_chunks {
+            tokens[c * ctx] = bos.expect("add_bos implies bos");
+        }
+    }
+    let vocab = model.config.vocab;
+    let first = ctx / 2;
+    let scored_per_chunk = ctx - 1 - first;
+    if let Some(b) = base {
+        if b.ctx != ctx
+            || b.vocab != vocab
+            || b.tokens.len() < tokens.len()
+            || b.tokens[..tokens.len()] != tokens[..]
+        {
+            return Err(VerifyError::BadLogits {
+                path: "--kl-base".into(),
+                reason: format!(
+                    "the base logits were made with -c {} on {} tokens (vocab {}); this run uses -c {ctx} on {} tokens (vocab {vocab}) of a different tokenization — use the same text, -c and tokenizer",
+                    b.ctx, b.tokens.len(), b.vocab, tokens.len()
+                ),
+            });
+        }
+    }
+    let mut session = model.session(ctx, opts.threads)?;
+    let start = Instant::now();
+    let (mut nll_sum, mut nll2_sum, mut count) = (0f64, 0f64, 0usize);
+    let (mut kl_sum, mut same) = (0f64, 0usize);
+    let mut kept = Vec::new();
+    let mut logp = vec![0f32; vocab];
+    for c in 0..n_chunks {
+        session.reset();
+        let chunk = &tokens[c * ctx..(c + 1) * ctx];
+        let logits = session.forward(chunk, Logits::All, None)?;
+        let mut block = if keep {
+            Vec::with_capacity(scored_per_chunk * vocab)
+        } else {
+            Vec::new()
+        };
+        for (k, j) in (first..ctx - 1).enumerate() {
+            let row = &logits[j * vocab..(j + 1) * vocab];
+            log_softmax(row, &mut logp);
+            let nll = -(logp[chunk[j + 1] as usize] as f64);
+            nll_sum += nll;
+            nll2_sum += nll * nll;
+            count += 1;
+            if let Some(b) = base {
+                let brow = &b.chunks[c][k * vocab..(k + 1) * vocab];
+                let blogp: Vec<f32> = brow.iter().map(|v| v.to_f32()).collect();
+                kl_sum += kl_divergence(&blogp, &logp);
+                same += usize::from(argmax(&blogp) == argmax(&logp));
+            }
+            if keep {
+                block.extend(logp.iter().map(|&v| f16::from_f32(v)));
+            }
+        }
+        if keep {
+            kept.push(block);
+        }
+        progress.chunk(c + 1, n_chunks, (nll_sum / count as f64).exp());
+    }
+    let mean = nll_sum / count as f64;
+    let var = (nll2_sum / count as f64 - mean * mean).max(0.0);
+    let nll_se = (var / (count as f64 - 1.0).max(1.0)).sqrt();
+    let ppl = mean.exp();
+    let seconds = start.elapsed().as_secs_f64();
+    let report = PerplexityReport {
+        model: file.label().to_string(),
+        text: text_path.display().to_string(),
+        ctx,
+        chunks: n_chunks,
+        tokens_scored: count,
+        ppl,
+        ppl_stderr: ppl * nll_se,
+        kld_mean: base.map(|_| kl_sum / count as f64),
+        same_top_p: base.map(|_| same as f64 / count as f64),
+        tok_s: (n_chunks * ctx) as f64 / seconds,
+    };
+    let kept = keep.then_some(ScoredLogits {
+        tokens,
+        ctx,
+        vocab,
+        chunks: kept,
+    });
+    Ok((report, kept))
+}
+
+impl ScoredLogits {
+    /// Write as safetensors: `tokens` (i32 `[n]`) and `chunk.N` (f16 `[scored, vocab]`).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let tokens: Vec<u8> = self
+            .tokens
+            .iter()
+            .flat_map(|&t| (t as i32).to_le_bytes())
+            .collect();
+        let chunk_bytes: Vec<Vec<u8>> = self.chunks.iter().map(|c| bytemuck_f16(c)).collect();
+        let scored = self.ctx - 1 - self.ctx / 2;
+        let mut views = vec![(
+            "tokens".to_string(),
+            TensorView::new(Dtype::I32, vec![self.tokens.len()], &tokens).expect("sized"),
+        )];
+        for (i, b) in chunk_bytes.iter().enumerate() {
+            views.push((
+                format!("chunk.{i}"),
+                TensorView::new(Dtype::F16, vec![scored, self.vocab], b).expect("sized"),
+            ));
+        }
+        let meta = std::collections::HashMap::from([
+            ("ctx".to_string(), self.ctx.to_string()),
+            ("vocab".to_string(), self.vocab.to_string()),
+            (
+                "content".to_string(),
+                "kiln-verify scored log-probabilities".to_string(),
+            ),
+        ]);
+        let tmp = path.with_extension("tmp");
+        safetensors::tensor::serialize_to_file(views, Some(meta), &tmp).map_err(|e| {
+            VerifyError::BadLogits {
+                path: path.display().to_string(),
+                reason: format!("cannot write: {e}"),
+            }
+        })?;
+        std::fs::rename(&tmp, path).map_err(|e| VerifyError::io(path, "cannot write", e))
+    }
+
+    /// Read a file written by [`ScoredLogits::save`], checking every field.
+    pub fn load(path: &Path) -> Result<ScoredLogits> {
+        let bad = |reason: String| VerifyError::BadLogits {
+            path: path.display().to_string(),
+            reason,
+        };
+        let bytes = std::fs::read(path).map_err(|e| VerifyError::io(path, "cannot read", e))?;
+        let (_, meta) = SafeTensors::read_metadata(&bytes)
+            .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+        let st = SafeTensors::deserialize(&bytes)
+            .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+        let m = meta.metadata().clone().unwrap_or_default();
+        let num = |k: &str| -> Result<usize> {
+            m.get(k).and_then(|v| v.parse().ok()).ok_or_else(|| {
+                bad(format!(
+                    "metadata `{k}` is missing; was this written by kiln-verify --save-logits?"
+                ))
+            })
+        };
+        let (ctx, vocab) = (num("ctx")?, num("vocab")?);
+        if ctx < 8 {
+            return Err(bad(format!("ctx {ctx} is too small")));
+        }
+        let t = st
+            .tensor("tokens")
+            .map_err(|_| bad("no `tokens` tensor".into()))?;
+        if t.dtype() != Dtype::I32 {
+            return Err(bad("`tokens` must be I32".into()));
+        }
+        let tokens: Vec<u32> = t
+            .data()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().expect("4")) as u32)
+            .collect();
+        let n_chunks = tokens.len() / ctx;
+        let scored = ctx - 1 - ctx / 2;
+        let mut chunks = Vec::with_capacity(n_chunks);
+        for i in 0..n_chunks {
+            let v = st
+                .tensor(&format!("chunk.{i}"))
+                .map_err(|_| bad(format!("no `chunk.{i}` tensor")))?;
+            if v.dtype() != Dtype::F16 || v.shape() != [scored, vocab] {
+                return Err(bad(format!(
+                    "`chunk.{i}` is {:?} {:?}, expected F16 [{scored}, {vocab}]",
+                    v.dtype(),
+                    v.shape()
+                )));
+            }
+            chunks.push(
+                v.data()
+                    .chunks_exact(2)
+                    .map(|c| f16::from_le_bytes([c[0], c[1]]))
+                    .collect(),
+            );
+        }
+        Ok(ScoredLogits {
+            tokens,
+            ctx,
+            vocab,
+            chunks,
+        })
+    }
+}
+
+fn bytemuck_f16(v: &[f16]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
