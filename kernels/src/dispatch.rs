@@ -1,0 +1,207 @@
+//! The per-tier kernel table and the safe, length-checking entry points.
+//!
+//! A [`Kernels`] value holds one function pointer per kernel for one [`Isa`]. Tables for SIMD
+//! tiers are only handed out by [`kernels`] when the CPU supports the tier, which is the
+//! invariant that makes their `unsafe` calls sound. Every method here checks lengths before
+//! calling into the table, so the table entries may assume them.
+
+use std::sync::OnceLock;
+
+use half::{bf16, f16};
+use kiln_format::{BlockQ4_0, BlockQ8_0, QK};
+
+use crate::isa::{isa, Isa};
+use crate::reference as r;
+
+/// Output rows computed together by one tile kernel call (they share the activation loads).
+pub const TILE_ROWS: usize = 4;
+
+/// A tile kernel: `TILE_ROWS` weight rows against `xs.len()` activation rows, writing
+/// `out[t][r]`. Checks that the token count is one it was built for and that lengths agree.
+pub(crate) type TileFn<W, X> = fn(&[&[W]; TILE_ROWS], &[&[X]], &mut [[f32; TILE_ROWS]]);
+
+/// One weight encoding's tile kernels: one token, and `tokens` tokens at once (the
+/// register-blocked kernel for prefill). Both give the same bits for a (row, token) pair.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tile<W: 'static, X: 'static> {
+    pub(crate) one: TileFn<W, X>,
+    pub(crate) tokens: usize,
+    pub(crate) many: TileFn<W, X>,
+}
+
+impl<W, X> Tile<W, X> {
+    pub(crate) const fn new(one: TileFn<W, X>, tokens: usize, many: TileFn<W, X>) -> Self {
+        Tile { one, tokens, many }
+    }
+}
+
+/// One tier's kernels. Get one with [`kernels`] (a given tier) or [`active`] (the dispatched one).
+#[derive(Debug)]
+pub struct Kernels {
+    pub(crate) isa: Isa,
+    pub(crate) dot_f32: fn(&[f32], &[f32]) -> f32,
+    pub(crate) axpy: fn(f32, &[f32], &mut [f32]),
+    pub(crate) dot_f16_f32: fn(&[f16], &[f32]) -> f32,
+    pub(crate) dot_bf16_f32: fn(&[bf16], &[f32]) -> f32,
+    pub(crate) dot_q8_0_q8_0: fn(&[BlockQ8_0], &[BlockQ8_0]) -> f32,
+    pub(crate) dot_q4_0_q8_0: fn(&[BlockQ4_0], &[BlockQ8_0]) -> f32,
+    pub(crate) quantize_row_q8_0_act: fn(&[f32], &mut [BlockQ8_0]),
+    pub(crate) rmsnorm: fn(&[f32], &[f32], f32, &mut [f32]),
+    pub(crate) softmax_inplace: fn(&mut [f32]),
+    pub(crate) silu_mul: fn(&[f32], &[f32], &mut [f32]),
+    pub(crate) tile_f32: Tile<f32, f32>,
+    pub(crate) tile_f16: Tile<f16, f32>,
+    pub(crate) tile_bf16: Tile<bf16, f32>,
+    pub(crate) tile_q8_0: Tile<BlockQ8_0, BlockQ8_0>,
+    pub(crate) tile_q4_0: Tile<BlockQ4_0, BlockQ8_0>,
+}
+
+fn tile_ref<W, X>(
+    rows: &[&[W]; TILE_ROWS],
+    xs: &[&[X]],
+    out: &mut [[f32; TILE_ROWS]],
+    dot: fn(&[W], &[X]) -> f32,
+) {
+    assert_eq!(xs.len(), out.len(), "tile: wrong output count");
+    for (o, x) in out.iter_mut().zip(xs) {
+        for (o, w) in o.iter_mut().zip(rows) {
+            *o = dot(w, x);
+        }
+    }
+}
+
+/// The scalar tier: the reference kernels.
+pub(crate) static SCALAR: Kernels = SCALAR_TABLE;
+
+/// The scalar table as a constant, so SIMD tables can start from it.
+pub(crate) const SCALAR_TABLE: Kernels = Kernels {
+    isa: Isa::Scalar,
+    dot_f32: r::dot_f32_ref,
+    axpy: r::axpy_ref,
+    dot_f16_f32: r::dot_f16_f32_ref,
+    dot_bf16_f32: r::dot_bf16_f32_ref,
+    dot_q8_0_q8_0: r::dot_q8_0_q8_0_ref,
+    dot_q4_0_q8_0: r::dot_q4_0_q8_0_ref,
+    quantize_row_q8_0_act: r::quantize_row_q8_0_act_ref,
+    rmsnorm: r::rmsnorm_ref,
+    softmax_inplace: r::softmax_inplace_ref,
+    silu_mul: r::silu_mul_ref,
+    tile_f32: Tile::new(
+        |w, x, o| tile_ref(w, x, o, r::dot_f32_ref),
+        1,
+        |w, x, o| tile_ref(w, x, o, r::dot_f32_ref),
+    ),
+    tile_f16: Tile::new(
+        |w, x, o| tile_ref(w, x, o, r::dot_f16_f32_ref),
+        1,
+        |w, x, o| tile_ref(w, x, o, r::dot_f16_f32_ref),
+    ),
+    tile_bf16: Tile::new(
+        |w, x, o| tile_ref(w, x, o, r::dot_bf16_f32_ref),
+        1,
+        |w, x, o| tile_ref(w, x, o, r::dot_bf16_f32_ref),
+    ),
+    tile_q8_0: Tile::new(
+        |w, x, o| tile_ref(w, x, o, r::dot_q8_0_q8_0_ref),
+        1,
+        |w, x, o| tile_ref(w, x, o, r::dot_q8_0_q8_0_ref),
+    ),
+    tile_q4_0: Tile::new(
+        |w, x, o| tile_ref(w, x, o, r::dot_q4_0_q8_0_ref),
+        1,
+        |w, x, o| tile_ref(w, x, o, r::dot_q4_0_q8_0_ref),
+    ),
+};
+
+/// The kernels of tier `isa`, or `None` if this CPU (or this build) cannot run it.
+pub fn kernels(isa: Isa) -> Option<&'static Kernels> {
+    if !isa.is_supported() {
+        return None;
+    }
+    match isa {
+        Isa::Scalar => Some(&SCALAR),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => Some(crate::simd::avx2::table()),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => Some(crate::simd::avx512::table()),
+        _ => None,
+    }
+}
+
+/// The kernels of the dispatched tier ([`isa`]).
+pub fn active() -> &'static Kernels {
+    static ACTIVE: OnceLock<&'static Kernels> = OnceLock::new();
+    ACTIVE.get_or_init(|| kernels(isa()).unwrap_or(&SCALAR))
+}
+
+impl Kernels {
+    /// The tier these kernels run at.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// `Σ a[i]·b[i]`. Panics if the lengths differ.
+    pub fn dot_f32(&self, a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len(), "dot_f32: length mismatch");
+        (self.dot_f32)(a, b)
+    }
+
+    /// `y += alpha·x`. Panics if the lengths differ.
+    pub fn axpy(&self, alpha: f32, x: &[f32], y: &mut [f32]) {
+        assert_eq!(x.len(), y.len(), "axpy: length mismatch");
+        (self.axpy)(alpha, x, y)
+    }
+
+    /// `Σ w[i]·x[i]` for f16 weights. Panics if the lengths differ.
+    pub fn dot_f16_f32(&self, w: &[f16], x: &[f32]) -> f32 {
+        assert_eq!(w.len(), x.len(), "dot_f16_f32: length mismatch");
+        (self.dot_f16_f32)(w, x)
+    }
+
+    /// `Σ w[i]·x[i]` for bf16 weights. Panics if the lengths differ.
+    pub fn dot_bf16_f32(&self, w: &[bf16], x: &[f32]) -> f32 {
+        assert_eq!(w.len(), x.len(), "dot_bf16_f32: length mismatch");
+        (self.dot_bf16_f32)(w, x)
+    }
+
+    /// Q8_0 weights · Q8_0 activations. Panics if the block counts differ.
+    pub fn dot_q8_0_q8_0(&self, w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
+        assert_eq!(w.len(), x.len(), "dot_q8_0_q8_0: block count mismatch");
+        (self.dot_q8_0_q8_0)(w, x)
+    }
+
+    /// Q4_0 weights · Q8_0 activations. Panics if the block counts differ.
+    pub fn dot_q4_0_q8_0(&self, w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
+        assert_eq!(w.len(), x.len(), "dot_q4_0_q8_0: block count mismatch");
+        (self.dot_q4_0_q8_0)(w, x)
+    }
+
+    /// Quantize activations to Q8_0 (GGML's rule). Panics unless `x.len() == 32·out.len()`.
+    pub fn quantize_row_q8_0_act(&self, x: &[f32], out: &mut [BlockQ8_0]) {
+        assert_eq!(
+            x.len(),
+            out.len() * QK,
+            "quantize_row_q8_0_act: x must hold 32 values per output block"
+        );
+        (self.quantize_row_q8_0_act)(x, out)
+    }
+
+    /// RMSNorm of one row. Panics if the lengths differ.
+    pub fn rmsnorm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+        assert_eq!(x.len(), weight.len(), "rmsnorm: weight length mismatch");
+        assert_eq!(x.len(), out.len(), "rmsnorm: output length mismatch");
+        (self.rmsnorm)(x, weight, eps, out)
+    }
+
+    /// Softmax in place.
+    pub fn softmax_inplace(&self, x: &mut [f32]) {
+        (self.softmax_inplace)(x)
+    }
+
+    /// `out = silu(gate)·up`. Panics if the lengths differ.
+    pub fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        assert_eq!(gate.len(), up.len(), "silu_mul: length mismatch");
+        assert_eq!(gate.len(), out.len(), "silu_mul: output length mismatch");
+        (self.silu_mul)(gate, up, out)
+    }
+}

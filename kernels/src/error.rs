@@ -1,0 +1,49 @@
+//! Errors raised when building kernel inputs.
+
+use thiserror::Error;
+
+/// Why a [`crate::Matrix`] or [`crate::Pool`] could not be built.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum KernelError {
+    /// The element (or block) count does not match `rows × cols`.
+    #[error("weight data has {found} {unit}, but a {rows}×{cols} matrix needs {expected}")]
+    LengthMismatch {
+        /// Output features.
+        rows: usize,
+        /// Input features.
+        cols: usize,
+        /// Elements or blocks required.
+        expected: usize,
+        /// Elements or blocks supplied.
+        found: usize,
+        /// "elements" or "blocks".
+        unit: &'static str,
+    },
+    /// Block-quantized rows must hold whole 32-weight blocks.
+    #[error("{dtype} matrix has {cols} columns, which is not a multiple of 32; quantize only tensors whose rows are whole blocks")]
+    ColsNotBlockMultiple {
+        /// Weight encoding name.
+        dtype: &'static str,
+        /// Input features.
+        cols: usize,
+    },
+    /// `rows × cols` overflows `usize`.
+    #[error("matrix shape {rows}×{cols} overflows")]
+    ShapeOverflow {
+        /// Output features.
+        rows: usize,
+        /// Input features.
+        cols: usize,
+    },
+    /// A pool needs at least one thread.
+    #[error("a thread pool needs at least one thread (got 0)")]
+    ZeroThreads,
+    /// The operating system refused to start the pool's threads.
+    #[error("could not start a {threads}-thread pool: {reason}")]
+    PoolBuild {
+        /// Requested thread count.
+        threads: usize,
+        /// The underlying error, as text.
+        reason: String,
+    },
+}

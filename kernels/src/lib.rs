@@ -1,0 +1,89 @@
+//! kiln-kernels: the compute kernels of Kiln's CPU inference, each as a scalar reference plus
+//! SIMD tiers chosen at run time.
+//!
+//! - [`Matrix`] borrows a weight matrix in one of the [`WeightData`] encodings (F32, F16, BF16,
+//!   Q8_0, Q4_0); [`matmul`] multiplies it by a batch of activation rows on a [`Pool`].
+//! - The vector kernels ([`rmsnorm`], [`softmax_inplace`], [`silu_mul`], [`dot_f32`], [`axpy`])
+//!   and the per-encoding dot products ([`dot_q8_0_q8_0`], [`dot_q4_0_q8_0`], [`dot_f16_f32`],
+//!   [`dot_bf16_f32`]) cover the rest of a Llama forward pass.
+//! - [`isa`] is the instruction-set tier in use: the best the CPU has ([`Isa::Avx512`],
+//!   [`Isa::Avx2`], [`Isa::Scalar`]), lowered by the `KILN_ISA` environment variable. Each tier
+//!   is a [`Kernels`] table; [`kernels`] returns any supported tier's table so tests can compare
+//!   every tier against the [`reference`] kernels on one machine.
+//!
+//! Module map: `reference` (the scalar spec), `dispatch` (the table and the safe, length-checking
+//! entry points), `simd::{avx2, avx512}` (the `#[target_feature]` kernels), `matmul` (tiling and
+//! threading), `isa` (detection), `pool`, `matrix`, `error`.
+
+mod dispatch;
+mod error;
+mod isa;
+mod matmul;
+mod matrix;
+mod pool;
+pub mod reference;
+mod simd;
+
+pub use half::{bf16, f16};
+pub use kiln_format::{BlockQ4_0, BlockQ8_0, QK};
+
+pub use dispatch::{active, kernels, Kernels, TILE_ROWS};
+pub use error::KernelError;
+pub use isa::{best_isa, isa, supported_isas, Isa, ISA_ENV};
+pub use matmul::{matmul, ROW_CHUNK};
+pub use matrix::{Matrix, WeightData};
+pub use pool::Pool;
+
+/// HF `LlamaRMSNorm` of one row in f32: `out = x / sqrt(mean(x²) + eps) · weight`.
+pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    active().rmsnorm(x, weight, eps, out)
+}
+
+/// Numerically stable softmax in place.
+pub fn softmax_inplace(x: &mut [f32]) {
+    active().softmax_inplace(x)
+}
+
+/// `out = silu(gate) · up`, element-wise.
+pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    active().silu_mul(gate, up, out)
+}
+
+/// `Σ a[i]·b[i]`. Panics if the lengths differ.
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    active().dot_f32(a, b)
+}
+
+/// `y += alpha·x`. Panics if the lengths differ.
+pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    active().axpy(alpha, x, y)
+}
+
+/// Quantize activations to Q8_0 blocks with GGML's rule (`d = max|x|/127`, `q = round(x/d)`).
+/// Panics unless `x.len() == 32 · out.len()`.
+pub fn quantize_row_q8_0_act(x: &[f32], out: &mut [BlockQ8_0]) {
+    active().quantize_row_q8_0_act(x, out)
+}
+
+/// Q8_0 weights · Q8_0 activations. Panics if the block counts differ.
+///
+/// Weight codes may be any i8; activation codes must be in -127..=127, which is what
+/// [`quantize_row_q8_0_act`] produces (the AVX2 tier's sign trick cannot negate -128).
+pub fn dot_q8_0_q8_0(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
+    active().dot_q8_0_q8_0(w, x)
+}
+
+/// Q4_0 weights · Q8_0 activations. Panics if the block counts differ.
+pub fn dot_q4_0_q8_0(w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
+    active().dot_q4_0_q8_0(w, x)
+}
+
+/// f16 weights · f32 activations. Panics if the lengths differ.
+pub fn dot_f16_f32(w: &[f16], x: &[f32]) -> f32 {
+    active().dot_f16_f32(w, x)
+}
+
+/// bf16 weights · f32 activations. Panics if the lengths differ.
+pub fn dot_bf16_f32(w: &[bf16], x: &[f32]) -> f32 {
+    active().dot_bf16_f32(w, x)
+}

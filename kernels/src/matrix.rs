@@ -1,0 +1,97 @@
+//! Borrowed weight matrices in any of Kiln's encodings.
+
+use half::{bf16, f16};
+use kiln_format::{BlockQ4_0, BlockQ8_0, QK};
+
+use crate::error::KernelError;
+
+/// The elements of a row-major weight matrix, borrowed (usually from the mmap).
+#[derive(Debug, Clone, Copy)]
+pub enum WeightData<'a> {
+    /// `rows × cols` f32 values.
+    F32(&'a [f32]),
+    /// `rows × cols` f16 values.
+    F16(&'a [f16]),
+    /// `rows × cols` bf16 values.
+    BF16(&'a [bf16]),
+    /// `rows × cols / 32` Q8_0 blocks, each row a whole number of blocks.
+    Q8_0(&'a [BlockQ8_0]),
+    /// `rows × cols / 32` Q4_0 blocks, each row a whole number of blocks.
+    Q4_0(&'a [BlockQ4_0]),
+}
+
+impl WeightData<'_> {
+    /// The encoding's name, for messages.
+    pub fn dtype_name(&self) -> &'static str {
+        match self {
+            WeightData::F32(_) => "f32",
+            WeightData::F16(_) => "f16",
+            WeightData::BF16(_) => "bf16",
+            WeightData::Q8_0(_) => "q8_0",
+            WeightData::Q4_0(_) => "q4_0",
+        }
+    }
+
+    /// Bytes of weight data (what a matvec must stream from memory).
+    pub fn byte_len(&self) -> usize {
+        match self {
+            WeightData::F32(d) => std::mem::size_of_val(*d),
+            WeightData::F16(d) => std::mem::size_of_val(*d),
+            WeightData::BF16(d) => std::mem::size_of_val(*d),
+            WeightData::Q8_0(d) => std::mem::size_of_val(*d),
+            WeightData::Q4_0(d) => std::mem::size_of_val(*d),
+        }
+    }
+}
+
+/// A borrowed weight matrix, row-major, `rows × cols` (PyTorch's `(out_features, in_features)`).
+///
+/// The fields are public for reading; build one with [`Matrix::new`], which checks the lengths.
+#[derive(Debug, Clone, Copy)]
+pub struct Matrix<'a> {
+    /// Output features.
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+    /// The elements, `rows × cols` (or `rows × cols / 32` blocks).
+    pub data: WeightData<'a>,
+}
+
+impl<'a> Matrix<'a> {
+    /// Check that `data` holds exactly `rows × cols` weights (whole 32-weight blocks per row for
+    /// Q8_0 and Q4_0).
+    pub fn new(rows: usize, cols: usize, data: WeightData<'a>) -> Result<Self, KernelError> {
+        let elems = rows
+            .checked_mul(cols)
+            .ok_or(KernelError::ShapeOverflow { rows, cols })?;
+        let (found, expected, unit) = match data {
+            WeightData::F32(d) => (d.len(), elems, "elements"),
+            WeightData::F16(d) => (d.len(), elems, "elements"),
+            WeightData::BF16(d) => (d.len(), elems, "elements"),
+            WeightData::Q8_0(_) | WeightData::Q4_0(_) => {
+                if !cols.is_multiple_of(QK) {
+                    return Err(KernelError::ColsNotBlockMultiple {
+                        dtype: data.dtype_name(),
+                        cols,
+                    });
+                }
+                let found = match data {
+                    WeightData::Q8_0(d) => d.len(),
+                    WeightData::Q4_0(d) => d.len(),
+                    _ => unreachable!("matched above"),
+                };
+                (found, elems / QK, "blocks")
+            }
+        };
+        if found != expected {
+            return Err(KernelError::LengthMismatch {
+                rows,
+                cols,
+                expected,
+                found,
+                unit,
+            });
+        }
+        Ok(Matrix { rows, cols, data })
+    }
+}

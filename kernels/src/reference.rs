@@ -1,0 +1,125 @@
+//! Scalar reference kernels: the specification every SIMD tier is tested against.
+//!
+//! Each function is written to be obviously right, in the order the maths reads. The scalar
+//! tier of [`crate::Kernels`] runs exactly these.
+
+use half::{bf16, f16};
+use kiln_format::{BlockQ4_0, BlockQ8_0, QK};
+
+/// `Σ a[i]·b[i]`, summed left to right.
+pub fn dot_f32_ref(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot_f32: length mismatch");
+    a.iter().zip(b).fold(0.0, |s, (x, y)| s + x * y)
+}
+
+/// `y += alpha·x`.
+pub fn axpy_ref(alpha: f32, x: &[f32], y: &mut [f32]) {
+    assert_eq!(x.len(), y.len(), "axpy: length mismatch");
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += alpha * x;
+    }
+}
+
+/// `Σ w[i]·x[i]` with f16 weights widened to f32.
+pub fn dot_f16_f32_ref(w: &[f16], x: &[f32]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot_f16_f32: length mismatch");
+    w.iter().zip(x).fold(0.0, |s, (w, x)| s + w.to_f32() * x)
+}
+
+/// `Σ w[i]·x[i]` with bf16 weights widened to f32.
+pub fn dot_bf16_f32_ref(w: &[bf16], x: &[f32]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot_bf16_f32: length mismatch");
+    w.iter().zip(x).fold(0.0, |s, (w, x)| s + w.to_f32() * x)
+}
+
+/// Quantize activations to Q8_0 with GGML's rule (`d = max|x|/127`, `q = round(x/d)`), the
+/// same as [`kiln_format::blocks::quantize_block_q8_0_ref`] but without the NaN check and
+/// writing into a caller's buffer. `x.len() == out.len() * 32`.
+pub fn quantize_row_q8_0_act_ref(x: &[f32], out: &mut [BlockQ8_0]) {
+    assert_eq!(
+        x.len(),
+        out.len() * QK,
+        "quantize_row_q8_0_act: x must hold 32 values per output block"
+    );
+    for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK)) {
+        *b = kiln_format::blocks::quantize_block_q8_0_ref(xs.try_into().expect("QK chunk"));
+    }
+}
+
+/// Integer dot product of one pair of Q8_0 code blocks.
+#[inline]
+pub fn isum_q8_0(w: &BlockQ8_0, x: &BlockQ8_0) -> i32 {
+    w.qs.iter()
+        .zip(&x.qs)
+        .map(|(&a, &b)| a as i32 * b as i32)
+        .sum()
+}
+
+/// Integer dot product of a Q4_0 block (codes -8..=7) with a Q8_0 block.
+#[inline]
+pub fn isum_q4_0(w: &BlockQ4_0, x: &BlockQ8_0) -> i32 {
+    let mut s = 0i32;
+    for j in 0..QK / 2 {
+        let lo = (w.qs[j] & 0x0f) as i32 - 8;
+        let hi = (w.qs[j] >> 4) as i32 - 8;
+        s += lo * x.qs[j] as i32 + hi * x.qs[j + QK / 2] as i32;
+    }
+    s
+}
+
+/// `Σ_blocks isum · (d_w·d_x)`: exact integer sums per block, one float product per block.
+pub fn dot_q8_0_q8_0_ref(w: &[BlockQ8_0], x: &[BlockQ8_0]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot_q8_0_q8_0: block count mismatch");
+    w.iter().zip(x).fold(0.0, |s, (w, x)| {
+        s + isum_q8_0(w, x) as f32 * (w.d.to_f32() * x.d.to_f32())
+    })
+}
+
+/// `Σ_blocks isum · (d_w·d_x)` for Q4_0 weights against Q8_0 activations.
+pub fn dot_q4_0_q8_0_ref(w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot_q4_0_q8_0: block count mismatch");
+    w.iter().zip(x).fold(0.0, |s, (w, x)| {
+        s + isum_q4_0(w, x) as f32 * (w.d.to_f32() * x.d.to_f32())
+    })
+}
+
+/// HF `LlamaRMSNorm` in f32: `x / sqrt(mean(x²) + eps) * weight`.
+pub fn rmsnorm_ref(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    assert_eq!(x.len(), weight.len(), "rmsnorm: weight length mismatch");
+    assert_eq!(x.len(), out.len(), "rmsnorm: output length mismatch");
+    if x.is_empty() {
+        return;
+    }
+    let ss = x.iter().fold(0.0f32, |s, v| s + v * v);
+    // PyTorch: hidden_states * torch.rsqrt(variance + eps), then weight * (...)
+    let inv = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = w * (v * inv);
+    }
+}
+
+/// Numerically stable softmax in place (subtract the max first).
+pub fn softmax_inplace_ref(x: &mut [f32]) {
+    if x.is_empty() {
+        return;
+    }
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// `out = silu(gate) · up` with `silu(g) = g / (1 + e^-g)`.
+pub fn silu_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert_eq!(gate.len(), up.len(), "silu_mul: length mismatch");
+    assert_eq!(gate.len(), out.len(), "silu_mul: output length mismatch");
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = g / (1.0 + (-g).exp()) * u;
+    }
+}

@@ -1,0 +1,305 @@
+//! The AVX2 tier (AVX2 + FMA + F16C): 8-lane float kernels and `maddubs`-based block dots.
+
+use std::arch::x86_64::*;
+
+use half::{bf16, f16};
+use kiln_format::{BlockQ4_0, BlockQ8_0};
+
+use super::float::{self, F32Simd, Weight};
+use super::quant::{self, hsum256, QBlock, QDot};
+use crate::dispatch::{Kernels, Tile, SCALAR_TABLE, TILE_ROWS};
+use crate::isa::Isa;
+
+/// Marker type for this ISA's primitives.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Avx2;
+
+// SAFETY: every method is only called from functions compiled with `avx2,fma,f16c`.
+unsafe impl F32Simd for Avx2 {
+    const LANES: usize = 8;
+    type V = __m256;
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        // SAFETY: AVX enabled (trait contract).
+        unsafe { _mm256_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> __m256 {
+        // SAFETY: AVX enabled (trait contract).
+        unsafe { _mm256_set1_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
+        // SAFETY: p valid for 8 f32 (trait contract); unaligned load.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m256) {
+        // SAFETY: p valid for writing 8 f32 (trait contract); unaligned store.
+        unsafe { _mm256_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> __m256 {
+        // SAFETY: p valid for 8 f16 = 16 bytes (trait contract); F16C enabled.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const bf16) -> __m256 {
+        // SAFETY: p valid for 8 bf16 = 16 bytes (trait contract); bf16 is the top half of f32.
+        unsafe {
+            let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+            _mm256_castsi256_ps(_mm256_slli_epi32(w, 16))
+        }
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: AVX enabled (trait contract).
+        unsafe { _mm256_add_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+        // SAFETY: FMA enabled (trait contract).
+        unsafe { _mm256_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn reduce(v: __m256) -> f32 {
+        // SAFETY: AVX enabled (trait contract).
+        unsafe { hsum256(v) }
+    }
+}
+
+/// A Q8_0 activation block prepared for `maddubs`.
+#[derive(Clone, Copy)]
+pub(crate) struct Prep {
+    /// The 32 codes.
+    x: __m256i,
+    /// `8·Σx` per group of four codes (i32 lanes), the Q4_0 offset correction.
+    sum8: __m256i,
+}
+
+// SAFETY: every method is only called from functions compiled with `avx2,fma,f16c`.
+unsafe impl QDot for Avx2 {
+    type Prep = Prep;
+    /// `(|w|, w)`: the sign trick needs both.
+    type W8 = (__m256i, __m256i);
+    /// Unsigned nibbles `q + 8` (0..=15), weight j in byte j.
+    type W4 = __m256i;
+    #[inline(always)]
+    unsafe fn prep(x: &BlockQ8_0) -> Prep {
+        // SAFETY: x.qs is 32 readable bytes; AVX2 enabled (trait contract).
+        unsafe {
+            let x = _mm256_loadu_si256(x.qs.as_ptr() as *const __m256i);
+            let p16 = _mm256_maddubs_epi16(_mm256_set1_epi8(8), x);
+            let sum8 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+            Prep { x, sum8 }
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_q8(w: &BlockQ8_0) -> (__m256i, __m256i) {
+        // SAFETY: w.qs is 32 readable bytes; AVX2 enabled (trait contract).
+        unsafe {
+            let w = _mm256_loadu_si256(w.qs.as_ptr() as *const __m256i);
+            (_mm256_sign_epi8(w, w), w)
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_q4(w: &BlockQ4_0) -> __m256i {
+        // SAFETY: w.qs is 16 readable bytes; AVX2 enabled (trait contract).
+        unsafe {
+            let raw = _mm_loadu_si128(w.qs.as_ptr() as *const __m128i);
+            let m4 = _mm_set1_epi8(0x0f);
+            let lo = _mm_and_si128(raw, m4);
+            let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
+            _mm256_set_m128i(hi, lo)
+        }
+    }
+    /// Sign trick: `|w|` (unsigned) times `x·sign(w)` (signed) with `maddubs`. Exact for any
+    /// weight code (|-128| wraps to 0x80 = 128 unsigned) and activation codes in -127..=127
+    /// (negating an activation of -128 wraps); pair sums stay within i16 (2·128·127 < 2^15).
+    #[inline(always)]
+    unsafe fn dot_q8((aw, w): (__m256i, __m256i), x: &Prep) -> __m256i {
+        // SAFETY: AVX2 enabled (trait contract); register-only intrinsics.
+        unsafe {
+            let sx = _mm256_sign_epi8(x.x, w);
+            _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1))
+        }
+    }
+    /// Unsigned nibbles `q + 8` times `x` with `maddubs`, minus `8·Σx`.
+    #[inline(always)]
+    unsafe fn dot_q4(q: __m256i, x: &Prep) -> __m256i {
+        // SAFETY: AVX2 enabled (trait contract); register-only intrinsics.
+        unsafe {
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, x.x), _mm256_set1_epi16(1));
+            _mm256_sub_epi32(p, x.sum8)
+        }
+    }
+}
+
+/// The `#[target_feature]` entry points, their safe wrappers and the table, for one ISA.
+///
+/// `$tf` and `$tq` are the tokens per multi-token tile for float and quantized weights: as many
+/// as the ISA's register file holds accumulators for (`TILE_ROWS × tokens`).
+macro_rules! isa_entry_points {
+    ($features:literal, $S:ty, $tf:literal, $tq:literal) => {
+        #[target_feature(enable = $features)]
+        unsafe fn tile_float<W: Weight, const T: usize>(
+            rows: &[&[W]; TILE_ROWS],
+            xs: &[&[f32]; T],
+        ) -> [[f32; TILE_ROWS]; T] {
+            // SAFETY: features enabled by this function's attribute; lengths checked by callers.
+            unsafe { float::tile::<$S, W, TILE_ROWS, T>(rows, xs) }
+        }
+
+        #[target_feature(enable = $features)]
+        unsafe fn tile_quant<W: QBlock, const T: usize>(
+            rows: &[&[W]; TILE_ROWS],
+            xs: &[&[BlockQ8_0]; T],
+        ) -> [[f32; TILE_ROWS]; T] {
+            // SAFETY: features enabled by this function's attribute; lengths checked by callers.
+            unsafe { quant::tile::<$S, W, TILE_ROWS, T>(rows, xs) }
+        }
+
+        #[target_feature(enable = $features)]
+        unsafe fn dot_float<W: Weight>(w: &[W], x: &[f32]) -> f32 {
+            // SAFETY: features enabled by this function's attribute; lengths checked by callers.
+            unsafe { float::tile::<$S, W, 1, 1>(&[w], &[x])[0][0] }
+        }
+
+        #[target_feature(enable = $features)]
+        unsafe fn dot_quant<W: QBlock>(w: &[W], x: &[BlockQ8_0]) -> f32 {
+            // SAFETY: features enabled by this function's attribute; lengths checked by callers.
+            unsafe { quant::tile::<$S, W, 1, 1>(&[w], &[x])[0][0] }
+        }
+
+        #[target_feature(enable = $features)]
+        unsafe fn quantize_impl(x: &[f32], out: &mut [BlockQ8_0]) {
+            // SAFETY: features enabled by this function's attribute; lengths checked by callers.
+            unsafe { quant::quantize_row_q8_0(x, out) }
+        }
+
+        #[target_feature(enable = $features)]
+        unsafe fn axpy_impl(alpha: f32, x: &[f32], y: &mut [f32]) {
+            // SAFETY: features enabled by this function's attribute; lengths checked by callers.
+            unsafe { float::axpy::<$S>(alpha, x, y) }
+        }
+
+        #[target_feature(enable = $features)]
+        unsafe fn rmsnorm_impl(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+            // SAFETY: features enabled by this function's attribute; lengths checked by callers.
+            unsafe { float::rmsnorm::<$S>(x, weight, eps, out) }
+        }
+
+        // The safe wrappers below check every length the kernels rely on. Their `unsafe` calls
+        // are sound because `table()` is only handed out when the CPU has this tier's features
+        // (`Isa::is_supported`, checked by `crate::kernels`).
+
+        fn float_tile<W: Weight, const T: usize>(
+            rows: &[&[W]; TILE_ROWS],
+            xs: &[&[f32]],
+            out: &mut [[f32; TILE_ROWS]],
+        ) {
+            let xs: &[&[f32]; T] = xs.try_into().expect("tile: wrong token count");
+            assert!(out.len() == T, "tile: wrong output count");
+            let n = xs[0].len();
+            assert!(
+                rows.iter().all(|r| r.len() == n) && xs.iter().all(|x| x.len() == n),
+                "tile: row length mismatch"
+            );
+            // SAFETY: features supported (see above); lengths checked.
+            let res = unsafe { tile_float::<W, T>(rows, xs) };
+            out.copy_from_slice(&res);
+        }
+
+        fn quant_tile<W: QBlock, const T: usize>(
+            rows: &[&[W]; TILE_ROWS],
+            xs: &[&[BlockQ8_0]],
+            out: &mut [[f32; TILE_ROWS]],
+        ) {
+            let xs: &[&[BlockQ8_0]; T] = xs.try_into().expect("tile: wrong token count");
+            assert!(out.len() == T, "tile: wrong output count");
+            let n = xs[0].len();
+            assert!(
+                rows.iter().all(|r| r.len() == n) && xs.iter().all(|x| x.len() == n),
+                "tile: row length mismatch"
+            );
+            // SAFETY: features supported (see above); lengths checked.
+            let res = unsafe { tile_quant::<W, T>(rows, xs) };
+            out.copy_from_slice(&res);
+        }
+
+        fn float_dot<W: Weight>(w: &[W], x: &[f32]) -> f32 {
+            assert_eq!(w.len(), x.len(), "dot: length mismatch");
+            // SAFETY: features supported (see above); lengths checked.
+            unsafe { dot_float(w, x) }
+        }
+
+        fn quant_dot<W: QBlock>(w: &[W], x: &[BlockQ8_0]) -> f32 {
+            assert_eq!(w.len(), x.len(), "dot: block count mismatch");
+            // SAFETY: features supported (see above); lengths checked.
+            unsafe { dot_quant(w, x) }
+        }
+
+        fn quantize_row_q8_0_act(x: &[f32], out: &mut [BlockQ8_0]) {
+            assert_eq!(
+                x.len(),
+                out.len() * kiln_format::QK,
+                "quantize_row_q8_0_act: x must hold 32 values per output block"
+            );
+            // SAFETY: features supported (see above); lengths checked.
+            unsafe { quantize_impl(x, out) }
+        }
+
+        fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+            assert_eq!(x.len(), y.len(), "axpy: length mismatch");
+            // SAFETY: features supported (see above); lengths checked.
+            unsafe { axpy_impl(alpha, x, y) }
+        }
+
+        fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+            assert!(
+                weight.len() == x.len() && out.len() == x.len(),
+                "rmsnorm: length mismatch"
+            );
+            // SAFETY: features supported (see above); lengths checked.
+            unsafe { rmsnorm_impl(x, weight, eps, out) }
+        }
+
+        fn table_for(isa: Isa) -> Kernels {
+            Kernels {
+                isa,
+                dot_f32: float_dot::<f32>,
+                axpy,
+                dot_f16_f32: float_dot::<f16>,
+                dot_bf16_f32: float_dot::<bf16>,
+                dot_q8_0_q8_0: quant_dot::<BlockQ8_0>,
+                dot_q4_0_q8_0: quant_dot::<BlockQ4_0>,
+                rmsnorm,
+                quantize_row_q8_0_act,
+                tile_f32: Tile::new(float_tile::<f32, 1>, $tf, float_tile::<f32, $tf>),
+                tile_f16: Tile::new(float_tile::<f16, 1>, $tf, float_tile::<f16, $tf>),
+                tile_bf16: Tile::new(float_tile::<bf16, 1>, $tf, float_tile::<bf16, $tf>),
+                tile_q8_0: Tile::new(
+                    quant_tile::<BlockQ8_0, 1>,
+                    $tq,
+                    quant_tile::<BlockQ8_0, $tq>,
+                ),
+                tile_q4_0: Tile::new(
+                    quant_tile::<BlockQ4_0, 1>,
+                    $tq,
+                    quant_tile::<BlockQ4_0, $tq>,
+                ),
+                ..SCALAR_TABLE
+            }
+        }
+    };
+}
+pub(crate) use isa_entry_points;
+
+// AVX2 has 16 registers: 4 rows × 2 accumulators × 1 token for floats, 4 × 2 tokens for blocks.
+isa_entry_points!("avx2,fma,f16c", Avx2, 1, 2);
+
+/// This tier's table; [`crate::kernels`] only calls it when the CPU supports the tier.
+pub(crate) fn table() -> &'static Kernels {
+    static TABLE: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| table_for(Isa::Avx2))
+}

@@ -1,0 +1,155 @@
+//! The AVX-512 tier (F, BW, VL, VNNI on top of AVX2 + FMA + F16C): 16-lane float kernels and
+//! VNNI `vpdpbusd` block dots.
+//!
+//! The block dots stay 256 bits wide (one 32-code block per register) with the VL encoding of
+//! `vpdpbusd`: a block is 32 bytes, and on the CPUs that have VNNI a 512-bit integer op costs
+//! two 256-bit ones anyway.
+
+use std::arch::x86_64::*;
+
+use half::{bf16, f16};
+use kiln_format::{BlockQ4_0, BlockQ8_0};
+
+use super::avx2::isa_entry_points;
+use super::float::{self, F32Simd, Weight};
+use super::quant::{self, QBlock, QDot};
+use crate::dispatch::{Kernels, Tile, SCALAR_TABLE, TILE_ROWS};
+use crate::isa::Isa;
+
+/// Marker type for this ISA's primitives.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Avx512;
+
+// SAFETY: every method is only called from functions compiled with this tier's features.
+unsafe impl F32Simd for Avx512 {
+    const LANES: usize = 16;
+    type V = __m512;
+    #[inline(always)]
+    unsafe fn zero() -> __m512 {
+        // SAFETY: AVX-512F enabled (trait contract).
+        unsafe { _mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> __m512 {
+        // SAFETY: AVX-512F enabled (trait contract).
+        unsafe { _mm512_set1_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        // SAFETY: p valid for 16 f32 (trait contract); unaligned load.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        // SAFETY: p valid for writing 16 f32 (trait contract); unaligned store.
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> __m512 {
+        // SAFETY: p valid for 16 f16 = 32 bytes (trait contract).
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const bf16) -> __m512 {
+        // SAFETY: p valid for 16 bf16 = 32 bytes (trait contract); bf16 is the top half of f32.
+        unsafe {
+            let w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+            _mm512_castsi512_ps(_mm512_slli_epi32(w, 16))
+        }
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: AVX-512F enabled (trait contract).
+        unsafe { _mm512_add_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: AVX-512F enabled (trait contract).
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn reduce(v: __m512) -> f32 {
+        // SAFETY: AVX-512F enabled (trait contract).
+        unsafe { _mm512_reduce_add_ps(v) }
+    }
+}
+
+/// A Q8_0 activation block prepared for `vpdpbusd` (unsigned × signed bytes).
+#[derive(Clone, Copy)]
+pub(crate) struct Prep {
+    /// The 32 codes.
+    x: __m256i,
+    /// `−128·Σx` per group of four codes: corrects Q8_0 weights biased to unsigned by `+128`.
+    bias128: __m256i,
+    /// `−8·Σx` per group of four codes: corrects Q4_0's stored `q + 8`.
+    bias8: __m256i,
+}
+
+// SAFETY: every method is only called from functions compiled with this tier's features.
+unsafe impl QDot for Avx512 {
+    type Prep = Prep;
+    /// Codes biased to unsigned: `w + 128`.
+    type W8 = __m256i;
+    /// Unsigned nibbles `q + 8` (0..=15), weight j in byte j.
+    type W4 = __m256i;
+    #[inline(always)]
+    unsafe fn prep(x: &BlockQ8_0) -> Prep {
+        // SAFETY: x.qs is 32 readable bytes; AVX-512 VNNI/VL enabled (trait contract).
+        unsafe {
+            let x = _mm256_loadu_si256(x.qs.as_ptr() as *const __m256i);
+            let z = _mm256_setzero_si256();
+            let s128 = _mm256_dpbusd_epi32(z, _mm256_set1_epi8(-128), x);
+            let s8 = _mm256_dpbusd_epi32(z, _mm256_set1_epi8(8), x);
+            Prep {
+                x,
+                bias128: _mm256_sub_epi32(z, s128),
+                bias8: _mm256_sub_epi32(z, s8),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_q8(w: &BlockQ8_0) -> __m256i {
+        // SAFETY: w.qs is 32 readable bytes; AVX2 enabled (trait contract).
+        unsafe {
+            let w = _mm256_loadu_si256(w.qs.as_ptr() as *const __m256i);
+            _mm256_xor_si256(w, _mm256_set1_epi8(-128))
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_q4(w: &BlockQ4_0) -> __m256i {
+        // SAFETY: w.qs is 16 readable bytes; AVX2 enabled (trait contract).
+        unsafe {
+            let raw = _mm_loadu_si128(w.qs.as_ptr() as *const __m128i);
+            let m4 = _mm_set1_epi8(0x0f);
+            let lo = _mm_and_si128(raw, m4);
+            let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
+            _mm256_set_m128i(hi, lo)
+        }
+    }
+    /// `(w + 128)` as unsigned bytes times `x`, plus `−128·Σx`: exact for every i8 code.
+    #[inline(always)]
+    unsafe fn dot_q8(wu: __m256i, x: &Prep) -> __m256i {
+        // SAFETY: AVX-512 VNNI/VL enabled (trait contract); register-only intrinsic.
+        unsafe { _mm256_dpbusd_epi32(x.bias128, wu, x.x) }
+    }
+    /// Stored nibbles `q + 8` (unsigned) times `x`, plus `−8·Σx`.
+    #[inline(always)]
+    unsafe fn dot_q4(q: __m256i, x: &Prep) -> __m256i {
+        // SAFETY: AVX-512 VNNI/VL enabled (trait contract); register-only intrinsic.
+        unsafe { _mm256_dpbusd_epi32(x.bias8, q, x.x) }
+    }
+}
+
+// 32 registers: 4 rows × 2 accumulators × 2 tokens for floats, 4 rows × 4 tokens for blocks.
+isa_entry_points!(
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
+    Avx512,
+    2,
+    4
+);
+
+/// This tier's table; [`crate::kernels`] only calls it when the CPU supports the tier.
+pub(crate) fn table() -> &'static Kernels {
+    static TABLE: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| table_for(Isa::Avx512))
+}

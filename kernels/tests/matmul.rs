@@ -1,0 +1,244 @@
+//! `matmul` against a naive triple loop for every weight encoding and tier, and the
+//! determinism guarantees: bit-identical results for 1, 2 and 3 threads, and a token's
+//! result independent of the batch it is in.
+//!
+//! The naive loop runs in f64 over dequantized weights (and, for Q8_0/Q4_0, over the Q8_0
+//! activations the kernel sees), so the only difference is f32 summation: metric
+//! `|got − naive| / Σ|w·x|`, bounded by `cols·ε` (`MATMUL_TERMS_TOL` per column).
+
+use half::{bf16, f16};
+use kiln_kernels::{
+    kernels, supported_isas, BlockQ4_0, BlockQ8_0, KernelError, Matrix, Pool, WeightData, QK,
+};
+
+/// Allowed error per summed column relative to Σ|w·x|, plus a few roundings per block.
+const MATMUL_TERMS_TOL: f64 = 2.0 * f32::EPSILON as f64;
+
+struct Case {
+    cols: usize,
+    w: Vec<f32>,
+}
+
+impl Case {
+    fn new(rows: usize, cols: usize, seed: u64) -> Case {
+        let mut s = seed;
+        let w = (0..rows * cols)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0
+            })
+            .collect();
+        Case { cols, w }
+    }
+}
+
+fn activations(n: usize, seed: u64) -> Vec<f32> {
+    Case::new(n, 1, seed).w.iter().map(|v| v * 3.0).collect()
+}
+
+enum Owned {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    Q8(Vec<BlockQ8_0>),
+    Q4(Vec<BlockQ4_0>),
+}
+
+impl Owned {
+    fn all(c: &Case) -> Vec<Owned> {
+        let mut v = vec![
+            Owned::F32(c.w.clone()),
+            Owned::F16(c.w.iter().map(|&x| f16::from_f32(x)).collect()),
+            Owned::BF16(c.w.iter().map(|&x| bf16::from_f32(x)).collect()),
+        ];
+        if c.cols.is_multiple_of(QK) {
+            v.push(Owned::Q8(
+                kiln_format::blocks::quantize_row_q8_0_ref(&c.w).unwrap(),
+            ));
+            v.push(Owned::Q4(
+                kiln_format::blocks::quantize_row_q4_0_ref(&c.w).unwrap(),
+            ));
+        }
+        v
+    }
+    fn data(&self) -> WeightData<'_> {
+        match self {
+            Owned::F32(d) => WeightData::F32(d),
+            Owned::F16(d) => WeightData::F16(d),
+            Owned::BF16(d) => WeightData::BF16(d),
+            Owned::Q8(d) => WeightData::Q8_0(d),
+            Owned::Q4(d) => WeightData::Q4_0(d),
+        }
+    }
+    fn dequantized(&self) -> Vec<f32> {
+        match self {
+            Owned::F32(d) => d.clone(),
+            Owned::F16(d) => d.iter().map(|v| v.to_f32()).collect(),
+            Owned::BF16(d) => d.iter().map(|v| v.to_f32()).collect(),
+            Owned::Q8(d) => {
+                let mut o = vec![0.0; d.len() * QK];
+                kiln_format::blocks::dequantize_row_q8_0(d, &mut o);
+                o
+            }
+            Owned::Q4(d) => {
+                let mut o = vec![0.0; d.len() * QK];
+                kiln_format::blocks::dequantize_row_q4_0(d, &mut o);
+                o
+            }
+        }
+    }
+    fn quantizes_activations(&self) -> bool {
+        matches!(self, Owned::Q8(_) | Owned::Q4(_))
+    }
+}
+
+/// What the kernel multiplies by: `x` itself, or its Q8_0 round trip for quantized weights.
+fn effective_x(x: &[f32], quantized: bool) -> Vec<f32> {
+    if !quantized {
+        return x.to_vec();
+    }
+    let q = kiln_format::blocks::quantize_row_q8_0_ref(x).unwrap();
+    let mut o = vec![0.0; x.len()];
+    kiln_format::blocks::dequantize_row_q8_0(&q, &mut o);
+    o
+}
+
+fn check(rows: usize, cols: usize, n_tokens: usize, seed: u64) {
+    let case = Case::new(rows, cols, seed);
+    let x = activations(n_tokens * cols, seed ^ 0xabc);
+    let pools: Vec<Pool> = [1, 2, 3].iter().map(|&t| Pool::new(t).unwrap()).collect();
+    for owned in Owned::all(&case) {
+        let m = Matrix::new(rows, cols, owned.data()).unwrap();
+        let wd = owned.dequantized();
+        let xe = effective_x(&x, owned.quantizes_activations());
+        for k in supported_isas().into_iter().filter_map(kernels) {
+            let mut first: Option<Vec<f32>> = None;
+            for pool in &pools {
+                let mut out = vec![f32::NAN; rows * n_tokens];
+                k.matmul(&m, &x, n_tokens, &mut out, pool);
+                match &first {
+                    None => first = Some(out),
+                    Some(f) => assert!(
+                        f.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{} {:?} {rows}x{cols} n={n_tokens}: {} threads differ from 1",
+                        m.data.dtype_name(),
+                        k.isa(),
+                        pool.threads()
+                    ),
+                }
+            }
+            let out = first.unwrap();
+            for t in 0..n_tokens {
+                for r in 0..rows {
+                    let (mut exact, mut abs) = (0.0f64, 0.0f64);
+                    for c in 0..cols {
+                        let p = wd[r * cols + c] as f64 * xe[t * cols + c] as f64;
+                        exact += p;
+                        abs += p.abs();
+                    }
+                    let got = out[t * rows + r] as f64;
+                    let tol = MATMUL_TERMS_TOL * (cols as f64 + 8.0) * abs + 1e-30;
+                    assert!(
+                        (got - exact).abs() <= tol,
+                        "{} {:?} {rows}x{cols} n={n_tokens} t={t} r={r}: got {got}, naive {exact}, tol {tol}",
+                        m.data.dtype_name(),
+                        k.isa()
+                    );
+                }
+            }
+            // A token's result does not depend on the batch around it.
+            // Token 0 goes through the multi-token tile kernel, the last one may not.
+            for t in [0, n_tokens - 1].into_iter().filter(|_| n_tokens > 1) {
+                let mut single = vec![0.0; rows];
+                k.matmul(&m, &x[t * cols..(t + 1) * cols], 1, &mut single, &pools[1]);
+                assert!(
+                    single
+                        .iter()
+                        .zip(&out[t * rows..])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{} {:?}: batched token {t} differs from single-token matmul",
+                    m.data.dtype_name(),
+                    k.isa()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matvec_block_shapes() {
+    check(37, 96, 1, 1); // rows not a multiple of the tile or chunk
+    check(64, 32, 1, 2);
+    check(1, 160, 1, 3);
+}
+
+#[test]
+fn matvec_odd_float_shapes() {
+    check(19, 45, 1, 4); // float only: cols not a multiple of 32
+    check(5, 1, 1, 5);
+}
+
+#[test]
+fn prefill_shapes() {
+    check(37, 96, 5, 6);
+    check(50, 64, 17, 7);
+    check(3, 33, 4, 8);
+}
+
+#[test]
+fn empty_shapes_are_no_ops() {
+    let pool = Pool::new(2).unwrap();
+    let m = Matrix::new(0, 32, WeightData::F32(&[])).unwrap();
+    kiln_kernels::matmul(&m, &[0.0; 64], 2, &mut [], &pool);
+    let m = Matrix::new(3, 0, WeightData::F32(&[])).unwrap();
+    let mut out = [f32::NAN; 3];
+    kiln_kernels::matmul(&m, &[], 1, &mut out, &pool);
+    assert_eq!(out, [0.0; 3]);
+}
+
+#[test]
+fn matrix_new_rejects_wrong_length() {
+    let e = Matrix::new(2, 3, WeightData::F32(&[0.0; 5])).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            KernelError::LengthMismatch {
+                expected: 6,
+                found: 5,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn matrix_new_rejects_partial_blocks() {
+    let e = Matrix::new(1, 48, WeightData::Q8_0(&[])).unwrap_err();
+    assert!(
+        matches!(e, KernelError::ColsNotBlockMultiple { cols: 48, .. }),
+        "{e}"
+    );
+}
+
+#[test]
+fn matrix_new_rejects_overflow() {
+    let e = Matrix::new(usize::MAX, 2, WeightData::F32(&[])).unwrap_err();
+    assert!(matches!(e, KernelError::ShapeOverflow { .. }), "{e}");
+}
+
+#[test]
+fn pool_rejects_zero_threads() {
+    assert_eq!(Pool::new(0).unwrap_err(), KernelError::ZeroThreads);
+    assert_eq!(Pool::new(3).unwrap().threads(), 3);
+}
+
+#[test]
+#[should_panic(expected = "x must be n_tokens × cols")]
+fn matmul_rejects_wrong_x_length() {
+    let pool = Pool::new(1).unwrap();
+    let m = Matrix::new(1, 2, WeightData::F32(&[1.0, 2.0])).unwrap();
+    kiln_kernels::matmul(&m, &[1.0], 1, &mut [0.0], &pool);
+}
