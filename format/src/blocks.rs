@@ -94,9 +94,11 @@ pub fn quantize_block_q4_0_ref(x: &[f32; QK]) -> BlockQ4_0 {
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut qs = [0u8; QK / 2];
     for (j, q) in qs.iter_mut().enumerate() {
-        // GGML truncates toward zero after adding 8.5; the operand is in [0.5, 16.5].
-        let lo = ((x[j] * id + 8.5) as i8).min(15) as u8;
-        let hi = ((x[j + QK / 2] * id + 8.5) as i8).min(15) as u8;
+        // GGML truncates toward zero after adding 8.5; the operand is in [0.5, 16.5] for
+        // every finite block except those whose scale's reciprocal overflows (largest
+        // magnitude below ~2.4e-38), where clamping keeps each code inside its nibble.
+        let lo = ((x[j] * id + 8.5) as i8).clamp(0, 15) as u8;
+        let hi = ((x[j + QK / 2] * id + 8.5) as i8).clamp(0, 15) as u8;
         *q = lo | (hi << 4);
     }
     BlockQ4_0 {
@@ -143,7 +145,7 @@ pub fn quantize_row_q4_0_ref(x: &[f32]) -> Result<Vec<BlockQ4_0>> {
 
 fn check_row(x: &[f32]) -> Result<()> {
     check_finite(x)?;
-    if x.len() % QK != 0 {
+    if !x.len().is_multiple_of(QK) {
         return Err(FormatError::Write {
             file: String::new(),
             tensor: String::new(),
@@ -204,6 +206,23 @@ mod tests {
         assert_eq!(b.code(0), -8);
         assert_eq!(b.code(16), 7);
         assert_eq!(b.code(1), 3);
+    }
+
+    /// Regression: a block of tiny values made 1/d overflow and a negative code spill into
+    /// the neighbouring nibble.
+    #[test]
+    fn q4_0_tiny_block_codes_stay_in_their_nibbles() {
+        let mut x = [0.0f32; QK];
+        x[0] = 1e-39;
+        x[1] = -1e-39;
+        x[17] = -5e-40;
+        let b = quantize_block_q4_0_ref(&x);
+        for j in 0..QK {
+            assert!((-8..=7).contains(&b.code(j)));
+        }
+        let mut out = [1.0f32; QK];
+        dequantize_block_q4_0(&b, &mut out);
+        assert!(out.iter().all(|v| v.abs() < 1e-30));
     }
 
     #[test]

@@ -1,0 +1,334 @@
+//! Converting rows of f32 values to an output dtype, with the error statistics of the round
+//! trip computed in the same pass.
+//!
+//! [`convert_rows`] is the one entry point the file pipeline uses for every tensor that is not
+//! copied: it rejects NaN/Inf (and values that overflow f16) with their position, encodes or
+//! quantizes, and accumulates [`ErrorStats`] of `x` against what a reader will decode.
+
+use half::{bf16, f16};
+use kiln_format::blocks::QK;
+use kiln_format::DType;
+
+use crate::method::{quantize_block_q4_0, quantize_block_q8_0, Method};
+use crate::metrics::ErrorStats;
+
+/// Why a run of values could not be converted; positions are relative to the run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ValueError {
+    /// NaN or infinity at this element.
+    NonFinite { position: usize, value: f32 },
+    /// A finite value that becomes infinity in f16.
+    F16Overflow { position: usize, value: f32 },
+    /// A block whose f16 scale overflows (largest magnitude above ~8.3e6 for Q8_0, ~5.2e5 for
+    /// Q4_0); `position` is the block's first element, `value` its largest magnitude.
+    ScaleOverflow { position: usize, value: f32 },
+}
+
+/// Convert `x` (whole rows of `cols` values) to `dtype`, appending the encoded bytes to `out`
+/// and the round-trip error to `stats`.
+///
+/// `importance`, when given, holds one non-negative weight per column (length `cols`) and steers
+/// [`Method::Search`]; it is ignored by the other methods and by plain float dtypes.
+///
+/// # Panics
+/// If `x.len()` is not a multiple of `cols`, if `importance` has the wrong length, or if `dtype`
+/// is a block type and `cols` is not a multiple of 32 (the policy never asks for that).
+pub fn convert_rows(
+    x: &[f32],
+    cols: usize,
+    dtype: DType,
+    method: Method,
+    importance: Option<&[f32]>,
+    out: &mut Vec<u8>,
+    stats: &mut ErrorStats,
+) -> Result<(), ValueError> {
+    assert!(
+        cols > 0 && x.len().is_multiple_of(cols),
+        "x must hold whole rows"
+    );
+    // A branch-free scan (it vectorizes) first; the position only on failure.
+    let exponent_all_ones = x.iter().fold(0u32, |acc, v| {
+        acc | u32::from(v.to_bits() & 0x7f80_0000 == 0x7f80_0000)
+    });
+    if exponent_all_ones != 0 {
+        let pos = x.iter().position(|v| !v.is_finite()).unwrap_or(0);
+        return Err(ValueError::NonFinite {
+            position: pos,
+            value: x[pos],
+        });
+    }
+    if let Some(w) = importance {
+        assert_eq!(w.len(), cols, "one importance weight per column");
+    }
+    match dtype {
+        DType::F32 => {
+            out.extend_from_slice(bytemuck::cast_slice(x));
+            stats.add(x, x);
+        }
+        DType::F16 => {
+            let mut y = vec![0.0f32; x.len()];
+            out.reserve(x.len() * 2);
+            for (i, (&v, yv)) in x.iter().zip(y.iter_mut()).enumerate() {
+                let h = f16::from_f32(v);
+                if h.is_infinite() {
+                    return Err(ValueError::F16Overflow {
+                        position: i,
+                        value: v,
+                    });
+                }
+                *yv = h.to_f32();
+                out.extend_from_slice(&h.to_le_bytes());
+            }
+            stats.add(x, &y);
+        }
+        DType::BF16 => {
+            let mut y = vec![0.0f32; x.len()];
+            out.reserve(x.len() * 2);
+            for (&v, yv) in x.iter().zip(y.iter_mut()) {
+                let h = bf16::from_f32(v);
+                *yv = h.to_f32();
+                out.extend_from_slice(&h.to_le_bytes());
+            }
+            stats.add(x, &y);
+        }
+        DType::Q8_0 | DType::Q4_0 => {
+            assert_eq!(cols % QK, 0, "block rows must be a multiple of {QK}");
+            out.reserve(x.len() / QK * dtype.block_bytes());
+            quantize_rows(x, cols, dtype, method, importance, out, stats)?;
+        }
+    }
+    Ok(())
+}
+
+/// The block loop, dispatched once per call to the widest vector ISA this CPU has. The code is
+/// the same for every tier (compiled twice), so every tier writes the same bytes.
+fn quantize_rows(
+    x: &[f32],
+    cols: usize,
+    dtype: DType,
+    method: Method,
+    importance: Option<&[f32]>,
+    out: &mut Vec<u8>,
+    stats: &mut ErrorStats,
+) -> Result<(), ValueError> {
+    #[cfg(target_arch = "x86_64")]
+    if isa::avx2() {
+        // SAFETY: `isa::avx2` checked that this CPU supports AVX2.
+        return unsafe { quantize_rows_avx2(x, cols, dtype, method, importance, out, stats) };
+    }
+    quantize_rows_body(x, cols, dtype, method, importance, out, stats)
+}
+
+/// [`quantize_rows_body`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_rows_avx2(
+    x: &[f32],
+    cols: usize,
+    dtype: DType,
+    method: Method,
+    importance: Option<&[f32]>,
+    out: &mut Vec<u8>,
+    stats: &mut ErrorStats,
+) -> Result<(), ValueError> {
+    quantize_rows_body(x, cols, dtype, method, importance, out, stats)
+}
+
+/// Quantize whole rows to Q8_0/Q4_0 blocks, dequantize each block in registers and accumulate
+/// the error (inlined into every ISA tier).
+#[inline(always)]
+fn quantize_rows_body(
+    x: &[f32],
+    cols: usize,
+    dtype: DType,
+    method: Method,
+    importance: Option<&[f32]>,
+    out: &mut Vec<u8>,
+    stats: &mut ErrorStats,
+) -> Result<(), ValueError> {
+    let mut y = [0.0f32; QK];
+    for (r, row) in x.chunks_exact(cols).enumerate() {
+        for (b, xb) in row.chunks_exact(QK).enumerate() {
+            let xb: &[f32; QK] = xb.try_into().expect("QK chunk");
+            let w: Option<&[f32; QK]> =
+                importance.map(|w| w[b * QK..(b + 1) * QK].try_into().expect("QK chunk"));
+            let d = if dtype == DType::Q8_0 {
+                let block = quantize_block_q8_0(method, xb, w);
+                let d = block.d.to_f32();
+                for (o, &q) in y.iter_mut().zip(&block.qs) {
+                    *o = f32::from(q) * d;
+                }
+                out.extend_from_slice(bytemuck::bytes_of(&block));
+                block.d
+            } else {
+                let block = quantize_block_q4_0(method, xb, w);
+                let d = block.d.to_f32();
+                for j in 0..QK / 2 {
+                    y[j] = (i32::from(block.qs[j] & 0x0f) - 8) as f32 * d;
+                    y[j + QK / 2] = (i32::from(block.qs[j] >> 4) - 8) as f32 * d;
+                }
+                out.extend_from_slice(bytemuck::bytes_of(&block));
+                block.d
+            };
+            if !d.is_finite() {
+                out.clear();
+                return Err(ValueError::ScaleOverflow {
+                    position: r * cols + b * QK,
+                    value: xb.iter().fold(0.0f32, |m, v| m.max(v.abs())),
+                });
+            }
+            stats.add(xb, &y);
+        }
+    }
+    Ok(())
+}
+
+/// Run-time ISA selection, decided once. `KILN_QUANTIZE_ISA=baseline` forces the baseline
+/// tier (to test it, or to compare) on any machine.
+#[cfg(target_arch = "x86_64")]
+pub mod isa {
+    use std::sync::OnceLock;
+
+    /// Whether the AVX2 tier is used.
+    pub fn avx2() -> bool {
+        static AVX2: OnceLock<bool> = OnceLock::new();
+        *AVX2.get_or_init(|| {
+            std::env::var("KILN_QUANTIZE_ISA").as_deref() != Ok("baseline")
+                && std::is_x86_feature_detected!("avx2")
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_overflow_is_reported_not_written() {
+        let x = [1.0f32, 65504.0, 65520.0, 2.0];
+        let mut out = Vec::new();
+        let mut s = ErrorStats::default();
+        let e = convert_rows(&x, 4, DType::F16, Method::Reference, None, &mut out, &mut s);
+        assert_eq!(
+            e,
+            Err(ValueError::F16Overflow {
+                position: 2,
+                value: 65520.0
+            })
+        );
+        // BF16 has the range of f32.
+        out.clear();
+        convert_rows(
+            &x,
+            4,
+            DType::BF16,
+            Method::Reference,
+            None,
+            &mut out,
+            &mut s,
+        )
+        .unwrap();
+        assert_eq!(out.len(), 8);
+    }
+
+    #[test]
+    fn non_finite_is_reported_for_every_dtype() {
+        let mut x = vec![0.25f32; 64];
+        x[40] = f32::NEG_INFINITY;
+        for d in DType::ALL {
+            let mut out = Vec::new();
+            let mut s = ErrorStats::default();
+            let e = convert_rows(&x, 64, d, Method::Search, None, &mut out, &mut s);
+            assert!(
+                matches!(e, Err(ValueError::NonFinite { position: 40, .. })),
+                "{d}: {e:?}"
+            );
+            assert!(out.is_empty(), "{d}: nothing may be written");
+        }
+    }
+
+    #[test]
+    fn scale_overflow_is_reported_not_written() {
+        let mut x = vec![0.5f32; 64];
+        x[40] = 1.0e7; // 1e7 / 127 > 65504
+        let mut out = Vec::new();
+        let mut s = ErrorStats::default();
+        let e = convert_rows(
+            &x,
+            64,
+            DType::Q8_0,
+            Method::Reference,
+            None,
+            &mut out,
+            &mut s,
+        );
+        assert_eq!(
+            e,
+            Err(ValueError::ScaleOverflow {
+                position: 32,
+                value: 1.0e7
+            })
+        );
+        assert!(out.is_empty());
+        // Q4_0 overflows earlier: 1e6 / 8 > 65504.
+        x[40] = 1.0e6;
+        let e = convert_rows(
+            &x,
+            64,
+            DType::Q4_0,
+            Method::Reference,
+            None,
+            &mut out,
+            &mut s,
+        );
+        assert!(matches!(
+            e,
+            Err(ValueError::ScaleOverflow { position: 32, .. })
+        ));
+    }
+
+    /// Every ISA tier writes the same bytes and the same statistics.
+    #[test]
+    fn baseline_tier_equals_dispatched_tier() {
+        let x: Vec<f32> = (0..4096)
+            .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
+            .collect();
+        let w: Vec<f32> = (0..256).map(|i| 0.5 + (i % 7) as f32).collect();
+        for dtype in [DType::Q8_0, DType::Q4_0] {
+            for method in [Method::Reference, Method::Search] {
+                for importance in [None, Some(w.as_slice())] {
+                    let (mut a, mut b) = (Vec::new(), Vec::new());
+                    let (mut sa, mut sb) = (ErrorStats::default(), ErrorStats::default());
+                    quantize_rows_body(&x, 256, dtype, method, importance, &mut a, &mut sa)
+                        .unwrap();
+                    quantize_rows(&x, 256, dtype, method, importance, &mut b, &mut sb).unwrap();
+                    assert_eq!(a, b, "{dtype} {method}");
+                    assert_eq!(sa, sb, "{dtype} {method}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q8_0_row_bytes_are_blocks_in_order() {
+        let x: Vec<f32> = (0..128).map(|i| (i as f32 - 60.0) / 7.0).collect();
+        let mut out = Vec::new();
+        let mut s = ErrorStats::default();
+        convert_rows(
+            &x,
+            64,
+            DType::Q8_0,
+            Method::Reference,
+            None,
+            &mut out,
+            &mut s,
+        )
+        .unwrap();
+        let want = kiln_format::blocks::quantize_row_q8_0_ref(&x).unwrap();
+        assert_eq!(out, bytemuck::cast_slice::<_, u8>(&want));
+        assert_eq!(s.count, 128);
+    }
+}

@@ -1,0 +1,35 @@
+//! `kiln-quantize`: turn a converted `.kiln` (F32/F16/BF16 tensors) into a smaller `.kiln`.
+//!
+//! How the pieces connect:
+//!
+//! - [`Policy`] ([`policy`]) decides each tensor's output dtype from its canonical role and the
+//!   `--keep PATTERN=DTYPE` [`Override`]s: matrices to the `--to` dtype, vectors to F32, rows that
+//!   do not fit 32-value blocks to F16.
+//! - [`Method`] ([`method`]) turns one block of 32 values into GGML's Q8_0/Q4_0 layout: the
+//!   bit-exact GGML reference rule or a least-squares scale search, both taking optional
+//!   per-column importance weights.
+//! - [`convert::convert_rows`] converts whole rows to any dtype, rejecting NaN/Inf, and
+//!   accumulates the round-trip [`ErrorStats`] ([`metrics`]) in the same pass.
+//! - [`quantize_file`] ([`pipeline`]) streams a file through them: positioned reads of chunks of
+//!   rows, rayon over tensors and chunks, the format crate's atomic checksumming `KilnWriter`,
+//!   and a provenance step recording what was done. It reports progress through the
+//!   [`Progress`] trait and returns a [`Report`] ([`report`]): per-tensor RMSE, max abs error and
+//!   SNR, and the totals.
+//!
+//! The binary (`src/main.rs`) only parses arguments, draws the progress bar and prints the
+//! report. The policy is documented in `docs/QUANTIZE.md`.
+
+pub mod convert;
+pub mod error;
+pub mod method;
+pub mod metrics;
+pub mod pipeline;
+pub mod policy;
+pub mod report;
+
+pub use error::{QuantizeError, Result};
+pub use method::Method;
+pub use metrics::ErrorStats;
+pub use pipeline::{quantize_file, NoProgress, Progress, QuantizeOptions, CHUNK_ELEMENTS, TOOL};
+pub use policy::{Action, Decision, Override, Policy, Target};
+pub use report::{Report, TensorReport};

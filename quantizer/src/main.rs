@@ -1,0 +1,165 @@
+//! `kiln-quantize IN.kiln OUT.kiln --to f16|q8_0|q4_0 [--method reference|search]
+//! [--keep PATTERN=DTYPE]… [--threads N] [--force] [--json]`
+//!
+//! A thin shell over [`kiln_quantize::quantize_file`]: arguments are validated into
+//! [`QuantizeOptions`], a progress bar is drawn on stderr, the report goes to stdout (a table,
+//! or JSON with `--json`), and errors are printed once.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Mutex;
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln_format::DType;
+use kiln_quantize::{
+    quantize_file, Method, Override, Policy, Progress, QuantizeError, QuantizeOptions,
+};
+
+/// Turn a converted .kiln model into a smaller one (F16, or GGML Q8_0/Q4_0 blocks).
+///
+/// Weight matrices (attention/MLP projections, embedding, output) get --to; norms, biases and
+/// other 1-D tensors stay F32; rows whose length is not a multiple of 32 fall back to F16.
+/// See docs/QUANTIZE.md.
+#[derive(Debug, Parser)]
+#[command(name = "kiln-quantize", version)]
+struct Args {
+    /// The source .kiln (F32/F16/BF16 tensors).
+    input: PathBuf,
+    /// The .kiln to write (atomically; never the input).
+    output: PathBuf,
+    /// Dtype of the weight matrices: f16, q8_0 or q4_0.
+    #[arg(long, value_name = "DTYPE")]
+    to: String,
+    /// How Q8_0/Q4_0 blocks choose their scale: `reference` (GGML's rule, bit for bit) or
+    /// `search` (least-squares scale search in the same layout).
+    #[arg(long, default_value = "reference", value_name = "METHOD")]
+    method: String,
+    /// Per-tensor override, PATTERN=DTYPE (f32, f16, bf16, q8_0, q4_0 or copy); `*` matches
+    /// any run of characters; the last matching flag wins. Example: --keep lm_head.weight=q8_0
+    #[arg(long = "keep", value_name = "PATTERN=DTYPE")]
+    keep: Vec<String>,
+    /// Worker threads (default: all cores).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    threads: Option<u32>,
+    /// Overwrite the output if it exists.
+    #[arg(long)]
+    force: bool,
+    /// Print the report as JSON on stdout instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// Process exit statuses.
+#[derive(Debug, Clone, Copy)]
+enum Exit {
+    Ok = 0,
+    Failed = 1,
+    Interrupted = 130,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> ExitCode {
+        ExitCode::from(e as u8)
+    }
+}
+
+/// Progress bar on stderr (hidden when stderr is not a terminal).
+struct Bar {
+    bar: ProgressBar,
+    quiet: bool,
+    phase: Mutex<String>,
+}
+
+impl Progress for Bar {
+    fn phase(&self, name: &str, total: u64) {
+        if self.quiet {
+            return;
+        }
+        *self.phase.lock().unwrap_or_else(|e| e.into_inner()) = name.to_string();
+        self.bar.reset();
+        self.bar.set_length(total);
+        self.bar.set_message(name.to_string());
+    }
+
+    fn advance(&self, n: u64) {
+        if !self.quiet {
+            self.bar.inc(n);
+        }
+    }
+}
+
+fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
+    let to = DType::parse(&args.to).ok_or_else(|| QuantizeError::BadTarget {
+        dtype: args.to.clone(),
+    })?;
+    let overrides = args
+        .keep
+        .iter()
+        .map(|k| Override::parse(k))
+        .collect::<Result<Vec<_>, _>>()?;
+    let method = Method::parse(&args.method).ok_or_else(|| QuantizeError::BadOverride {
+        arg: format!("--method {}", args.method),
+        reason: "use `reference` or `search`".into(),
+    })?;
+    let mut o = QuantizeOptions::new(&args.input, &args.output, Policy::new(to, overrides)?);
+    o.method = method;
+    o.threads = args.threads.map(|t| t as usize);
+    o.overwrite = args.force;
+    Ok(o)
+}
+
+fn run(args: Args) -> Result<(), QuantizeError> {
+    let options = options(&args)?;
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("{msg:>14} [{bar:40}] {percent:>3}% {elapsed_precise}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let progress = Bar {
+        bar,
+        quiet: args.quiet,
+        phase: Mutex::new(String::new()),
+    };
+    let report = quantize_file(&options, &progress);
+    progress.bar.finish_and_clear();
+    let report = report?;
+    let text = if args.json {
+        let mut s = serde_json::to_string_pretty(&report).expect("the report serializes");
+        s.push('\n');
+        s
+    } else {
+        report.table()
+    };
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        // A closed pipe (`| head`) is not a failure: the output file is already written.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(QuantizeError::Io {
+            file: "<stdout>".into(),
+            action: "cannot write the report",
+            source: e,
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    // Ctrl-C: remove the temporary output, then exit; libraries install no handlers.
+    let _ = ctrlc::set_handler(|| {
+        kiln_format::remove_pending_outputs();
+        std::process::exit(Exit::Interrupted as i32);
+    });
+    match run(args) {
+        Ok(()) => Exit::Ok.into(),
+        Err(e) => {
+            // Every message already includes its cause: print it once.
+            eprintln!("kiln-quantize: error: {e}");
+            Exit::Failed.into()
+        }
+    }
+}

@@ -1,0 +1,507 @@
+//! The file pipeline: `.kiln` in, smaller `.kiln` out, streamed tensor by tensor.
+//!
+//! [`quantize_file`] runs in four steps:
+//!
+//! 1. open and validate the input ([`KilnFile::open`]); decide every tensor ([`Policy`]);
+//! 2. check every input tensor against its stored checksum (in parallel), so that a corrupt
+//!    tensor stops the run instead of being laundered into a new, valid file;
+//! 3. plan the output with [`KilnWriter::create`] (metadata = the input's, plus one
+//!    [`ProvenanceStep`] whose input sha256 is a fixed-width placeholder, filled in with
+//!    [`KilnWriter::replace_metadata`] from a whole-file hash that runs alongside the
+//!    conversion) and convert tensors in parallel, largest first. A tensor is cut into
+//!    chunks of whole rows (about [`CHUNK_ELEMENTS`] values, independent of the thread count);
+//!    chunks are converted in waves of one per worker thread and written in order through the
+//!    tensor's sink, so memory stays at a few chunks per thread whatever the model size. Input
+//!    bytes are read with positioned reads (not through the memory map, so they do not stay in
+//!    this process's resident set);
+//! 4. finish the writer (atomic rename). On any error the writer is dropped and its temporary
+//!    file removed: no partial output is ever left behind.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kiln_format::convert::decode_to_f32;
+use kiln_format::metadata::now_rfc3339;
+use kiln_format::{
+    hex, FormatError, KilnFile, KilnWriter, ProvenanceStep, SourceFile, TensorInfo, TensorSpec,
+};
+use rayon::prelude::*;
+use sha2::{Digest, Sha256};
+
+use crate::convert::{convert_rows, ValueError};
+use crate::error::{QuantizeError, Result};
+use crate::method::Method;
+use crate::metrics::ErrorStats;
+use crate::policy::{Action, Decision, Policy, POLICY_DESCRIPTION};
+use crate::report::{Report, TensorReport};
+
+/// Target number of values per chunk: 64 Ki values = 256 KiB of f32, large enough to amortise
+/// the per-chunk work, small enough that a wave per thread stays in the L2/L3 caches.
+pub const CHUNK_ELEMENTS: usize = 64 * 1024;
+
+/// Bytes per positioned read when hashing the whole input (large sequential reads).
+const HASH_READ_BYTES: usize = 8 << 20;
+
+/// The tool name and version recorded in provenance.
+pub const TOOL: &str = concat!("kiln-quantize ", env!("CARGO_PKG_VERSION"));
+
+/// What to quantize, and how.
+#[derive(Debug, Clone)]
+pub struct QuantizeOptions {
+    /// The source `.kiln`.
+    pub input: PathBuf,
+    /// The destination `.kiln` (must differ from `input`).
+    pub output: PathBuf,
+    /// Which dtype each tensor gets.
+    pub policy: Policy,
+    /// How blocks choose their scale.
+    pub method: Method,
+    /// Worker threads; `None` uses rayon's default (all cores or `RAYON_NUM_THREADS`).
+    pub threads: Option<usize>,
+    /// Replace an existing output.
+    pub overwrite: bool,
+    /// Per-column importance weights by tensor name (one weight per column of the tensor's
+    /// rows), for calibrated quantization. Empty: every weight is 1.
+    pub importance: BTreeMap<String, Vec<f32>>,
+}
+
+impl QuantizeOptions {
+    /// Options with the defaults: reference method, default threads, no overwrite.
+    pub fn new(input: impl Into<PathBuf>, output: impl Into<PathBuf>, policy: Policy) -> Self {
+        QuantizeOptions {
+            input: input.into(),
+            output: output.into(),
+            policy,
+            method: Method::Reference,
+            threads: None,
+            overwrite: false,
+            importance: BTreeMap::new(),
+        }
+    }
+}
+
+/// Progress callbacks; every method has an empty default. Called from worker threads.
+pub trait Progress: Sync {
+    /// A phase starts (`"hashing input"`, `"quantizing"`, `"finishing"`) with `total` units
+    /// (bytes for hashing, values for quantizing, 0 when not measurable).
+    fn phase(&self, _name: &str, _total: u64) {}
+    /// `n` more units of the current phase are done.
+    fn advance(&self, _n: u64) {}
+    /// A tensor is finished.
+    fn tensor_done(&self, _tensor: &TensorReport) {}
+}
+
+/// A [`Progress`] that ignores everything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoProgress;
+
+impl Progress for NoProgress {}
+
+/// Quantize `options.input` into `options.output`.
+pub fn quantize_file(options: &QuantizeOptions, progress: &dyn Progress) -> Result<Report> {
+    match options.threads {
+        None => run(options, progress),
+        Some(threads) => rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| QuantizeError::ThreadPool {
+                threads,
+                reason: e.to_string(),
+            })?
+            .install(|| run(options, progress)),
+    }
+}
+
+fn run(options: &QuantizeOptions, progress: &dyn Progress) -> Result<Report> {
+    let start = Instant::now();
+    refuse_same_file(&options.input, &options.output)?;
+    let input = KilnFile::open(&options.input)?;
+    let label = input.label().to_string();
+    let tensors = input.tensors();
+    options.policy.check_overrides(&label, tensors)?;
+    let decisions = options.policy.decide_all(&label, tensors)?;
+    for (name, w) in &options.importance {
+        let info = input
+            .info(name)
+            .ok_or_else(|| FormatError::TensorNotFound {
+                file: label.clone(),
+                tensor: name.clone(),
+            })?;
+        let cols = info.shape.last().copied().unwrap_or(1);
+        if w.len() as u64 != cols {
+            return Err(QuantizeError::ImportanceLength {
+                tensor: name.clone(),
+                expected: cols,
+                found: w.len() as u64,
+            });
+        }
+    }
+
+    let file = File::open(&options.input).map_err(|e| QuantizeError::Io {
+        file: label.clone(),
+        action: "cannot open",
+        source: e,
+    })?;
+    // Every input tensor is checked against its checksum first, so a corrupt input stops
+    // the run instead of becoming a new file with valid checksums.
+    progress.phase("hashing input", input.data_len());
+    verify_tensors(&file, &label, tensors, progress)?;
+    let hash_seconds = start.elapsed().as_secs_f64();
+
+    // The whole-file sha256 for provenance is computed while the tensors are quantized; the
+    // metadata holds a placeholder of the same width until then.
+    let placeholder = "0".repeat(64);
+    let mut metadata = input.metadata().clone();
+    metadata.provenance.push(provenance_step(
+        options,
+        &options.input,
+        &input,
+        &decisions,
+        &placeholder,
+    ));
+    let specs = tensors
+        .iter()
+        .zip(&decisions)
+        .map(|(t, d)| TensorSpec {
+            name: t.name.clone(),
+            dtype: d.dtype,
+            shape: t.shape.clone(),
+        })
+        .collect();
+    let mut writer = KilnWriter::create(&options.output, &metadata, specs, options.overwrite)?;
+
+    let total: u64 = tensors.iter().map(TensorInfo::numel).sum();
+    progress.phase("quantizing", total);
+    // Largest first, so the long tensors start early and the small ones fill the gaps.
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(tensors[i].numel()));
+    let ctx = Ctx {
+        file: &file,
+        label: &label,
+        writer: &writer,
+        method: options.method,
+        importance: &options.importance,
+        progress,
+    };
+    let quantize_all = || {
+        order
+            .par_iter()
+            .map(|&i| {
+                let r = ctx.tensor(i, &tensors[i], &decisions[i])?;
+                progress.tensor_done(&r);
+                Ok((i, r))
+            })
+            .collect::<Result<Vec<(usize, TensorReport)>>>()
+    };
+    let hash_all = || hash_file(&file, &label, input.file_len(), &NoProgress);
+    let (reports, input_sha256) = rayon::join(quantize_all, hash_all);
+    let mut reports = reports?;
+    let input_sha256 = input_sha256?;
+    reports.sort_by_key(|(i, _)| *i);
+    metadata.provenance.pop();
+    metadata.provenance.push(provenance_step(
+        options,
+        &options.input,
+        &input,
+        &decisions,
+        &input_sha256,
+    ));
+    writer.replace_metadata(&metadata)?;
+
+    progress.phase("finishing", 0);
+    let finish_start = Instant::now();
+    let summary = writer.finish()?;
+    let finish_seconds = finish_start.elapsed().as_secs_f64();
+    Ok(Report::new(
+        options,
+        input.file_len(),
+        summary.file_len,
+        input_sha256,
+        reports.into_iter().map(|(_, r)| r).collect(),
+        [hash_seconds, finish_seconds, start.elapsed().as_secs_f64()],
+        rayon::current_num_threads(),
+    ))
+}
+
+/// Refuse `input == output` (same path, or two names of the same file).
+fn refuse_same_file(input: &Path, output: &Path) -> Result<()> {
+    let same = match (std::fs::canonicalize(input), std::fs::canonicalize(output)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same {
+        return Err(QuantizeError::SameFile {
+            file: output.display().to_string(),
+        });
+    }
+    Ok(())
+}
+
+fn hash_file(file: &File, label: &str, len: u64, progress: &dyn Progress) -> Result<String> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; HASH_READ_BYTES.min(len as usize)];
+    let mut pos = 0u64;
+    while pos < len {
+        let n = (len - pos).min(buf.len() as u64) as usize;
+        read_exact_at(file, &mut buf[..n], pos).map_err(|e| QuantizeError::Io {
+            file: label.to_string(),
+            action: "cannot read",
+            source: e,
+        })?;
+        h.update(&buf[..n]);
+        pos += n as u64;
+        progress.advance(n as u64);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+/// Check every tensor's bytes against the sha256 in the index (positioned reads, in parallel).
+fn verify_tensors(
+    file: &File,
+    label: &str,
+    tensors: &[TensorInfo],
+    progress: &dyn Progress,
+) -> Result<()> {
+    let mut order: Vec<&TensorInfo> = tensors.iter().collect();
+    order.sort_by_key(|t| std::cmp::Reverse(t.len));
+    order.par_iter().try_for_each(|t| {
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; HASH_READ_BYTES.min(t.len as usize)];
+        let mut pos = 0u64;
+        while pos < t.len {
+            let n = (t.len - pos).min(buf.len() as u64) as usize;
+            read_exact_at(file, &mut buf[..n], t.offset + pos).map_err(|e| QuantizeError::Io {
+                file: label.to_string(),
+                action: "cannot read",
+                source: e,
+            })?;
+            h.update(&buf[..n]);
+            pos += n as u64;
+            progress.advance(n as u64);
+        }
+        let computed: [u8; 32] = h.finalize().into();
+        if computed != t.sha256 {
+            return Err(FormatError::TensorChecksum {
+                file: label.to_string(),
+                tensor: t.name.clone(),
+                stored: hex(&t.sha256),
+                computed: hex(&computed),
+            }
+            .into());
+        }
+        Ok(())
+    })
+}
+
+fn provenance_step(
+    options: &QuantizeOptions,
+    input_path: &Path,
+    input: &KilnFile,
+    decisions: &[Decision],
+    sha256: &str,
+) -> ProvenanceStep {
+    let per_tensor: serde_json::Map<String, serde_json::Value> = input
+        .tensors()
+        .iter()
+        .zip(decisions)
+        .map(|(t, d)| (t.name.clone(), d.dtype.name().into()))
+        .collect();
+    let fallbacks: serde_json::Map<String, serde_json::Value> = input
+        .tensors()
+        .iter()
+        .zip(decisions)
+        .filter_map(|(t, d)| d.note.as_ref().map(|n| (t.name.clone(), n.clone().into())))
+        .collect();
+    let name = input_path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| input_path.display().to_string());
+    ProvenanceStep {
+        tool: TOOL.to_string(),
+        created: now_rfc3339(),
+        details: serde_json::json!({
+            "quantization": {
+                "to": options.policy.to.name(),
+                "method": options.method.name(),
+                "policy": POLICY_DESCRIPTION,
+                "overrides": options.policy.overrides.iter().map(ToString::to_string)
+                    .collect::<Vec<_>>(),
+                "importance": options.importance.keys().collect::<Vec<_>>(),
+                "per_tensor": per_tensor,
+                "notes": fallbacks,
+            }
+        }),
+        sources: vec![SourceFile {
+            name,
+            bytes: input.file_len(),
+            sha256: sha256.to_string(),
+        }],
+    }
+}
+
+/// What every tensor task shares.
+struct Ctx<'a> {
+    file: &'a File,
+    label: &'a str,
+    writer: &'a KilnWriter,
+    method: Method,
+    importance: &'a BTreeMap<String, Vec<f32>>,
+    progress: &'a dyn Progress,
+}
+
+/// One converted chunk, waiting to be written in order.
+struct Chunk {
+    output: Vec<u8>,
+    stats: ErrorStats,
+}
+
+impl Ctx<'_> {
+    fn io_err(&self, e: std::io::Error) -> QuantizeError {
+        QuantizeError::Io {
+            file: self.label.to_string(),
+            action: "cannot read",
+            source: e,
+        }
+    }
+
+    fn tensor(&self, i: usize, info: &TensorInfo, decision: &Decision) -> Result<TensorReport> {
+        let mut sink = self.writer.tensor_sink(i)?;
+        let mut stats = ErrorStats::default();
+        let numel = info.numel();
+        match decision.action {
+            Action::Copy => {
+                let mut buf = vec![0u8; (CHUNK_ELEMENTS * 4).min(info.len as usize)];
+                let mut pos = 0u64;
+                while pos < info.len {
+                    let n = (info.len - pos).min(buf.len() as u64) as usize;
+                    read_exact_at(self.file, &mut buf[..n], info.offset + pos)
+                        .map_err(|e| self.io_err(e))?;
+                    sink.write(&buf[..n])?;
+                    pos += n as u64;
+                }
+                self.progress.advance(numel);
+            }
+            Action::Convert => {
+                let cols = info.shape.last().copied().unwrap_or(1) as usize;
+                let rows = (numel / cols as u64) as usize;
+                let rows_per_chunk = (CHUNK_ELEMENTS / cols).max(1);
+                let chunks = rows.div_ceil(rows_per_chunk);
+                let wave = rayon::current_num_threads().max(1);
+                for first in (0..chunks).step_by(wave) {
+                    let done: Vec<Chunk> = (first..(first + wave).min(chunks))
+                        .into_par_iter()
+                        .map(|c| {
+                            let r0 = c * rows_per_chunk;
+                            let r1 = (r0 + rows_per_chunk).min(rows);
+                            self.chunk(info, decision, cols, r0, r1)
+                        })
+                        .collect::<Result<_>>()?;
+                    for c in done {
+                        sink.write(&c.output)?;
+                        stats.merge(&c.stats);
+                        self.progress.advance(c.stats.count);
+                    }
+                }
+            }
+        }
+        sink.finish()?;
+        Ok(TensorReport::new(info, decision, stats))
+    }
+
+    /// Read, decode and convert rows `r0..r1` of a tensor.
+    fn chunk(
+        &self,
+        info: &TensorInfo,
+        decision: &Decision,
+        cols: usize,
+        r0: usize,
+        r1: usize,
+    ) -> Result<Chunk> {
+        let unit = info.dtype.block_bytes() as u64;
+        let start = (r0 * cols) as u64;
+        let n = (r1 - r0) * cols;
+        let mut input = vec![0u8; n * unit as usize];
+        read_exact_at(self.file, &mut input, info.offset + start * unit)
+            .map_err(|e| self.io_err(e))?;
+        let mut x = vec![0.0f32; n];
+        decode_to_f32(info.dtype, &input, &mut x);
+        let mut output = Vec::new();
+        let mut stats = ErrorStats::default();
+        let importance = self.importance.get(&info.name).map(Vec::as_slice);
+        convert_rows(
+            &x,
+            cols,
+            decision.dtype,
+            self.method,
+            importance,
+            &mut output,
+            &mut stats,
+        )
+        .map_err(|e| {
+            let (position, value) = match e {
+                ValueError::NonFinite { position, value }
+                | ValueError::F16Overflow { position, value }
+                | ValueError::ScaleOverflow { position, value } => (start + position as u64, value),
+            };
+            let (row, column) = (position / cols as u64, position % cols as u64);
+            let (file, tensor) = (self.label.to_string(), info.name.clone());
+            match e {
+                ValueError::NonFinite { .. } => QuantizeError::NonFinite {
+                    file,
+                    tensor,
+                    position,
+                    row,
+                    column,
+                    value,
+                },
+                ValueError::F16Overflow { .. } => QuantizeError::F16Overflow {
+                    file,
+                    tensor,
+                    position,
+                    row,
+                    column,
+                    value,
+                },
+                ValueError::ScaleOverflow { .. } => QuantizeError::ScaleOverflow {
+                    file,
+                    tensor,
+                    position,
+                    row,
+                    column,
+                    value,
+                },
+            }
+        })?;
+        Ok(Chunk { output, stats })
+    }
+}
+
+/// Bits of storage per weight over a set of tensors.
+pub fn bits_per_weight(bytes: u64, elements: u64) -> f64 {
+    if elements == 0 {
+        0.0
+    } else {
+        bytes as f64 * 8.0 / elements as f64
+    }
+}
+
+#[cfg(unix)]
+fn read_exact_at(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, at)
+}
+
+#[cfg(windows)]
+fn read_exact_at(file: &File, mut buf: &mut [u8], mut at: u64) -> std::io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !buf.is_empty() {
+        let n = file.seek_read(buf, at)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf = &mut buf[n..];
+        at += n as u64;
+    }
+    Ok(())
+}

@@ -1,0 +1,188 @@
+//! The `kiln-quantize` binary: exit status, messages on stderr, report on stdout, and no output
+//! file left behind on failure.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use kiln_format::{DType, KilnFile};
+
+fn kq(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln-quantize"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn success_prints_a_table_and_writes_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_model(&dir.path().join("in.kiln"), DType::BF16, |_, _| {});
+    let o = kq(
+        &[
+            "in.kiln",
+            "out.kiln",
+            "--to",
+            "q4_0",
+            "--threads",
+            "2",
+            "-q",
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8(o.stdout).unwrap();
+    assert!(table.contains("layers.1.mlp.down.weight"), "{table}");
+    assert!(table.contains("falls back to f16"), "{table}");
+    assert!(table.contains("bits per weight"), "{table}");
+    KilnFile::open(dir.path().join("out.kiln"))
+        .unwrap()
+        .verify()
+        .unwrap();
+}
+
+#[test]
+fn json_report_parses_and_has_every_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_model(&dir.path().join("in.kiln"), DType::F32, |_, _| {});
+    let o = kq(
+        &[
+            "in.kiln",
+            "out.kiln",
+            "--to",
+            "q8_0",
+            "--keep",
+            "lm_head.weight=f16",
+            "--json",
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["tensors"].as_array().unwrap().len(),
+        common::shapes().len()
+    );
+    assert_eq!(v["to"], "q8_0");
+    assert_eq!(v["tensors"][0]["name"], "embed.weight");
+    assert_eq!(v["tensors"][0]["to"], "f16");
+    assert!(v["tensors"][1]["snr_db"].is_null(), "f32 -> f32 is exact");
+    assert_eq!(v["tensors"][3]["name"], "layers.0.attn.q.weight");
+    assert!(v["tensors"][3]["snr_db"].as_f64().unwrap() > 30.0);
+    assert!(v["bits_per_weight_out"].as_f64().unwrap() < 32.0);
+}
+
+/// Every failure: non-zero exit, one clear line on stderr, nothing written.
+#[test]
+fn bad_inputs_fail_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_model(&dir.path().join("in.kiln"), DType::F32, |name, v| {
+        if name == "layers.0.attn.k.weight" {
+            v[70] = f32::INFINITY;
+        }
+    });
+    std::fs::write(
+        dir.path().join("junk.kiln"),
+        b"not a kiln file at all, just text",
+    )
+    .unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["in.kiln", "out.kiln", "--to", "q8_0"],
+            "tensor `layers.0.attn.k.weight`: non-finite value inf at element 70 (row 1, column 6)",
+        ),
+        (
+            &["missing.kiln", "out.kiln", "--to", "q8_0"],
+            "missing.kiln: cannot open",
+        ),
+        (
+            &["junk.kiln", "out.kiln", "--to", "q8_0"],
+            "not a .kiln file",
+        ),
+        (
+            &["in.kiln", "in.kiln", "--to", "q8_0", "--force"],
+            "the same file",
+        ),
+        (&["in.kiln", "out.kiln", "--to", "q5_k"], "--to q5_k"),
+        (&["in.kiln", "out.kiln", "--to", "bf16"], "--to bf16"),
+        (
+            &[
+                "in.kiln",
+                "out.kiln",
+                "--to",
+                "q8_0",
+                "--keep",
+                "embed.weight",
+            ],
+            "PATTERN=DTYPE",
+        ),
+        (
+            &[
+                "in.kiln",
+                "out.kiln",
+                "--to",
+                "q8_0",
+                "--keep",
+                "nope.*=f16",
+            ],
+            "matches no tensor",
+        ),
+        (
+            &["in.kiln", "out.kiln", "--to", "q8_0", "--method", "magic"],
+            "reference` or `search",
+        ),
+    ];
+    for (args, want) in cases {
+        let o = kq(args, dir.path());
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(err.starts_with("kiln-quantize: error: "), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+        assert_eq!(
+            common::files_in(dir.path()),
+            ["in.kiln", "junk.kiln"],
+            "{args:?}"
+        );
+    }
+}
+
+#[test]
+fn existing_output_needs_force() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_model(&dir.path().join("in.kiln"), DType::BF16, |_, _| {});
+    std::fs::write(dir.path().join("out.kiln"), b"old").unwrap();
+    let o = kq(&["in.kiln", "out.kiln", "--to", "f16", "-q"], dir.path());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("pass --force"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(dir.path().join("out.kiln")).unwrap(), b"old");
+    let o = kq(
+        &["in.kiln", "out.kiln", "--to", "f16", "-q", "--force"],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = KilnFile::open(dir.path().join("out.kiln")).unwrap();
+    assert_eq!(
+        out.info("layers.0.attn.q.weight").unwrap().dtype,
+        DType::F16
+    );
+    assert_eq!(
+        out.info("layers.0.attn_norm.weight").unwrap().dtype,
+        DType::F32
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = kq(&["in.kiln"], dir.path());
+    assert_eq!(o.status.code(), Some(2));
+    let o = kq(&["a", "b", "--to", "q8_0", "--threads", "0"], dir.path());
+    assert_eq!(o.status.code(), Some(2));
+}

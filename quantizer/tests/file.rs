@@ -1,0 +1,371 @@
+//! `quantize_file` on small real `.kiln` files: policy, bit-exact blocks, provenance, report
+//! metrics, determinism across thread counts, and every error leaving no output behind.
+
+mod common;
+
+use std::path::Path;
+
+use kiln_format::blocks::{quantize_row_q4_0_ref, quantize_row_q8_0_ref};
+use kiln_format::{DType, KilnFile};
+use kiln_quantize::{
+    quantize_file, Method, NoProgress, Override, Policy, QuantizeError, QuantizeOptions, Report,
+};
+use sha2::{Digest, Sha256};
+
+fn options(dir: &Path, to: DType, keep: &[&str]) -> QuantizeOptions {
+    let overrides = keep.iter().map(|k| Override::parse(k).unwrap()).collect();
+    QuantizeOptions::new(
+        dir.join("in.kiln"),
+        dir.join("out.kiln"),
+        Policy::new(to, overrides).unwrap(),
+    )
+}
+
+fn run(o: &QuantizeOptions) -> Result<Report, QuantizeError> {
+    quantize_file(o, &NoProgress)
+}
+
+#[test]
+fn q4_0_follows_the_policy_and_reproduces_the_reference_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_model(&dir.path().join("in.kiln"), DType::BF16, |_, _| {});
+    let report = run(&options(dir.path(), DType::Q4_0, &[])).unwrap();
+    let input = KilnFile::open(dir.path().join("in.kiln")).unwrap();
+    let out = KilnFile::open(dir.path().join("out.kiln")).unwrap();
+    out.verify().unwrap();
+    assert_eq!(out.tensors().len(), input.tensors().len());
+    for t in input.tensors() {
+        let o = out.info(&t.name).unwrap();
+        assert_eq!(o.shape, t.shape, "{}", t.name);
+        let want = if t.shape.len() == 1 {
+            DType::F32
+        } else if t.shape[1] % 32 != 0 {
+            DType::F16
+        } else {
+            DType::Q4_0
+        };
+        assert_eq!(o.dtype, want, "{}", t.name);
+        if want == DType::Q4_0 {
+            let x = input.view(t).to_f32_vec();
+            let blocks = quantize_row_q4_0_ref(&x).unwrap();
+            assert_eq!(out.view(o).bytes(), bytemuck::cast_slice::<_, u8>(&blocks));
+        }
+    }
+    let down = report
+        .tensors
+        .iter()
+        .find(|t| t.name == "layers.0.mlp.down.weight")
+        .unwrap();
+    assert_eq!(down.to, DType::F16);
+    assert!(down
+        .note
+        .as_deref()
+        .unwrap()
+        .contains("not a multiple of 32"));
+    // BF16 -> F32 for vectors is exact.
+    let norm = report
+        .tensors
+        .iter()
+        .find(|t| t.name == "final_norm.weight")
+        .unwrap();
+    assert_eq!((norm.rmse, norm.snr_db), (0.0, None));
+    assert!(report.bits_per_weight_out < report.bits_per_weight_in);
+    assert!(report.file_bytes_out < report.file_bytes_in);
+}
+
+#[test]
+fn report_metrics_match_a_recomputation_from_the_output() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_model(&dir.path().join("in.kiln"), DType::F32, |_, _| {});
+    let report = run(&options(dir.path(), DType::Q8_0, &[])).unwrap();
+    let input = KilnFile::open(dir.path().join("in.kiln")).unwrap();
+    let out = KilnFile::open(dir.path().join("out.kiln")).unwrap();
+    for t in &report.tensors {
+        let x = input.tensor(&t.name).unwrap().to_f32_vec();
+        let y = out.tensor(&t.name).unwrap().to_f32_vec();
+        let (mut se, mut ss, mut max) = (0.0f64, 0.0f64, 0.0f32);
+        for (a, b) in x.iter().zip(&y) {
+            se += f64::from(a - b).powi(2);
+            ss += f64::from(*a).powi(2);
+            max = max.max((a - b).abs());
+        }
+        let rmse = (se / x.len() as f64).sqrt();
+        assert!(
+            (t.rmse - rmse).abs() <= 1e-6 * rmse.max(1e-12),
+            "{}: {} vs {rmse}",
+            t.name,
+            t.rmse
+        );
+        assert_eq!(t.max_abs_error, max, "{}", t.name);
+        if se > 0.0 {
+            let snr = 10.0 * (ss / se).log10();
+            assert!((t.snr_db.unwrap() - snr).abs() < 1e-4, "{}", t.name);
+        }
+        if t.to == DType::Q8_0 {
+            let blocks = quantize_row_q8_0_ref(&x).unwrap();
+            assert_eq!(
+                out.tensor(&t.name).unwrap().bytes(),
+                bytemuck::cast_slice::<_, u8>(&blocks)
+            );
+            // Q8_0 of weight-like data: about 40 dB.
+            assert!(t.snr_db.unwrap() > 35.0, "{}: {:?}", t.name, t.snr_db);
+        }
+    }
+}
+
+#[test]
+fn provenance_records_the_quantization_and_keeps_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let inp = dir.path().join("in.kiln");
+    common::write_model(&inp, DType::BF16, |_, _| {});
+    let mut o = options(dir.path(), DType::Q4_0, &["lm_head.weight=q8_0"]);
+    o.method = Method::Search;
+    run(&o).unwrap();
+    let input = KilnFile::open(&inp).unwrap();
+    let out = KilnFile::open(dir.path().join("out.kiln")).unwrap();
+    let (mi, mo) = (input.metadata(), out.metadata());
+    assert_eq!(mo.config, mi.config);
+    assert_eq!(mo.tokenizer, mi.tokenizer);
+    assert_eq!(mo.provenance.len(), 2);
+    assert_eq!(mo.provenance[0], mi.provenance[0]);
+    let step = &mo.provenance[1];
+    assert!(step.tool.starts_with("kiln-quantize "));
+    let q = &step.details["quantization"];
+    assert_eq!(q["to"], "q4_0");
+    assert_eq!(q["method"], "search");
+    assert_eq!(q["overrides"][0], "lm_head.weight=q8_0");
+    assert!(q["policy"].as_str().unwrap().contains("last match wins"));
+    // Tied embeddings: embed.weight answers to lm_head.weight.
+    assert_eq!(q["per_tensor"]["embed.weight"], "q8_0");
+    assert_eq!(q["per_tensor"]["layers.1.attn.q.weight"], "q4_0");
+    assert_eq!(q["per_tensor"]["layers.1.mlp_norm.weight"], "f32");
+    assert_eq!(mo.quantization(), Some(q));
+    let bytes = std::fs::read(&inp).unwrap();
+    let src = &step.sources[0];
+    assert_eq!(src.name, "in.kiln");
+    assert_eq!(src.bytes, bytes.len() as u64);
+    assert_eq!(src.sha256, kiln_format::hex(&Sha256::digest(&bytes)));
+}
+
+#[test]
+fn output_and_metrics_do_not_depend_on_the_thread_count() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_model(&dir.path().join("in.kiln"), DType::BF16, |_, _| {});
+    let mut reports = Vec::new();
+    let mut shas = Vec::new();
+    for threads in [1, 3] {
+        let mut o = options(dir.path(), DType::Q4_0, &[]);
+        o.threads = Some(threads);
+        o.overwrite = true;
+        o.method = Method::Search;
+        let r = run(&o).unwrap();
+        let out = KilnFile::open(dir.path().join("out.kiln")).unwrap();
+        shas.push(out.tensors().iter().map(|t| t.sha256).collect::<Vec<_>>());
+        reports.push(
+            r.tensors
+                .iter()
+                .map(|t| (t.rmse, t.max_abs_error, t.snr_db))
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(shas[0], shas[1]);
+    assert_eq!(reports[0], reports[1]);
+}
+
+#[test]
+fn search_is_not_worse_than_reference_per_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_model(&dir.path().join("in.kiln"), DType::BF16, |_, _| {});
+    let mut errs = Vec::new();
+    for m in [Method::Reference, Method::Search] {
+        let mut o = options(dir.path(), DType::Q4_0, &[]);
+        o.method = m;
+        o.overwrite = true;
+        errs.push(run(&o).unwrap().tensors);
+    }
+    for (r, s) in errs[0].iter().zip(&errs[1]) {
+        assert!(
+            s.rmse <= r.rmse * (1.0 + 1e-6),
+            "{}: {} > {}",
+            r.name,
+            s.rmse,
+            r.rmse
+        );
+    }
+}
+
+#[test]
+fn importance_weights_are_checked_and_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_model(&dir.path().join("in.kiln"), DType::BF16, |_, _| {});
+    let mut o = options(dir.path(), DType::Q4_0, &[]);
+    o.method = Method::Search;
+    o.importance
+        .insert("layers.0.attn.q.weight".into(), vec![1.0; 7]);
+    assert!(matches!(
+        run(&o),
+        Err(QuantizeError::ImportanceLength {
+            expected: 64,
+            found: 7,
+            ..
+        })
+    ));
+    assert_eq!(common::files_in(dir.path()), ["in.kiln"]);
+    o.importance
+        .insert("layers.0.attn.q.weight".into(), vec![2.0; 64]);
+    run(&o).unwrap();
+}
+
+#[test]
+fn nan_is_rejected_with_tensor_and_position_and_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_model(&dir.path().join("in.kiln"), DType::F32, |name, v| {
+        if name == "layers.1.attn.v.weight" {
+            v[2 * 64 + 5] = f32::NAN;
+        }
+    });
+    let err = run(&options(dir.path(), DType::Q8_0, &[])).unwrap_err();
+    match &err {
+        QuantizeError::NonFinite {
+            tensor,
+            position,
+            row,
+            column,
+            ..
+        } => {
+            assert_eq!(tensor, "layers.1.attn.v.weight");
+            assert_eq!((*position, *row, *column), (133, 2, 5));
+        }
+        other => panic!("expected NonFinite, got {other:?}"),
+    }
+    assert!(err.to_string().contains("row 2, column 5"), "{err}");
+    assert_eq!(common::files_in(dir.path()), ["in.kiln"]);
+}
+
+#[test]
+fn infinity_in_a_vector_is_rejected_too() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_model(&dir.path().join("in.kiln"), DType::F32, |name, v| {
+        if name == "final_norm.weight" {
+            v[63] = f32::NEG_INFINITY;
+        }
+    });
+    let err = run(&options(dir.path(), DType::F16, &[])).unwrap_err();
+    assert!(
+        matches!(err, QuantizeError::NonFinite { position: 63, .. }),
+        "{err}"
+    );
+    assert_eq!(common::files_in(dir.path()), ["in.kiln"]);
+}
+
+#[test]
+fn f16_overflow_is_rejected_and_can_be_overridden() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_model(&dir.path().join("in.kiln"), DType::F32, |name, v| {
+        if name == "layers.0.attn.o.weight" {
+            v[10] = 1.0e5;
+        }
+    });
+    let err = run(&options(dir.path(), DType::F16, &[])).unwrap_err();
+    assert!(
+        matches!(err, QuantizeError::F16Overflow { position: 10, .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("--keep 'layers.0.attn.o.weight=bf16'"),
+        "{err}"
+    );
+    assert_eq!(common::files_in(dir.path()), ["in.kiln"]);
+    let r = run(&options(
+        dir.path(),
+        DType::F16,
+        &["layers.0.attn.o.weight=bf16"],
+    ))
+    .unwrap();
+    assert_eq!(
+        r.tensors
+            .iter()
+            .find(|t| t.name == "layers.0.attn.o.weight")
+            .unwrap()
+            .to,
+        DType::BF16
+    );
+}
+
+#[test]
+fn corrupt_input_data_is_not_laundered_into_a_valid_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let inp = dir.path().join("in.kiln");
+    common::write_model(&inp, DType::BF16, |_, _| {});
+    let info = KilnFile::open(&inp)
+        .unwrap()
+        .info("layers.0.mlp.up.weight")
+        .unwrap()
+        .clone();
+    let mut bytes = std::fs::read(&inp).unwrap();
+    bytes[info.offset as usize + 100] ^= 0x01;
+    std::fs::write(&inp, &bytes).unwrap();
+    let err = run(&options(dir.path(), DType::Q8_0, &[])).unwrap_err();
+    assert!(err.to_string().contains("checksum mismatch"), "{err}");
+    assert!(err.to_string().contains("layers.0.mlp.up.weight"), "{err}");
+    assert_eq!(common::files_in(dir.path()), ["in.kiln"]);
+}
+
+#[test]
+fn requantizing_is_refused_but_copy_is_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_model(&dir.path().join("in.kiln"), DType::BF16, |_, _| {});
+    run(&options(dir.path(), DType::Q4_0, &[])).unwrap();
+    std::fs::rename(dir.path().join("out.kiln"), dir.path().join("in.kiln")).unwrap();
+    let err = run(&options(dir.path(), DType::Q8_0, &[])).unwrap_err();
+    assert!(
+        matches!(err, QuantizeError::AlreadyQuantized { .. }),
+        "{err}"
+    );
+    assert_eq!(common::files_in(dir.path()), ["in.kiln"]);
+    // Same target: blocks copied unchanged; explicit copy works for any target.
+    run(&options(dir.path(), DType::Q4_0, &[])).unwrap();
+    let a = KilnFile::open(dir.path().join("in.kiln")).unwrap();
+    let b = KilnFile::open(dir.path().join("out.kiln")).unwrap();
+    for t in a.tensors() {
+        assert_eq!(b.info(&t.name).unwrap().sha256, t.sha256, "{}", t.name);
+    }
+    let mut o = options(dir.path(), DType::Q8_0, &["*=copy"]);
+    o.overwrite = true;
+    run(&o).unwrap();
+}
+
+#[test]
+fn same_file_and_existing_output_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_model(&dir.path().join("in.kiln"), DType::BF16, |_, _| {});
+    let mut o = options(dir.path(), DType::Q8_0, &[]);
+    o.output = dir.path().join("./in.kiln");
+    o.overwrite = true;
+    assert!(matches!(run(&o), Err(QuantizeError::SameFile { .. })));
+    std::fs::write(dir.path().join("out.kiln"), b"keep me").unwrap();
+    let o = options(dir.path(), DType::Q8_0, &[]);
+    let err = run(&o).unwrap_err();
+    assert!(err.to_string().contains("--force"), "{err}");
+    assert_eq!(
+        std::fs::read(dir.path().join("out.kiln")).unwrap(),
+        b"keep me"
+    );
+}
+
+#[test]
+fn unmatched_pattern_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_model(&dir.path().join("in.kiln"), DType::BF16, |_, _| {});
+    let err = run(&options(
+        dir.path(),
+        DType::Q8_0,
+        &["layers.*.attn.qq.weight=f16"],
+    ))
+    .unwrap_err();
+    assert!(
+        matches!(err, QuantizeError::UnmatchedOverride { .. }),
+        "{err}"
+    );
+}

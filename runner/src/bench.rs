@@ -1,0 +1,164 @@
+//! Throughput measurement in the manner of `llama-bench`: `ppN` runs an N-token prompt as one
+//! batch from an empty cache, `tgN` generates N tokens one forward pass at a time from an empty
+//! cache; each test repeated, reported as median and spread of tokens per second.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::error::{Result, RunnerError};
+use crate::model::{Logits, Session};
+
+/// What to measure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BenchOptions {
+    /// Prompt length for the prefill test (0: skip).
+    pub prompt_tokens: usize,
+    /// Tokens for the generation test (0: skip).
+    pub gen_tokens: usize,
+    /// Repetitions of each test.
+    pub reps: usize,
+    /// Run each test once, unmeasured, first (page in the weights, warm the caches).
+    pub warmup: bool,
+}
+
+/// One test's result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BenchResult {
+    /// `pp128`, `tg64`…
+    pub test: String,
+    /// Tokens per repetition.
+    pub n_tokens: usize,
+    /// Compute threads.
+    pub threads: usize,
+    /// Median tokens per second.
+    pub tok_s: f64,
+    /// Slowest repetition.
+    pub tok_s_min: f64,
+    /// Fastest repetition.
+    pub tok_s_max: f64,
+    /// Sample standard deviation over repetitions (0 for one).
+    pub tok_s_stddev: f64,
+    /// Every repetition, in order.
+    pub samples: Vec<f64>,
+}
+
+/// Deterministic, varied token ids (no tokenizer needed): `i·7919 + 13 mod vocab`.
+fn bench_tokens(n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 7919 + 13) % vocab) as u32).collect()
+}
+
+/// Run the tests on `session` (its cache is reset before each repetition).
+pub fn bench(session: &mut Session<'_>, opts: &BenchOptions) -> Result<Vec<BenchResult>> {
+    if opts.reps == 0 {
+        return Err(RunnerError::InvalidArgument {
+            arg: "-r",
+            reason: "at least one repetition is needed".into(),
+        });
+    }
+    let need = opts.prompt_tokens.max(opts.gen_tokens);
+    if need > session.ctx() {
+        return Err(RunnerError::ContextOverflow {
+            tokens: need,
+            ctx: session.ctx(),
+            max_ctx: session.model().config.max_position_embeddings,
+        });
+    }
+    let vocab = session.model().config.vocab;
+    let mut results = Vec::new();
+    if opts.prompt_tokens > 0 {
+        let tokens = bench_tokens(opts.prompt_tokens, vocab);
+        let run = |s: &mut Session<'_>| -> Result<f64> {
+            s.reset();
+            let t = Instant::now();
+            s.forward(&tokens, Logits::Last, None)?;
+            Ok(t.elapsed().as_secs_f64())
+        };
+        results.push(measure(
+            session,
+            format!("pp{}", opts.prompt_tokens),
+            opts,
+            opts.prompt_tokens,
+            run,
+        )?);
+    }
+    if opts.gen_tokens > 0 {
+        let tokens = bench_tokens(opts.gen_tokens, vocab);
+        let run = |s: &mut Session<'_>| -> Result<f64> {
+            s.reset();
+            let t = Instant::now();
+            for &id in &tokens {
+                s.forward(&[id], Logits::Last, None)?;
+            }
+            Ok(t.elapsed().as_secs_f64())
+        };
+        results.push(measure(
+            session,
+            format!("tg{}", opts.gen_tokens),
+            opts,
+            opts.gen_tokens,
+            run,
+        )?);
+    }
+    session.reset();
+    Ok(results)
+}
+
+fn measure(
+    session: &mut Session<'_>,
+    test: String,
+    opts: &BenchOptions,
+    n: usize,
+    run: impl Fn(&mut Session<'_>) -> Result<f64>,
+) -> Result<BenchResult> {
+    if opts.warmup {
+        run(session)?;
+    }
+    let samples = (0..opts.reps)
+        .map(|_| run(session).map(|s| n as f64 / s.max(1e-12)))
+        .collect::<Result<Vec<f64>>>()?;
+    let (median, min, max, stddev) = summarize(&samples);
+    Ok(BenchResult {
+        test,
+        n_tokens: n,
+        threads: session.threads(),
+        tok_s: median,
+        tok_s_min: min,
+        tok_s_max: max,
+        tok_s_stddev: stddev,
+        samples,
+    })
+}
+
+/// Median, min, max and sample standard deviation.
+pub fn summarize(xs: &[f64]) -> (f64, f64, f64, f64) {
+    let mut s = xs.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    let median = if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    };
+    let mean = s.iter().sum::<f64>() / n as f64;
+    let var = if n > 1 {
+        s.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64
+    } else {
+        0.0
+    };
+    (median, s[0], s[n - 1], var.sqrt())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_statistics() {
+        let (med, min, max, sd) = summarize(&[3.0, 1.0, 2.0]);
+        assert_eq!((med, min, max), (2.0, 1.0, 3.0));
+        assert!((sd - 1.0).abs() < 1e-12);
+        assert_eq!(summarize(&[4.0, 1.0, 2.0, 3.0]).0, 2.5);
+        assert_eq!(summarize(&[5.0]).3, 0.0);
+    }
+}

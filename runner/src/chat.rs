@@ -1,0 +1,267 @@
+//! The model's chat template, rendered with `minijinja` the way transformers'
+//! `apply_chat_template` renders it with Jinja2.
+//!
+//! Same environment settings (`trim_blocks`, `lstrip_blocks`), the same globals
+//! (`raise_exception`, `strftime_now`, the special-token strings, `add_generation_prompt`) and
+//! Python string methods (`.strip()`, `.startswith()`…) through `minijinja-contrib`'s pycompat.
+//! A template's own default system prompt applies unless the messages start with one.
+
+use minijinja::syntax::SyntaxConfig;
+use minijinja::{context, Environment, Error, ErrorKind, Value};
+use serde::Serialize;
+
+use kiln_format::KilnFile;
+
+use crate::error::{Result, RunnerError};
+
+/// One conversation turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Message {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+impl Message {
+    /// A message with `role`.
+    pub fn new(role: &str, content: impl Into<String>) -> Message {
+        Message {
+            role: role.to_string(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A compiled chat template.
+#[derive(Debug)]
+pub struct ChatTemplate<'a> {
+    env: Environment<'a>,
+    special: Value,
+}
+
+const NAME: &str = "chat_template";
+
+impl<'a> ChatTemplate<'a> {
+    /// The file's template, or [`RunnerError::NoChatTemplate`].
+    pub fn from_file(file: &'a KilnFile) -> Result<ChatTemplate<'a>> {
+        let meta = file.metadata();
+        let source =
+            meta.tokenizer
+                .chat_template
+                .as_deref()
+                .ok_or_else(|| RunnerError::NoChatTemplate {
+                    file: file.label().to_string(),
+                })?;
+        let special = Value::from_pairs(
+            meta.tokenizer
+                .special_tokens
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        Self::new(source, special)
+    }
+
+    /// Compile `source`; `special` maps `bos_token`, `eos_token`… to their strings.
+    pub fn new(source: &'a str, special: Value) -> Result<ChatTemplate<'a>> {
+        let mut env = Environment::new();
+        // transformers: ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        let syntax = SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| RunnerError::ChatTemplate(describe(&e)))?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_template(NAME, source)
+            .map_err(|e| RunnerError::ChatTemplate(describe(&e)))?;
+        Ok(ChatTemplate { env, special })
+    }
+
+    /// Render `messages`, ending with the assistant prompt when `add_generation_prompt`.
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let tmpl = self
+            .env
+            .get_template(NAME)
+            .map_err(|e| RunnerError::ChatTemplate(describe(&e)))?;
+        let s = &self.special;
+        let get = |k: &str| s.get_attr(k).unwrap_or(Value::UNDEFINED);
+        let messages: Value = messages
+            .iter()
+            .map(|m| {
+                Value::from_pairs([
+                    ("role", Value::from(m.role.as_str())),
+                    ("content", Value::from(m.content.as_str())),
+                ])
+            })
+            .collect();
+        tmpl.render(context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => get("bos_token"),
+            eos_token => get("eos_token"),
+            pad_token => get("pad_token"),
+            unk_token => get("unk_token"),
+        })
+        .map_err(|e| RunnerError::ChatTemplate(describe(&e)))
+    }
+}
+
+fn describe(e: &Error) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+/// `raise_exception(msg)`: the template rejects the conversation.
+fn raise_exception(msg: String) -> std::result::Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+/// `strftime_now(format)`: the current UTC date/time, with the common C specifiers.
+fn strftime_now(format: String) -> std::result::Result<Value, Error> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    strftime(&format, secs).map(Value::from)
+}
+
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
+const DAYS: [&str; 7] = [
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+];
+
+/// Format Unix time `secs` (UTC) with `%Y %m %d %e %B %b %A %a %H %M %S %j %y %%`.
+fn strftime(format: &str, secs: u64) -> std::result::Result<String, Error> {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil-from-days (Howard Hinnant), proleptic Gregorian.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let cum = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+    let yday = cum[(m - 1) as usize] + d + i64::from(leap && m > 2);
+    let month = MONTHS[(m - 1) as usize];
+    let day = DAYS[days.rem_euclid(7) as usize];
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", y % 100)),
+            Some('m') => out.push_str(&format!("{m:02}")),
+            Some('d') => out.push_str(&format!("{d:02}")),
+            Some('e') => out.push_str(&format!("{d:2}")),
+            Some('j') => out.push_str(&format!("{yday:03}")),
+            Some('B') => out.push_str(month),
+            Some('b') => out.push_str(&month[..3]),
+            Some('A') => out.push_str(day),
+            Some('a') => out.push_str(&day[..3]),
+            Some('H') => out.push_str(&format!("{:02}", rem / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", rem % 3600 / 60)),
+            Some('S') => out.push_str(&format!("{:02}", rem % 60)),
+            Some('%') => out.push('%'),
+            other => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!(
+                        "strftime_now: unsupported specifier %{}",
+                        other.unwrap_or(' ')
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn renders_chatml_with_generation_prompt() {
+        let t = ChatTemplate::new(CHATML, Value::UNDEFINED).unwrap();
+        let s = t
+            .render(&[Message::new("user", "What is 7 * 6?")], true)
+            .unwrap();
+        assert_eq!(
+            s,
+            "<|im_start|>user\nWhat is 7 * 6?<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn python_methods_raise_exception_and_special_tokens() {
+        let src = "{{ bos_token }}{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('bad role ' + m.role) }}{% endif %}{{ m.content.strip().upper() }}{% endfor %}";
+        let special = Value::from_pairs([("bos_token", "<s>")]);
+        let t = ChatTemplate::new(src, special).unwrap();
+        assert_eq!(
+            t.render(&[Message::new("user", "  hi ")], false).unwrap(),
+            "<s>HI"
+        );
+        let e = t.render(&[Message::new("tool", "x")], false).unwrap_err();
+        assert!(e.to_string().contains("bad role tool"), "{e}");
+    }
+
+    #[test]
+    fn qwen_and_llama3_idioms_render() {
+        // Qwen2.5: tojson behind an undefined `tools`; Llama 3.1: strftime_now, namespace, trim.
+        let src = "{%- if tools %}{{ tools | tojson }}{% endif -%}\n{%- set ns = namespace(n=0) %}{%- for m in messages %}{%- set ns.n = ns.n + 1 %}{{ m['content'] | trim }}{% endfor %}|{{ ns.n }}|{{ strftime_now('%Y') | length }}|{{ messages | tojson }}";
+        let t = ChatTemplate::new(src, Value::UNDEFINED).unwrap();
+        let out = t.render(&[Message::new("user", " a ")], true).unwrap();
+        assert!(out.starts_with("a|1|4|["), "{out}");
+        assert!(out.contains("\"content\""), "{out}");
+    }
+
+    #[test]
+    fn strftime_formats_known_dates() {
+        // 2024-07-26 13:05:09 UTC, a Friday, day 208.
+        let t = 1_722_000_000 + 309;
+        assert_eq!(
+            strftime("%d %b %Y|%B %e|%A %a|%H:%M:%S|%j|%%", t).unwrap(),
+            "26 Jul 2024|July 26|Friday Fri|13:25:09|208|%"
+        );
+        assert!(strftime("%Q", 0).is_err());
+    }
+}

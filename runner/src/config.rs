@@ -1,0 +1,327 @@
+//! The model configuration the forward pass runs on, and its check against the file's tensors.
+//!
+//! [`Config::from_file`] turns the file's [`ModelConfig`] (already resolved by the converter:
+//! no Hugging Face defaulting rules here) into `usize`s, checks that the numbers describe a
+//! model that can run (`heads × head_dim`, GQA groups, even head width), and then checks every
+//! tensor the configuration implies: present, with the right shape, in an encoding its role can
+//! use, and nothing left over. After this the forward pass indexes without further checks.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+use kiln_format::layout::{FixedHeader, HEADER_LEN, MAX_METADATA_LEN};
+use kiln_format::{Architecture, FormatError, KilnFile, ModelConfig, RopeScaling};
+use kiln_format::{Role, TensorName};
+
+use crate::error::{Result, RunnerError};
+
+/// Architectures this build implements (spelled as in the metadata).
+pub const SUPPORTED_ARCHITECTURES: &str = "llama, mistral, qwen2";
+
+/// The resolved configuration, in the units the forward pass uses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Which family (they differ only by the fields below).
+    pub architecture: Architecture,
+    /// Width of the residual stream.
+    pub hidden: usize,
+    /// Width of the SwiGLU hidden layer.
+    pub intermediate: usize,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (`heads` is a multiple of it).
+    pub kv_heads: usize,
+    /// Per-head width (even: rope rotates halves).
+    pub head_dim: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// The context length the model was trained for.
+    pub max_position_embeddings: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// RoPE frequency scaling.
+    pub rope_scaling: Option<RopeScaling>,
+    /// Output projection shares the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// q/k/v projections have biases (Qwen2).
+    pub attention_bias: bool,
+    /// Sliding-window attention span, if any (Mistral).
+    pub sliding_window: Option<usize>,
+    /// Beginning-of-sequence token.
+    pub bos_token_id: Option<u32>,
+    /// Tokens that end generation.
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl Config {
+    /// Query projection width, `heads × head_dim`.
+    pub fn q_dim(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// Key/value projection width, `kv_heads × head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// Resolve and check the configuration of an open file, then check its tensors.
+    pub fn from_file(file: &KilnFile) -> Result<Config> {
+        let cfg = Self::from_model_config(file.label(), &file.metadata().config)?;
+        cfg.check_tensors(file)?;
+        Ok(cfg)
+    }
+
+    /// Resolve a [`ModelConfig`] (no tensor checks).
+    pub fn from_model_config(label: &str, mc: &ModelConfig) -> Result<Config> {
+        let bad = |field: &'static str, reason: String| RunnerError::BadConfig {
+            file: label.to_string(),
+            field,
+            reason,
+        };
+        // Every dimension is positive and small enough that products of two fit in memory
+        // sizes; the tensor shapes are checked against them below.
+        let dim = |field: &'static str, v: u64| -> Result<usize> {
+            if v == 0 || v > MAX_CONFIG_DIM {
+                return Err(bad(field, format!("{v} is outside 1..={MAX_CONFIG_DIM}")));
+            }
+            Ok(v as usize)
+        };
+        let cfg = Config {
+            architecture: mc.architecture,
+            hidden: dim("hidden_size", mc.hidden_size)?,
+            intermediate: dim("intermediate_size", mc.intermediate_size)?,
+            layers: dim("num_layers", mc.num_layers)?,
+            heads: dim("num_heads", mc.num_heads)?,
+            kv_heads: dim("num_kv_heads", mc.num_kv_heads)?,
+            head_dim: dim("head_dim", mc.head_dim)?,
+            vocab: dim("vocab_size", mc.vocab_size)?,
+            max_position_embeddings: dim("max_position_embeddings", mc.max_position_embeddings)?,
+            rms_norm_eps: mc.rms_norm_eps as f32,
+            rope_theta: mc.rope_theta,
+            rope_scaling: mc.rope_scaling.clone(),
+            tie_word_embeddings: mc.tie_word_embeddings,
+            attention_bias: mc.attention_bias,
+            sliding_window: match mc.sliding_window {
+                Some(w) => Some(dim("sliding_window", w)?),
+                None => None,
+            },
+            bos_token_id: mc.bos_token_id,
+            eos_token_ids: mc.eos_token_ids.clone(),
+        };
+        if !cfg.heads.is_multiple_of(cfg.kv_heads) {
+            return Err(bad(
+                "num_kv_heads",
+                format!(
+                    "{} query heads cannot be grouped over {} key/value heads",
+                    cfg.heads, cfg.kv_heads
+                ),
+            ));
+        }
+        if !cfg.head_dim.is_multiple_of(2) {
+            return Err(bad(
+                "head_dim",
+                format!(
+                    "{} is odd; rotary embeddings need an even width",
+                    cfg.head_dim
+                ),
+            ));
+        }
+        if !(cfg.rms_norm_eps > 0.0 && cfg.rms_norm_eps.is_finite()) {
+            return Err(bad(
+                "rms_norm_eps",
+                format!("{} must be positive", mc.rms_norm_eps),
+            ));
+        }
+        if !(cfg.rope_theta > 1.0 && cfg.rope_theta.is_finite()) {
+            return Err(bad(
+                "rope_theta",
+                format!("{} must exceed 1", cfg.rope_theta),
+            ));
+        }
+        match &cfg.rope_scaling {
+            Some(RopeScaling::Linear { factor }) if !factor.is_finite() || *factor <= 0.0 => {
+                return Err(bad(
+                    "rope_scaling.factor",
+                    format!("{factor} must be positive"),
+                ));
+            }
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) if !(*factor > 0.0
+                && *low_freq_factor > 0.0
+                && high_freq_factor > low_freq_factor
+                && *original_max_position_embeddings > 0) =>
+            {
+                return Err(bad(
+                    "rope_scaling",
+                    format!(
+                        "llama3 scaling needs factor > 0 and 0 < low_freq_factor < \
+                         high_freq_factor (got factor {factor}, low {low_freq_factor}, high \
+                         {high_freq_factor}, original context {original_max_position_embeddings})"
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        let vocab = cfg.vocab as u64;
+        for &id in cfg.eos_token_ids.iter().chain(cfg.bos_token_id.iter()) {
+            if u64::from(id) >= vocab {
+                return Err(bad(
+                    "eos_token_ids",
+                    format!("special token {id} is outside the vocabulary ({vocab})"),
+                ));
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Every tensor the configuration implies, with its shape (PyTorch order).
+    pub fn expected_tensors(&self) -> Vec<(TensorName, Vec<u64>)> {
+        let (h, q, kv, ff, v) = (
+            self.hidden as u64,
+            self.q_dim() as u64,
+            self.kv_dim() as u64,
+            self.intermediate as u64,
+            self.vocab as u64,
+        );
+        let mut out = vec![
+            (TensorName::global(Role::Embed), vec![v, h]),
+            (TensorName::global(Role::FinalNorm), vec![h]),
+        ];
+        if !self.tie_word_embeddings {
+            out.push((TensorName::global(Role::LmHead), vec![v, h]));
+        }
+        for l in 0..self.layers as u32 {
+            let mut layer = vec![
+                (Role::AttnNorm, vec![h]),
+                (Role::AttnQ, vec![q, h]),
+                (Role::AttnK, vec![kv, h]),
+                (Role::AttnV, vec![kv, h]),
+                (Role::AttnO, vec![h, q]),
+                (Role::MlpNorm, vec![h]),
+                (Role::MlpGate, vec![ff, h]),
+                (Role::MlpUp, vec![ff, h]),
+                (Role::MlpDown, vec![h, ff]),
+            ];
+            if self.attention_bias {
+                layer.extend([
+                    (Role::AttnQBias, vec![q]),
+                    (Role::AttnKBias, vec![kv]),
+                    (Role::AttnVBias, vec![kv]),
+                ]);
+            }
+            out.extend(
+                layer
+                    .into_iter()
+                    .map(|(role, shape)| (TensorName::layer(l, role), shape)),
+            );
+        }
+        out
+    }
+
+    /// Check presence, shape and encoding of every tensor, and that none is left unused.
+    pub fn check_tensors(&self, file: &KilnFile) -> Result<()> {
+        let label = file.label();
+        let expected = self.expected_tensors();
+        for (name, shape) in &expected {
+            let tensor = name.to_string();
+            let info = file
+                .info(&tensor)
+                .ok_or_else(|| RunnerError::MissingTensor {
+                    file: label.to_string(),
+                    tensor: tensor.clone(),
+                })?;
+            if &info.shape != shape {
+                return Err(RunnerError::TensorShape {
+                    file: label.to_string(),
+                    tensor,
+                    expected: shape.clone(),
+                    found: info.shape.clone(),
+                });
+            }
+            if !name.role.is_matrix() && info.dtype.is_quantized() {
+                return Err(RunnerError::TensorDType {
+                    file: label.to_string(),
+                    tensor,
+                    dtype: info.dtype.to_string(),
+                    reason: "norm weights and biases must be f32, f16 or bf16",
+                });
+            }
+        }
+        let known: std::collections::HashSet<String> =
+            expected.iter().map(|(n, _)| n.to_string()).collect();
+        if let Some(extra) = file.tensors().iter().find(|t| !known.contains(&t.name)) {
+            let reason = match TensorName::parse(&extra.name) {
+                Some(TensorName {
+                    role: Role::LmHead, ..
+                }) => {
+                    "tie_word_embeddings is true, so the embedding matrix is the output projection"
+                }
+                Some(TensorName {
+                    role: Role::AttnQBias | Role::AttnKBias | Role::AttnVBias,
+                    ..
+                }) => "attention_bias is false",
+                Some(TensorName { layer: Some(_), .. }) => "its layer is past num_layers",
+                _ => "it is not a canonical Llama-family tensor name",
+            };
+            return Err(RunnerError::UnexpectedTensor {
+                file: label.to_string(),
+                tensor: extra.name.clone(),
+                reason,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Largest single dimension accepted from a config (2^24: far above any Llama-family model,
+/// small enough that `dim × dim` products of activations cannot overflow).
+const MAX_CONFIG_DIM: u64 = 1 << 24;
+
+/// Open a `.kiln` model, turning a metadata error caused by an unknown architecture into
+/// [`RunnerError::UnsupportedArchitecture`].
+pub fn open_model(path: &Path) -> Result<KilnFile> {
+    match KilnFile::open(path) {
+        Ok(f) => Ok(f),
+        Err(e @ FormatError::BadMetadata { .. }) => match raw_architecture(path) {
+            Some(found) if !is_supported(&found) => Err(RunnerError::UnsupportedArchitecture {
+                file: path.display().to_string(),
+                found,
+                supported: SUPPORTED_ARCHITECTURES.to_string(),
+            }),
+            _ => Err(e.into()),
+        },
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn is_supported(arch: &str) -> bool {
+    serde_json::from_value::<Architecture>(serde_json::Value::String(arch.to_string())).is_ok()
+}
+
+/// `config.architecture` read from the raw metadata JSON, for diagnosis only (the header
+/// checksum was already verified by the failed open).
+fn raw_architecture(path: &Path) -> Option<String> {
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut head = [0u8; HEADER_LEN as usize];
+    f.read_exact(&mut head).ok()?;
+    let header = FixedHeader::decode(&head);
+    if header.metadata_len > MAX_METADATA_LEN {
+        return None;
+    }
+    f.seek(SeekFrom::Start(header.metadata_offset)).ok()?;
+    let mut meta = vec![0u8; header.metadata_len as usize];
+    f.read_exact(&mut meta).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&meta).ok()?;
+    v.get("config")?
+        .get("architecture")?
+        .as_str()
+        .map(str::to_string)
+}

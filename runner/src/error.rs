@@ -1,0 +1,141 @@
+//! The one error type of the runner.
+//!
+//! Every variant names what it is about (file, tensor, argument) and the expected and found
+//! values, so that the message printed once by `kiln-run` is enough to act on.
+
+use kiln_format::FormatError;
+use kiln_kernels::KernelError;
+
+/// Everything that can go wrong loading a model or running it.
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    /// The container itself is unreadable (bad magic, newer major version, corrupt index…).
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// The file's `config.architecture` is not one this build implements.
+    #[error(
+        "{file}: unsupported architecture `{found}`; this build runs {supported}; convert a \
+         supported model or upgrade Kiln"
+    )]
+    UnsupportedArchitecture {
+        file: String,
+        found: String,
+        supported: String,
+    },
+    /// A configuration value that cannot describe a working model.
+    #[error("{file}: invalid model config `{field}`: {reason}")]
+    BadConfig {
+        file: String,
+        field: &'static str,
+        reason: String,
+    },
+    /// A tensor the configuration requires is absent.
+    #[error("{file}: missing tensor `{tensor}` (required by the model config)")]
+    MissingTensor { file: String, tensor: String },
+    /// A tensor the configuration does not use is present (a bias on a bias-free model…).
+    #[error("{file}: unexpected tensor `{tensor}`: the model config does not use it ({reason})")]
+    UnexpectedTensor {
+        file: String,
+        tensor: String,
+        reason: &'static str,
+    },
+    /// A tensor's shape disagrees with the configuration.
+    #[error(
+        "{file}: tensor `{tensor}` has shape {found:?}, but the model config implies {expected:?}"
+    )]
+    TensorShape {
+        file: String,
+        tensor: String,
+        expected: Vec<u64>,
+        found: Vec<u64>,
+    },
+    /// A tensor stored in an encoding its role cannot use (e.g. a quantized norm weight).
+    #[error("{file}: tensor `{tensor}` is {dtype}: {reason}")]
+    TensorDType {
+        file: String,
+        tensor: String,
+        dtype: String,
+        reason: &'static str,
+    },
+    /// A weight view the kernels reject.
+    #[error("{file}: tensor `{tensor}`: {source}")]
+    Kernel {
+        file: String,
+        tensor: String,
+        #[source]
+        source: KernelError,
+    },
+    /// The thread pool could not be started.
+    #[error("cannot start the thread pool: {0}")]
+    Pool(#[source] KernelError),
+    /// The file has no usable tokenizer.
+    #[error("{file}: {reason}")]
+    Tokenizer { file: String, reason: String },
+    /// Encoding or decoding text failed.
+    #[error("tokenizer: {0}")]
+    Tokenize(String),
+    /// `--chat` on a model without a chat template.
+    #[error("{file}: the model has no chat template; run without --chat")]
+    NoChatTemplate { file: String },
+    /// The chat template failed to parse or render.
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+    /// The prompt tokenized to nothing.
+    #[error("the prompt is empty (0 tokens); give some text with -p")]
+    EmptyPrompt,
+    /// The prompt (or the conversation) does not fit in the context window.
+    #[error(
+        "the prompt is {tokens} tokens but the context holds {ctx}; shorten the prompt or raise \
+         --ctx (the model was trained for {max_ctx})"
+    )]
+    ContextOverflow {
+        tokens: usize,
+        ctx: usize,
+        max_ctx: usize,
+    },
+    /// The prompt given on the command line or in a file is not valid UTF-8.
+    #[error("the prompt {source_name} is not valid UTF-8 (first invalid byte at offset {offset})")]
+    PromptNotUtf8 { source_name: String, offset: usize },
+    /// A command-line value out of range.
+    #[error("invalid value for {arg}: {reason}")]
+    InvalidArgument { arg: &'static str, reason: String },
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary (size {vocab})")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    /// Reading or writing a stream failed.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Result alias for the runner.
+pub type Result<T, E = RunnerError> = std::result::Result<T, E>;
+
+impl RunnerError {
+    /// Whether this is a write to a closed pipe (`kiln-run … | head`), which is not a failure.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, RunnerError::Io { source, .. } if source.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+
+    /// Whether the user's input (arguments, prompt) rather than the model or machine is at fault.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            RunnerError::InvalidArgument { .. }
+                | RunnerError::PromptNotUtf8 { .. }
+                | RunnerError::ContextOverflow { .. }
+                | RunnerError::EmptyPrompt
+                | RunnerError::NoChatTemplate { .. }
+        )
+    }
+
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        RunnerError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! The generation loop: batched prefill, then one token at a time until a stop token, the
+//! token budget or the end of the context, streaming text as it becomes valid UTF-8.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::chat::{ChatTemplate, Message};
+use crate::error::{Result, RunnerError};
+use crate::model::{Logits, Session};
+use crate::sampler::Sampler;
+use crate::tokenizer::Tokenizer;
+
+/// Tokens per prefill batch: bounds the scratch buffers (`batch × intermediate` floats) while
+/// keeping matrix–matrix products large enough to be efficient.
+pub const DEFAULT_PREFILL_BATCH: usize = 512;
+
+/// What to generate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenerateOptions {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Keep going past stop tokens (for comparisons with reference continuations).
+    pub ignore_eos: bool,
+    /// Tokens per prefill batch.
+    pub prefill_batch: usize,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_tokens: 128,
+            ignore_eos: false,
+            prefill_batch: DEFAULT_PREFILL_BATCH,
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StopReason {
+    /// A stop token was sampled.
+    Eos,
+    /// `max_tokens` were generated.
+    Length,
+    /// The context window is full.
+    Context,
+}
+
+/// Timings of one generation.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Stats {
+    /// Tokens in the prompt.
+    pub prompt_tokens: usize,
+    /// Prompt tokens actually run (the rest were already in the cache).
+    pub prefill_tokens: usize,
+    /// Seconds spent in prefill.
+    pub prefill_s: f64,
+    /// Tokens generated (including a final stop token).
+    pub generated_tokens: usize,
+    /// Single-token forward passes run while decoding.
+    pub decode_steps: usize,
+    /// Seconds spent in those passes.
+    pub decode_s: f64,
+}
+
+impl Stats {
+    /// Prefill throughput.
+    pub fn prefill_tok_s(&self) -> f64 {
+        rate(self.prefill_tokens, self.prefill_s)
+    }
+
+    /// Decode throughput (forward passes per second; the first token comes from prefill).
+    pub fn decode_tok_s(&self) -> f64 {
+        rate(self.decode_steps, self.decode_s)
+    }
+}
+
+fn rate(n: usize, s: f64) -> f64 {
+    if n == 0 || s <= 0.0 {
+        0.0
+    } else {
+        n as f64 / s
+    }
+}
+
+/// The result of one generation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Generation {
+    /// Generated ids (a final stop token included).
+    pub tokens: Vec<u32>,
+    /// Their text (stop tokens and other special tokens left out).
+    pub text: String,
+    /// Why it ended.
+    pub stop: StopReason,
+    /// Timings.
+    pub stats: Stats,
+}
+
+/// Generate a continuation of `prompt` (the whole sequence: tokens already in the session's
+/// cache are reused). `on_text` receives text as it becomes complete.
+pub fn generate(
+    session: &mut Session<'_>,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    sampler: &mut Sampler,
+    on_text: &mut dyn FnMut(&str) -> Result<()>,
+) -> Result<Generation> {
+    if prompt.is_empty() {
+        return Err(RunnerError::EmptyPrompt);
+    }
+    let ctx = session.ctx();
+    if prompt.len() > ctx {
+        return Err(RunnerError::ContextOverflow {
+            tokens: prompt.len(),
+            ctx,
+            max_ctx: session.model().config.max_position_embeddings,
+        });
+    }
+    let mut stats = Stats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
+    let reused = session.reuse_prefix(prompt);
+    let t0 = Instant::now();
+    let mut logits = Vec::new();
+    for chunk in prompt[reused..].chunks(opts.prefill_batch.max(1)) {
+        let l = session.forward(chunk, Logits::Last, None)?;
+        logits.clear();
+        logits.extend_from_slice(l);
+    }
+    stats.prefill_tokens = prompt.len() - reused;
+    stats.prefill_s = t0.elapsed().as_secs_f64();
+
+    let mut history = prompt.to_vec();
+    let mut tokens = Vec::new();
+    let mut stream = tokenizer.stream();
+    let mut text = String::new();
+    let stop_reason = loop {
+        if tokens.len() >= opts.max_tokens {
+            break StopReason::Length;
+        }
+        let id = sampler.sample(&logits, &history);
+        tokens.push(id);
+        history.push(id);
+        if !opts.ignore_eos && tokenizer.stop_tokens().contains(&id) {
+            break StopReason::Eos;
+        }
+        let piece = stream.push(id)?;
+        if !piece.is_empty() {
+            text.push_str(&piece);
+            on_text(&piece)?;
+        }
+        if tokens.len() >= opts.max_tokens {
+            break StopReason::Length;
+        }
+        if session.tokens().len() >= ctx {
+            break StopReason::Context;
+        }
+        let t = Instant::now();
+        let l = session.forward(&[id], Logits::Last, None)?;
+        logits.clear();
+        logits.extend_from_slice(l);
+        stats.decode_s += t.elapsed().as_secs_f64();
+        stats.decode_steps += 1;
+    };
+    let rest = stream.finish()?;
+    if !rest.is_empty() {
+        text.push_str(&rest);
+        on_text(&rest)?;
+    }
+    stats.generated_tokens = tokens.len();
+    Ok(Generation {
+        tokens,
+        text,
+        stop: stop_reason,
+        stats,
+    })
+}
+
+/// A multi-turn conversation over one session, reusing the KV cache between turns.
+#[derive(Debug)]
+pub struct Conversation<'t> {
+    template: &'t ChatTemplate<'t>,
+    messages: Vec<Message>,
+}
+
+impl<'t> Conversation<'t> {
+    /// A conversation, starting with `system` if given (else the template's default applies).
+    pub fn new(template: &'t ChatTemplate<'t>, system: Option<&str>) -> Conversation<'t> {
+        Conversation {
+            template,
+            messages: system
+                .map(|s| vec![Message::new("system", s)])
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The messages so far.
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    /// The rendered prompt for a user turn `user` (not yet added).
+    pub fn prompt_for(&self, user: &str) -> Result<String> {
+        let mut msgs = self.messages.clone();
+        msgs.push(Message::new("user", user));
+        self.template.render(&msgs, true)
+    }
+
+    /// Run one user turn: render, tokenize, reuse the cached prefix, generate, record.
+    pub fn turn(
+        &mut self,
+        session: &mut Session<'_>,
+        tokenizer: &Tokenizer,
+        user: &str,
+        opts: &GenerateOptions,
+        sampler: &mut Sampler,
+        on_text: &mut dyn FnMut(&str) -> Result<()>,
+    ) -> Result<Generation> {
+        let rendered = self.prompt_for(user)?;
+        let ids = tokenizer.encode_rendered(&rendered)?;
+        let g = generate(session, tokenizer, &ids, opts, sampler, on_text)?;
+        self.messages.push(Message::new("user", user));
+        self.messages
+            .push(Message::new("assistant", g.text.clone()));
+        Ok(g)
+    }
+}

@@ -1,0 +1,43 @@
+//! `kiln-runner`: fast CPU inference of Llama-family models stored in `.kiln` files.
+//!
+//! Loading: [`config::open_model`] maps and validates the file, [`Model::load`] resolves the
+//! [`Config`] (checking every tensor's presence, shape and encoding) and borrows the
+//! [`Weights`] in place from the map: F32, F16, BF16, Q8_0 and Q4_0 matrices, mixed freely,
+//! are never dequantized to a copy.
+//!
+//! Running: a [`Session`] owns one sequence's [`kv_cache::KvCache`] (allocated once for the
+//! context), rope tables and thread pool; [`Session::forward`] runs a batch of tokens through
+//! the one forward pass ([`model`]) built from the `kiln-kernels` operations plus the
+//! model-level ones here ([`rope`], [`attention`], the embedding lookup), optionally reporting
+//! named activations to an [`Observer`] for layer-by-layer verification.
+//!
+//! Text: [`Tokenizer`] wraps the embedded `tokenizer.json`; [`ChatTemplate`] renders the
+//! embedded chat template; [`Sampler`] picks tokens; [`generate::generate`] and
+//! [`generate::Conversation`] drive generation with streamed, UTF-8-safe output;
+//! [`bench::bench`] measures prefill and decode throughput. The `kiln-run` binary is a thin
+//! command line over these.
+
+pub mod attention;
+pub mod bench;
+pub mod chat;
+pub mod config;
+pub mod error;
+pub mod generate;
+pub mod kv_cache;
+pub mod model;
+pub mod observer;
+pub mod rope;
+pub mod sampler;
+pub mod threads;
+pub mod tokenizer;
+pub mod weights;
+
+pub use chat::{ChatTemplate, Message};
+pub use config::{open_model, Config};
+pub use error::{Result, RunnerError};
+pub use generate::{generate, Conversation, GenerateOptions, Generation, StopReason};
+pub use model::{Logits, Model, Session};
+pub use observer::{Activation, Observer, Recorder};
+pub use sampler::{Sampler, SamplerConfig};
+pub use tokenizer::Tokenizer;
+pub use weights::Weights;

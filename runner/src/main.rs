@@ -1,0 +1,536 @@
+//! `kiln-run`: generate text, chat, or benchmark a `.kiln` model on the CPU.
+//!
+//! A thin layer over `kiln_runner`: clap arguments are validated into library settings, every
+//! error is printed once with its context, and a closed stdout (`| head`) ends quietly.
+
+use std::ffi::OsString;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Args, Parser, Subcommand};
+use kiln_format::KilnFile;
+use kiln_runner::bench::{bench, BenchOptions, BenchResult};
+use kiln_runner::threads::physical_cores;
+use kiln_runner::{
+    generate, open_model, ChatTemplate, Conversation, GenerateOptions, Generation, Model, Result,
+    RunnerError, Sampler, SamplerConfig, Session, Tokenizer,
+};
+
+/// Exit statuses.
+#[derive(Debug, Clone, Copy)]
+enum Exit {
+    /// Done (also when stdout was closed early).
+    Success = 0,
+    /// The model, the machine or the run failed.
+    Failure = 1,
+    /// Bad arguments or prompt.
+    Usage = 2,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> ExitCode {
+        ExitCode::from(e as u8)
+    }
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kiln-run",
+    version,
+    about = "Run Llama-family .kiln models on the CPU"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Continue a prompt (or answer it as a chat turn with --chat), streaming the text.
+    Generate(GenerateArgs),
+    /// Interactive multi-turn chat that keeps its KV cache between turns.
+    Chat(ChatArgs),
+    /// Measure prefill (ppN) and decode (tgN) throughput, like llama-bench.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// The .kiln model.
+    model: PathBuf,
+    /// Context window in tokens [default: the model's, at most 4096].
+    #[arg(long)]
+    ctx: Option<usize>,
+    /// Compute threads [default: physical cores].
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+struct SamplingArgs {
+    /// Temperature; 0 is greedy [default: the model's generation_config, else greedy].
+    #[arg(long)]
+    temp: Option<f32>,
+    /// Always pick the most likely token (same as --temp 0).
+    #[arg(long, conflicts_with = "temp")]
+    greedy: bool,
+    /// Sample from the K most likely tokens (0: all).
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Sample from the smallest set of tokens with this much probability (1: all).
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Drop tokens less likely than this fraction of the most likely one (0: off).
+    #[arg(long)]
+    min_p: Option<f32>,
+    /// Penalize tokens seen in the last --repeat-last-n tokens (1: off).
+    #[arg(long)]
+    repeat_penalty: Option<f32>,
+    /// How many recent tokens the repetition penalty looks at.
+    #[arg(long, default_value_t = 64)]
+    repeat_last_n: usize,
+    /// Random seed, for reproducible sampling [default: from the clock, printed].
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+struct GenerateArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// The prompt text.
+    #[arg(
+        short = 'p',
+        long,
+        required_unless_present = "file",
+        conflicts_with = "file"
+    )]
+    prompt: Option<OsString>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long)]
+    file: Option<PathBuf>,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long, default_value_t = 128)]
+    n_predict: usize,
+    /// Render the prompt as a user turn through the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// System prompt for --chat (replaces the template's default).
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print one JSON object on stdout instead of streaming text.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+#[derive(Debug, Args)]
+struct ChatArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// System prompt (replaces the template's default).
+    #[arg(long)]
+    system: Option<String>,
+    /// Tokens per reply at most.
+    #[arg(short = 'n', long, default_value_t = 512)]
+    n_predict: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// The .kiln model.
+    model: PathBuf,
+    /// Prompt tokens for the prefill test (0: skip).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 128)]
+    n_prompt: usize,
+    /// Tokens for the generation test (0: skip).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 64)]
+    n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long, default_value_t = 3)]
+    repetitions: usize,
+    /// Thread counts to test, comma-separated [default: physical cores].
+    #[arg(short = 't', long, value_delimiter = ',')]
+    threads: Vec<usize>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                Exit::Usage.into()
+            } else {
+                Exit::Success.into()
+            };
+        }
+    };
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) if e.is_broken_pipe() => Exit::Success.into(),
+        Err(e) => {
+            eprintln!("kiln-run: error: {e}");
+            if e.is_usage() {
+                Exit::Usage.into()
+            } else {
+                Exit::Failure.into()
+            }
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Generate(a) => cmd_generate(a),
+        Command::Chat(a) => cmd_chat(a),
+        Command::Bench(a) => cmd_bench(a),
+    }
+    .map(ExitCode::from)
+}
+
+fn threads_arg(t: Option<usize>) -> Result<usize> {
+    match t {
+        Some(0) => Err(RunnerError::InvalidArgument {
+            arg: "--threads",
+            reason: "0; at least one thread is needed".into(),
+        }),
+        Some(n) => Ok(n),
+        None => Ok(physical_cores()),
+    }
+}
+
+/// The prompt as UTF-8, from `-p` or `-f`.
+fn prompt_text(prompt: Option<OsString>, file: Option<&Path>) -> Result<String> {
+    let (bytes, source_name) = match (prompt, file) {
+        (Some(p), _) => (p.into_encoded_bytes(), "given with -p".to_string()),
+        (None, Some(f)) => (
+            std::fs::read(f).map_err(|e| RunnerError::io(format!("{}", f.display()), e))?,
+            format!("in {}", f.display()),
+        ),
+        (None, None) => unreachable!("clap requires -p or -f"),
+    };
+    String::from_utf8(bytes).map_err(|e| RunnerError::PromptNotUtf8 {
+        source_name,
+        offset: e.utf8_error().valid_up_to(),
+    })
+}
+
+/// Sampling settings: the file's generation_config.json defaults, overridden by flags.
+fn sampler_config(gen: &serde_json::Value, a: &SamplingArgs) -> Result<SamplerConfig> {
+    let num = |k: &str| gen.get(k).and_then(serde_json::Value::as_f64);
+    let do_sample = gen.get("do_sample").and_then(serde_json::Value::as_bool) == Some(true);
+    let mut c = SamplerConfig {
+        repetition_penalty: num("repetition_penalty").unwrap_or(1.0) as f32,
+        repeat_last_n: a.repeat_last_n,
+        seed: a.seed.unwrap_or_else(clock_seed),
+        ..SamplerConfig::default()
+    };
+    if do_sample {
+        // transformers' GenerationConfig defaults: temperature 1, top_k 50, top_p 1.
+        c.temperature = num("temperature").unwrap_or(1.0) as f32;
+        c.top_k = num("top_k").unwrap_or(50.0) as usize;
+        c.top_p = num("top_p").unwrap_or(1.0) as f32;
+        c.min_p = num("min_p").unwrap_or(0.0) as f32;
+    }
+    if let Some(t) = a.temp {
+        c.temperature = t;
+    }
+    if a.greedy {
+        c.temperature = 0.0;
+    }
+    if let Some(k) = a.top_k {
+        c.top_k = k;
+    }
+    if let Some(p) = a.top_p {
+        c.top_p = p;
+    }
+    if let Some(p) = a.min_p {
+        c.min_p = p;
+    }
+    if let Some(r) = a.repeat_penalty {
+        c.repetition_penalty = r;
+    }
+    c.validate()?;
+    Ok(c)
+}
+
+fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// A model opened for generation.
+struct Loaded<'f> {
+    model: Model<'f>,
+    tokenizer: Tokenizer,
+}
+
+fn load(file: &KilnFile) -> Result<Loaded<'_>> {
+    Ok(Loaded {
+        model: Model::load(file)?,
+        tokenizer: Tokenizer::from_file(file)?,
+    })
+}
+
+fn session<'m>(model: &'m Model<'m>, run: &RunArgs, threads: usize) -> Result<Session<'m>> {
+    let ctx = run.ctx.unwrap_or_else(|| model.default_ctx());
+    model.session(ctx, threads)
+}
+
+fn stdout_writer() -> impl FnMut(&str) -> Result<()> {
+    let mut out = std::io::stdout();
+    move |s: &str| {
+        out.write_all(s.as_bytes())
+            .and_then(|()| out.flush())
+            .map_err(|e| RunnerError::io("writing to stdout", e))
+    }
+}
+
+fn print_summary(load_ms: f64, g: &Generation) {
+    let s = &g.stats;
+    eprintln!(
+        "\n[load {load_ms:.0} ms | prompt {} tokens, prefill {:.1} tok/s | generated {} tokens, \
+         decode {:.1} tok/s | stop: {}]",
+        s.prompt_tokens,
+        s.prefill_tok_s(),
+        s.generated_tokens,
+        s.decode_tok_s(),
+        serde_json::to_value(g.stop)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default(),
+    );
+}
+
+fn cmd_generate(a: GenerateArgs) -> Result<Exit> {
+    let threads = threads_arg(a.run.threads)?;
+    let text = prompt_text(a.prompt, a.file.as_deref())?;
+    let t0 = Instant::now();
+    let file = open_model(&a.run.model)?;
+    let m = load(&file)?;
+    let mut sess = session(&m.model, &a.run, threads)?;
+    let sampling = sampler_config(&file.metadata().generation, &a.sampling)?;
+    let ids = if a.chat {
+        let template = ChatTemplate::from_file(&file)?;
+        let conv = Conversation::new(&template, a.system.as_deref());
+        m.tokenizer.encode_rendered(&conv.prompt_for(&text)?)?
+    } else {
+        m.tokenizer.encode(&text)?
+    };
+    if ids.is_empty() {
+        return Err(RunnerError::EmptyPrompt);
+    }
+    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let opts = GenerateOptions {
+        max_tokens: a.n_predict,
+        ignore_eos: a.ignore_eos,
+        ..GenerateOptions::default()
+    };
+    let seed = sampling.seed;
+    let mut sampler = Sampler::new(sampling);
+    if a.json {
+        let g = generate(
+            &mut sess,
+            &m.tokenizer,
+            &ids,
+            &opts,
+            &mut sampler,
+            &mut |_| Ok(()),
+        )?;
+        let s = &g.stats;
+        let out = serde_json::json!({
+            "text": g.text,
+            "tokens": g.tokens,
+            "prompt_tokens": s.prompt_tokens,
+            "generated_tokens": s.generated_tokens,
+            "prefill_tok_s": s.prefill_tok_s(),
+            "decode_tok_s": s.decode_tok_s(),
+            "load_ms": load_ms,
+            "stop": g.stop,
+            "seed": seed,
+            "threads": sess.threads(),
+            "ctx": sess.ctx(),
+        });
+        println!("{out}");
+    } else {
+        let g = generate(
+            &mut sess,
+            &m.tokenizer,
+            &ids,
+            &opts,
+            &mut sampler,
+            &mut stdout_writer(),
+        )?;
+        stdout_writer()("\n")?;
+        print_summary(load_ms, &g);
+    }
+    Ok(Exit::Success)
+}
+
+fn cmd_chat(a: ChatArgs) -> Result<Exit> {
+    let threads = threads_arg(a.run.threads)?;
+    let t0 = Instant::now();
+    let file = open_model(&a.run.model)?;
+    let m = load(&file)?;
+    let template = ChatTemplate::from_file(&file)?;
+    let mut sess = session(&m.model, &a.run, threads)?;
+    let mut sampler = Sampler::new(sampler_config(&file.metadata().generation, &a.sampling)?);
+    let opts = GenerateOptions {
+        max_tokens: a.n_predict,
+        ..GenerateOptions::default()
+    };
+    eprintln!(
+        "[loaded {} in {:.0} ms: {} layers, ctx {}, {} threads; /reset clears, /exit or EOF quits]",
+        a.run.model.display(),
+        t0.elapsed().as_secs_f64() * 1e3,
+        m.model.config.layers,
+        sess.ctx(),
+        sess.threads()
+    );
+    let mut conv = Conversation::new(&template, a.system.as_deref());
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    loop {
+        eprint!("> ");
+        line.clear();
+        let n = stdin
+            .lock()
+            .read_line(&mut line)
+            .map_err(|e| RunnerError::io("reading stdin", e))?;
+        if n == 0 {
+            break;
+        }
+        let input = line.trim_end_matches(['\n', '\r']);
+        match input.trim() {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                conv = Conversation::new(&template, a.system.as_deref());
+                sess.reset();
+                continue;
+            }
+            _ => {}
+        }
+        match conv.turn(
+            &mut sess,
+            &m.tokenizer,
+            input,
+            &opts,
+            &mut sampler,
+            &mut stdout_writer(),
+        ) {
+            Ok(g) => {
+                stdout_writer()("\n")?;
+                let s = &g.stats;
+                eprintln!(
+                    "[{} new prompt tokens ({} cached), {:.1} tok/s | {} tokens, {:.1} tok/s]",
+                    s.prefill_tokens,
+                    s.prompt_tokens - s.prefill_tokens,
+                    s.prefill_tok_s(),
+                    s.generated_tokens,
+                    s.decode_tok_s()
+                );
+            }
+            // The conversation outgrew the context: say so and keep the session usable.
+            Err(e @ RunnerError::ContextOverflow { .. }) => {
+                eprintln!("kiln-run: {e}; use /reset to start over");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Exit::Success)
+}
+
+fn cmd_bench(a: BenchArgs) -> Result<Exit> {
+    let threads: Vec<usize> = if a.threads.is_empty() {
+        vec![physical_cores()]
+    } else {
+        a.threads
+            .iter()
+            .map(|&t| threads_arg(Some(t)))
+            .collect::<Result<_>>()?
+    };
+    let t0 = Instant::now();
+    let file = open_model(&a.model)?;
+    let model = Model::load(&file)?;
+    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let opts = BenchOptions {
+        prompt_tokens: a.n_prompt,
+        gen_tokens: a.n_gen,
+        reps: a.repetitions,
+        warmup: true,
+    };
+    let ctx = a.n_prompt.max(a.n_gen).max(1);
+    let mut results: Vec<BenchResult> = Vec::new();
+    for &t in &threads {
+        let mut sess = model.session(ctx, t)?;
+        results.extend(bench(&mut sess, &opts)?);
+    }
+    let weights = weight_summary(&file);
+    let mut out = std::io::stdout();
+    let w = |e| RunnerError::io("writing to stdout", e);
+    if a.json {
+        let v = serde_json::json!({
+            "model": a.model.display().to_string(),
+            "weights": weights,
+            "size_bytes": file.file_len(),
+            "load_ms": load_ms,
+            "isa": format!("{:?}", kiln_kernels::isa()),
+            "results": results,
+        });
+        writeln!(out, "{v}").map_err(w)?;
+    } else {
+        writeln!(
+            out,
+            "| model | weights | size | isa | threads | test | tok/s | min | max |"
+        )
+        .map_err(w)?;
+        writeln!(out, "|---|---|--:|---|--:|---|--:|--:|--:|").map_err(w)?;
+        let name = a
+            .model
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        for r in &results {
+            writeln!(
+                out,
+                "| {name} | {weights} | {:.1} MiB | {:?} | {} | {} | {:.2} ± {:.2} | {:.2} | {:.2} |",
+                file.file_len() as f64 / (1 << 20) as f64,
+                kiln_kernels::isa(),
+                r.threads,
+                r.test,
+                r.tok_s,
+                r.tok_s_stddev,
+                r.tok_s_min,
+                r.tok_s_max
+            )
+            .map_err(w)?;
+        }
+    }
+    Ok(Exit::Success)
+}
+
+/// The matrices' dtypes, e.g. `bf16` or `q4_0+f32`.
+fn weight_summary(file: &KilnFile) -> String {
+    let mut dtypes: Vec<String> = file
+        .tensors()
+        .iter()
+        .filter(|t| t.shape.len() == 2)
+        .map(|t| t.dtype.to_string())
+        .collect();
+    dtypes.sort();
+    dtypes.dedup();
+    dtypes.join("+")
+}

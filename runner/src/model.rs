@@ -1,0 +1,350 @@
+//! The Llama-family decoder, written once over a handful of operations.
+//!
+//! Llama, Mistral and Qwen2 differ only by [`Config`] (biases, sliding window, rope scaling,
+//! tied embeddings), and every weight encoding goes through the same [`matmul`]: there is one
+//! forward pass. A [`Model`] borrows its weights from the file; a [`Session`] owns what one
+//! conversation needs (KV cache, rope tables, scratch buffers, thread pool), all allocated when
+//! it is created. [`Session::forward`] runs a batch of tokens (the whole prompt as a
+//! matrix–matrix product, or one token when decoding) and reports activations to an optional
+//! [`Observer`].
+
+use kiln_format::KilnFile;
+use kiln_kernels::{axpy, matmul, rmsnorm, silu_mul, Matrix, Pool};
+
+use crate::attention::{attention, AttnScratch, AttnShape};
+use crate::config::Config;
+use crate::error::{Result, RunnerError};
+use crate::kv_cache::KvCache;
+use crate::observer::{emit, wants, Activation, Observer};
+use crate::rope::Rope;
+use crate::weights::{dequantize_row, Weights};
+
+/// The context used when none is asked for, at most: the model's trained context can be far
+/// larger (128k for Llama 3.1) than a CPU session needs, and the KV cache is allocated up front.
+pub const DEFAULT_CTX_CAP: usize = 4096;
+
+/// A loaded model: configuration plus weights borrowed from the file.
+#[derive(Debug)]
+pub struct Model<'a> {
+    /// The resolved configuration.
+    pub config: Config,
+    /// The weights, in place in the file's map.
+    pub weights: Weights<'a>,
+}
+
+impl<'a> Model<'a> {
+    /// Check the file's configuration and tensors and borrow the weights.
+    pub fn load(file: &'a KilnFile) -> Result<Model<'a>> {
+        let config = Config::from_file(file)?;
+        let weights = Weights::load(file, &config)?;
+        Ok(Model { config, weights })
+    }
+
+    /// The default context: the trained context, capped at [`DEFAULT_CTX_CAP`].
+    pub fn default_ctx(&self) -> usize {
+        self.config.max_position_embeddings.min(DEFAULT_CTX_CAP)
+    }
+
+    /// Start a session with room for `ctx` positions, computing on `threads` threads.
+    pub fn session(&self, ctx: usize, threads: usize) -> Result<Session<'_>> {
+        Session::new(self, ctx, threads)
+    }
+}
+
+/// Which logits [`Session::forward`] computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's (generation).
+    Last,
+    /// Every token's, `(T, vocab)` (verification).
+    All,
+}
+
+/// Activation buffers for a batch of `n` tokens, grown on demand and then reused.
+#[derive(Debug, Default)]
+struct Scratch {
+    /// Residual stream, `(n, hidden)`.
+    x: Vec<f32>,
+    /// Normed residual, `(n, hidden)`.
+    xn: Vec<f32>,
+    /// Queries, `(n, heads*head_dim)`.
+    q: Vec<f32>,
+    /// Keys of this batch, `(n, kv_heads*head_dim)`.
+    k: Vec<f32>,
+    /// Values of this batch, `(n, kv_heads*head_dim)`.
+    v: Vec<f32>,
+    /// Attention output before o_proj, `(n, heads*head_dim)`.
+    att: Vec<f32>,
+    /// Output of o_proj / down_proj, `(n, hidden)`.
+    proj: Vec<f32>,
+    /// Gate projection, `(n, intermediate)`.
+    gate: Vec<f32>,
+    /// Up projection, `(n, intermediate)`.
+    up: Vec<f32>,
+    /// silu(gate)·up, `(n, intermediate)`.
+    act: Vec<f32>,
+    /// Logits, `(n or 1, vocab)`.
+    logits: Vec<f32>,
+    /// Attention's own buffers.
+    attn: AttnScratch,
+}
+
+impl Scratch {
+    fn fit(&mut self, c: &Config, n: usize) {
+        let fit = |v: &mut Vec<f32>, len: usize| v.resize(len, 0.0);
+        fit(&mut self.x, n * c.hidden);
+        fit(&mut self.xn, n * c.hidden);
+        fit(&mut self.q, n * c.q_dim());
+        fit(&mut self.k, n * c.kv_dim());
+        fit(&mut self.v, n * c.kv_dim());
+        fit(&mut self.att, n * c.q_dim());
+        fit(&mut self.proj, n * c.hidden);
+        fit(&mut self.gate, n * c.intermediate);
+        fit(&mut self.up, n * c.intermediate);
+        fit(&mut self.act, n * c.intermediate);
+    }
+}
+
+/// One sequence's state: KV cache, rope tables, scratch and the thread pool.
+#[derive(Debug)]
+pub struct Session<'m> {
+    model: &'m Model<'m>,
+    pool: Pool,
+    cache: KvCache,
+    rope: Rope,
+    /// The tokens whose keys and values are in the cache, in order.
+    tokens: Vec<u32>,
+    scratch: Scratch,
+}
+
+impl<'m> Session<'m> {
+    /// Allocate a session for `ctx` positions on `threads` threads.
+    pub fn new(model: &'m Model<'m>, ctx: usize, threads: usize) -> Result<Session<'m>> {
+        let c = &model.config;
+        if ctx == 0 {
+            return Err(RunnerError::InvalidArgument {
+                arg: "--ctx",
+                reason: "the context must hold at least one token".into(),
+            });
+        }
+        if ctx > c.max_position_embeddings {
+            return Err(RunnerError::InvalidArgument {
+                arg: "--ctx",
+                reason: format!(
+                    "{ctx} exceeds the model's trained context of {} tokens",
+                    c.max_position_embeddings
+                ),
+            });
+        }
+        if threads == 0 {
+            return Err(RunnerError::InvalidArgument {
+                arg: "--threads",
+                reason: "at least one thread is needed".into(),
+            });
+        }
+        let pool = Pool::new(threads).map_err(RunnerError::Pool)?;
+        Ok(Session {
+            model,
+            pool,
+            cache: KvCache::new(c.layers, ctx, c.kv_heads, c.head_dim),
+            rope: Rope::new(c.head_dim, c.rope_theta, c.rope_scaling.as_ref(), ctx),
+            tokens: Vec::with_capacity(ctx),
+            scratch: Scratch::default(),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &'m Model<'m> {
+        self.model
+    }
+
+    /// Capacity in positions.
+    pub fn ctx(&self) -> usize {
+        self.cache.ctx()
+    }
+
+    /// Compute threads.
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    /// Bytes held by the KV cache.
+    pub fn cache_bytes(&self) -> usize {
+        self.cache.bytes()
+    }
+
+    /// Tokens in the cache (the position the next token gets).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Forget everything.
+    pub fn reset(&mut self) {
+        self.rewind(0);
+    }
+
+    /// Keep only the first `len` cached tokens.
+    pub fn rewind(&mut self, len: usize) {
+        self.cache.truncate(len);
+        self.tokens.truncate(len);
+    }
+
+    /// Keep the longest cached prefix of `ids`, returning its length: the caller then feeds
+    /// `ids[len..]`. Used to carry a conversation's cache from turn to turn.
+    pub fn reuse_prefix(&mut self, ids: &[u32]) -> usize {
+        let mut same = self
+            .tokens
+            .iter()
+            .zip(ids)
+            .take_while(|(a, b)| a == b)
+            .count();
+        // Something must be fed to get logits.
+        if same == ids.len() {
+            same = same.saturating_sub(1);
+        }
+        self.rewind(same);
+        same
+    }
+
+    /// Run `tokens` at positions `len()..len()+n` as one batch and return the requested
+    /// logits (`(1, vocab)` for [`Logits::Last`], `(n, vocab)` for [`Logits::All`]).
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        which: Logits,
+        mut observer: Option<&mut dyn Observer>,
+    ) -> Result<&[f32]> {
+        let model = self.model;
+        let c = &model.config;
+        let w = &model.weights;
+        let n = tokens.len();
+        let pos0 = self.cache.len();
+        if n == 0 {
+            return Err(RunnerError::EmptyPrompt);
+        }
+        if pos0 + n > self.cache.ctx() {
+            return Err(RunnerError::ContextOverflow {
+                tokens: pos0 + n,
+                ctx: self.cache.ctx(),
+                max_ctx: c.max_position_embeddings,
+            });
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= c.vocab) {
+            return Err(RunnerError::TokenOutOfRange { id, vocab: c.vocab });
+        }
+        let (h, qd, kvd, ff) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate);
+        let shape = AttnShape {
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            window: c.sliding_window,
+        };
+        let eps = c.rms_norm_eps;
+        let pool = &self.pool;
+        let s = &mut self.scratch;
+        s.fit(c, n);
+
+        // inputs_embeds = self.embed_tokens(input_ids)
+        for (&id, row) in tokens.iter().zip(s.x.chunks_exact_mut(h)) {
+            dequantize_row(&w.embed, id as usize, row);
+        }
+        emit(&mut observer, Activation::Embed, &s.x, h);
+
+        for (l, lw) in w.layers.iter().enumerate() {
+            // hidden_states = self.input_layernorm(hidden_states)
+            norm_rows(&s.x, &lw.attn_norm, eps, &mut s.xn, h);
+            emit(&mut observer, Activation::AttnNorm(l), &s.xn, h);
+
+            // q/k/v = self.{q,k,v}_proj(hidden_states)  (+ bias for Qwen2)
+            matmul(&lw.q, &s.xn, n, &mut s.q, pool);
+            matmul(&lw.k, &s.xn, n, &mut s.k, pool);
+            matmul(&lw.v, &s.xn, n, &mut s.v, pool);
+            if let Some([bq, bk, bv]) = &lw.qkv_bias {
+                add_rows(&mut s.q, bq);
+                add_rows(&mut s.k, bk);
+                add_rows(&mut s.v, bv);
+            }
+            emit(&mut observer, Activation::Q(l), &s.q, qd);
+            emit(&mut observer, Activation::K(l), &s.k, kvd);
+            emit(&mut observer, Activation::V(l), &s.v, kvd);
+
+            // q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            for t in 0..n {
+                self.rope.apply(&mut s.q[t * qd..(t + 1) * qd], pos0 + t);
+                self.rope.apply(&mut s.k[t * kvd..(t + 1) * kvd], pos0 + t);
+            }
+            // key_states, value_states = past_key_values.update(...)
+            self.cache.write(l, pos0, &s.k, &s.v);
+            // attn_output = eager_attention_forward(...)
+            attention(
+                shape,
+                &s.q,
+                &self.cache,
+                l,
+                pos0,
+                &mut s.att,
+                &mut s.attn,
+                pool,
+            );
+            // attn_output = self.o_proj(attn_output)
+            matmul(&lw.o, &s.att, n, &mut s.proj, pool);
+            emit(&mut observer, Activation::O(l), &s.proj, h);
+            // hidden_states = residual + hidden_states
+            axpy(1.0, &s.proj, &mut s.x);
+
+            // hidden_states = self.post_attention_layernorm(hidden_states)
+            norm_rows(&s.x, &lw.mlp_norm, eps, &mut s.xn, h);
+            emit(&mut observer, Activation::MlpNorm(l), &s.xn, h);
+            // down_proj(act_fn(gate_proj(x)) * up_proj(x))
+            matmul(&lw.gate, &s.xn, n, &mut s.gate, pool);
+            matmul(&lw.up, &s.xn, n, &mut s.up, pool);
+            emit(&mut observer, Activation::Gate(l), &s.gate, ff);
+            emit(&mut observer, Activation::Up(l), &s.up, ff);
+            silu_mul(&s.gate, &s.up, &mut s.act);
+            matmul(&lw.down, &s.act, n, &mut s.proj, pool);
+            emit(&mut observer, Activation::Mlp(l), &s.proj, h);
+            // hidden_states = residual + hidden_states
+            axpy(1.0, &s.proj, &mut s.x);
+            emit(&mut observer, Activation::Layer(l), &s.x, h);
+        }
+        self.cache.set_len(pos0 + n);
+        self.tokens.extend_from_slice(tokens);
+
+        // hidden_states = self.norm(hidden_states); logits = self.lm_head(hidden_states)
+        let all = which == Logits::All || wants(&observer, Activation::FinalNorm);
+        let first = if all { 0 } else { n - 1 };
+        let rows = n - first;
+        norm_rows(
+            &s.x[first * h..],
+            &w.final_norm,
+            eps,
+            &mut s.xn[..rows * h],
+            h,
+        );
+        if all {
+            emit(&mut observer, Activation::FinalNorm, &s.xn, h);
+        }
+        let out: &Matrix = w.output();
+        s.logits.resize(rows * c.vocab, 0.0);
+        matmul(out, &s.xn[..rows * h], rows, &mut s.logits, pool);
+        emit(&mut observer, Activation::Logits, &s.logits, c.vocab);
+        Ok(match which {
+            Logits::All => &s.logits,
+            Logits::Last => &s.logits[(rows - 1) * c.vocab..],
+        })
+    }
+}
+
+/// RMSNorm of each `width`-wide row of `x` into `out`.
+fn norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], width: usize) {
+    for (xr, or) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
+        rmsnorm(xr, weight, eps, or);
+    }
+}
+
+/// Add `bias` to every row of `x`.
+fn add_rows(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        axpy(1.0, bias, row);
+    }
+}

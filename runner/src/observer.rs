@@ -1,0 +1,153 @@
+//! Named intermediate activations, reported by the forward pass to an [`Observer`].
+//!
+//! The names are transformers' module paths plus `.output`, exactly as the reference dumps
+//! (`fixtures/reference/`) spell them, so `kiln-verify` can compare layer by layer. They come
+//! from one table, [`Activation`]. The forward pass takes `Option<&mut dyn Observer>`: with
+//! `None` the only cost is one branch per site (no names are formatted, nothing is copied).
+
+use std::fmt;
+
+/// Receives activations during a forward pass.
+pub trait Observer {
+    /// Whether `record` should be called for `name` (skip the rest cheaply).
+    fn wants(&self, name: &str) -> bool;
+    /// One activation: `shape = [rows, cols]` (rows = tokens of this forward call), row-major.
+    fn record(&mut self, name: &str, data: &[f32], shape: [usize; 2]);
+}
+
+/// Every activation the forward pass reports, one per transformers module output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `model.embed_tokens.output`, `(T, hidden)`.
+    Embed,
+    /// `model.layers.N.input_layernorm.output`, `(T, hidden)`.
+    AttnNorm(usize),
+    /// `model.layers.N.self_attn.q_proj.output` (bias added, before rope), `(T, heads*head_dim)`.
+    Q(usize),
+    /// `model.layers.N.self_attn.k_proj.output` (before rope), `(T, kv_heads*head_dim)`.
+    K(usize),
+    /// `model.layers.N.self_attn.v_proj.output`, `(T, kv_heads*head_dim)`.
+    V(usize),
+    /// `model.layers.N.self_attn.o_proj.output` (before the residual add), `(T, hidden)`.
+    O(usize),
+    /// `model.layers.N.post_attention_layernorm.output`, `(T, hidden)`.
+    MlpNorm(usize),
+    /// `model.layers.N.mlp.gate_proj.output` (before SiLU), `(T, intermediate)`.
+    Gate(usize),
+    /// `model.layers.N.mlp.up_proj.output`, `(T, intermediate)`.
+    Up(usize),
+    /// `model.layers.N.mlp.output` (before the residual add), `(T, hidden)`.
+    Mlp(usize),
+    /// `model.layers.N.output`, the residual stream after layer N, `(T, hidden)`.
+    Layer(usize),
+    /// `model.norm.output`, `(T, hidden)`.
+    FinalNorm,
+    /// `logits`, `(T, vocab)` (or the last token only when only it was computed).
+    Logits,
+}
+
+impl fmt::Display for Activation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use Activation::*;
+        let layer = |f: &mut fmt::Formatter<'_>, l: &usize, s: &str| {
+            write!(f, "model.layers.{l}.{s}.output")
+        };
+        match self {
+            Embed => f.write_str("model.embed_tokens.output"),
+            AttnNorm(l) => layer(f, l, "input_layernorm"),
+            Q(l) => layer(f, l, "self_attn.q_proj"),
+            K(l) => layer(f, l, "self_attn.k_proj"),
+            V(l) => layer(f, l, "self_attn.v_proj"),
+            O(l) => layer(f, l, "self_attn.o_proj"),
+            MlpNorm(l) => layer(f, l, "post_attention_layernorm"),
+            Gate(l) => layer(f, l, "mlp.gate_proj"),
+            Up(l) => layer(f, l, "mlp.up_proj"),
+            Mlp(l) => layer(f, l, "mlp"),
+            Layer(l) => write!(f, "model.layers.{l}.output"),
+            FinalNorm => f.write_str("model.norm.output"),
+            Logits => f.write_str("logits"),
+        }
+    }
+}
+
+/// Report `data` (`rows × cols`) as `act` if an observer is attached and wants it.
+#[inline]
+pub(crate) fn emit(
+    observer: &mut Option<&mut dyn Observer>,
+    act: Activation,
+    data: &[f32],
+    cols: usize,
+) {
+    if let Some(o) = observer {
+        let name = act.to_string();
+        if o.wants(&name) {
+            o.record(&name, data, [data.len() / cols.max(1), cols]);
+        }
+    }
+}
+
+/// Whether an attached observer wants `act` (false without one).
+pub(crate) fn wants(observer: &Option<&mut dyn Observer>, act: Activation) -> bool {
+    observer.as_ref().is_some_and(|o| o.wants(&act.to_string()))
+}
+
+/// An observer that keeps copies of everything it is offered (or of the listed names).
+#[derive(Debug, Default)]
+pub struct Recorder {
+    /// Names to keep; empty keeps everything.
+    pub only: Vec<String>,
+    /// What was recorded, in order: name, shape, data.
+    pub records: Vec<(String, [usize; 2], Vec<f32>)>,
+}
+
+impl Recorder {
+    /// The first record named `name`.
+    pub fn get(&self, name: &str) -> Option<(&[usize; 2], &[f32])> {
+        self.records
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, s, d)| (s, d.as_slice()))
+    }
+}
+
+impl Observer for Recorder {
+    fn wants(&self, name: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|n| n == name)
+    }
+
+    fn record(&mut self, name: &str, data: &[f32], shape: [usize; 2]) {
+        self.records.push((name.to_string(), shape, data.to_vec()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_match_the_reference_dumps() {
+        for (a, want) in [
+            (Activation::Embed, "model.embed_tokens.output"),
+            (
+                Activation::AttnNorm(0),
+                "model.layers.0.input_layernorm.output",
+            ),
+            (Activation::Q(3), "model.layers.3.self_attn.q_proj.output"),
+            (Activation::K(3), "model.layers.3.self_attn.k_proj.output"),
+            (Activation::V(3), "model.layers.3.self_attn.v_proj.output"),
+            (Activation::O(3), "model.layers.3.self_attn.o_proj.output"),
+            (
+                Activation::MlpNorm(1),
+                "model.layers.1.post_attention_layernorm.output",
+            ),
+            (Activation::Gate(29), "model.layers.29.mlp.gate_proj.output"),
+            (Activation::Up(29), "model.layers.29.mlp.up_proj.output"),
+            (Activation::Mlp(2), "model.layers.2.mlp.output"),
+            (Activation::Layer(3), "model.layers.3.output"),
+            (Activation::FinalNorm, "model.norm.output"),
+            (Activation::Logits, "logits"),
+        ] {
+            assert_eq!(a.to_string(), want);
+        }
+    }
+}

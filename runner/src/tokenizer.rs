@@ -1,0 +1,176 @@
+//! Text ↔ token ids through the `tokenizer.json` embedded in the file (Hugging Face
+//! `tokenizers`, so ids equal transformers' exactly), and a streaming detokenizer that emits
+//! text only once it is valid UTF-8.
+
+use std::collections::BTreeSet;
+use std::str::FromStr;
+
+use kiln_format::KilnFile;
+
+use crate::error::{Result, RunnerError};
+
+/// End-of-turn markers of common chat formats, treated as stop tokens when the vocabulary
+/// has them as special tokens (ChatML, Llama 3, Llama 2/Mistral, Qwen, Gemma-style).
+const END_OF_TURN: [&str; 6] = [
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<|endoftext|>",
+    "</s>",
+    "<end_of_turn>",
+];
+
+/// The model's tokenizer.
+#[derive(Debug)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    bos: Option<u32>,
+    add_bos: Option<bool>,
+    stop: Vec<u32>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+impl Tokenizer {
+    /// Build from the file's embedded `tokenizer.json`.
+    pub fn from_file(file: &KilnFile) -> Result<Tokenizer> {
+        let meta = file.metadata();
+        let err = |reason: String| RunnerError::Tokenizer {
+            file: file.label().to_string(),
+            reason,
+        };
+        let json = meta.tokenizer.tokenizer_json.as_deref().ok_or_else(|| {
+            err(
+                "the file has no embedded tokenizer.json; re-convert from a directory that has one"
+                    .into(),
+            )
+        })?;
+        let inner = tokenizers::Tokenizer::from_str(json)
+            .map_err(|e| err(format!("cannot parse the embedded tokenizer.json: {e}")))?;
+        let special = &meta.tokenizer.special_tokens;
+        let bos_token = special.get("bos_token").cloned();
+        let eos_token = special.get("eos_token").cloned();
+        let mut stop: BTreeSet<u32> = meta.config.eos_token_ids.iter().copied().collect();
+        if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
+            stop.insert(id);
+        }
+        let specials: Vec<(u32, String)> = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, t)| (id, t.content))
+            .collect();
+        for (id, content) in &specials {
+            if END_OF_TURN.contains(&content.as_str()) {
+                stop.insert(*id);
+            }
+        }
+        Ok(Tokenizer {
+            inner,
+            bos: meta.config.bos_token_id,
+            add_bos: meta.tokenizer.add_bos_token,
+            stop: stop.into_iter().collect(),
+            bos_token,
+            eos_token,
+        })
+    }
+
+    /// Encode plain text as transformers' `tokenizer(text)` does: the tokenizer's own
+    /// post-processor adds special tokens (BOS for Llama 2), and `add_bos_token: true` from
+    /// `tokenizer_config.json` adds BOS if the post-processor did not.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.encode_raw(text, true)?;
+        if let (Some(true), Some(bos)) = (self.add_bos, self.bos) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Encode text that already holds its special tokens (a rendered chat template): no
+    /// post-processing, as `apply_chat_template(tokenize=True)` does.
+    pub fn encode_rendered(&self, text: &str) -> Result<Vec<u32>> {
+        self.encode_raw(text, false)
+    }
+
+    fn encode_raw(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, add_special)
+            .map_err(|e| RunnerError::Tokenize(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Decode ids to text, leaving out special tokens.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| RunnerError::Tokenize(e.to_string()))
+    }
+
+    /// Tokens that end generation (EOS ids and end-of-turn markers).
+    pub fn stop_tokens(&self) -> &[u32] {
+        &self.stop
+    }
+
+    /// The BOS token's text, if any (for chat templates).
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    /// The EOS token's text, if any (for chat templates).
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    /// A streaming decoder for a new run of generated tokens.
+    pub fn stream(&self) -> TextStream<'_> {
+        TextStream {
+            tok: self,
+            ids: Vec::new(),
+            prefix: 0,
+            read: 0,
+        }
+    }
+}
+
+/// Turns tokens into text as they come, holding back bytes until they form whole characters.
+///
+/// Byte-level BPE splits multi-byte characters across tokens; decoding each token alone would
+/// print U+FFFD. Like text-generation-inference, it decodes a short window of recent tokens and
+/// emits the new suffix only when it does not end in a replacement character.
+#[derive(Debug)]
+pub struct TextStream<'t> {
+    tok: &'t Tokenizer,
+    ids: Vec<u32>,
+    prefix: usize,
+    read: usize,
+}
+
+impl TextStream<'_> {
+    /// Add a token; returns the text that became complete (possibly empty).
+    pub fn push(&mut self, id: u32) -> Result<String> {
+        self.ids.push(id);
+        let before = self.tok.decode(&self.ids[self.prefix..self.read])?;
+        let now = self.tok.decode(&self.ids[self.prefix..])?;
+        if now.len() > before.len() && !now.ends_with('\u{FFFD}') && now.starts_with(&before) {
+            let new = now[before.len()..].to_string();
+            self.prefix = self.read;
+            self.read = self.ids.len();
+            Ok(new)
+        } else {
+            // An incomplete character (or a decoder still rewriting the window): wait.
+            Ok(String::new())
+        }
+    }
+
+    /// Whatever is still held back (an incomplete character at the end of generation).
+    pub fn finish(&mut self) -> Result<String> {
+        let before = self.tok.decode(&self.ids[self.prefix..self.read])?;
+        let now = self.tok.decode(&self.ids[self.prefix..])?;
+        self.prefix = self.ids.len();
+        self.read = self.ids.len();
+        Ok(now.get(before.len()..).unwrap_or_default().to_string())
+    }
+}

@@ -1,0 +1,184 @@
+//! The model's weights as borrowed views into the file's memory map.
+//!
+//! Matrices are [`Matrix`] views in whatever encoding the file stores (F32, F16, BF16, Q8_0,
+//! Q4_0, mixed per tensor): nothing is dequantized or copied at load. The only copies are the
+//! 1-D norm weights and biases that are not stored as f32 (a few kilobytes per layer), decoded
+//! once so the kernels see `&[f32]`.
+
+use std::borrow::Cow;
+
+use kiln_format::{DType, KilnFile, Role, TensorName, QK};
+use kiln_kernels::{Matrix, WeightData};
+
+use crate::config::Config;
+use crate::error::{Result, RunnerError};
+
+/// A 1-D f32 weight: borrowed from the map when stored as f32, decoded otherwise.
+pub type Vector<'a> = Cow<'a, [f32]>;
+
+/// One decoder layer.
+#[derive(Debug)]
+pub struct LayerWeights<'a> {
+    /// Pre-attention RMSNorm weight, `(hidden)`.
+    pub attn_norm: Vector<'a>,
+    /// Query projection, `(heads*head_dim, hidden)`.
+    pub q: Matrix<'a>,
+    /// Key projection, `(kv_heads*head_dim, hidden)`.
+    pub k: Matrix<'a>,
+    /// Value projection, `(kv_heads*head_dim, hidden)`.
+    pub v: Matrix<'a>,
+    /// Attention output projection, `(hidden, heads*head_dim)`.
+    pub o: Matrix<'a>,
+    /// q/k/v biases (Qwen2): `(heads*head_dim)`, `(kv_heads*head_dim)`, `(kv_heads*head_dim)`.
+    pub qkv_bias: Option<[Vector<'a>; 3]>,
+    /// Pre-MLP RMSNorm weight, `(hidden)`.
+    pub mlp_norm: Vector<'a>,
+    /// SwiGLU gate projection, `(intermediate, hidden)`.
+    pub gate: Matrix<'a>,
+    /// SwiGLU up projection, `(intermediate, hidden)`.
+    pub up: Matrix<'a>,
+    /// SwiGLU down projection, `(hidden, intermediate)`.
+    pub down: Matrix<'a>,
+}
+
+/// The whole model.
+#[derive(Debug)]
+pub struct Weights<'a> {
+    /// Token embeddings, `(vocab, hidden)`; also the output projection when tied.
+    pub embed: Matrix<'a>,
+    /// Decoder layers, `(layers)`.
+    pub layers: Vec<LayerWeights<'a>>,
+    /// Final RMSNorm weight, `(hidden)`.
+    pub final_norm: Vector<'a>,
+    /// Output projection, `(vocab, hidden)`; `None` when tied to `embed`.
+    pub lm_head: Option<Matrix<'a>>,
+}
+
+impl<'a> Weights<'a> {
+    /// Borrow every weight from `file`. `config` must come from [`Config::from_file`] on the
+    /// same file (which checked names and shapes).
+    pub fn load(file: &'a KilnFile, config: &Config) -> Result<Weights<'a>> {
+        let g = |role| TensorName::global(role);
+        let layers = (0..config.layers as u32)
+            .map(|l| {
+                let t = |role| TensorName::layer(l, role);
+                Ok(LayerWeights {
+                    attn_norm: vector(file, t(Role::AttnNorm))?,
+                    q: matrix(file, t(Role::AttnQ))?,
+                    k: matrix(file, t(Role::AttnK))?,
+                    v: matrix(file, t(Role::AttnV))?,
+                    o: matrix(file, t(Role::AttnO))?,
+                    qkv_bias: if config.attention_bias {
+                        Some([
+                            vector(file, t(Role::AttnQBias))?,
+                            vector(file, t(Role::AttnKBias))?,
+                            vector(file, t(Role::AttnVBias))?,
+                        ])
+                    } else {
+                        None
+                    },
+                    mlp_norm: vector(file, t(Role::MlpNorm))?,
+                    gate: matrix(file, t(Role::MlpGate))?,
+                    up: matrix(file, t(Role::MlpUp))?,
+                    down: matrix(file, t(Role::MlpDown))?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Weights {
+            embed: matrix(file, g(Role::Embed))?,
+            layers,
+            final_norm: vector(file, g(Role::FinalNorm))?,
+            lm_head: if config.tie_word_embeddings {
+                None
+            } else {
+                Some(matrix(file, g(Role::LmHead))?)
+            },
+        })
+    }
+
+    /// The output projection, `(vocab, hidden)`.
+    pub fn output(&self) -> &Matrix<'a> {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Bytes of weight data a decode step streams (every matrix once, the embedding row aside).
+    pub fn matrix_bytes(&self) -> usize {
+        let layer: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .map(|m| m.data.byte_len())
+                    .sum::<usize>()
+            })
+            .sum();
+        layer + self.output().data.byte_len()
+    }
+}
+
+fn matrix<'a>(file: &'a KilnFile, name: TensorName) -> Result<Matrix<'a>> {
+    let tensor = name.to_string();
+    let view = file.tensor(&tensor)?;
+    let [rows, cols] = match *view.shape() {
+        [r, c] => [r as usize, c as usize],
+        ref other => {
+            return Err(RunnerError::TensorShape {
+                file: file.label().to_string(),
+                tensor,
+                expected: vec![0, 0],
+                found: other.to_vec(),
+            })
+        }
+    };
+    let data = match view.dtype() {
+        DType::F32 => WeightData::F32(view.as_f32()?),
+        DType::F16 => WeightData::F16(view.as_f16()?),
+        DType::BF16 => WeightData::BF16(view.as_bf16()?),
+        DType::Q8_0 => WeightData::Q8_0(view.as_q8_0()?),
+        DType::Q4_0 => WeightData::Q4_0(view.as_q4_0()?),
+    };
+    Matrix::new(rows, cols, data).map_err(|source| RunnerError::Kernel {
+        file: file.label().to_string(),
+        tensor,
+        source,
+    })
+}
+
+fn vector<'a>(file: &'a KilnFile, name: TensorName) -> Result<Vector<'a>> {
+    let view = file.tensor(&name.to_string())?;
+    Ok(match view.dtype() {
+        DType::F32 => Cow::Borrowed(view.as_f32()?),
+        DType::F16 | DType::BF16 => Cow::Owned(view.to_f32_vec()),
+        d @ (DType::Q8_0 | DType::Q4_0) => {
+            return Err(RunnerError::TensorDType {
+                file: file.label().to_string(),
+                tensor: name.to_string(),
+                dtype: d.to_string(),
+                reason: "norm weights and biases must be f32, f16 or bf16",
+            })
+        }
+    })
+}
+
+/// Decode row `row` of `m` into `out` (`m.cols` values): the embedding lookup.
+pub fn dequantize_row(m: &Matrix<'_>, row: usize, out: &mut [f32]) {
+    let cols = m.cols;
+    assert!(row < m.rows, "row {row} of a {}-row matrix", m.rows);
+    assert_eq!(out.len(), cols, "output length");
+    let range = row * cols..(row + 1) * cols;
+    let blocks = row * (cols / QK)..(row + 1) * (cols / QK);
+    match m.data {
+        WeightData::F32(d) => out.copy_from_slice(&d[range]),
+        WeightData::F16(d) => out
+            .iter_mut()
+            .zip(&d[range])
+            .for_each(|(o, w)| *o = w.to_f32()),
+        WeightData::BF16(d) => out
+            .iter_mut()
+            .zip(&d[range])
+            .for_each(|(o, w)| *o = w.to_f32()),
+        WeightData::Q8_0(d) => kiln_format::blocks::dequantize_row_q8_0(&d[blocks], out),
+        WeightData::Q4_0(d) => kiln_format::blocks::dequantize_row_q4_0(&d[blocks], out),
+    }
+}

@@ -1,0 +1,345 @@
+//! The `kiln-run` binary end to end on a tiny fixture: output formats, chat sessions, bench, and
+//! one test per bad-input case (clear message, usage exit status 2 or failure status 1).
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use common::*;
+use kiln_format::layout::{HEADER_LEN, HEADER_SHA_RANGE};
+use sha2::{Digest, Sha256};
+
+const USAGE: i32 = 2;
+const FAILURE: i32 = 1;
+
+fn tiny(dir: &Path) -> PathBuf {
+    convert(&root().join("fixtures/tiny/llama-tied-f32"), dir, None)
+}
+
+fn kiln_run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln-run"))
+        .args(args)
+        .output()
+        .expect("run kiln-run")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Assert a failure with `code` whose message contains every one of `needles`.
+fn assert_fails(o: &Output, code: i32, needles: &[&str]) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(code), "stderr: {err}");
+    for n in needles {
+        assert!(err.contains(n), "expected {n:?} in: {err}");
+    }
+    assert!(
+        o.stdout.is_empty(),
+        "stdout: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+}
+
+#[test]
+fn generate_json_reports_text_tokens_and_rates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let o = kiln_run(&[
+        "generate",
+        m.to_str().unwrap(),
+        "-p",
+        "Once upon a time, 42 potters",
+        "-n",
+        "8",
+        "--greedy",
+        "--ignore-eos",
+        "--json",
+        "-t",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = Reference::load(&root().join("fixtures/reference/tiny/llama-tied-f32/0.safetensors"));
+    let tokens: Vec<u32> = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(tokens, r.greedy_ids);
+    assert_eq!(
+        v["prompt_tokens"].as_u64().unwrap() as usize,
+        r.input_ids.len()
+    );
+    assert!(v["text"].is_string());
+    assert!(v["prefill_tok_s"].as_f64().unwrap() > 0.0);
+    assert!(v["decode_tok_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn generate_streams_text_and_prints_a_summary_and_seeds_reproduce() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let run = |seed: &str| {
+        kiln_run(&[
+            "generate",
+            m.to_str().unwrap(),
+            "-p",
+            "What is 7 * 6?",
+            "--chat",
+            "-n",
+            "12",
+            "--temp",
+            "0.9",
+            "--top-k",
+            "40",
+            "--top-p",
+            "0.95",
+            "--min-p",
+            "0.02",
+            "--repeat-penalty",
+            "1.1",
+            "--seed",
+            seed,
+        ])
+    };
+    let a = run("5");
+    assert!(a.status.success(), "{}", stderr(&a));
+    let err = stderr(&a);
+    for k in ["load", "prompt 27 tokens", "prefill", "decode", "tok/s"] {
+        assert!(err.contains(k), "{k:?} missing from summary: {err}");
+    }
+    assert_eq!(a.stdout, run("5").stdout);
+}
+
+#[test]
+fn chat_keeps_the_cache_between_turns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln-run"))
+        .args([
+            "chat",
+            m.to_str().unwrap(),
+            "-n",
+            "6",
+            "--greedy",
+            "-t",
+            "1",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is 7 * 6?\nAnd 6 * 7?\n/exit\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    let cached: Vec<usize> = err
+        .lines()
+        .filter_map(|l| {
+            let i = l.find(" cached)")?;
+            let start = l[..i].rfind('(')? + 1;
+            l[start..i].parse().ok()
+        })
+        .collect();
+    assert_eq!(cached.len(), 2, "{err}");
+    assert_eq!(cached[0], 0);
+    assert!(
+        cached[1] > 20,
+        "second turn reused only {} tokens: {err}",
+        cached[1]
+    );
+}
+
+#[test]
+fn bench_json_names_tests_like_llama_bench() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let o = kiln_run(&[
+        "bench",
+        m.to_str().unwrap(),
+        "-p",
+        "16",
+        "-n",
+        "8",
+        "-r",
+        "2",
+        "-t",
+        "1,2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let results = v["results"].as_array().unwrap();
+    let names: Vec<(&str, u64)> = results
+        .iter()
+        .map(|r| (r["test"].as_str().unwrap(), r["threads"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(names, [("pp16", 1), ("tg8", 1), ("pp16", 2), ("tg8", 2)]);
+    assert!(results.iter().all(|r| r["tok_s"].as_f64().unwrap() > 0.0));
+    let table = kiln_run(&[
+        "bench",
+        m.to_str().unwrap(),
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "1",
+    ]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains("| pp8 |"));
+}
+
+#[test]
+fn rejects_a_newer_major_version() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let mut bytes = std::fs::read(&m).unwrap();
+    bytes[8..10].copy_from_slice(&2u16.to_le_bytes());
+    std::fs::write(&m, bytes).unwrap();
+    let o = kiln_run(&["generate", m.to_str().unwrap(), "-p", "hi"]);
+    assert_fails(
+        &o,
+        FAILURE,
+        &["version 2.0 is not supported", "upgrade Kiln"],
+    );
+}
+
+#[test]
+fn rejects_an_unsupported_architecture() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let mut bytes = std::fs::read(&m).unwrap();
+    let meta_len = u64::from_le_bytes(bytes[24..32].try_into().unwrap()) as usize;
+    let index_len = u64::from_le_bytes(bytes[40..48].try_into().unwrap()) as usize;
+    let start = HEADER_LEN as usize;
+    let meta = std::str::from_utf8(&bytes[start..start + meta_len]).unwrap();
+    // Same length, so every offset stays valid; then re-seal the header checksum.
+    let patched = meta.replacen(
+        "\"architecture\":\"llama\"",
+        "\"architecture\":\"gemma\"",
+        1,
+    );
+    assert_ne!(
+        patched, meta,
+        "metadata spells the architecture differently"
+    );
+    bytes[start..start + meta_len].copy_from_slice(patched.as_bytes());
+    let mut h = Sha256::new();
+    h.update(&bytes[..HEADER_SHA_RANGE.start]);
+    h.update(&bytes[start..start + meta_len + index_len]);
+    let sha: [u8; 32] = h.finalize().into();
+    bytes[HEADER_SHA_RANGE].copy_from_slice(&sha);
+    std::fs::write(&m, bytes).unwrap();
+    let o = kiln_run(&["generate", m.to_str().unwrap(), "-p", "hi"]);
+    assert_fails(
+        &o,
+        FAILURE,
+        &["unsupported architecture `gemma`", "llama, mistral, qwen2"],
+    );
+}
+
+#[test]
+fn rejects_a_prompt_longer_than_the_context() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let o = kiln_run(&[
+        "generate",
+        m.to_str().unwrap(),
+        "-p",
+        "Once upon a time, 42 potters",
+        "--ctx",
+        "8",
+    ]);
+    assert_fails(
+        &o,
+        USAGE,
+        &["the prompt is 21 tokens but the context holds 8"],
+    );
+    let o = kiln_run(&[
+        "generate",
+        m.to_str().unwrap(),
+        "-p",
+        "hi",
+        "--ctx",
+        "100000",
+    ]);
+    assert_fails(&o, USAGE, &["--ctx", "trained context of 256"]);
+}
+
+#[test]
+fn rejects_a_non_utf8_prompt() {
+    use std::os::unix::ffi::OsStrExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let bad = std::ffi::OsStr::from_bytes(b"caf\xe9 au lait");
+    let o = Command::new(env!("CARGO_BIN_EXE_kiln-run"))
+        .arg("generate")
+        .arg(&m)
+        .arg("-p")
+        .arg(bad)
+        .output()
+        .unwrap();
+    assert_fails(
+        &o,
+        USAGE,
+        &["prompt given with -p is not valid UTF-8", "offset 3"],
+    );
+    let f = tmp.path().join("prompt.txt");
+    std::fs::write(&f, b"ok \xff").unwrap();
+    let o = kiln_run(&["generate", m.to_str().unwrap(), "-f", f.to_str().unwrap()]);
+    assert_fails(&o, USAGE, &["not valid UTF-8", "offset 3"]);
+}
+
+#[test]
+fn rejects_zero_threads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    for args in [
+        vec![
+            "generate",
+            m.to_str().unwrap(),
+            "-p",
+            "hi",
+            "--threads",
+            "0",
+        ],
+        vec!["bench", m.to_str().unwrap(), "-t", "0"],
+        vec!["chat", m.to_str().unwrap(), "-t", "0"],
+    ] {
+        let o = kiln_run(&args);
+        assert_fails(
+            &o,
+            USAGE,
+            &["invalid value for --threads", "at least one thread"],
+        );
+    }
+}
+
+#[test]
+fn rejects_a_file_that_is_not_kiln() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("model.safetensors");
+    std::fs::write(&f, b"\x10\x00\x00\x00\x00\x00\x00\x00{}              ").unwrap();
+    let o = kiln_run(&["generate", f.to_str().unwrap(), "-p", "hi"]);
+    assert_fails(&o, FAILURE, &["not a .kiln file"]);
+    let o = kiln_run(&["generate", "/nonexistent/model.kiln", "-p", "hi"]);
+    assert_fails(&o, FAILURE, &["cannot open"]);
+}
+
+#[test]
+fn chat_flag_needs_a_template_and_system_needs_chat() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let o = kiln_run(&["generate", m.to_str().unwrap(), "-p", "hi", "--system", "x"]);
+    assert_eq!(o.status.code(), Some(USAGE));
+}

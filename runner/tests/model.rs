@@ -1,0 +1,365 @@
+//! Library-level properties of the forward pass and its inputs: batching, observers, threads,
+//! mixed weight encodings, config validation, streaming detokenization and chat-cache reuse.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use kiln_format::{DType, KilnFile, KilnWriter, TensorSpec};
+use kiln_runner::{
+    generate, ChatTemplate, Conversation, GenerateOptions, Logits, Model, Recorder, RunnerError,
+    Sampler, SamplerConfig, Tokenizer,
+};
+
+/// Batched and one-token-at-a-time forward passes sum in different orders.
+const BATCH_VS_SEQUENTIAL_MAX_ABS_ERR: f32 = 1e-4;
+/// Q8_0 weights everywhere (and Q8_0 activations inside the kernels): smallest per-token
+/// cosine of the logits against the F32 model's. The tiny random models have 64-wide rows, far
+/// noisier under quantization than real ones (measured 0.99902); a broken block layout gives ~0.
+const Q8_0_LOGITS_MIN_COSINE: f64 = 0.995;
+/// Mixed Q4_0 (MLP) / Q8_0 (attention) / F16 (embeddings, output): measured 0.97106.
+const MIXED_LOGITS_MIN_COSINE: f64 = 0.95;
+
+fn tiny(dir: &Path, name: &str) -> PathBuf {
+    convert(
+        &root().join("fixtures/tiny").join(name),
+        dir,
+        Some(DType::F32),
+    )
+}
+
+fn prompt_ids() -> Vec<u32> {
+    Reference::load(&root().join("fixtures/reference/tiny/qwen2-bias-f32/1.safetensors")).input_ids
+}
+
+#[test]
+fn batched_prefill_equals_token_by_token_and_chunked() {
+    let tmp = tempfile::tempdir().unwrap();
+    for name in ["qwen2-bias-f32", "llama3-rope-f32"] {
+        let f = KilnFile::open(tiny(tmp.path(), name)).unwrap();
+        let model = Model::load(&f).unwrap();
+        let ids = prompt_ids();
+        let mut s = model.session(64, 2).unwrap();
+        let batch = s.forward(&ids, Logits::All, None).unwrap().to_vec();
+        let vocab = model.config.vocab;
+        s.reset();
+        for (t, &id) in ids.iter().enumerate() {
+            let one = s.forward(&[id], Logits::Last, None).unwrap();
+            let err = max_abs_error(one, &batch[t * vocab..(t + 1) * vocab]);
+            assert!(
+                err <= BATCH_VS_SEQUENTIAL_MAX_ABS_ERR,
+                "{name} token {t}: {err}"
+            );
+        }
+        s.reset();
+        let mut last = Vec::new();
+        for chunk in ids.chunks(5) {
+            last = s.forward(chunk, Logits::Last, None).unwrap().to_vec();
+        }
+        let err = max_abs_error(&last, &batch[batch.len() - vocab..]);
+        assert!(
+            err <= BATCH_VS_SEQUENTIAL_MAX_ABS_ERR,
+            "{name} chunked: {err}"
+        );
+    }
+}
+
+#[test]
+fn observer_and_thread_count_do_not_change_results() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = KilnFile::open(tiny(tmp.path(), "mistral-f32")).unwrap();
+    let model = Model::load(&f).unwrap();
+    let ids = prompt_ids();
+    let mut plain = model.session(64, 1).unwrap();
+    let want = plain.forward(&ids, Logits::Last, None).unwrap().to_vec();
+    for threads in [1, 2, 3] {
+        let mut s = model.session(64, threads).unwrap();
+        let mut rec = Recorder {
+            only: vec!["model.layers.1.output".into(), "logits".into()],
+            ..Default::default()
+        };
+        let got = s
+            .forward(&ids, Logits::Last, Some(&mut rec))
+            .unwrap()
+            .to_vec();
+        assert_eq!(got, want, "threads {threads}");
+        assert_eq!(rec.records.len(), 2);
+        assert_eq!(
+            rec.get("model.layers.1.output").unwrap().0,
+            &[ids.len(), 64]
+        );
+        // Only the last token's logits were computed.
+        assert_eq!(rec.get("logits").unwrap().0, &[1, model.config.vocab]);
+    }
+}
+
+/// Rewrite `src` with each matrix re-encoded by `pick(name)` (None: unchanged).
+fn reencode(src: &Path, dst: &Path, pick: impl Fn(&str) -> Option<DType>) {
+    let f = KilnFile::open(src).unwrap();
+    let mut specs = Vec::new();
+    let mut data = Vec::new();
+    for t in f.tensors() {
+        let view = f.view(t);
+        let target = if t.shape.len() == 2 {
+            pick(&t.name)
+        } else {
+            None
+        };
+        let (dtype, bytes) = match target {
+            None => (t.dtype, view.bytes().to_vec()),
+            Some(d) => {
+                let x = view.to_f32_vec();
+                let bytes = match d {
+                    DType::Q8_0 => bytemuck::cast_slice(
+                        &kiln_format::blocks::quantize_row_q8_0_ref(&x).unwrap(),
+                    )
+                    .to_vec(),
+                    DType::Q4_0 => bytemuck::cast_slice(
+                        &kiln_format::blocks::quantize_row_q4_0_ref(&x).unwrap(),
+                    )
+                    .to_vec(),
+                    d => {
+                        let mut out = Vec::new();
+                        kiln_format::convert::encode_from_f32(d, &x, &mut out);
+                        out
+                    }
+                };
+                (d, bytes)
+            }
+        };
+        specs.push(TensorSpec {
+            name: t.name.clone(),
+            dtype,
+            shape: t.shape.clone(),
+        });
+        data.push(bytes);
+    }
+    let w = KilnWriter::create(dst, f.metadata(), specs, true).unwrap();
+    for (i, b) in data.iter().enumerate() {
+        w.write_tensor(i, b).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+#[test]
+fn quantized_and_mixed_encodings_run_through_the_same_forward_pass() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tiny(tmp.path(), "llama-untied-bf16");
+    let f = KilnFile::open(&src).unwrap();
+    let model = Model::load(&f).unwrap();
+    let ids = prompt_ids();
+    let vocab = model.config.vocab;
+    let want = model
+        .session(64, 2)
+        .unwrap()
+        .forward(&ids, Logits::All, None)
+        .unwrap()
+        .to_vec();
+    let q8 = tmp.path().join("q8.kiln");
+    reencode(&src, &q8, |_| Some(DType::Q8_0));
+    let mixed = tmp.path().join("mixed.kiln");
+    reencode(&src, &mixed, |n| {
+        Some(if n.contains("mlp") {
+            DType::Q4_0
+        } else if n.contains("attn") {
+            DType::Q8_0
+        } else {
+            DType::F16
+        })
+    });
+    for (path, min_cos) in [
+        (&q8, Q8_0_LOGITS_MIN_COSINE),
+        (&mixed, MIXED_LOGITS_MIN_COSINE),
+    ] {
+        let qf = KilnFile::open(path).unwrap();
+        let qm = Model::load(&qf).unwrap();
+        let got = qm
+            .session(64, 2)
+            .unwrap()
+            .forward(&ids, Logits::All, None)
+            .unwrap()
+            .to_vec();
+        let cos = min_row_cosine(&got, &want, vocab);
+        eprintln!("{}: min logits cosine vs f32 {cos:.6}", path.display());
+        assert!(cos >= min_cos, "{}: {cos}", path.display());
+    }
+}
+
+/// Write a copy of `src` with tensors dropped, reshaped or added.
+fn edited(src: &Path, dst: &Path, edit: impl Fn(&mut Vec<(TensorSpec, Vec<u8>)>)) {
+    let f = KilnFile::open(src).unwrap();
+    let mut ts: Vec<(TensorSpec, Vec<u8>)> = f
+        .tensors()
+        .iter()
+        .map(|t| {
+            (
+                TensorSpec {
+                    name: t.name.clone(),
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                },
+                f.view(t).bytes().to_vec(),
+            )
+        })
+        .collect();
+    edit(&mut ts);
+    let (specs, data): (Vec<_>, Vec<_>) = ts.into_iter().unzip();
+    let w = KilnWriter::create(dst, f.metadata(), specs, true).unwrap();
+    for (i, b) in data.iter().enumerate() {
+        w.write_tensor(i, b).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+#[test]
+fn config_check_names_the_tensor_and_both_shapes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tiny(tmp.path(), "llama-tied-f32");
+    let bad = tmp.path().join("bad.kiln");
+    let load_err = |p: &Path| {
+        let f = KilnFile::open(p).unwrap();
+        Model::load(&f).map(|_| ()).unwrap_err()
+    };
+
+    edited(&src, &bad, |ts| {
+        ts.retain(|(s, _)| s.name != "layers.1.mlp.up.weight")
+    });
+    let e = load_err(&bad);
+    assert!(
+        matches!(&e, RunnerError::MissingTensor { tensor, .. } if tensor == "layers.1.mlp.up.weight"),
+        "{e}"
+    );
+
+    edited(&src, &bad, |ts| {
+        let (s, _) = ts
+            .iter_mut()
+            .find(|(s, _)| s.name == "layers.0.attn.k.weight")
+            .unwrap();
+        s.shape = vec![64, 32]; // (kv_dim, hidden) transposed
+    });
+    let e = load_err(&bad);
+    assert!(
+        matches!(&e, RunnerError::TensorShape { tensor, expected, found, .. }
+            if tensor == "layers.0.attn.k.weight" && expected == &[32, 64] && found == &[64, 32]),
+        "{e}"
+    );
+    assert!(e.to_string().contains("[64, 32]") && e.to_string().contains("[32, 64]"));
+
+    edited(&src, &bad, |ts| {
+        ts.push((
+            TensorSpec {
+                name: "layers.0.attn.q.bias".into(),
+                dtype: DType::F32,
+                shape: vec![64],
+            },
+            vec![0; 256],
+        ))
+    });
+    let e = load_err(&bad);
+    assert!(e.to_string().contains("attention_bias is false"), "{e}");
+}
+
+#[test]
+fn streamed_text_is_valid_utf8_at_every_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = KilnFile::open(tiny(tmp.path(), "llama-tied-f32")).unwrap();
+    let tok = Tokenizer::from_file(&f).unwrap();
+    // The tiny vocabulary has no multi-byte merges: every non-ASCII character is 2-4 tokens.
+    let text = "héllo wörld — 日本語 🎉👩‍🔬 done";
+    let ids = tok.encode(text).unwrap();
+    assert!(ids.len() > text.chars().count());
+    let mut stream = tok.stream();
+    let mut out = String::new();
+    for &id in &ids {
+        let piece = stream.push(id).unwrap();
+        assert!(
+            !piece.contains('\u{FFFD}'),
+            "partial character emitted: {piece:?}"
+        );
+        out.push_str(&piece);
+    }
+    out.push_str(&stream.finish().unwrap());
+    assert_eq!(out, text);
+}
+
+#[test]
+fn conversation_reuses_the_cache_and_matches_a_fresh_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = KilnFile::open(tiny(tmp.path(), "qwen2-bias-f32")).unwrap();
+    let model = Model::load(&f).unwrap();
+    let tok = Tokenizer::from_file(&f).unwrap();
+    let template = ChatTemplate::from_file(&f).unwrap();
+    let opts = GenerateOptions {
+        max_tokens: 5,
+        ..Default::default()
+    };
+    let mut s = model.session(256, 1).unwrap();
+    let mut conv = Conversation::new(&template, Some("Be brief."));
+    let mut sampler = Sampler::new(SamplerConfig::default());
+    let first = conv
+        .turn(
+            &mut s,
+            &tok,
+            "What is 7 * 6?",
+            &opts,
+            &mut sampler,
+            &mut |_| Ok(()),
+        )
+        .unwrap();
+    assert_eq!(first.stats.prefill_tokens, first.stats.prompt_tokens);
+    let second = conv
+        .turn(&mut s, &tok, "And 6 * 7?", &opts, &mut sampler, &mut |_| {
+            Ok(())
+        })
+        .unwrap();
+    assert!(second.stats.prefill_tokens < second.stats.prompt_tokens / 2);
+    // The same second turn from an empty cache gives the same tokens.
+    let mut fresh = model.session(256, 1).unwrap();
+    let mut conv2 = Conversation::new(&template, Some("Be brief."));
+    let _ = conv2
+        .turn(
+            &mut fresh,
+            &tok,
+            "What is 7 * 6?",
+            &opts,
+            &mut sampler,
+            &mut |_| Ok(()),
+        )
+        .unwrap();
+    fresh.reset();
+    let again = conv2
+        .turn(
+            &mut fresh,
+            &tok,
+            "And 6 * 7?",
+            &opts,
+            &mut sampler,
+            &mut |_| Ok(()),
+        )
+        .unwrap();
+    assert_eq!(again.tokens, second.tokens);
+    assert_eq!(conv.messages().len(), 5);
+}
+
+#[test]
+fn generation_stops_at_the_context_end_and_rejects_longer_prompts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = KilnFile::open(tiny(tmp.path(), "llama-tied-f32")).unwrap();
+    let model = Model::load(&f).unwrap();
+    let tok = Tokenizer::from_file(&f).unwrap();
+    let ids = prompt_ids();
+    let mut s = model.session(ids.len() + 3, 1).unwrap();
+    let opts = GenerateOptions {
+        max_tokens: 50,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let mut sampler = Sampler::new(SamplerConfig::default());
+    let g = generate(&mut s, &tok, &ids, &opts, &mut sampler, &mut |_| Ok(())).unwrap();
+    assert_eq!(g.stop, kiln_runner::StopReason::Context);
+    assert_eq!(g.tokens.len(), 4);
+    let mut small = model.session(ids.len() - 1, 1).unwrap();
+    let e = generate(&mut small, &tok, &ids, &opts, &mut sampler, &mut |_| Ok(())).unwrap_err();
+    assert!(matches!(e, RunnerError::ContextOverflow { .. }), "{e}");
+}
