@@ -152,11 +152,13 @@ pub fn now_rfc3339() -> String {
     rfc3339_from_unix(secs)
 }
 
-/// Format seconds since the Unix epoch as RFC 3339 UTC.
-pub fn rfc3339_from_unix(secs: u64) -> String {
+/// The UTC calendar date and time of day of `secs` since the Unix epoch:
+/// `(year, month 1..=12, day 1..=31, seconds into the day)`.
+///
+/// Civil-from-days (Howard Hinnant's algorithm), valid for the proleptic Gregorian calendar;
+/// it saves a date-library dependency for the two places Kiln prints dates.
+pub fn civil_from_unix(secs: u64) -> (i64, i64, i64, u64) {
     let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil-from-days (Howard Hinnant's algorithm), valid for the proleptic Gregorian calendar.
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
@@ -166,6 +168,12 @@ pub fn rfc3339_from_unix(secs: u64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d, secs % 86_400)
+}
+
+/// Format seconds since the Unix epoch as RFC 3339 UTC.
+pub fn rfc3339_from_unix(secs: u64) -> String {
+    let (y, m, d, rem) = civil_from_unix(secs);
     format!(
         "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
         rem / 3600,

@@ -160,23 +160,12 @@ const DAYS: [&str; 7] = [
 
 /// Format Unix time `secs` (UTC) with `%Y %m %d %e %B %b %A %a %H %M %S %j %y %%`.
 fn strftime(format: &str, secs: u64) -> std::result::Result<String, Error> {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil-from-days (Howard Hinnant), proleptic Gregorian.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (y, m, d, rem) = kiln_format::metadata::civil_from_unix(secs);
     let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
     let cum = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
     let yday = cum[(m - 1) as usize] + d + i64::from(leap && m > 2);
     let month = MONTHS[(m - 1) as usize];
-    let day = DAYS[days.rem_euclid(7) as usize];
+    let day = DAYS[((secs / 86_400) as i64).rem_euclid(7) as usize];
     let mut out = String::new();
     let mut chars = format.chars();
     while let Some(c) = chars.next() {
