@@ -26,7 +26,7 @@ echo "== inspect and verify checksums"
 if [[ -x "$bin/kiln-quantize" ]]; then
     echo "== quantize"
     for t in f16 q8_0 q4_0; do
-        "$bin/kiln-quantize" "$out/smollm2-bf16.kiln" "$out/smollm2-$t.kiln" --to "$t" --force
+        "$bin/kiln-quantize" "$out/smollm2-bf16.kiln" "$out/smollm2-$t.kiln" --to "$t" --force | tail -1
     done
 fi
 
@@ -35,7 +35,7 @@ if [[ -x "$bin/kiln-run" ]]; then
     for t in bf16 q8_0 q4_0; do
         [[ -f "$out/smollm2-$t.kiln" ]] || continue
         echo "-- $t"
-        "$bin/kiln-run" generate "$out/smollm2-$t.kiln" --chat -p "What is the capital of France?" -n 32
+        "$bin/kiln-run" generate "$out/smollm2-$t.kiln" --chat -p "Give me three tips for staying healthy." -n 48
         echo
     done
 fi
