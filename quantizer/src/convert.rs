@@ -113,6 +113,10 @@ fn quantize_rows(
 ) -> Result<(), ValueError> {
     #[cfg(target_arch = "x86_64")]
     if isa::avx2() {
+        if method == Method::Reference {
+            // SAFETY: `isa::avx2` checked that this CPU supports AVX2.
+            return unsafe { fused::quantize_rows_reference_avx2(x, cols, dtype, out, stats) };
+        }
         // SAFETY: `isa::avx2` checked that this CPU supports AVX2.
         return unsafe { quantize_rows_avx2(x, cols, dtype, method, importance, out, stats) };
     }
@@ -184,6 +188,251 @@ fn quantize_rows_body(
         }
     }
     Ok(())
+}
+
+/// Error for a block whose f16 scale overflowed; clears what was written.
+#[cold]
+fn scale_overflow(out: &mut Vec<u8>, position: usize, xb: &[f32]) -> ValueError {
+    out.clear();
+    ValueError::ScaleOverflow {
+        position,
+        value: xb.iter().fold(0.0f32, |m, v| m.max(v.abs())),
+    }
+}
+
+/// The reference method as one hand-written AVX2 pass per block: largest magnitude, scale,
+/// codes, packing, dequantized values and error statistics, all in registers.
+///
+/// Bit-identical to [`quantize_rows_body`] with [`Method::Reference`]: the same f32 operations
+/// in the same order (no FMA contraction, the `round_away`/truncation rules restated lane-wise,
+/// the eight-lane statistics partials folded by [`ErrorStats::add_lanes`]). Blocks whose `1/d`
+/// overflows go through the scalar reference. `tests::fused_reference_equals_scalar` holds it
+/// to the scalar path.
+#[cfg(target_arch = "x86_64")]
+mod fused {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+    use kiln_format::blocks::QK;
+    use kiln_format::DType;
+
+    use super::{quantize_rows_body, scale_overflow, ValueError};
+    use crate::method::Method;
+    use crate::metrics::ErrorStats;
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn quantize_rows_reference_avx2(
+        x: &[f32],
+        cols: usize,
+        dtype: DType,
+        out: &mut Vec<u8>,
+        stats: &mut ErrorStats,
+    ) -> Result<(), ValueError> {
+        debug_assert!(cols.is_multiple_of(QK) && x.len().is_multiple_of(cols));
+        let q8 = dtype == DType::Q8_0;
+        for (i, xb) in x.chunks_exact(QK).enumerate() {
+            let xb: &[f32; QK] = xb.try_into().expect("QK chunk");
+            let ok = if q8 {
+                // SAFETY: AVX2 is enabled on this function; `xb` holds 32 values.
+                unsafe { block_q8_0(xb, out, stats) }
+            } else {
+                // SAFETY: as above.
+                unsafe { block_q4_0(xb, out, stats) }
+            };
+            match ok {
+                Some(true) => {}
+                Some(false) => return Err(scale_overflow(out, i * QK, xb)),
+                None => {
+                    // 1/d overflows: the scalar reference handles the block.
+                    quantize_rows_body(xb, QK, dtype, Method::Reference, None, out, stats)
+                        .map_err(|_| scale_overflow(out, i * QK, xb))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Load the 32 values of a block as four vectors.
+    #[inline(always)]
+    fn load(xb: &[f32; QK]) -> [__m256; 4] {
+        // SAFETY: `xb` holds 32 f32, so each 8-lane unaligned load at 0, 8, 16, 24 is in bounds;
+        // AVX is implied by the callers' `avx2` target feature.
+        unsafe {
+            let p = xb.as_ptr();
+            [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ]
+        }
+    }
+
+    /// Horizontal max of eight non-negative, non-NaN lanes.
+    #[inline(always)]
+    fn hmax(m: __m256) -> f32 {
+        // SAFETY: register-only AVX operations; callers enable AVX2.
+        unsafe {
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let m1 = _mm_max_ss(m2, _mm_shuffle_ps::<0b01>(m2, m2));
+            _mm_cvtss_f32(m1)
+        }
+    }
+
+    /// Accumulate the statistics of `v` against `y` in [`ErrorStats::add`]'s lane order.
+    #[inline(always)]
+    fn add_stats(v: &[__m256; 4], y: &[__m256; 4], stats: &mut ErrorStats) {
+        // SAFETY: register-only AVX operations and stores to local arrays of 8 f32.
+        unsafe {
+            let sign = _mm256_set1_ps(-0.0);
+            let (mut s, mut e, mut m) = (
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+            );
+            for k in 0..4 {
+                let d = _mm256_sub_ps(v[k], y[k]);
+                s = _mm256_add_ps(s, _mm256_mul_ps(v[k], v[k]));
+                e = _mm256_add_ps(e, _mm256_mul_ps(d, d));
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, d));
+            }
+            let (mut sa, mut ea, mut ma) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
+            _mm256_storeu_ps(sa.as_mut_ptr(), s);
+            _mm256_storeu_ps(ea.as_mut_ptr(), e);
+            _mm256_storeu_ps(ma.as_mut_ptr(), m);
+            stats.add_lanes(&sa, &ea, &ma);
+            stats.count += QK as u64;
+        }
+    }
+
+    /// One Q8_0 block. `Some(true)`: written; `Some(false)`: the f16 scale overflowed;
+    /// `None`: 1/d overflows, nothing written (scalar fallback).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    unsafe fn block_q8_0(
+        xb: &[f32; QK],
+        out: &mut Vec<u8>,
+        stats: &mut ErrorStats,
+    ) -> Option<bool> {
+        let v = load(xb);
+        let sign = _mm256_set1_ps(-0.0);
+        let a = v.map(|v| _mm256_andnot_ps(sign, v));
+        let amax = hmax(_mm256_max_ps(
+            _mm256_max_ps(a[0], a[1]),
+            _mm256_max_ps(a[2], a[3]),
+        ));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        if !id.is_finite() {
+            return None;
+        }
+        let dh = f16::from_f32(d);
+        if !dh.is_finite() {
+            return Some(false);
+        }
+        let (idv, half, nhalf) = (
+            _mm256_set1_ps(id),
+            _mm256_set1_ps(0.5),
+            _mm256_set1_ps(-0.5),
+        );
+        let (lo, hi) = (_mm256_set1_epi32(-128), _mm256_set1_epi32(127));
+        let dq = _mm256_set1_ps(dh.to_f32());
+        // |x·id| <= ~127.00002 here, so round_away's ±256 clamp never applies.
+        let q = v.map(|v| {
+            let p = _mm256_mul_ps(v, idv);
+            let t = _mm256_cvttps_epi32(p);
+            let frac = _mm256_sub_ps(p, _mm256_cvtepi32_ps(t));
+            // Compare masks are -1 where true: subtracting `up` adds one, adding `down` subtracts.
+            let up = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, half));
+            let down = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(frac, nhalf));
+            let t = _mm256_add_epi32(_mm256_sub_epi32(t, up), down);
+            _mm256_min_epi32(_mm256_max_epi32(t, lo), hi)
+        });
+        let y = q.map(|q| _mm256_mul_ps(_mm256_cvtepi32_ps(q), dq));
+        let p16 = _mm256_packs_epi32(q[0], q[1]);
+        let p16b = _mm256_packs_epi32(q[2], q[3]);
+        let p8 = _mm256_packs_epi16(p16, p16b);
+        let codes = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        let mut block = [0u8; 2 + QK];
+        block[..2].copy_from_slice(&dh.to_le_bytes());
+        // SAFETY: `block[2..]` holds exactly 32 bytes; the store is unaligned.
+        unsafe { _mm256_storeu_si256(block[2..].as_mut_ptr().cast(), codes) };
+        out.extend_from_slice(&block);
+        add_stats(&v, &y, stats);
+        Some(true)
+    }
+
+    /// One Q4_0 block; results as for [`block_q8_0`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    unsafe fn block_q4_0(
+        xb: &[f32; QK],
+        out: &mut Vec<u8>,
+        stats: &mut ErrorStats,
+    ) -> Option<bool> {
+        let v = load(xb);
+        let sign = _mm256_set1_ps(-0.0);
+        let a = v.map(|v| _mm256_andnot_ps(sign, v));
+        let amax = hmax(_mm256_max_ps(
+            _mm256_max_ps(a[0], a[1]),
+            _mm256_max_ps(a[2], a[3]),
+        ));
+        // GGML's extreme: the first value of largest magnitude, with its sign (+0 if all zero).
+        let max = if amax == 0.0 {
+            0.0
+        } else {
+            let av = _mm256_set1_ps(amax);
+            let mut mask = 0u32;
+            for (k, a) in a.iter().enumerate() {
+                let eq = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(*a, av)) as u32;
+                mask |= eq << (8 * k);
+            }
+            xb[mask.trailing_zeros() as usize]
+        };
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        if !id.is_finite() {
+            return None;
+        }
+        let dh = f16::from_f32(d);
+        if !dh.is_finite() {
+            return Some(false);
+        }
+        let (idv, off) = (_mm256_set1_ps(id), _mm256_set1_ps(8.5));
+        let (zero, fifteen, eight) = (
+            _mm256_setzero_si256(),
+            _mm256_set1_epi32(15),
+            _mm256_set1_epi32(8),
+        );
+        let dq = _mm256_set1_ps(dh.to_f32());
+        let c = v.map(|v| {
+            let t = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(v, idv), off));
+            _mm256_min_epi32(_mm256_max_epi32(t, zero), fifteen)
+        });
+        let y = c.map(|c| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c, eight)), dq));
+        // Byte j = code j | code (j + 16) << 4.
+        let lo = _mm256_or_si256(c[0], _mm256_slli_epi32::<4>(c[2]));
+        let hi = _mm256_or_si256(c[1], _mm256_slli_epi32::<4>(c[3]));
+        let p16 = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(lo, hi));
+        let bytes = _mm_packus_epi16(
+            _mm256_castsi256_si128(p16),
+            _mm256_extracti128_si256::<1>(p16),
+        );
+        let mut block = [0u8; 2 + QK / 2];
+        block[..2].copy_from_slice(&dh.to_le_bytes());
+        // SAFETY: `block[2..]` holds exactly 16 bytes; the store is unaligned.
+        unsafe { _mm_storeu_si128(block[2..].as_mut_ptr().cast(), bytes) };
+        out.extend_from_slice(&block);
+        add_stats(&v, &y, stats);
+        Some(true)
+    }
 }
 
 /// Run-time ISA selection, decided once. `KILN_QUANTIZE_ISA=baseline` forces the baseline
@@ -309,6 +558,76 @@ mod tests {
                     assert_eq!(sa, sb, "{dtype} {method}");
                 }
             }
+        }
+    }
+
+    /// The fused AVX2 reference kernel writes the bytes and statistics of the scalar path,
+    /// including ties, all-zero and tiny blocks, repeated extremes of both signs and blocks
+    /// whose 1/d overflows (scalar fallback inside the kernel).
+    #[test]
+    #[allow(clippy::needless_range_loop)] // the test writes patterns by index
+    fn fused_reference_equals_scalar() {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            let mut x: Vec<f32> = (0..32 * 512)
+                .map(|i| {
+                    let h = (i as u32).wrapping_mul(2_654_435_761) >> 8;
+                    (h % 20001) as f32 / 10000.0 - 1.0
+                })
+                .collect();
+            // Ties of round-half-away: values k + 0.5 in units of d = 127/127.
+            for j in 0..32 {
+                x[j] = (j as f32 - 16.0) + 0.5;
+            }
+            x[0] = -127.0;
+            x[32..64].fill(0.0);
+            x[64..96].fill(-0.0);
+            for j in 96..128 {
+                x[j] = if j % 2 == 0 { 3.0 } else { -3.0 };
+            }
+            for j in 128..160 {
+                x[j] = if j % 2 == 0 { -3.0 } else { 3.0 };
+            }
+            x[160..192].fill(1e-39);
+            x[161] = -2e-39;
+            x[192..224].fill(1e-37);
+            x[225] = 0.5;
+            x[226] = -0.5;
+            for j in 256..288 {
+                x[j] = (j as f32 - 270.0) * 1e-3 + 1e-4;
+            }
+            for dtype in [DType::Q8_0, DType::Q4_0] {
+                for cols in [32, 256] {
+                    let (mut a, mut b) = (Vec::new(), Vec::new());
+                    let (mut sa, mut sb) = (ErrorStats::default(), ErrorStats::default());
+                    quantize_rows_body(&x, cols, dtype, Method::Reference, None, &mut a, &mut sa)
+                        .unwrap();
+                    // SAFETY: AVX2 was detected above.
+                    unsafe {
+                        fused::quantize_rows_reference_avx2(&x, cols, dtype, &mut b, &mut sb)
+                    }
+                    .unwrap();
+                    assert_eq!(a, b, "{dtype}");
+                    assert_eq!(sa, sb, "{dtype}");
+                }
+            }
+            // Scale overflow: same error, nothing written.
+            let mut y = x.clone();
+            y[40] = 1.0e7;
+            let mut b = Vec::new();
+            let mut sb = ErrorStats::default();
+            // SAFETY: AVX2 was detected above.
+            let e = unsafe {
+                fused::quantize_rows_reference_avx2(&y, 64, DType::Q8_0, &mut b, &mut sb)
+            };
+            assert_eq!(
+                e,
+                Err(ValueError::ScaleOverflow {
+                    position: 32,
+                    value: 1.0e7
+                })
+            );
+            assert!(b.is_empty());
         }
     }
 

@@ -47,11 +47,20 @@ impl ErrorStats {
                 e[l] += d * d;
                 m[l] = m[l].max(d.abs());
             }
-            self.sum_sq_signal += f64::from(s.iter().sum::<f32>());
-            self.sum_sq_error += f64::from(e.iter().sum::<f32>());
-            self.max_abs_error = m.iter().fold(self.max_abs_error, |a, &b| a.max(b));
+            self.add_lanes(&s, &e, &m);
         }
         self.count += x.len() as u64;
+    }
+
+    /// Fold the eight lane partials of one 32-value block (Σx², Σ(x − x̂)², max |x − x̂|, each
+    /// lane `l` over elements `l, l + 8, l + 16, l + 24` in that order) into the sums; `count`
+    /// is not changed. Shared by [`ErrorStats::add`] and the fused SIMD kernels, so both reduce
+    /// in the same order and give the same bits.
+    #[inline(always)]
+    pub(crate) fn add_lanes(&mut self, s: &[f32; 8], e: &[f32; 8], m: &[f32; 8]) {
+        self.sum_sq_signal += f64::from(s.iter().sum::<f32>());
+        self.sum_sq_error += f64::from(e.iter().sum::<f32>());
+        self.max_abs_error = m.iter().fold(self.max_abs_error, |a, &b| a.max(b));
     }
 
     /// Combine with the statistics of the following chunk.

@@ -25,7 +25,8 @@ use std::time::Instant;
 use kiln_format::convert::decode_to_f32;
 use kiln_format::metadata::now_rfc3339;
 use kiln_format::{
-    hex, FormatError, KilnFile, KilnWriter, ProvenanceStep, SourceFile, TensorInfo, TensorSpec,
+    hex, DType, FormatError, KilnFile, KilnWriter, ProvenanceStep, SourceFile, TensorInfo,
+    TensorSpec,
 };
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
@@ -425,8 +426,13 @@ impl Ctx<'_> {
         let mut input = vec![0u8; n * unit as usize];
         read_exact_at(self.file, &mut input, info.offset + start * unit)
             .map_err(|e| self.io_err(e))?;
-        let mut x = vec![0.0f32; n];
-        decode_to_f32(info.dtype, &input, &mut x);
+        let x = if info.dtype == DType::BF16 {
+            decode_bf16(&input)
+        } else {
+            let mut x = vec![0.0f32; n];
+            decode_to_f32(info.dtype, &input, &mut x);
+            x
+        };
         let mut output = Vec::new();
         let mut stats = ErrorStats::default();
         let importance = self.importance.get(&info.name).map(Vec::as_slice);
@@ -478,6 +484,19 @@ impl Ctx<'_> {
     }
 }
 
+/// Little-endian bf16 bytes to f32, as [`decode_to_f32`] does (`half`'s rule: NaNs get their
+/// quiet bit set), in a branch-free loop that the compiler vectorizes.
+fn decode_bf16(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(2)
+        .map(|c| {
+            let b = u32::from(u16::from_le_bytes([c[0], c[1]]));
+            let quiet = u32::from(b & 0x7fff > 0x7f80) << 6;
+            f32::from_bits((b | quiet) << 16)
+        })
+        .collect()
+}
+
 /// Bits of storage per weight over a set of tensors.
 pub fn bits_per_weight(bytes: u64, elements: u64) -> f64 {
     if elements == 0 {
@@ -504,4 +523,22 @@ fn read_exact_at(file: &File, mut buf: &mut [u8], mut at: u64) -> std::io::Resul
         at += n as u64;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The vectorizable bf16 decode equals the format crate's on every bit pattern.
+    #[test]
+    fn decode_bf16_equals_format_decode() {
+        let bytes: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+        let mut want = vec![0.0f32; 1 << 16];
+        decode_to_f32(DType::BF16, &bytes, &mut want);
+        let got = decode_bf16(&bytes);
+        assert!(want
+            .iter()
+            .zip(&got)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
 }
