@@ -24,6 +24,10 @@ chunks=4
 for t in f16 q8_0 q4_0; do
     "$bin/kiln-quantize" "$out/bf16.kiln" "$out/$t.kiln" --to "$t" --force > /dev/null
 done
+# Calibrated Q4_0 (error-compensating rounding), calibrated on a different text than the one
+# perplexity is measured on, with llama.cpp's default tensor policy (embedding in Q8_0).
+"$bin/kiln-quantize" "$out/bf16.kiln" "$out/q4_0-cal.kiln" --to q4_0 --keep embed.weight=q8_0 \
+    --calibrate fixtures/text/calibration.txt --force -q > /dev/null
 
 failed=0
 passed=0
@@ -36,7 +40,7 @@ check() {  # check DESCRIPTION COMMAND...
     fi
 }
 
-for t in f32 bf16 f16 q8_0 q4_0; do
+for t in f32 bf16 f16 q8_0 q4_0 q4_0-cal; do
     check "$t integrity" "$bin/kiln-verify" integrity "$out/$t.kiln" > /dev/null
     for ref in fixtures/reference/smollm2/*.safetensors; do
         check "$t layers vs $(basename "$ref")" "$bin/kiln-verify" layers "$out/$t.kiln" --reference "$ref" --json > "$out/layers-$t-$(basename "$ref" .safetensors).json"
@@ -44,7 +48,7 @@ for t in f32 bf16 f16 q8_0 q4_0; do
 done
 
 "$bin/kiln-verify" perplexity "$out/f32.kiln" --text "$text" -c 512 --chunks "$chunks" --save-logits "$out/f32.logits" --json > "$out/ppl-f32.json"
-for t in bf16 f16 q8_0 q4_0; do
+for t in bf16 f16 q8_0 q4_0 q4_0-cal; do
     "$bin/kiln-verify" perplexity "$out/$t.kiln" --text "$text" -c 512 --chunks "$chunks" --kl-base "$out/f32.logits" --json > "$out/ppl-$t.json"
 done
 

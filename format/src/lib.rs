@@ -16,6 +16,7 @@
 //! The format is specified in `docs/FORMAT.md`. This crate knows no model maths, no SIMD and no
 //! user interface.
 
+pub mod atomic;
 pub mod blocks;
 pub mod convert;
 pub mod dtype;
@@ -26,6 +27,7 @@ pub mod names;
 pub mod reader;
 pub mod writer;
 
+pub use atomic::{remove_pending_outputs, write_file_atomic, AtomicFile};
 pub use blocks::{BlockQ4_0, BlockQ8_0, QK};
 pub use dtype::DType;
 pub use error::{FormatError, Result};
@@ -34,4 +36,4 @@ pub use metadata::{
 };
 pub use names::{Role, TensorName};
 pub use reader::{hex, ChecksumFailure, KilnFile, TensorInfo, TensorView};
-pub use writer::{remove_pending_outputs, KilnWriter, TensorSink, TensorSpec, WriteSummary};
+pub use writer::{KilnWriter, TensorSink, TensorSpec, WriteSummary};

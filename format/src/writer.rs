@@ -9,14 +9,15 @@
 //! writes the index and header, fsyncs, and only then moves the file into place (without
 //! replacing an existing file unless overwriting was asked for) and fsyncs the directory. A
 //! writer dropped before `finish` (an error, a panic) deletes its temporary file, and
-//! [`remove_pending_outputs`] lets a Ctrl-C handler do the same.
+//! [`crate::remove_pending_outputs`] lets a Ctrl-C handler do the same (see [`crate::atomic`]).
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
+use crate::atomic::AtomicFile;
 use crate::dtype::DType;
 use crate::error::{FormatError, Result};
 use crate::layout::{
@@ -50,20 +51,6 @@ pub struct WriteSummary {
     pub header_sha256: [u8; 32],
 }
 
-/// Temporary files of writers in progress, so an interrupt handler can remove them.
-static PENDING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-
-/// Delete the temporary files of every unfinished writer in this process.
-///
-/// Meant for a Ctrl-C handler in a program's `main`, which then exits: libraries do not install
-/// signal handlers themselves.
-pub fn remove_pending_outputs() {
-    let pending = PENDING.lock().unwrap_or_else(|e| e.into_inner());
-    for p in pending.iter() {
-        let _ = fs::remove_file(p);
-    }
-}
-
 #[derive(Debug)]
 struct Slot {
     spec: TensorSpec,
@@ -77,14 +64,12 @@ struct Slot {
 pub struct KilnWriter {
     dest: PathBuf,
     tmp: PathBuf,
-    file: File,
-    overwrite: bool,
+    out: AtomicFile,
     metadata: Vec<u8>,
     slots: Vec<Slot>,
     data_offset: u64,
     data_len: u64,
     index_len: u64,
-    finished: bool,
 }
 
 impl KilnWriter {
@@ -189,35 +174,22 @@ impl KilnWriter {
             return Err(overflow(&label));
         }
 
-        let dir = dest
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let base = dest
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "out.kiln".into());
-        let (tmp, file) = create_temp(dir, &base)?;
-        PENDING
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(tmp.clone());
+        let out = AtomicFile::create(&dest, overwrite)?;
         let writer = KilnWriter {
             dest,
-            tmp,
-            file,
-            overwrite,
+            tmp: out.tmp_path().to_path_buf(),
+            out,
             metadata: metadata_bytes,
             slots,
             data_offset,
             data_len,
             index_len,
-            finished: false,
         };
         // Size the file now: padding reads as zeros, and a disk too small for a sparse file's
         // metadata fails here rather than late.
         writer
-            .file
+            .out
+            .file()
             .set_len(data_offset + data_len)
             .map_err(|e| FormatError::io(&writer.tmp, "cannot size the output", e))?;
         Ok(writer)
@@ -308,12 +280,12 @@ impl KilnWriter {
     }
 
     fn write_at(&self, bytes: &[u8], at: u64) -> Result<()> {
-        write_all_at(&self.file, bytes, at)
+        write_all_at(self.out.file(), bytes, at)
             .map_err(|e| FormatError::io(&self.tmp, "cannot write", e))
     }
 
     /// Write the index and header, fsync, and move the file into place.
-    pub fn finish(mut self) -> Result<WriteSummary> {
+    pub fn finish(self) -> Result<WriteSummary> {
         let mut index = Vec::with_capacity(self.index_len as usize);
         for slot in &self.slots {
             let sha = slot
@@ -358,61 +330,13 @@ impl KilnWriter {
         self.write_at(&self.metadata, HEADER_LEN)?;
         self.write_at(&index, HEADER_LEN + self.metadata.len() as u64)?;
         self.write_at(&header, 0)?;
-        self.file
-            .sync_all()
-            .map_err(|e| FormatError::io(&self.tmp, "cannot sync", e))?;
-        self.publish()?;
-        self.finished = true;
-        self.forget_pending();
+        self.out.commit()?;
         Ok(WriteSummary {
-            path: self.dest.clone(),
+            path: self.dest,
             file_len: self.data_offset + self.data_len,
             data_len: self.data_len,
             header_sha256: sha,
         })
-    }
-
-    fn publish(&self) -> Result<()> {
-        let label = self.dest.display().to_string();
-        if self.overwrite {
-            fs::rename(&self.tmp, &self.dest)
-                .map_err(|e| FormatError::io(&self.dest, "cannot move the output into place", e))?;
-        } else {
-            // A hard link fails if the destination appeared meanwhile: no silent replacement.
-            match fs::hard_link(&self.tmp, &self.dest) {
-                Ok(()) => {
-                    let _ = fs::remove_file(&self.tmp);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    return Err(FormatError::AlreadyExists { file: label });
-                }
-                Err(_) => {
-                    // File systems without hard links: check, then rename.
-                    if self.dest.exists() {
-                        return Err(FormatError::AlreadyExists { file: label });
-                    }
-                    fs::rename(&self.tmp, &self.dest).map_err(|e| {
-                        FormatError::io(&self.dest, "cannot move the output into place", e)
-                    })?;
-                }
-            }
-        }
-        sync_parent_dir(&self.dest);
-        Ok(())
-    }
-
-    fn forget_pending(&self) {
-        let mut pending = PENDING.lock().unwrap_or_else(|e| e.into_inner());
-        pending.retain(|p| p != &self.tmp);
-    }
-}
-
-impl Drop for KilnWriter {
-    fn drop(&mut self) {
-        if !self.finished {
-            let _ = fs::remove_file(&self.tmp);
-            self.forget_pending();
-        }
     }
 }
 
@@ -470,32 +394,6 @@ fn overflow(label: &str) -> FormatError {
     }
 }
 
-fn create_temp(dir: &Path, base: &str) -> Result<(PathBuf, File)> {
-    let pid = std::process::id();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    for attempt in 0..100u32 {
-        let tmp = dir.join(format!(".{base}.tmp-{pid}-{nanos:x}-{attempt}"));
-        match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-        {
-            Ok(f) => return Ok((tmp, f)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(FormatError::io(&tmp, "cannot create a temporary file", e)),
-        }
-    }
-    Err(FormatError::io(
-        dir,
-        "cannot create a temporary file",
-        std::io::Error::new(std::io::ErrorKind::AlreadyExists, "100 names taken"),
-    ))
-}
-
 #[cfg(unix)]
 fn write_all_at(file: &File, bytes: &[u8], at: u64) -> std::io::Result<()> {
     std::os::unix::fs::FileExt::write_all_at(file, bytes, at)
@@ -514,17 +412,3 @@ fn write_all_at(file: &File, mut bytes: &[u8], mut at: u64) -> std::io::Result<(
     }
     Ok(())
 }
-
-#[cfg(unix)]
-fn sync_parent_dir(path: &Path) {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-}
-
-#[cfg(not(unix))]
-fn sync_parent_dir(_path: &Path) {}

@@ -99,6 +99,18 @@ pub enum QuantizeError {
         expected: u64,
         found: u64,
     },
+    /// An importance file that cannot be used.
+    #[error("{file}: not a usable importance file: {reason}")]
+    BadImportance { file: String, reason: String },
+    /// Importance measured on another model, or missing for a matrix.
+    #[error("{file}: {reason}")]
+    ImportanceMismatch { file: String, reason: String },
+    /// The calibration pass could not run the model.
+    #[error("{file}: calibration cannot run the model: {reason}")]
+    Calibration { file: String, reason: String },
+    /// The calibration text is unusable.
+    #[error("calibration text: {reason}")]
+    CalibrationText { reason: String },
     /// The thread pool could not be built.
     #[error("cannot start {threads} worker threads: {reason}")]
     ThreadPool { threads: usize, reason: String },

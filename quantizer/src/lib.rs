@@ -19,8 +19,11 @@
 //! The binary (`src/main.rs`) only parses arguments, draws the progress bar and prints the
 //! report. The policy is documented in `docs/QUANTIZE.md`.
 
+pub mod calibrate;
 pub mod convert;
 pub mod error;
+pub mod gptq;
+pub mod importance;
 pub mod method;
 pub mod metrics;
 pub mod pipeline;

@@ -10,9 +10,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Mutex;
 
+use clap::builder::TypedValueParser;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_format::DType;
+use kiln_quantize::calibrate::{calibrate_path, CalibrationOptions};
+use kiln_quantize::importance::Importance;
 use kiln_quantize::{
     quantize_file, Method, Override, Policy, Progress, QuantizeError, QuantizeOptions,
 };
@@ -32,10 +35,31 @@ struct Args {
     /// Dtype of the weight matrices: f16, q8_0 or q4_0.
     #[arg(long, value_name = "DTYPE")]
     to: String,
-    /// How Q8_0/Q4_0 blocks choose their scale: `reference` (GGML's rule, bit for bit) or
-    /// `search` (least-squares scale search in the same layout).
-    #[arg(long, default_value = "reference", value_name = "METHOD")]
-    method: String,
+    /// How Q8_0/Q4_0 blocks are chosen: `reference` (GGML's rule, bit for bit), `search`
+    /// (least-squares scale search in the same layout, weighted by importance when
+    /// calibrating) or `gptq` (error-compensating rounding from calibration's second moments).
+    /// Default: `reference`; `gptq` with --calibrate; with --importance, `gptq` if the file
+    /// holds second moments, else `search`.
+    #[arg(long, value_name = "METHOD")]
+    method: Option<String>,
+    /// Calibrate on this UTF-8 text: run the model over it and weight each block's error by
+    /// how large its input columns are (see docs/QUANTIZE.md).
+    #[arg(long, value_name = "TEXT", conflicts_with = "importance")]
+    calibrate: Option<PathBuf>,
+    /// At most this many tokens of the calibration text are used.
+    #[arg(long, value_name = "N", default_value_t = kiln_quantize::calibrate::DEFAULT_TOKENS,
+          value_parser = clap::value_parser!(u64).range(64..=100_000_000).map(|v| v as usize))]
+    calib_tokens: usize,
+    /// Calibration window in tokens (the KV cache is reset between windows).
+    #[arg(long, value_name = "N", default_value_t = kiln_quantize::calibrate::DEFAULT_CTX,
+          value_parser = clap::value_parser!(u64).range(16..=1_000_000).map(|v| v as usize))]
+    calib_ctx: usize,
+    /// Use importance measured earlier (a file written by --save-importance).
+    #[arg(long, value_name = "FILE")]
+    importance: Option<PathBuf>,
+    /// Save the importance measured by --calibrate, to reuse with --importance.
+    #[arg(long, value_name = "FILE", requires = "calibrate")]
+    save_importance: Option<PathBuf>,
     /// Per-tensor override, PATTERN=DTYPE (f32, f16, bf16, q8_0, q4_0 or copy); `*` matches
     /// any run of characters; the last matching flag wins. Example: --keep lm_head.weight=q8_0
     #[arg(long = "keep", value_name = "PATTERN=DTYPE")]
@@ -102,10 +126,32 @@ fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
         .iter()
         .map(|k| Override::parse(k))
         .collect::<Result<Vec<_>, _>>()?;
-    let method = Method::parse(&args.method).ok_or_else(|| QuantizeError::BadOverride {
-        arg: format!("--method {}", args.method),
-        reason: "use `reference` or `search`".into(),
-    })?;
+    let calibrated = args.calibrate.is_some() || args.importance.is_some();
+    let method = match &args.method {
+        // Downgraded to `search` in `run` if an importance file has no second moments.
+        None if calibrated => Method::Gptq,
+        None => Method::Reference,
+        Some(m) => Method::parse(m).ok_or_else(|| QuantizeError::BadOverride {
+            arg: format!("--method {m}"),
+            reason: "use `reference` or `search`".into(),
+        })?,
+    };
+    if method == Method::Gptq && !calibrated {
+        return Err(QuantizeError::BadOverride {
+            arg: "--method gptq".into(),
+            reason: "error-compensating rounding needs calibration: add --calibrate TEXT \
+                     (or --importance FILE saved by a --method gptq calibration)"
+                .into(),
+        });
+    }
+    if calibrated && method == Method::Reference {
+        return Err(QuantizeError::BadOverride {
+            arg: "--method reference".into(),
+            reason: "the reference method is GGML's fixed rule and ignores importance; drop \
+                     --method (or use `search`) with --calibrate/--importance"
+                .into(),
+        });
+    }
     let mut o = QuantizeOptions::new(&args.input, &args.output, Policy::new(to, overrides)?);
     o.method = method;
     o.threads = args.threads.map(|t| t as usize);
@@ -114,7 +160,7 @@ fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
 }
 
 fn run(args: Args) -> Result<(), QuantizeError> {
-    let options = options(&args)?;
+    let mut options = options(&args)?;
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("{msg:>14} [{bar:40}] {percent:>3}% {elapsed_precise}")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
@@ -125,6 +171,38 @@ fn run(args: Args) -> Result<(), QuantizeError> {
         quiet: args.quiet,
         phase: Mutex::new(String::new()),
     };
+    if let Some(path) = &args.importance {
+        let importance = Importance::load(path)?;
+        if args.method.is_none() && importance.moments.is_empty() {
+            options.method = Method::Search;
+        }
+        if options.method == Method::Gptq && importance.moments.is_empty() {
+            return Err(QuantizeError::ImportanceMismatch {
+                file: path.display().to_string(),
+                reason: "--method gptq needs second moments, and this file has none; \
+                         calibrate again with --method gptq --save-importance"
+                    .into(),
+            });
+        }
+        options.importance = Some(importance);
+    }
+    if let Some(text) = &args.calibrate {
+        let calibration = CalibrationOptions {
+            max_tokens: args.calib_tokens,
+            ctx: args.calib_ctx,
+            threads: options
+                .threads
+                .unwrap_or_else(kiln_runner::threads::physical_cores),
+            second_moments: options.method == Method::Gptq,
+            ..CalibrationOptions::default()
+        };
+        let importance = calibrate_path(&args.input, text, &calibration, &progress);
+        let importance = importance.inspect_err(|_| progress.bar.finish_and_clear())?;
+        if let Some(path) = &args.save_importance {
+            importance.save(path, args.force)?;
+        }
+        options.importance = Some(importance);
+    }
     let report = quantize_file(&options, &progress);
     progress.bar.finish_and_clear();
     let report = report?;

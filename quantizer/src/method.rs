@@ -31,6 +31,9 @@ pub enum Method {
     /// Least-squares scale search within the same layout; never worse than the reference on
     /// any block (by squared error, weighted by the importance weights when given).
     Search,
+    /// Error-compensating rounding ([`crate::gptq`]) for matrices whose input second moments
+    /// were measured by calibration; the scale search for every other block.
+    Gptq,
 }
 
 impl Method {
@@ -39,12 +42,13 @@ impl Method {
         match self {
             Method::Reference => "reference",
             Method::Search => "search",
+            Method::Gptq => "gptq",
         }
     }
 
     /// Parse a name as printed by [`Method::name`].
     pub fn parse(s: &str) -> Option<Method> {
-        [Method::Reference, Method::Search]
+        [Method::Reference, Method::Search, Method::Gptq]
             .into_iter()
             .find(|m| m.name().eq_ignore_ascii_case(s))
     }
@@ -154,7 +158,7 @@ pub fn quantize_block_q8_0(method: Method, x: &[f32; QK], w: Option<&[f32; QK]>)
     let reference = quantize_block_q8_0_reference(x);
     match method {
         Method::Reference => reference,
-        Method::Search => {
+        Method::Search | Method::Gptq => {
             let mut codes = [0i8; QK];
             let mut ref_deq = [0.0f32; QK];
             kiln_format::blocks::dequantize_block_q8_0(&reference, &mut ref_deq);
@@ -180,7 +184,7 @@ pub fn quantize_block_q4_0(method: Method, x: &[f32; QK], w: Option<&[f32; QK]>)
     let reference = quantize_block_q4_0_reference(x);
     match method {
         Method::Reference => reference,
-        Method::Search => {
+        Method::Search | Method::Gptq => {
             let mut ref_deq = [0.0f32; QK];
             kiln_format::blocks::dequantize_block_q4_0(&reference, &mut ref_deq);
             let ref_err = weighted_sq_err(x, &ref_deq, w);

@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use kiln_format::convert::decode_to_f32;
@@ -33,6 +34,8 @@ use sha2::{Digest, Sha256};
 
 use crate::convert::{convert_rows, ValueError};
 use crate::error::{QuantizeError, Result};
+use crate::gptq::{self, Factor};
+use crate::importance::Importance;
 use crate::method::Method;
 use crate::metrics::ErrorStats;
 use crate::policy::{Action, Decision, Policy, POLICY_DESCRIPTION};
@@ -63,9 +66,9 @@ pub struct QuantizeOptions {
     pub threads: Option<usize>,
     /// Replace an existing output.
     pub overwrite: bool,
-    /// Per-column importance weights by tensor name (one weight per column of the tensor's
-    /// rows), for calibrated quantization. Empty: every weight is 1.
-    pub importance: BTreeMap<String, Vec<f32>>,
+    /// Calibration statistics ([`Importance`]): per-column weights by tensor name steer the
+    /// scale choice of those tensors' blocks. `None`: every weight is 1.
+    pub importance: Option<Importance>,
 }
 
 impl QuantizeOptions {
@@ -78,7 +81,7 @@ impl QuantizeOptions {
             method: Method::Reference,
             threads: None,
             overwrite: false,
-            importance: BTreeMap::new(),
+            importance: None,
         }
     }
 }
@@ -123,7 +126,12 @@ fn run(options: &QuantizeOptions, progress: &dyn Progress) -> Result<Report> {
     let tensors = input.tensors();
     options.policy.check_overrides(&label, tensors)?;
     let decisions = options.policy.decide_all(&label, tensors)?;
-    for (name, w) in &options.importance {
+    let no_importance = BTreeMap::new();
+    let columns = options
+        .importance
+        .as_ref()
+        .map_or(&no_importance, |i| &i.columns);
+    for (name, w) in columns {
         let info = input
             .info(name)
             .ok_or_else(|| FormatError::TensorNotFound {
@@ -178,12 +186,22 @@ fn run(options: &QuantizeOptions, progress: &dyn Progress) -> Result<Report> {
     // Largest first, so the long tensors start early and the small ones fill the gaps.
     let mut order: Vec<usize> = (0..tensors.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(tensors[i].numel()));
+    let factors: BTreeMap<String, OnceLock<Arc<Factor>>> = match &options.importance {
+        Some(imp) if options.method == Method::Gptq => imp
+            .moments
+            .keys()
+            .map(|k| (k.clone(), OnceLock::new()))
+            .collect(),
+        _ => BTreeMap::new(),
+    };
     let ctx = Ctx {
         file: &file,
         label: &label,
         writer: &writer,
         method: options.method,
-        importance: &options.importance,
+        importance: columns,
+        factors: &factors,
+        calibration: options.importance.as_ref(),
         progress,
     };
     let quantize_all = || {
@@ -329,7 +347,15 @@ fn provenance_step(
                 "policy": POLICY_DESCRIPTION,
                 "overrides": options.policy.overrides.iter().map(ToString::to_string)
                     .collect::<Vec<_>>(),
-                "importance": options.importance.keys().collect::<Vec<_>>(),
+                "calibration": options.importance.as_ref().map(|i| serde_json::json!({
+                    "model_sha256": i.info.model_sha256,
+                    "text_sha256": i.info.text_sha256,
+                    "tokens": i.info.tokens,
+                    "chunks": i.info.chunks,
+                    "ctx": i.info.ctx,
+                    "statistic": "mean square of each input column",
+                    "weighted_tensors": i.columns.len(),
+                })),
                 "per_tensor": per_tensor,
                 "notes": fallbacks,
             }
@@ -349,6 +375,9 @@ struct Ctx<'a> {
     writer: &'a KilnWriter,
     method: Method,
     importance: &'a BTreeMap<String, Vec<f32>>,
+    /// Factors of the input second moments, per site, computed once on first use.
+    factors: &'a BTreeMap<String, OnceLock<Arc<Factor>>>,
+    calibration: Option<&'a Importance>,
     progress: &'a dyn Progress,
 }
 
@@ -382,6 +411,12 @@ impl Ctx<'_> {
                     sink.write(&buf[..n])?;
                     pos += n as u64;
                 }
+                self.progress.advance(numel);
+            }
+            Action::Convert if self.moment(info, decision).is_some() => {
+                let (bytes, s) = self.compensated(info, decision)?;
+                sink.write(&bytes)?;
+                stats.merge(&s);
                 self.progress.advance(numel);
             }
             Action::Convert => {
@@ -445,7 +480,70 @@ impl Ctx<'_> {
             &mut output,
             &mut stats,
         )
-        .map_err(|e| {
+        .map_err(|e| self.value_error(info, cols, start, e))?;
+        Ok(Chunk { output, stats })
+    }
+
+    /// The site and second moment for error-compensating rounding of this tensor, if any.
+    fn moment(&self, info: &TensorInfo, decision: &Decision) -> Option<(&str, &Arc<Vec<f32>>)> {
+        if !matches!(decision.dtype, DType::Q4_0 | DType::Q8_0) {
+            return None;
+        }
+        let imp = self.calibration?;
+        let site = imp.sites.get(&info.name)?;
+        self.factors.get(site)?;
+        Some((site.as_str(), imp.moments.get(site)?))
+    }
+
+    /// Quantize a whole matrix with error compensation ([`crate::gptq`]).
+    fn compensated(&self, info: &TensorInfo, decision: &Decision) -> Result<(Vec<u8>, ErrorStats)> {
+        let (site, moment) = self.moment(info, decision).expect("checked by the caller");
+        let cols = info.shape.last().copied().unwrap_or(1) as usize;
+        let numel = info.numel() as usize;
+        let unit = info.dtype.block_bytes();
+        let mut input = vec![0u8; numel * unit];
+        read_exact_at(self.file, &mut input, info.offset).map_err(|e| self.io_err(e))?;
+        let x = if info.dtype == DType::BF16 {
+            decode_bf16(&input)
+        } else {
+            let mut x = vec![0.0f32; numel];
+            decode_to_f32(info.dtype, &input, &mut x);
+            x
+        };
+        drop(input);
+        if let Some(p) = x.iter().position(|v| !v.is_finite()) {
+            let e = ValueError::NonFinite {
+                position: p,
+                value: x[p],
+            };
+            return Err(self.value_error(info, cols, 0, e));
+        }
+        if moment.len() != cols * cols {
+            return Err(QuantizeError::ImportanceMismatch {
+                file: self.label.to_string(),
+                reason: format!(
+                    "the second moment of `{site}` is not {cols}×{cols}, as `{}` needs",
+                    info.name
+                ),
+            });
+        }
+        let f = self.factors[site].get_or_init(|| Arc::new(gptq::factor(moment, cols)));
+        let mut out = Vec::with_capacity(numel / 32 * decision.dtype.block_bytes());
+        let deq = gptq::quantize_matrix(&x, cols, decision.dtype, f, &mut out);
+        let mut stats = ErrorStats::default();
+        stats.add(&x, &deq);
+        Ok((out, stats))
+    }
+
+    /// The error for a bad value at `position` (relative to element `start`) of a tensor.
+    fn value_error(
+        &self,
+        info: &TensorInfo,
+        cols: usize,
+        start: u64,
+        e: ValueError,
+    ) -> QuantizeError {
+        {
             let (position, value) = match e {
                 ValueError::NonFinite { position, value }
                 | ValueError::F16Overflow { position, value }
@@ -479,8 +577,7 @@ impl Ctx<'_> {
                     value,
                 },
             }
-        })?;
-        Ok(Chunk { output, stats })
+        }
     }
 }
 

@@ -186,3 +186,44 @@ fn usage_errors_exit_2() {
     let o = kq(&["a", "b", "--to", "q8_0", "--threads", "0"], dir.path());
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[test]
+fn calibration_flags_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_model(&dir.path().join("in.kiln"), DType::BF16, |_, _| {});
+    let base = ["in.kiln", "out.kiln", "--to", "q4_0", "-q"];
+    let with = |extra: &[&str]| {
+        let mut a: Vec<&str> = base.to_vec();
+        a.extend_from_slice(extra);
+        kq(&a, dir.path())
+    };
+    // gptq needs calibration.
+    let o = with(&["--method", "gptq"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("needs calibration"), "{}", stderr(&o));
+    // The reference method ignores importance: refused rather than silently unweighted.
+    std::fs::write(dir.path().join("text.txt"), "some text ".repeat(100)).unwrap();
+    let o = with(&["--calibrate", "text.txt", "--method", "reference"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("ignores importance"), "{}", stderr(&o));
+    // --save-importance only with --calibrate; --calibrate and --importance exclude each other.
+    assert!(!with(&["--save-importance", "imp.safetensors"])
+        .status
+        .success());
+    let o = with(&["--calibrate", "text.txt", "--importance", "imp.safetensors"]);
+    assert!(!o.status.success());
+    // Non-UTF-8 text names the file.
+    std::fs::write(dir.path().join("bin.txt"), [0x66u8, 0x6f, 0xff, 0xfe]).unwrap();
+    let o = with(&["--calibrate", "bin.txt"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("bin.txt") && stderr(&o).contains("not UTF-8"),
+        "{}",
+        stderr(&o)
+    );
+    // A missing importance file names the file.
+    let o = with(&["--importance", "nope.safetensors"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("nope.safetensors"), "{}", stderr(&o));
+    assert!(!dir.path().join("out.kiln").exists());
+}

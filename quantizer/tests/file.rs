@@ -7,6 +7,7 @@ use std::path::Path;
 
 use kiln_format::blocks::{quantize_row_q4_0_ref, quantize_row_q8_0_ref};
 use kiln_format::{DType, KilnFile};
+use kiln_quantize::importance::{CalibrationInfo, Importance};
 use kiln_quantize::{
     quantize_file, Method, NoProgress, Override, Policy, QuantizeError, QuantizeOptions, Report,
 };
@@ -200,8 +201,23 @@ fn importance_weights_are_checked_and_accepted() {
     common::write_model(&dir.path().join("in.kiln"), DType::BF16, |_, _| {});
     let mut o = options(dir.path(), DType::Q4_0, &[]);
     o.method = Method::Search;
-    o.importance
-        .insert("layers.0.attn.q.weight".into(), vec![1.0; 7]);
+    let importance = |len: usize, value: f32| Importance {
+        columns: [("layers.0.attn.q.weight".to_string(), vec![value; len])].into(),
+        sites: [(
+            "layers.0.attn.q.weight".to_string(),
+            "model.layers.0.input_layernorm.output".to_string(),
+        )]
+        .into(),
+        moments: Default::default(),
+        info: CalibrationInfo {
+            model_sha256: String::new(),
+            text_sha256: String::new(),
+            tokens: 1,
+            chunks: 1,
+            ctx: 1,
+        },
+    };
+    o.importance = Some(importance(7, 1.0));
     assert!(matches!(
         run(&o),
         Err(QuantizeError::ImportanceLength {
@@ -211,8 +227,7 @@ fn importance_weights_are_checked_and_accepted() {
         })
     ));
     assert_eq!(common::files_in(dir.path()), ["in.kiln"]);
-    o.importance
-        .insert("layers.0.attn.q.weight".into(), vec![2.0; 64]);
+    o.importance = Some(importance(64, 2.0));
     run(&o).unwrap();
 }
 

@@ -58,6 +58,9 @@ pub enum Logits {
     Last,
     /// Every token's, `(T, vocab)` (verification).
     All,
+    /// None: the output matrix is skipped and `forward` returns an empty slice (calibration,
+    /// which needs only activations; an observer that wants `model.norm.output` still gets it).
+    None,
 }
 
 /// Activation buffers for a batch of `n` tokens, grown on demand and then reused.
@@ -287,6 +290,7 @@ impl<'m> Session<'m> {
                 pool,
             );
             // attn_output = self.o_proj(attn_output)
+            emit(&mut observer, Activation::AttnOut(l), &s.att, qd);
             matmul(&lw.o, &s.att, n, &mut s.proj, pool);
             emit(&mut observer, Activation::O(l), &s.proj, h);
             // hidden_states = residual + hidden_states
@@ -301,6 +305,7 @@ impl<'m> Session<'m> {
             emit(&mut observer, Activation::Gate(l), &s.gate, ff);
             emit(&mut observer, Activation::Up(l), &s.up, ff);
             silu_mul(&s.gate, &s.up, &mut s.act);
+            emit(&mut observer, Activation::DownIn(l), &s.act, ff);
             matmul(&lw.down, &s.act, n, &mut s.proj, pool);
             emit(&mut observer, Activation::Mlp(l), &s.proj, h);
             // hidden_states = residual + hidden_states
@@ -324,13 +329,16 @@ impl<'m> Session<'m> {
         if all {
             emit(&mut observer, Activation::FinalNorm, &s.xn, h);
         }
+        if which == Logits::None {
+            return Ok(&[]);
+        }
         let out: &Matrix = w.output();
         s.logits.resize(rows * c.vocab, 0.0);
         matmul(out, &s.xn[..rows * h], rows, &mut s.logits, pool);
         emit(&mut observer, Activation::Logits, &s.logits, c.vocab);
         Ok(match which {
             Logits::All => &s.logits,
-            Logits::Last => &s.logits[(rows - 1) * c.vocab..],
+            Logits::Last | Logits::None => &s.logits[(rows - 1) * c.vocab..],
         })
     }
 }

@@ -28,6 +28,10 @@ pub enum Activation {
     K(usize),
     /// `model.layers.N.self_attn.v_proj.output`, `(T, kv_heads*head_dim)`.
     V(usize),
+    /// `model.layers.N.self_attn.o_proj.input`: the attention output, `(T, heads*head_dim)`.
+    /// (An input, not an output: calibration needs what the o_proj matrix multiplies, and no
+    /// module of the reference outputs exactly that.)
+    AttnOut(usize),
     /// `model.layers.N.self_attn.o_proj.output` (before the residual add), `(T, hidden)`.
     O(usize),
     /// `model.layers.N.post_attention_layernorm.output`, `(T, hidden)`.
@@ -36,6 +40,8 @@ pub enum Activation {
     Gate(usize),
     /// `model.layers.N.mlp.up_proj.output`, `(T, intermediate)`.
     Up(usize),
+    /// `model.layers.N.mlp.down_proj.input`: `act_fn(gate) * up`, `(T, intermediate)`.
+    DownIn(usize),
     /// `model.layers.N.mlp.output` (before the residual add), `(T, hidden)`.
     Mlp(usize),
     /// `model.layers.N.output`, the residual stream after layer N, `(T, hidden)`.
@@ -58,10 +64,12 @@ impl fmt::Display for Activation {
             Q(l) => layer(f, l, "self_attn.q_proj"),
             K(l) => layer(f, l, "self_attn.k_proj"),
             V(l) => layer(f, l, "self_attn.v_proj"),
+            AttnOut(l) => write!(f, "model.layers.{l}.self_attn.o_proj.input"),
             O(l) => layer(f, l, "self_attn.o_proj"),
             MlpNorm(l) => layer(f, l, "post_attention_layernorm"),
             Gate(l) => layer(f, l, "mlp.gate_proj"),
             Up(l) => layer(f, l, "mlp.up_proj"),
+            DownIn(l) => write!(f, "model.layers.{l}.mlp.down_proj.input"),
             Mlp(l) => layer(f, l, "mlp"),
             Layer(l) => write!(f, "model.layers.{l}.output"),
             FinalNorm => f.write_str("model.norm.output"),

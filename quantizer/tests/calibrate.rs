@@ -1,0 +1,215 @@
+//! Calibration on real (tiny) transformers checkpoints: what is measured, that it is what the
+//! forward pass actually multiplies, the importance file, and calibrated quantization end to end.
+
+use std::path::{Path, PathBuf};
+
+use kiln_format::{DType, KilnFile};
+use kiln_quantize::calibrate::{calibrate, matrix_sites, CalibrationOptions};
+use kiln_quantize::importance::Importance;
+use kiln_quantize::{quantize_file, Method, NoProgress, Policy, QuantizeError, QuantizeOptions};
+use kiln_runner::{Logits, Model, Recorder, Tokenizer};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn convert(fixture: &str, dir: &Path) -> PathBuf {
+    let out = dir.join(format!("{fixture}.kiln"));
+    kiln_convert::convert_hf(
+        &kiln_convert::ConvertOptions {
+            input: root().join("fixtures/tiny").join(fixture),
+            output: out.clone(),
+            dtype: None,
+            overwrite: true,
+        },
+        &kiln_convert::NoProgress,
+    )
+    .unwrap();
+    out
+}
+
+fn corpus() -> String {
+    std::fs::read_to_string(root().join("fixtures/tiny/corpus.txt")).unwrap()
+}
+
+fn options(second_moments: bool) -> CalibrationOptions {
+    CalibrationOptions {
+        max_tokens: 4096,
+        ctx: 64,
+        second_moments,
+        threads: 2,
+    }
+}
+
+#[test]
+fn every_matrix_gets_the_mean_square_of_what_it_multiplies() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = convert("llama-untied-bf16", dir.path());
+    let file = KilnFile::open(&path).unwrap();
+    let text = corpus();
+    let imp = calibrate(&file, &text, &options(true), &NoProgress).unwrap();
+
+    // Every 2-D matrix but the (untied) embedding, with one value per column.
+    let matrices: Vec<&str> = file
+        .tensors()
+        .iter()
+        .filter(|t| t.shape.len() == 2 && t.name != "embed.weight")
+        .map(|t| t.name.as_str())
+        .collect();
+    assert_eq!(
+        imp.columns.keys().map(String::as_str).collect::<Vec<_>>(),
+        {
+            let mut m = matrices.clone();
+            m.sort();
+            m
+        }
+    );
+    for (name, v) in &imp.columns {
+        let cols = file.info(name).unwrap().shape[1] as usize;
+        assert_eq!(v.len(), cols, "{name}");
+        assert!(v.iter().all(|x| x.is_finite() && *x >= 0.0), "{name}");
+        assert!(v.iter().any(|x| *x > 0.0), "{name}");
+        // The diagonal of the second moment is the column mean square.
+        let m = imp.moment(name).unwrap();
+        for (j, &c) in v.iter().enumerate() {
+            let d = m[j * cols + j];
+            assert!(
+                (d - c).abs() <= 1e-4 * c.max(1e-6),
+                "{name}[{j}]: {d} vs {c}"
+            );
+        }
+        // Symmetric.
+        for i in 0..cols {
+            for j in 0..i {
+                let (a, b) = (m[i * cols + j], m[j * cols + i]);
+                assert!((a - b).abs() <= 1e-5 * (a.abs() + b.abs() + 1e-6), "{name}");
+            }
+        }
+    }
+    assert_eq!(
+        imp.sites["layers.1.attn.k.weight"],
+        imp.sites["layers.1.attn.v.weight"]
+    );
+    assert_eq!(imp.sites["lm_head.weight"], "model.norm.output");
+
+    // Recompute two sites independently from recorded activations of the same windows.
+    let model = Model::load(&file).unwrap();
+    let mut ids = Tokenizer::from_file(&file).unwrap().encode(&text).unwrap();
+    ids.truncate(4096);
+    assert_eq!(imp.info.tokens, ids.len() as u64);
+    let mut sess = model.session(64, 1).unwrap();
+    for (site, matrix) in [
+        (
+            "model.layers.1.mlp.down_proj.input",
+            "layers.1.mlp.down.weight",
+        ),
+        (
+            "model.layers.0.self_attn.o_proj.input",
+            "layers.0.attn.o.weight",
+        ),
+    ] {
+        let mut sums = vec![0f64; imp.columns[matrix].len()];
+        for w in ids.chunks(64) {
+            sess.reset();
+            let mut rec = Recorder {
+                only: vec![site.into()],
+                records: vec![],
+            };
+            sess.forward(w, Logits::None, Some(&mut rec)).unwrap();
+            let (shape, data) = rec.get(site).unwrap();
+            for row in data.chunks_exact(shape[1]) {
+                for (s, &x) in sums.iter_mut().zip(row) {
+                    *s += f64::from(x) * f64::from(x);
+                }
+            }
+        }
+        for (j, (s, &got)) in sums.iter().zip(&imp.columns[matrix]).enumerate() {
+            let want = (s / ids.len() as f64) as f32;
+            assert!((got - want).abs() <= 1e-5 * want.max(1e-6), "{matrix}[{j}]");
+        }
+    }
+
+    // Deterministic, and the file round-trips.
+    let again = calibrate(&file, &text, &options(true), &NoProgress).unwrap();
+    assert_eq!(again, imp);
+    let saved = dir.path().join("imp.safetensors");
+    imp.save(&saved, false).unwrap();
+    assert_eq!(Importance::load(&saved).unwrap(), imp);
+}
+
+#[test]
+fn tied_embeddings_take_the_output_side_importance() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = convert("llama-tied-f32", dir.path());
+    let file = KilnFile::open(&path).unwrap();
+    let sites = matrix_sites(&file);
+    assert_eq!(sites["embed.weight"], "model.norm.output");
+    assert!(!sites.contains_key("lm_head.weight"));
+}
+
+#[test]
+fn calibrated_quantization_runs_end_to_end_and_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = convert("qwen2-bias-f32", dir.path());
+    let file = KilnFile::open(&path).unwrap();
+    let imp = calibrate(&file, &corpus(), &options(true), &NoProgress).unwrap();
+    for method in [Method::Search, Method::Gptq] {
+        let out = dir.path().join(format!("{method}.kiln"));
+        let mut o = QuantizeOptions::new(&path, &out, Policy::new(DType::Q4_0, vec![]).unwrap());
+        o.method = method;
+        o.importance = Some(imp.clone());
+        let report = quantize_file(&o, &NoProgress).unwrap();
+        assert!(report.tensors.iter().any(|t| t.to == DType::Q4_0));
+        let q = KilnFile::open(&out).unwrap();
+        assert!(q.verify_checksums(&|_| {}).is_empty());
+        let step = q.metadata().provenance.last().unwrap();
+        let cal = &step.details["quantization"]["calibration"];
+        assert_eq!(cal["text_sha256"], imp.info.text_sha256);
+        assert_eq!(cal["tokens"], imp.info.tokens);
+        assert_eq!(step.details["quantization"]["method"], method.name());
+        // The runner loads and runs it.
+        let model = Model::load(&q).unwrap();
+        let ids = Tokenizer::from_file(&q)
+            .unwrap()
+            .encode("the quick brown fox")
+            .unwrap();
+        let logits = model
+            .session(64, 1)
+            .unwrap()
+            .forward(&ids, Logits::Last, None)
+            .unwrap()
+            .to_vec();
+        assert!(logits.iter().all(|v| v.is_finite()));
+    }
+}
+
+#[test]
+fn importance_from_another_model_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let untied = convert("llama-untied-bf16", dir.path());
+    let tied = convert("llama-tied-f32", dir.path());
+    let imp = calibrate(
+        &KilnFile::open(&untied).unwrap(),
+        &corpus(),
+        &options(false),
+        &NoProgress,
+    )
+    .unwrap();
+    let out = dir.path().join("out.kiln");
+    let mut o = QuantizeOptions::new(&tied, &out, Policy::new(DType::Q4_0, vec![]).unwrap());
+    o.method = Method::Search;
+    o.importance = Some(imp);
+    let e = quantize_file(&o, &NoProgress).unwrap_err();
+    assert!(e.to_string().contains("lm_head.weight"), "{e}");
+    assert!(!out.exists());
+}
+
+#[test]
+fn too_little_text_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = convert("llama-tied-f32", dir.path());
+    let file = KilnFile::open(&path).unwrap();
+    let e = calibrate(&file, "hi", &options(false), &NoProgress).unwrap_err();
+    assert!(matches!(e, QuantizeError::CalibrationText { .. }), "{e}");
+    assert!(e.to_string().contains("too little text"), "{e}");
+}
