@@ -100,6 +100,68 @@ pub fn convert_rows(
     Ok(())
 }
 
+/// Little-endian bf16 bytes to f32, dispatched to the widest vector ISA this CPU has.
+/// Equal to [`decode_bf16_ref`] (and to the format crate's `decode_to_f32`) on every bit
+/// pattern. A trailing odd byte is ignored.
+pub fn decode_bf16(bytes: &[u8]) -> Vec<f32> {
+    let mut x = vec![0.0f32; bytes.len() / 2];
+    #[cfg(target_arch = "x86_64")]
+    if isa::avx2() {
+        // SAFETY: `isa::avx2` checked that this CPU supports AVX2.
+        unsafe { bf16_simd::decode_bf16_avx2(bytes, &mut x) };
+        return x;
+    }
+    decode_bf16_ref(bytes, &mut x);
+    x
+}
+
+/// The scalar reference of [`decode_bf16`]: `out[i]` from bytes `2i, 2i + 1`, for as many
+/// values as both hold. NaNs get their quiet bit set (`half`'s rule, which the format crate's
+/// `decode_to_f32` follows).
+pub fn decode_bf16_ref(bytes: &[u8], out: &mut [f32]) {
+    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        let b = u32::from(u16::from_le_bytes([c[0], c[1]]));
+        let quiet = u32::from(b & 0x7fff > 0x7f80) << 6;
+        *o = f32::from_bits((b | quiet) << 16);
+    }
+}
+
+/// The AVX2 bf16 decode: sixteen values per step (zero-extend to 32 bits, shift into the high
+/// half, set the quiet bit of NaNs), the tail through [`decode_bf16_ref`].
+#[cfg(target_arch = "x86_64")]
+mod bf16_simd {
+    use std::arch::x86_64::*;
+
+    use super::decode_bf16_ref;
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn decode_bf16_avx2(bytes: &[u8], out: &mut [f32]) {
+        let n = out.len().min(bytes.len() / 2);
+        let abs = _mm256_set1_epi32(0x7fff_ffff);
+        let inf = _mm256_set1_epi32(0x7f80_0000);
+        let quiet = _mm256_set1_epi32(0x0040_0000);
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: `i + 16 <= n` and `2n <= bytes.len()`, so the 32 bytes at `2i` are in
+            // bounds; the load is unaligned.
+            let v = unsafe { _mm256_loadu_si256(bytes.as_ptr().add(2 * i).cast()) };
+            let halves = [_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v)];
+            for (k, h) in halves.into_iter().enumerate() {
+                let f = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
+                // (f & 0x7fffffff) > 0x7f800000 exactly when (b & 0x7fff) > 0x7f80: a NaN.
+                let nan = _mm256_cmpgt_epi32(_mm256_and_si256(f, abs), inf);
+                let f = _mm256_or_si256(f, _mm256_and_si256(nan, quiet));
+                // SAFETY: `i + 8k + 8 <= i + 16 <= n <= out.len()`; the store is unaligned.
+                unsafe { _mm256_storeu_si256(out.as_mut_ptr().add(i + 8 * k).cast(), f) };
+            }
+            i += 16;
+        }
+        decode_bf16_ref(&bytes[2 * i..2 * n], &mut out[i..n]);
+    }
+}
+
 /// The block loop, dispatched once per call to the widest vector ISA this CPU has. The code is
 /// the same for every tier (compiled twice), so every tier writes the same bytes.
 fn quantize_rows(
@@ -454,6 +516,37 @@ pub mod isa {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every bf16 bit pattern decodes as the format crate decodes it, in every tier, at
+    /// lengths that exercise the vector tail.
+    #[test]
+    fn decode_bf16_tiers_equal_format_decode() {
+        let bytes: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+        let mut want = vec![0.0f32; 1 << 16];
+        kiln_format::convert::decode_to_f32(DType::BF16, &bytes, &mut want);
+        let mut reference = vec![0.0f32; 1 << 16];
+        decode_bf16_ref(&bytes, &mut reference);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&reference), bits(&want));
+        for len in [0usize, 1, 15, 16, 17, 33, 1000, 1 << 16] {
+            // Start one value in too, so the vector loads are not 32-byte aligned; pass a
+            // trailing odd byte where there is one (it must be ignored).
+            for skip in [0usize, 1] {
+                let src = &bytes[2 * skip..];
+                let len = len.min(src.len() / 2);
+                let got = decode_bf16(&src[..(2 * len + 1).min(src.len())]);
+                assert_eq!(got.len(), len);
+                assert_eq!(bits(&got), bits(&want[skip..skip + len]), "len {len}");
+                #[cfg(target_arch = "x86_64")]
+                if std::is_x86_feature_detected!("avx2") {
+                    let mut simd = vec![0.0f32; len];
+                    // SAFETY: AVX2 was detected above.
+                    unsafe { bf16_simd::decode_bf16_avx2(&src[..2 * len], &mut simd) };
+                    assert_eq!(bits(&simd), bits(&want[skip..skip + len]), "len {len}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn f16_overflow_is_reported_not_written() {
