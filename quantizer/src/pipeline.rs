@@ -48,6 +48,10 @@ pub const CHUNK_ELEMENTS: usize = 64 * 1024;
 /// when the hash reads it back.
 const HASH_READ_BYTES: usize = 512 << 10;
 
+/// How often the output's written data is flushed while tensors are converted (see
+/// [`with_writeback`]).
+const WRITEBACK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(30);
+
 /// The tool name and version recorded in provenance.
 pub const TOOL: &str = concat!("kiln-quantize ", env!("CARGO_PKG_VERSION"));
 
@@ -198,7 +202,8 @@ fn run(options: &QuantizeOptions, progress: &dyn Progress) -> Result<Report> {
         let sha = hash_file(&file, &label, input.file_len());
         (sha, hash_start.elapsed().as_secs_f64())
     };
-    let (reports, (input_sha256, hash_seconds)) = rayon::join(quantize_all, hash_all);
+    let (reports, (input_sha256, hash_seconds)) =
+        with_writeback(&writer, || rayon::join(quantize_all, hash_all))?;
     let mut reports = reports?;
     let input_sha256 = input_sha256?;
     reports.sort_by_key(|(i, _)| *i);
@@ -225,6 +230,27 @@ fn run(options: &QuantizeOptions, progress: &dyn Progress) -> Result<Report> {
         [hash_seconds, finish_seconds, start.elapsed().as_secs_f64()],
         rayon::current_num_threads(),
     ))
+}
+
+/// Run `work` while a helper thread flushes what has been written to `writer` every
+/// [`WRITEBACK_INTERVAL`], so the output's data reaches the disk during the conversion instead
+/// of all in [`KilnWriter::finish`]'s final sync. The helper sleeps in I/O, not on a core.
+fn with_writeback<T: Send>(writer: &KilnWriter, work: impl FnOnce() -> T + Send) -> Result<T> {
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let flusher = s.spawn(move || loop {
+            match stopped.recv_timeout(WRITEBACK_INTERVAL) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => writer.sync_data()?,
+                _ => return Ok(()),
+            }
+        });
+        let out = work();
+        drop(stop);
+        let flushed: Result<()> = flusher
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        flushed.map(|()| out)
+    })
 }
 
 /// Refuse `input == output` (same path, or two names of the same file).
