@@ -294,26 +294,151 @@ mod fused {
     ) -> Result<(), ValueError> {
         debug_assert!(cols.is_multiple_of(QK) && x.len().is_multiple_of(cols));
         let q8 = dtype == DType::Q8_0;
+        let mut pending = Pending::new();
         for (i, xb) in x.chunks_exact(QK).enumerate() {
             let xb: &[f32; QK] = xb.try_into().expect("QK chunk");
             let ok = if q8 {
                 // SAFETY: AVX2 is enabled on this function; `xb` holds 32 values.
-                unsafe { block_q8_0(xb, out, stats) }
+                unsafe { block_q8_0(xb, out, &mut pending, stats) }
             } else {
                 // SAFETY: as above.
-                unsafe { block_q4_0(xb, out, stats) }
+                unsafe { block_q4_0(xb, out, &mut pending, stats) }
             };
             match ok {
                 Some(true) => {}
                 Some(false) => return Err(scale_overflow(out, i * QK, xb)),
                 None => {
-                    // 1/d overflows: the scalar reference handles the block.
+                    // 1/d overflows: the scalar reference handles the block, after the
+                    // blocks before it have been added (the sums are added in block order).
+                    pending.flush(stats);
                     quantize_rows_body(xb, QK, dtype, Method::Reference, None, out, stats)
                         .map_err(|_| scale_overflow(out, i * QK, xb))?;
                 }
             }
         }
+        pending.finish(stats);
         Ok(())
+    }
+
+    /// The error statistics of up to eight blocks, kept as vectors until eight are there and
+    /// then added to an [`ErrorStats`] in block order with exactly [`ErrorStats::add_lanes`]'s
+    /// arithmetic: per block `((s₀ + s₁) + s₂) + … + s₇` in f32, then added in f64. Eight
+    /// blocks' lane sums are transposed so that those seven additions run once for all eight
+    /// (vector lane b = block b). The largest error is order-independent (no NaN can occur:
+    /// inputs are finite), so it is kept as one running vector maximum.
+    struct Pending {
+        /// Per-lane Σx² of each pending block.
+        s: [__m256; 8],
+        /// Per-lane Σ(x − x̂)² of each pending block.
+        e: [__m256; 8],
+        /// Blocks pending.
+        n: usize,
+        /// Running per-lane max |x − x̂| since the start of the call.
+        max: __m256,
+    }
+
+    impl Pending {
+        #[inline(always)]
+        fn new() -> Self {
+            // SAFETY: register-only AVX operations; callers enable AVX2.
+            unsafe {
+                Pending {
+                    s: [_mm256_setzero_ps(); 8],
+                    e: [_mm256_setzero_ps(); 8],
+                    n: 0,
+                    max: _mm256_setzero_ps(),
+                }
+            }
+        }
+
+        #[inline(always)]
+        fn push(&mut self, s: __m256, e: __m256, m: __m256, stats: &mut ErrorStats) {
+            self.s[self.n] = s;
+            self.e[self.n] = e;
+            self.n += 1;
+            // SAFETY: register-only AVX operation; callers enable AVX2.
+            self.max = unsafe { _mm256_max_ps(self.max, m) };
+            stats.count += QK as u64;
+            if self.n == 8 {
+                self.flush(stats);
+            }
+        }
+
+        /// Add the pending blocks' sums to `stats`, in block order.
+        #[inline(always)]
+        fn flush(&mut self, stats: &mut ErrorStats) {
+            let (mut ss, mut es) = ([0.0f32; 8], [0.0f32; 8]);
+            if self.n == 8 {
+                // SAFETY: register-only AVX operations and stores to local arrays of 8 f32.
+                unsafe {
+                    _mm256_storeu_ps(ss.as_mut_ptr(), sum_lanes(&self.s));
+                    _mm256_storeu_ps(es.as_mut_ptr(), sum_lanes(&self.e));
+                }
+            } else {
+                for b in 0..self.n {
+                    let (mut sa, mut ea) = ([0.0f32; 8], [0.0f32; 8]);
+                    // SAFETY: stores to local arrays of 8 f32.
+                    unsafe {
+                        _mm256_storeu_ps(sa.as_mut_ptr(), self.s[b]);
+                        _mm256_storeu_ps(ea.as_mut_ptr(), self.e[b]);
+                    }
+                    ss[b] = sa.iter().sum::<f32>();
+                    es[b] = ea.iter().sum::<f32>();
+                }
+            }
+            for b in 0..self.n {
+                stats.sum_sq_signal += f64::from(ss[b]);
+                stats.sum_sq_error += f64::from(es[b]);
+            }
+            self.n = 0;
+        }
+
+        #[inline(always)]
+        fn finish(mut self, stats: &mut ErrorStats) {
+            self.flush(stats);
+            stats.max_abs_error = stats.max_abs_error.max(hmax(self.max));
+        }
+    }
+
+    /// Lane b of the result is `((r[b][0] + r[b][1]) + r[b][2]) + … + r[b][7]`: an 8×8
+    /// transpose, then seven vector additions in lane order.
+    #[inline(always)]
+    fn sum_lanes(r: &[__m256; 8]) -> __m256 {
+        // SAFETY: register-only AVX operations; callers enable AVX2.
+        unsafe {
+            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+            let u1 = _mm256_shuffle_ps::<0xee>(t0, t2);
+            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+            let u3 = _mm256_shuffle_ps::<0xee>(t1, t3);
+            let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+            let u5 = _mm256_shuffle_ps::<0xee>(t4, t6);
+            let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+            let u7 = _mm256_shuffle_ps::<0xee>(t5, t7);
+            // Column k (lane k of every row) for k = 0..8.
+            let c = [
+                _mm256_permute2f128_ps::<0x20>(u0, u4),
+                _mm256_permute2f128_ps::<0x20>(u1, u5),
+                _mm256_permute2f128_ps::<0x20>(u2, u6),
+                _mm256_permute2f128_ps::<0x20>(u3, u7),
+                _mm256_permute2f128_ps::<0x31>(u0, u4),
+                _mm256_permute2f128_ps::<0x31>(u1, u5),
+                _mm256_permute2f128_ps::<0x31>(u2, u6),
+                _mm256_permute2f128_ps::<0x31>(u3, u7),
+            ];
+            let mut acc = c[0];
+            for ck in &c[1..] {
+                acc = _mm256_add_ps(acc, *ck);
+            }
+            acc
+        }
     }
 
     /// Load the 32 values of a block as four vectors.
@@ -344,11 +469,12 @@ mod fused {
         }
     }
 
-    /// Accumulate the statistics of `v` against `y` in [`ErrorStats::add`]'s lane order.
+    /// The statistics of `v` against `y` in [`ErrorStats::add`]'s lane order, handed to
+    /// `pending`.
     #[inline(always)]
-    fn add_stats(v: &[__m256; 4], y: &[__m256; 4], stats: &mut ErrorStats) {
-        // SAFETY: register-only AVX operations and stores to local arrays of 8 f32.
-        unsafe {
+    fn add_stats(v: &[__m256; 4], y: &[__m256; 4], pending: &mut Pending, stats: &mut ErrorStats) {
+        // SAFETY: register-only AVX operations.
+        let (s, e, m) = unsafe {
             let sign = _mm256_set1_ps(-0.0);
             let (mut s, mut e, mut m) = (
                 _mm256_setzero_ps(),
@@ -361,13 +487,9 @@ mod fused {
                 e = _mm256_add_ps(e, _mm256_mul_ps(d, d));
                 m = _mm256_max_ps(m, _mm256_andnot_ps(sign, d));
             }
-            let (mut sa, mut ea, mut ma) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
-            _mm256_storeu_ps(sa.as_mut_ptr(), s);
-            _mm256_storeu_ps(ea.as_mut_ptr(), e);
-            _mm256_storeu_ps(ma.as_mut_ptr(), m);
-            stats.add_lanes(&sa, &ea, &ma);
-            stats.count += QK as u64;
-        }
+            (s, e, m)
+        };
+        pending.push(s, e, m, stats);
     }
 
     /// One Q8_0 block. `Some(true)`: written; `Some(false)`: the f16 scale overflowed;
@@ -379,6 +501,7 @@ mod fused {
     unsafe fn block_q8_0(
         xb: &[f32; QK],
         out: &mut Vec<u8>,
+        pending: &mut Pending,
         stats: &mut ErrorStats,
     ) -> Option<bool> {
         let v = load(xb);
@@ -425,7 +548,7 @@ mod fused {
         // SAFETY: `block[2..]` holds exactly 32 bytes; the store is unaligned.
         unsafe { _mm256_storeu_si256(block[2..].as_mut_ptr().cast(), codes) };
         out.extend_from_slice(&block);
-        add_stats(&v, &y, stats);
+        add_stats(&v, &y, pending, stats);
         Some(true)
     }
 
@@ -437,6 +560,7 @@ mod fused {
     unsafe fn block_q4_0(
         xb: &[f32; QK],
         out: &mut Vec<u8>,
+        pending: &mut Pending,
         stats: &mut ErrorStats,
     ) -> Option<bool> {
         let v = load(xb);
@@ -492,7 +616,7 @@ mod fused {
         // SAFETY: `block[2..]` holds exactly 16 bytes; the store is unaligned.
         unsafe { _mm_storeu_si128(block[2..].as_mut_ptr().cast(), bytes) };
         out.extend_from_slice(&block);
-        add_stats(&v, &y, stats);
+        add_stats(&v, &y, pending, stats);
         Some(true)
     }
 }
@@ -689,19 +813,27 @@ mod tests {
             for j in 256..288 {
                 x[j] = (j as f32 - 270.0) * 1e-3 + 1e-4;
             }
+            // Whole runs, and runs of 1..=17 blocks from different starts (the statistics of
+            // eight blocks at a time are summed together; the rest one by one), some of them
+            // beginning or ending next to a fallback block.
+            let mut runs: Vec<(usize, usize, usize)> = vec![(0, x.len(), 32), (0, x.len(), 256)];
+            for start in [0usize, 3, 4, 5, 6, 100] {
+                for blocks in 1..=17 {
+                    runs.push((start * 32, (start + blocks) * 32, 32));
+                }
+            }
             for dtype in [DType::Q8_0, DType::Q4_0] {
-                for cols in [32, 256] {
+                for &(lo, hi, cols) in &runs {
+                    let x = &x[lo..hi];
                     let (mut a, mut b) = (Vec::new(), Vec::new());
                     let (mut sa, mut sb) = (ErrorStats::default(), ErrorStats::default());
-                    quantize_rows_body(&x, cols, dtype, Method::Reference, None, &mut a, &mut sa)
+                    quantize_rows_body(x, cols, dtype, Method::Reference, None, &mut a, &mut sa)
                         .unwrap();
                     // SAFETY: AVX2 was detected above.
-                    unsafe {
-                        fused::quantize_rows_reference_avx2(&x, cols, dtype, &mut b, &mut sb)
-                    }
-                    .unwrap();
-                    assert_eq!(a, b, "{dtype}");
-                    assert_eq!(sa, sb, "{dtype}");
+                    unsafe { fused::quantize_rows_reference_avx2(x, cols, dtype, &mut b, &mut sb) }
+                        .unwrap();
+                    assert_eq!(a, b, "{dtype} {lo}..{hi}");
+                    assert_eq!(sa, sb, "{dtype} {lo}..{hi}");
                 }
             }
             // Scale overflow: same error, nothing written.
