@@ -104,13 +104,12 @@ pub fn convert_rows(
 /// Equal to [`decode_bf16_ref`] (and to the format crate's `decode_to_f32`) on every bit
 /// pattern. A trailing odd byte is ignored.
 pub fn decode_bf16(bytes: &[u8]) -> Vec<f32> {
-    let mut x = vec![0.0f32; bytes.len() / 2];
     #[cfg(target_arch = "x86_64")]
     if isa::avx2() {
         // SAFETY: `isa::avx2` checked that this CPU supports AVX2.
-        unsafe { bf16_simd::decode_bf16_avx2(bytes, &mut x) };
-        return x;
+        return unsafe { bf16_simd::decode_bf16_avx2_vec(bytes) };
     }
+    let mut x = vec![0.0f32; bytes.len() / 2];
     decode_bf16_ref(bytes, &mut x);
     x
 }
@@ -120,25 +119,50 @@ pub fn decode_bf16(bytes: &[u8]) -> Vec<f32> {
 /// `decode_to_f32` follows).
 pub fn decode_bf16_ref(bytes: &[u8], out: &mut [f32]) {
     for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-        let b = u32::from(u16::from_le_bytes([c[0], c[1]]));
-        let quiet = u32::from(b & 0x7fff > 0x7f80) << 6;
-        *o = f32::from_bits((b | quiet) << 16);
+        *o = bf16_value(u16::from_le_bytes([c[0], c[1]]));
     }
 }
 
+/// One bf16 bit pattern as f32, NaNs quieted.
+#[inline(always)]
+fn bf16_value(b: u16) -> f32 {
+    let b = u32::from(b);
+    let quiet = u32::from(b & 0x7fff > 0x7f80) << 6;
+    f32::from_bits((b | quiet) << 16)
+}
+
 /// The AVX2 bf16 decode: sixteen values per step (zero-extend to 32 bits, shift into the high
-/// half, set the quiet bit of NaNs), the tail through [`decode_bf16_ref`].
+/// half, set the quiet bit of NaNs), the tail one by one as [`decode_bf16_ref`] does.
 #[cfg(target_arch = "x86_64")]
 mod bf16_simd {
     use std::arch::x86_64::*;
 
-    use super::decode_bf16_ref;
+    use super::bf16_value;
 
+    /// A new vector of the `bytes.len() / 2` values, written once (not zeroed first).
+    ///
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn decode_bf16_avx2(bytes: &[u8], out: &mut [f32]) {
-        let n = out.len().min(bytes.len() / 2);
+    pub(super) unsafe fn decode_bf16_avx2_vec(bytes: &[u8]) -> Vec<f32> {
+        let n = bytes.len() / 2;
+        let mut x: Vec<f32> = Vec::with_capacity(n);
+        // SAFETY: the capacity holds `n` values and `2n <= bytes.len()`; the caller
+        // guarantees AVX2.
+        unsafe { decode_into(bytes, x.as_mut_ptr(), n) };
+        // SAFETY: `decode_into` wrote all `n` values.
+        unsafe { x.set_len(n) };
+        x
+    }
+
+    /// Write `n` decoded values to `out` (which need not be initialized; it is only written).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, `out` must be valid for `n` writes of f32, and
+    /// `2n <= bytes.len()`.
+    #[target_feature(enable = "avx2")]
+    unsafe fn decode_into(bytes: &[u8], out: *mut f32, n: usize) {
+        debug_assert!(2 * n <= bytes.len());
         let abs = _mm256_set1_epi32(0x7fff_ffff);
         let inf = _mm256_set1_epi32(0x7f80_0000);
         let quiet = _mm256_set1_epi32(0x0040_0000);
@@ -153,12 +177,17 @@ mod bf16_simd {
                 // (f & 0x7fffffff) > 0x7f800000 exactly when (b & 0x7fff) > 0x7f80: a NaN.
                 let nan = _mm256_cmpgt_epi32(_mm256_and_si256(f, abs), inf);
                 let f = _mm256_or_si256(f, _mm256_and_si256(nan, quiet));
-                // SAFETY: `i + 8k + 8 <= i + 16 <= n <= out.len()`; the store is unaligned.
-                unsafe { _mm256_storeu_si256(out.as_mut_ptr().add(i + 8 * k).cast(), f) };
+                // SAFETY: `i + 8k + 8 <= i + 16 <= n`, and `out` is valid for `n` writes; the
+                // store is unaligned.
+                unsafe { _mm256_storeu_si256(out.add(i + 8 * k).cast(), f) };
             }
             i += 16;
         }
-        decode_bf16_ref(&bytes[2 * i..2 * n], &mut out[i..n]);
+        for j in i..n {
+            let v = bf16_value(u16::from_le_bytes([bytes[2 * j], bytes[2 * j + 1]]));
+            // SAFETY: `j < n`, and `out` is valid for `n` writes.
+            unsafe { out.add(j).write(v) };
+        }
     }
 }
 
@@ -663,9 +692,8 @@ mod tests {
                 assert_eq!(bits(&got), bits(&want[skip..skip + len]), "len {len}");
                 #[cfg(target_arch = "x86_64")]
                 if std::is_x86_feature_detected!("avx2") {
-                    let mut simd = vec![0.0f32; len];
                     // SAFETY: AVX2 was detected above.
-                    unsafe { bf16_simd::decode_bf16_avx2(&src[..2 * len], &mut simd) };
+                    let simd = unsafe { bf16_simd::decode_bf16_avx2_vec(&src[..2 * len]) };
                     assert_eq!(bits(&simd), bits(&want[skip..skip + len]), "len {len}");
                 }
             }
