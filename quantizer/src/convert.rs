@@ -205,7 +205,7 @@ fn quantize_rows(
     #[cfg(target_arch = "x86_64")]
     if isa::avx2() {
         if method == Method::Reference {
-            // SAFETY: `isa::avx2` checked that this CPU supports AVX2.
+            // SAFETY: `isa::avx2` checked that this CPU supports AVX2 and F16C.
             return unsafe { fused::quantize_rows_reference_avx2(x, cols, dtype, out, stats) };
         }
         // SAFETY: `isa::avx2` checked that this CPU supports AVX2.
@@ -291,364 +291,9 @@ fn scale_overflow(out: &mut Vec<u8>, position: usize, xb: &[f32]) -> ValueError 
     }
 }
 
-/// The reference method as one hand-written AVX2 pass per block: largest magnitude, scale,
-/// codes, packing, dequantized values and error statistics, all in registers.
-///
-/// Bit-identical to [`quantize_rows_body`] with [`Method::Reference`]: the same f32 operations
-/// in the same order (no FMA contraction, the `round_away`/truncation rules restated lane-wise,
-/// the eight-lane statistics partials folded by [`ErrorStats::add_lanes`]). Blocks whose `1/d`
-/// overflows go through the scalar reference. `tests::fused_reference_equals_scalar` holds it
-/// to the scalar path.
+/// The fused AVX2 reference kernels (`convert/fused.rs`).
 #[cfg(target_arch = "x86_64")]
-mod fused {
-    use std::arch::x86_64::*;
-
-    use half::f16;
-    use kiln_format::blocks::QK;
-    use kiln_format::DType;
-
-    use super::{quantize_rows_body, scale_overflow, ValueError};
-    use crate::method::Method;
-    use crate::metrics::ErrorStats;
-
-    /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn quantize_rows_reference_avx2(
-        x: &[f32],
-        cols: usize,
-        dtype: DType,
-        out: &mut Vec<u8>,
-        stats: &mut ErrorStats,
-    ) -> Result<(), ValueError> {
-        debug_assert!(cols.is_multiple_of(QK) && x.len().is_multiple_of(cols));
-        let q8 = dtype == DType::Q8_0;
-        let mut pending = Pending::new();
-        for (i, xb) in x.chunks_exact(QK).enumerate() {
-            let xb: &[f32; QK] = xb.try_into().expect("QK chunk");
-            let ok = if q8 {
-                // SAFETY: AVX2 is enabled on this function; `xb` holds 32 values.
-                unsafe { block_q8_0(xb, out, &mut pending, stats) }
-            } else {
-                // SAFETY: as above.
-                unsafe { block_q4_0(xb, out, &mut pending, stats) }
-            };
-            match ok {
-                Some(true) => {}
-                Some(false) => return Err(scale_overflow(out, i * QK, xb)),
-                None => {
-                    // 1/d overflows: the scalar reference handles the block, after the
-                    // blocks before it have been added (the sums are added in block order).
-                    pending.flush(stats);
-                    quantize_rows_body(xb, QK, dtype, Method::Reference, None, out, stats)
-                        .map_err(|_| scale_overflow(out, i * QK, xb))?;
-                }
-            }
-        }
-        pending.finish(stats);
-        Ok(())
-    }
-
-    /// The error statistics of up to eight blocks, kept as vectors until eight are there and
-    /// then added to an [`ErrorStats`] in block order with exactly [`ErrorStats::add_lanes`]'s
-    /// arithmetic: per block `((s₀ + s₁) + s₂) + … + s₇` in f32, then added in f64. Eight
-    /// blocks' lane sums are transposed so that those seven additions run once for all eight
-    /// (vector lane b = block b). The largest error is order-independent (no NaN can occur:
-    /// inputs are finite), so it is kept as one running vector maximum.
-    struct Pending {
-        /// Per-lane Σx² of each pending block.
-        s: [__m256; 8],
-        /// Per-lane Σ(x − x̂)² of each pending block.
-        e: [__m256; 8],
-        /// Blocks pending.
-        n: usize,
-        /// Running per-lane max |x − x̂| since the start of the call.
-        max: __m256,
-    }
-
-    impl Pending {
-        #[inline(always)]
-        fn new() -> Self {
-            // SAFETY: register-only AVX operations; callers enable AVX2.
-            unsafe {
-                Pending {
-                    s: [_mm256_setzero_ps(); 8],
-                    e: [_mm256_setzero_ps(); 8],
-                    n: 0,
-                    max: _mm256_setzero_ps(),
-                }
-            }
-        }
-
-        #[inline(always)]
-        fn push(&mut self, s: __m256, e: __m256, m: __m256, stats: &mut ErrorStats) {
-            self.s[self.n] = s;
-            self.e[self.n] = e;
-            self.n += 1;
-            // SAFETY: register-only AVX operation; callers enable AVX2.
-            self.max = unsafe { _mm256_max_ps(self.max, m) };
-            stats.count += QK as u64;
-            if self.n == 8 {
-                self.flush(stats);
-            }
-        }
-
-        /// Add the pending blocks' sums to `stats`, in block order.
-        #[inline(always)]
-        fn flush(&mut self, stats: &mut ErrorStats) {
-            let (mut ss, mut es) = ([0.0f32; 8], [0.0f32; 8]);
-            if self.n == 8 {
-                // SAFETY: register-only AVX operations and stores to local arrays of 8 f32.
-                unsafe {
-                    _mm256_storeu_ps(ss.as_mut_ptr(), sum_lanes(&self.s));
-                    _mm256_storeu_ps(es.as_mut_ptr(), sum_lanes(&self.e));
-                }
-            } else {
-                for b in 0..self.n {
-                    let (mut sa, mut ea) = ([0.0f32; 8], [0.0f32; 8]);
-                    // SAFETY: stores to local arrays of 8 f32.
-                    unsafe {
-                        _mm256_storeu_ps(sa.as_mut_ptr(), self.s[b]);
-                        _mm256_storeu_ps(ea.as_mut_ptr(), self.e[b]);
-                    }
-                    ss[b] = sa.iter().sum::<f32>();
-                    es[b] = ea.iter().sum::<f32>();
-                }
-            }
-            for b in 0..self.n {
-                stats.sum_sq_signal += f64::from(ss[b]);
-                stats.sum_sq_error += f64::from(es[b]);
-            }
-            self.n = 0;
-        }
-
-        #[inline(always)]
-        fn finish(mut self, stats: &mut ErrorStats) {
-            self.flush(stats);
-            stats.max_abs_error = stats.max_abs_error.max(hmax(self.max));
-        }
-    }
-
-    /// Lane b of the result is `((r[b][0] + r[b][1]) + r[b][2]) + … + r[b][7]`: an 8×8
-    /// transpose, then seven vector additions in lane order.
-    #[inline(always)]
-    fn sum_lanes(r: &[__m256; 8]) -> __m256 {
-        // SAFETY: register-only AVX operations; callers enable AVX2.
-        unsafe {
-            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-            let u1 = _mm256_shuffle_ps::<0xee>(t0, t2);
-            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-            let u3 = _mm256_shuffle_ps::<0xee>(t1, t3);
-            let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-            let u5 = _mm256_shuffle_ps::<0xee>(t4, t6);
-            let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-            let u7 = _mm256_shuffle_ps::<0xee>(t5, t7);
-            // Column k (lane k of every row) for k = 0..8.
-            let c = [
-                _mm256_permute2f128_ps::<0x20>(u0, u4),
-                _mm256_permute2f128_ps::<0x20>(u1, u5),
-                _mm256_permute2f128_ps::<0x20>(u2, u6),
-                _mm256_permute2f128_ps::<0x20>(u3, u7),
-                _mm256_permute2f128_ps::<0x31>(u0, u4),
-                _mm256_permute2f128_ps::<0x31>(u1, u5),
-                _mm256_permute2f128_ps::<0x31>(u2, u6),
-                _mm256_permute2f128_ps::<0x31>(u3, u7),
-            ];
-            let mut acc = c[0];
-            for ck in &c[1..] {
-                acc = _mm256_add_ps(acc, *ck);
-            }
-            acc
-        }
-    }
-
-    /// Load the 32 values of a block as four vectors.
-    #[inline(always)]
-    fn load(xb: &[f32; QK]) -> [__m256; 4] {
-        // SAFETY: `xb` holds 32 f32, so each 8-lane unaligned load at 0, 8, 16, 24 is in bounds;
-        // AVX is implied by the callers' `avx2` target feature.
-        unsafe {
-            let p = xb.as_ptr();
-            [
-                _mm256_loadu_ps(p),
-                _mm256_loadu_ps(p.add(8)),
-                _mm256_loadu_ps(p.add(16)),
-                _mm256_loadu_ps(p.add(24)),
-            ]
-        }
-    }
-
-    /// Horizontal max of eight non-negative, non-NaN lanes.
-    #[inline(always)]
-    fn hmax(m: __m256) -> f32 {
-        // SAFETY: register-only AVX operations; callers enable AVX2.
-        unsafe {
-            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            let m1 = _mm_max_ss(m2, _mm_shuffle_ps::<0b01>(m2, m2));
-            _mm_cvtss_f32(m1)
-        }
-    }
-
-    /// The statistics of `v` against `y` in [`ErrorStats::add`]'s lane order, handed to
-    /// `pending`.
-    #[inline(always)]
-    fn add_stats(v: &[__m256; 4], y: &[__m256; 4], pending: &mut Pending, stats: &mut ErrorStats) {
-        // SAFETY: register-only AVX operations.
-        let (s, e, m) = unsafe {
-            let sign = _mm256_set1_ps(-0.0);
-            let (mut s, mut e, mut m) = (
-                _mm256_setzero_ps(),
-                _mm256_setzero_ps(),
-                _mm256_setzero_ps(),
-            );
-            for k in 0..4 {
-                let d = _mm256_sub_ps(v[k], y[k]);
-                s = _mm256_add_ps(s, _mm256_mul_ps(v[k], v[k]));
-                e = _mm256_add_ps(e, _mm256_mul_ps(d, d));
-                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, d));
-            }
-            (s, e, m)
-        };
-        pending.push(s, e, m, stats);
-    }
-
-    /// One Q8_0 block. `Some(true)`: written; `Some(false)`: the f16 scale overflowed;
-    /// `None`: 1/d overflows, nothing written (scalar fallback).
-    ///
-    /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
-    unsafe fn block_q8_0(
-        xb: &[f32; QK],
-        out: &mut Vec<u8>,
-        pending: &mut Pending,
-        stats: &mut ErrorStats,
-    ) -> Option<bool> {
-        let v = load(xb);
-        let sign = _mm256_set1_ps(-0.0);
-        let a = v.map(|v| _mm256_andnot_ps(sign, v));
-        let amax = hmax(_mm256_max_ps(
-            _mm256_max_ps(a[0], a[1]),
-            _mm256_max_ps(a[2], a[3]),
-        ));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        if !id.is_finite() {
-            return None;
-        }
-        let dh = f16::from_f32(d);
-        if !dh.is_finite() {
-            return Some(false);
-        }
-        let (idv, half, nhalf) = (
-            _mm256_set1_ps(id),
-            _mm256_set1_ps(0.5),
-            _mm256_set1_ps(-0.5),
-        );
-        let (lo, hi) = (_mm256_set1_epi32(-128), _mm256_set1_epi32(127));
-        let dq = _mm256_set1_ps(dh.to_f32());
-        // |x·id| <= ~127.00002 here, so round_away's ±256 clamp never applies.
-        let q = v.map(|v| {
-            let p = _mm256_mul_ps(v, idv);
-            let t = _mm256_cvttps_epi32(p);
-            let frac = _mm256_sub_ps(p, _mm256_cvtepi32_ps(t));
-            // Compare masks are -1 where true: subtracting `up` adds one, adding `down` subtracts.
-            let up = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, half));
-            let down = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(frac, nhalf));
-            let t = _mm256_add_epi32(_mm256_sub_epi32(t, up), down);
-            _mm256_min_epi32(_mm256_max_epi32(t, lo), hi)
-        });
-        let y = q.map(|q| _mm256_mul_ps(_mm256_cvtepi32_ps(q), dq));
-        let p16 = _mm256_packs_epi32(q[0], q[1]);
-        let p16b = _mm256_packs_epi32(q[2], q[3]);
-        let p8 = _mm256_packs_epi16(p16, p16b);
-        let codes = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        let mut block = [0u8; 2 + QK];
-        block[..2].copy_from_slice(&dh.to_le_bytes());
-        // SAFETY: `block[2..]` holds exactly 32 bytes; the store is unaligned.
-        unsafe { _mm256_storeu_si256(block[2..].as_mut_ptr().cast(), codes) };
-        out.extend_from_slice(&block);
-        add_stats(&v, &y, pending, stats);
-        Some(true)
-    }
-
-    /// One Q4_0 block; results as for [`block_q8_0`].
-    ///
-    /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
-    unsafe fn block_q4_0(
-        xb: &[f32; QK],
-        out: &mut Vec<u8>,
-        pending: &mut Pending,
-        stats: &mut ErrorStats,
-    ) -> Option<bool> {
-        let v = load(xb);
-        let sign = _mm256_set1_ps(-0.0);
-        let a = v.map(|v| _mm256_andnot_ps(sign, v));
-        let amax = hmax(_mm256_max_ps(
-            _mm256_max_ps(a[0], a[1]),
-            _mm256_max_ps(a[2], a[3]),
-        ));
-        // GGML's extreme: the first value of largest magnitude, with its sign (+0 if all zero).
-        let max = if amax == 0.0 {
-            0.0
-        } else {
-            let av = _mm256_set1_ps(amax);
-            let mut mask = 0u32;
-            for (k, a) in a.iter().enumerate() {
-                let eq = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(*a, av)) as u32;
-                mask |= eq << (8 * k);
-            }
-            xb[mask.trailing_zeros() as usize]
-        };
-        let d = max / -8.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        if !id.is_finite() {
-            return None;
-        }
-        let dh = f16::from_f32(d);
-        if !dh.is_finite() {
-            return Some(false);
-        }
-        let (idv, off) = (_mm256_set1_ps(id), _mm256_set1_ps(8.5));
-        let (zero, fifteen, eight) = (
-            _mm256_setzero_si256(),
-            _mm256_set1_epi32(15),
-            _mm256_set1_epi32(8),
-        );
-        let dq = _mm256_set1_ps(dh.to_f32());
-        let c = v.map(|v| {
-            let t = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(v, idv), off));
-            _mm256_min_epi32(_mm256_max_epi32(t, zero), fifteen)
-        });
-        let y = c.map(|c| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c, eight)), dq));
-        // Byte j = code j | code (j + 16) << 4.
-        let lo = _mm256_or_si256(c[0], _mm256_slli_epi32::<4>(c[2]));
-        let hi = _mm256_or_si256(c[1], _mm256_slli_epi32::<4>(c[3]));
-        let p16 = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(lo, hi));
-        let bytes = _mm_packus_epi16(
-            _mm256_castsi256_si128(p16),
-            _mm256_extracti128_si256::<1>(p16),
-        );
-        let mut block = [0u8; 2 + QK / 2];
-        block[..2].copy_from_slice(&dh.to_le_bytes());
-        // SAFETY: `block[2..]` holds exactly 16 bytes; the store is unaligned.
-        unsafe { _mm_storeu_si128(block[2..].as_mut_ptr().cast(), bytes) };
-        out.extend_from_slice(&block);
-        add_stats(&v, &y, pending, stats);
-        Some(true)
-    }
-}
+mod fused;
 
 /// Run-time ISA selection, decided once. `KILN_QUANTIZE_ISA=baseline` forces the baseline
 /// tier (to test it, or to compare) on any machine.
@@ -656,12 +301,13 @@ mod fused {
 pub mod isa {
     use std::sync::OnceLock;
 
-    /// Whether the AVX2 tier is used.
+    /// Whether the AVX2 tier is used (AVX2 with F16C, which every AVX2 CPU has).
     pub fn avx2() -> bool {
         static AVX2: OnceLock<bool> = OnceLock::new();
         *AVX2.get_or_init(|| {
             std::env::var("KILN_QUANTIZE_ISA").as_deref() != Ok("baseline")
                 && std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("f16c")
         })
     }
 }
@@ -813,7 +459,7 @@ mod tests {
     #[allow(clippy::needless_range_loop)] // the test writes patterns by index
     fn fused_reference_equals_scalar() {
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
             let mut x: Vec<f32> = (0..32 * 512)
                 .map(|i| {
                     let h = (i as u32).wrapping_mul(2_654_435_761) >> 8;
@@ -857,7 +503,7 @@ mod tests {
                     let (mut sa, mut sb) = (ErrorStats::default(), ErrorStats::default());
                     quantize_rows_body(x, cols, dtype, Method::Reference, None, &mut a, &mut sa)
                         .unwrap();
-                    // SAFETY: AVX2 was detected above.
+                    // SAFETY: AVX2 and F16C were detected above.
                     unsafe { fused::quantize_rows_reference_avx2(x, cols, dtype, &mut b, &mut sb) }
                         .unwrap();
                     assert_eq!(a, b, "{dtype} {lo}..{hi}");
@@ -869,7 +515,7 @@ mod tests {
             y[40] = 1.0e7;
             let mut b = Vec::new();
             let mut sb = ErrorStats::default();
-            // SAFETY: AVX2 was detected above.
+            // SAFETY: AVX2 and F16C were detected above.
             let e = unsafe {
                 fused::quantize_rows_reference_avx2(&y, 64, DType::Q8_0, &mut b, &mut sb)
             };
@@ -881,6 +527,60 @@ mod tests {
                 })
             );
             assert!(b.is_empty());
+        }
+    }
+
+    /// Block values for the fused-kernel property: each block gets its own magnitude (from
+    /// subnormal, where `1/d` overflows, to past the f16 scale limit), and some values are
+    /// zero, negated extremes or repeated.
+    #[cfg(target_arch = "x86_64")]
+    fn fused_input() -> impl proptest::strategy::Strategy<Value = Vec<f32>> {
+        use proptest::prelude::*;
+        let block = (
+            prop::sample::select(vec![0.0f32, 1e-39, 1e-30, 1e-3, 0.05, 1.0, 300.0, 6e5, 1e7]),
+            prop::collection::vec(-1.0f32..1.0, QK),
+            prop::collection::vec(0u8..8, QK),
+        )
+            .prop_map(|(scale, u, kind)| {
+                u.iter()
+                    .zip(&kind)
+                    .map(|(&u, &k)| match k {
+                        0 => 0.0,
+                        1 => scale,
+                        2 => -scale,
+                        _ => u * scale,
+                    })
+                    .collect::<Vec<f32>>()
+            });
+        prop::collection::vec(block, 1..40).prop_map(|b| b.concat())
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    proptest::proptest! {
+        /// The fused kernel (eight-block groups and single blocks) equals the scalar reference:
+        /// bytes, statistics, and the error (position and value) when a scale overflows.
+        #[test]
+        fn fused_reference_matches_scalar_on_random_blocks(x in fused_input()) {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+                for dtype in [DType::Q4_0, DType::Q8_0] {
+                    let (mut a, mut b) = (Vec::new(), Vec::new());
+                    let (mut sa, mut sb) = (ErrorStats::default(), ErrorStats::default());
+                    let ra = quantize_rows_body(
+                        &x, QK, dtype, Method::Reference, None, &mut a, &mut sa,
+                    );
+                    // SAFETY: AVX2 and F16C were detected above.
+                    let rb = unsafe {
+                        fused::quantize_rows_reference_avx2(&x, QK, dtype, &mut b, &mut sb)
+                    };
+                    proptest::prop_assert_eq!(ra, rb);
+                    if ra.is_ok() {
+                        proptest::prop_assert_eq!(&a, &b);
+                        proptest::prop_assert_eq!(sa, sb);
+                    } else {
+                        proptest::prop_assert!(b.is_empty());
+                    }
+                }
+            }
         }
     }
 
