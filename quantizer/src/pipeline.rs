@@ -8,8 +8,9 @@
 //!    [`KilnWriter::replace_metadata`] from a whole-file hash that runs alongside the
 //!    conversion) and convert tensors in parallel, largest first. A tensor is cut into
 //!    chunks of whole rows (about [`CHUNK_ELEMENTS`] values, independent of the thread count);
-//!    chunks are converted in waves of one per worker thread and written in order through the
-//!    tensor's sink, so memory stays at a few chunks per thread whatever the model size. Input
+//!    chunks are converted in waves of [`WAVE_PER_THREAD`] per worker thread and written in
+//!    order through the tensor's sink, so memory stays at a few chunks per thread whatever the
+//!    model size, while a helper thread flushes the written data to disk. Input
 //!    bytes are read with positioned reads (not through the memory map, so they do not stay in
 //!    this process's resident set). The bytes each chunk reads are also hashed, in order, into
 //!    the tensor's sha256, which must equal the one in the input's index: a corrupt tensor
@@ -47,6 +48,11 @@ pub const CHUNK_ELEMENTS: usize = 64 * 1024;
 /// enough to amortise the system call, small enough that the copy is still in the L2 cache
 /// when the hash reads it back.
 const HASH_READ_BYTES: usize = 512 << 10;
+
+/// Chunks per worker thread in one wave of a tensor. More than one, so that a thread that is
+/// slow to finish its chunk (descheduled on a busy machine) does not hold the others at the
+/// end of every wave; few, so memory stays at a few chunks per thread.
+const WAVE_PER_THREAD: usize = 4;
 
 /// How often the output's written data is flushed while tensors are converted (see
 /// [`with_writeback`]).
@@ -413,7 +419,7 @@ impl Ctx<'_> {
                 let rows = (numel / cols as u64) as usize;
                 let rows_per_chunk = (CHUNK_ELEMENTS / cols).max(1);
                 let chunks = rows.div_ceil(rows_per_chunk);
-                let wave = rayon::current_num_threads().max(1);
+                let wave = WAVE_PER_THREAD * rayon::current_num_threads().max(1);
                 for first in (0..chunks).step_by(wave) {
                     let done: Vec<Chunk> = (first..(first + wave).min(chunks))
                         .into_par_iter()
