@@ -557,6 +557,11 @@ mod tests {
 
     #[cfg(target_arch = "x86_64")]
     proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 512,
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
         /// The fused kernel (eight-block groups and single blocks) equals the scalar reference:
         /// bytes, statistics, and the error (position and value) when a scale overflows.
         #[test]
