@@ -284,6 +284,18 @@ impl KilnWriter {
             .map_err(|e| FormatError::io(&self.tmp, "cannot write", e))
     }
 
+    /// Flush the tensor data written so far to stable storage (`fdatasync`).
+    ///
+    /// Optional: [`KilnWriter::finish`] syncs everything. Calling this from a spare thread
+    /// while tensors are still being written moves most of that I/O off the end of the run,
+    /// so `finish` only waits for the last stretch. Safe to call from any thread at any time.
+    pub fn sync_data(&self) -> Result<()> {
+        self.out
+            .file()
+            .sync_data()
+            .map_err(|e| FormatError::io(&self.tmp, "cannot sync", e))
+    }
+
     /// Write the index and header, fsync, and move the file into place.
     pub fn finish(self) -> Result<WriteSummary> {
         let mut index = Vec::with_capacity(self.index_len as usize);

@@ -378,3 +378,47 @@ fn parallel_writes_from_rayon_threads_produce_a_valid_file() {
     }
     assert_eq!(entries(dir.path()), ["par.kiln"]);
 }
+
+/// Flushing written data (`sync_data`) while other threads are still writing tensors changes
+/// nothing in the result, and the unfinished file is still removed if the writer is dropped.
+#[test]
+fn sync_data_during_parallel_writes_keeps_the_file_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.kiln");
+    let w = create(&path, false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..4 {
+                w.sync_data().unwrap();
+            }
+        });
+        (0..w.len()).into_par_iter().for_each(|i| {
+            let bytes = tensor_bytes(i, w.tensor_len(i));
+            let mut sink = w.tensor_sink(i).unwrap();
+            let half = bytes.len() / 2;
+            sink.write(&bytes[..half]).unwrap();
+            w.sync_data().unwrap();
+            sink.write(&bytes[half..]).unwrap();
+            sink.finish().unwrap();
+        });
+    });
+    w.finish().unwrap();
+    let f = KilnFile::open(&path).unwrap();
+    f.verify().unwrap();
+    for (i, t) in f.tensors().iter().enumerate() {
+        assert_eq!(
+            f.view(t).bytes(),
+            tensor_bytes(i, t.len).as_slice(),
+            "{}",
+            t.name
+        );
+    }
+
+    let other = dir.path().join("n.kiln");
+    let w = create(&other, false);
+    w.write_tensor(0, &tensor_bytes(0, w.tensor_len(0)))
+        .unwrap();
+    w.sync_data().unwrap();
+    drop(w);
+    assert_eq!(entries(dir.path()), ["m.kiln"]);
+}

@@ -100,6 +100,97 @@ pub fn convert_rows(
     Ok(())
 }
 
+/// Little-endian bf16 bytes to f32, dispatched to the widest vector ISA this CPU has.
+/// Equal to [`decode_bf16_ref`] (and to the format crate's `decode_to_f32`) on every bit
+/// pattern. A trailing odd byte is ignored.
+pub fn decode_bf16(bytes: &[u8]) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if isa::avx2() {
+        // SAFETY: `isa::avx2` checked that this CPU supports AVX2.
+        return unsafe { bf16_simd::decode_bf16_avx2_vec(bytes) };
+    }
+    let mut x = vec![0.0f32; bytes.len() / 2];
+    decode_bf16_ref(bytes, &mut x);
+    x
+}
+
+/// The scalar reference of [`decode_bf16`]: `out[i]` from bytes `2i, 2i + 1`, for as many
+/// values as both hold. NaNs get their quiet bit set (`half`'s rule, which the format crate's
+/// `decode_to_f32` follows).
+pub fn decode_bf16_ref(bytes: &[u8], out: &mut [f32]) {
+    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        *o = bf16_value(u16::from_le_bytes([c[0], c[1]]));
+    }
+}
+
+/// One bf16 bit pattern as f32, NaNs quieted.
+#[inline(always)]
+fn bf16_value(b: u16) -> f32 {
+    let b = u32::from(b);
+    let quiet = u32::from(b & 0x7fff > 0x7f80) << 6;
+    f32::from_bits((b | quiet) << 16)
+}
+
+/// The AVX2 bf16 decode: sixteen values per step (zero-extend to 32 bits, shift into the high
+/// half, set the quiet bit of NaNs), the tail one by one as [`decode_bf16_ref`] does.
+#[cfg(target_arch = "x86_64")]
+mod bf16_simd {
+    use std::arch::x86_64::*;
+
+    use super::bf16_value;
+
+    /// A new vector of the `bytes.len() / 2` values, written once (not zeroed first).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn decode_bf16_avx2_vec(bytes: &[u8]) -> Vec<f32> {
+        let n = bytes.len() / 2;
+        let mut x: Vec<f32> = Vec::with_capacity(n);
+        // SAFETY: the capacity holds `n` values and `2n <= bytes.len()`; the caller
+        // guarantees AVX2.
+        unsafe { decode_into(bytes, x.as_mut_ptr(), n) };
+        // SAFETY: `decode_into` wrote all `n` values.
+        unsafe { x.set_len(n) };
+        x
+    }
+
+    /// Write `n` decoded values to `out` (which need not be initialized; it is only written).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, `out` must be valid for `n` writes of f32, and
+    /// `2n <= bytes.len()`.
+    #[target_feature(enable = "avx2")]
+    unsafe fn decode_into(bytes: &[u8], out: *mut f32, n: usize) {
+        debug_assert!(2 * n <= bytes.len());
+        let abs = _mm256_set1_epi32(0x7fff_ffff);
+        let inf = _mm256_set1_epi32(0x7f80_0000);
+        let quiet = _mm256_set1_epi32(0x0040_0000);
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: `i + 16 <= n` and `2n <= bytes.len()`, so the 32 bytes at `2i` are in
+            // bounds; the load is unaligned.
+            let v = unsafe { _mm256_loadu_si256(bytes.as_ptr().add(2 * i).cast()) };
+            let halves = [_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v)];
+            for (k, h) in halves.into_iter().enumerate() {
+                let f = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
+                // (f & 0x7fffffff) > 0x7f800000 exactly when (b & 0x7fff) > 0x7f80: a NaN.
+                let nan = _mm256_cmpgt_epi32(_mm256_and_si256(f, abs), inf);
+                let f = _mm256_or_si256(f, _mm256_and_si256(nan, quiet));
+                // SAFETY: `i + 8k + 8 <= i + 16 <= n`, and `out` is valid for `n` writes; the
+                // store is unaligned.
+                unsafe { _mm256_storeu_si256(out.add(i + 8 * k).cast(), f) };
+            }
+            i += 16;
+        }
+        for j in i..n {
+            let v = bf16_value(u16::from_le_bytes([bytes[2 * j], bytes[2 * j + 1]]));
+            // SAFETY: `j < n`, and `out` is valid for `n` writes.
+            unsafe { out.add(j).write(v) };
+        }
+    }
+}
+
 /// The block loop, dispatched once per call to the widest vector ISA this CPU has. The code is
 /// the same for every tier (compiled twice), so every tier writes the same bytes.
 fn quantize_rows(
@@ -114,7 +205,7 @@ fn quantize_rows(
     #[cfg(target_arch = "x86_64")]
     if isa::avx2() {
         if method == Method::Reference {
-            // SAFETY: `isa::avx2` checked that this CPU supports AVX2.
+            // SAFETY: `isa::avx2` checked that this CPU supports AVX2 and F16C.
             return unsafe { fused::quantize_rows_reference_avx2(x, cols, dtype, out, stats) };
         }
         // SAFETY: `isa::avx2` checked that this CPU supports AVX2.
@@ -200,240 +291,9 @@ fn scale_overflow(out: &mut Vec<u8>, position: usize, xb: &[f32]) -> ValueError 
     }
 }
 
-/// The reference method as one hand-written AVX2 pass per block: largest magnitude, scale,
-/// codes, packing, dequantized values and error statistics, all in registers.
-///
-/// Bit-identical to [`quantize_rows_body`] with [`Method::Reference`]: the same f32 operations
-/// in the same order (no FMA contraction, the `round_away`/truncation rules restated lane-wise,
-/// the eight-lane statistics partials folded by [`ErrorStats::add_lanes`]). Blocks whose `1/d`
-/// overflows go through the scalar reference. `tests::fused_reference_equals_scalar` holds it
-/// to the scalar path.
+/// The fused AVX2 reference kernels (`convert/fused.rs`).
 #[cfg(target_arch = "x86_64")]
-mod fused {
-    use std::arch::x86_64::*;
-
-    use half::f16;
-    use kiln_format::blocks::QK;
-    use kiln_format::DType;
-
-    use super::{quantize_rows_body, scale_overflow, ValueError};
-    use crate::method::Method;
-    use crate::metrics::ErrorStats;
-
-    /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn quantize_rows_reference_avx2(
-        x: &[f32],
-        cols: usize,
-        dtype: DType,
-        out: &mut Vec<u8>,
-        stats: &mut ErrorStats,
-    ) -> Result<(), ValueError> {
-        debug_assert!(cols.is_multiple_of(QK) && x.len().is_multiple_of(cols));
-        let q8 = dtype == DType::Q8_0;
-        for (i, xb) in x.chunks_exact(QK).enumerate() {
-            let xb: &[f32; QK] = xb.try_into().expect("QK chunk");
-            let ok = if q8 {
-                // SAFETY: AVX2 is enabled on this function; `xb` holds 32 values.
-                unsafe { block_q8_0(xb, out, stats) }
-            } else {
-                // SAFETY: as above.
-                unsafe { block_q4_0(xb, out, stats) }
-            };
-            match ok {
-                Some(true) => {}
-                Some(false) => return Err(scale_overflow(out, i * QK, xb)),
-                None => {
-                    // 1/d overflows: the scalar reference handles the block.
-                    quantize_rows_body(xb, QK, dtype, Method::Reference, None, out, stats)
-                        .map_err(|_| scale_overflow(out, i * QK, xb))?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Load the 32 values of a block as four vectors.
-    #[inline(always)]
-    fn load(xb: &[f32; QK]) -> [__m256; 4] {
-        // SAFETY: `xb` holds 32 f32, so each 8-lane unaligned load at 0, 8, 16, 24 is in bounds;
-        // AVX is implied by the callers' `avx2` target feature.
-        unsafe {
-            let p = xb.as_ptr();
-            [
-                _mm256_loadu_ps(p),
-                _mm256_loadu_ps(p.add(8)),
-                _mm256_loadu_ps(p.add(16)),
-                _mm256_loadu_ps(p.add(24)),
-            ]
-        }
-    }
-
-    /// Horizontal max of eight non-negative, non-NaN lanes.
-    #[inline(always)]
-    fn hmax(m: __m256) -> f32 {
-        // SAFETY: register-only AVX operations; callers enable AVX2.
-        unsafe {
-            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            let m1 = _mm_max_ss(m2, _mm_shuffle_ps::<0b01>(m2, m2));
-            _mm_cvtss_f32(m1)
-        }
-    }
-
-    /// Accumulate the statistics of `v` against `y` in [`ErrorStats::add`]'s lane order.
-    #[inline(always)]
-    fn add_stats(v: &[__m256; 4], y: &[__m256; 4], stats: &mut ErrorStats) {
-        // SAFETY: register-only AVX operations and stores to local arrays of 8 f32.
-        unsafe {
-            let sign = _mm256_set1_ps(-0.0);
-            let (mut s, mut e, mut m) = (
-                _mm256_setzero_ps(),
-                _mm256_setzero_ps(),
-                _mm256_setzero_ps(),
-            );
-            for k in 0..4 {
-                let d = _mm256_sub_ps(v[k], y[k]);
-                s = _mm256_add_ps(s, _mm256_mul_ps(v[k], v[k]));
-                e = _mm256_add_ps(e, _mm256_mul_ps(d, d));
-                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, d));
-            }
-            let (mut sa, mut ea, mut ma) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
-            _mm256_storeu_ps(sa.as_mut_ptr(), s);
-            _mm256_storeu_ps(ea.as_mut_ptr(), e);
-            _mm256_storeu_ps(ma.as_mut_ptr(), m);
-            stats.add_lanes(&sa, &ea, &ma);
-            stats.count += QK as u64;
-        }
-    }
-
-    /// One Q8_0 block. `Some(true)`: written; `Some(false)`: the f16 scale overflowed;
-    /// `None`: 1/d overflows, nothing written (scalar fallback).
-    ///
-    /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
-    unsafe fn block_q8_0(
-        xb: &[f32; QK],
-        out: &mut Vec<u8>,
-        stats: &mut ErrorStats,
-    ) -> Option<bool> {
-        let v = load(xb);
-        let sign = _mm256_set1_ps(-0.0);
-        let a = v.map(|v| _mm256_andnot_ps(sign, v));
-        let amax = hmax(_mm256_max_ps(
-            _mm256_max_ps(a[0], a[1]),
-            _mm256_max_ps(a[2], a[3]),
-        ));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        if !id.is_finite() {
-            return None;
-        }
-        let dh = f16::from_f32(d);
-        if !dh.is_finite() {
-            return Some(false);
-        }
-        let (idv, half, nhalf) = (
-            _mm256_set1_ps(id),
-            _mm256_set1_ps(0.5),
-            _mm256_set1_ps(-0.5),
-        );
-        let (lo, hi) = (_mm256_set1_epi32(-128), _mm256_set1_epi32(127));
-        let dq = _mm256_set1_ps(dh.to_f32());
-        // |x·id| <= ~127.00002 here, so round_away's ±256 clamp never applies.
-        let q = v.map(|v| {
-            let p = _mm256_mul_ps(v, idv);
-            let t = _mm256_cvttps_epi32(p);
-            let frac = _mm256_sub_ps(p, _mm256_cvtepi32_ps(t));
-            // Compare masks are -1 where true: subtracting `up` adds one, adding `down` subtracts.
-            let up = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, half));
-            let down = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(frac, nhalf));
-            let t = _mm256_add_epi32(_mm256_sub_epi32(t, up), down);
-            _mm256_min_epi32(_mm256_max_epi32(t, lo), hi)
-        });
-        let y = q.map(|q| _mm256_mul_ps(_mm256_cvtepi32_ps(q), dq));
-        let p16 = _mm256_packs_epi32(q[0], q[1]);
-        let p16b = _mm256_packs_epi32(q[2], q[3]);
-        let p8 = _mm256_packs_epi16(p16, p16b);
-        let codes = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        let mut block = [0u8; 2 + QK];
-        block[..2].copy_from_slice(&dh.to_le_bytes());
-        // SAFETY: `block[2..]` holds exactly 32 bytes; the store is unaligned.
-        unsafe { _mm256_storeu_si256(block[2..].as_mut_ptr().cast(), codes) };
-        out.extend_from_slice(&block);
-        add_stats(&v, &y, stats);
-        Some(true)
-    }
-
-    /// One Q4_0 block; results as for [`block_q8_0`].
-    ///
-    /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
-    unsafe fn block_q4_0(
-        xb: &[f32; QK],
-        out: &mut Vec<u8>,
-        stats: &mut ErrorStats,
-    ) -> Option<bool> {
-        let v = load(xb);
-        let sign = _mm256_set1_ps(-0.0);
-        let a = v.map(|v| _mm256_andnot_ps(sign, v));
-        let amax = hmax(_mm256_max_ps(
-            _mm256_max_ps(a[0], a[1]),
-            _mm256_max_ps(a[2], a[3]),
-        ));
-        // GGML's extreme: the first value of largest magnitude, with its sign (+0 if all zero).
-        let max = if amax == 0.0 {
-            0.0
-        } else {
-            let av = _mm256_set1_ps(amax);
-            let mut mask = 0u32;
-            for (k, a) in a.iter().enumerate() {
-                let eq = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(*a, av)) as u32;
-                mask |= eq << (8 * k);
-            }
-            xb[mask.trailing_zeros() as usize]
-        };
-        let d = max / -8.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        if !id.is_finite() {
-            return None;
-        }
-        let dh = f16::from_f32(d);
-        if !dh.is_finite() {
-            return Some(false);
-        }
-        let (idv, off) = (_mm256_set1_ps(id), _mm256_set1_ps(8.5));
-        let (zero, fifteen, eight) = (
-            _mm256_setzero_si256(),
-            _mm256_set1_epi32(15),
-            _mm256_set1_epi32(8),
-        );
-        let dq = _mm256_set1_ps(dh.to_f32());
-        let c = v.map(|v| {
-            let t = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(v, idv), off));
-            _mm256_min_epi32(_mm256_max_epi32(t, zero), fifteen)
-        });
-        let y = c.map(|c| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c, eight)), dq));
-        // Byte j = code j | code (j + 16) << 4.
-        let lo = _mm256_or_si256(c[0], _mm256_slli_epi32::<4>(c[2]));
-        let hi = _mm256_or_si256(c[1], _mm256_slli_epi32::<4>(c[3]));
-        let p16 = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(lo, hi));
-        let bytes = _mm_packus_epi16(
-            _mm256_castsi256_si128(p16),
-            _mm256_extracti128_si256::<1>(p16),
-        );
-        let mut block = [0u8; 2 + QK / 2];
-        block[..2].copy_from_slice(&dh.to_le_bytes());
-        // SAFETY: `block[2..]` holds exactly 16 bytes; the store is unaligned.
-        unsafe { _mm_storeu_si128(block[2..].as_mut_ptr().cast(), bytes) };
-        out.extend_from_slice(&block);
-        add_stats(&v, &y, stats);
-        Some(true)
-    }
-}
+mod fused;
 
 /// Run-time ISA selection, decided once. `KILN_QUANTIZE_ISA=baseline` forces the baseline
 /// tier (to test it, or to compare) on any machine.
@@ -441,12 +301,13 @@ mod fused {
 pub mod isa {
     use std::sync::OnceLock;
 
-    /// Whether the AVX2 tier is used.
+    /// Whether the AVX2 tier is used (AVX2 with F16C, which every AVX2 CPU has).
     pub fn avx2() -> bool {
         static AVX2: OnceLock<bool> = OnceLock::new();
         *AVX2.get_or_init(|| {
             std::env::var("KILN_QUANTIZE_ISA").as_deref() != Ok("baseline")
                 && std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("f16c")
         })
     }
 }
@@ -454,6 +315,36 @@ pub mod isa {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every bf16 bit pattern decodes as the format crate decodes it, in every tier, at
+    /// lengths that exercise the vector tail.
+    #[test]
+    fn decode_bf16_tiers_equal_format_decode() {
+        let bytes: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+        let mut want = vec![0.0f32; 1 << 16];
+        kiln_format::convert::decode_to_f32(DType::BF16, &bytes, &mut want);
+        let mut reference = vec![0.0f32; 1 << 16];
+        decode_bf16_ref(&bytes, &mut reference);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&reference), bits(&want));
+        for len in [0usize, 1, 15, 16, 17, 33, 1000, 1 << 16] {
+            // Start one value in too, so the vector loads are not 32-byte aligned; pass a
+            // trailing odd byte where there is one (it must be ignored).
+            for skip in [0usize, 1] {
+                let src = &bytes[2 * skip..];
+                let len = len.min(src.len() / 2);
+                let got = decode_bf16(&src[..(2 * len + 1).min(src.len())]);
+                assert_eq!(got.len(), len);
+                assert_eq!(bits(&got), bits(&want[skip..skip + len]), "len {len}");
+                #[cfg(target_arch = "x86_64")]
+                if std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: AVX2 was detected above.
+                    let simd = unsafe { bf16_simd::decode_bf16_avx2_vec(&src[..2 * len]) };
+                    assert_eq!(bits(&simd), bits(&want[skip..skip + len]), "len {len}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn f16_overflow_is_reported_not_written() {
@@ -568,7 +459,7 @@ mod tests {
     #[allow(clippy::needless_range_loop)] // the test writes patterns by index
     fn fused_reference_equals_scalar() {
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
             let mut x: Vec<f32> = (0..32 * 512)
                 .map(|i| {
                     let h = (i as u32).wrapping_mul(2_654_435_761) >> 8;
@@ -596,19 +487,27 @@ mod tests {
             for j in 256..288 {
                 x[j] = (j as f32 - 270.0) * 1e-3 + 1e-4;
             }
+            // Whole runs, and runs of 1..=17 blocks from different starts (the statistics of
+            // eight blocks at a time are summed together; the rest one by one), some of them
+            // beginning or ending next to a fallback block.
+            let mut runs: Vec<(usize, usize, usize)> = vec![(0, x.len(), 32), (0, x.len(), 256)];
+            for start in [0usize, 3, 4, 5, 6, 100] {
+                for blocks in 1..=17 {
+                    runs.push((start * 32, (start + blocks) * 32, 32));
+                }
+            }
             for dtype in [DType::Q8_0, DType::Q4_0] {
-                for cols in [32, 256] {
+                for &(lo, hi, cols) in &runs {
+                    let x = &x[lo..hi];
                     let (mut a, mut b) = (Vec::new(), Vec::new());
                     let (mut sa, mut sb) = (ErrorStats::default(), ErrorStats::default());
-                    quantize_rows_body(&x, cols, dtype, Method::Reference, None, &mut a, &mut sa)
+                    quantize_rows_body(x, cols, dtype, Method::Reference, None, &mut a, &mut sa)
                         .unwrap();
-                    // SAFETY: AVX2 was detected above.
-                    unsafe {
-                        fused::quantize_rows_reference_avx2(&x, cols, dtype, &mut b, &mut sb)
-                    }
-                    .unwrap();
-                    assert_eq!(a, b, "{dtype}");
-                    assert_eq!(sa, sb, "{dtype}");
+                    // SAFETY: AVX2 and F16C were detected above.
+                    unsafe { fused::quantize_rows_reference_avx2(x, cols, dtype, &mut b, &mut sb) }
+                        .unwrap();
+                    assert_eq!(a, b, "{dtype} {lo}..{hi}");
+                    assert_eq!(sa, sb, "{dtype} {lo}..{hi}");
                 }
             }
             // Scale overflow: same error, nothing written.
@@ -616,7 +515,7 @@ mod tests {
             y[40] = 1.0e7;
             let mut b = Vec::new();
             let mut sb = ErrorStats::default();
-            // SAFETY: AVX2 was detected above.
+            // SAFETY: AVX2 and F16C were detected above.
             let e = unsafe {
                 fused::quantize_rows_reference_avx2(&y, 64, DType::Q8_0, &mut b, &mut sb)
             };
@@ -628,6 +527,65 @@ mod tests {
                 })
             );
             assert!(b.is_empty());
+        }
+    }
+
+    /// Block values for the fused-kernel property: each block gets its own magnitude (from
+    /// subnormal, where `1/d` overflows, to past the f16 scale limit), and some values are
+    /// zero, negated extremes or repeated.
+    #[cfg(target_arch = "x86_64")]
+    fn fused_input() -> impl proptest::strategy::Strategy<Value = Vec<f32>> {
+        use proptest::prelude::*;
+        let block = (
+            prop::sample::select(vec![0.0f32, 1e-39, 1e-30, 1e-3, 0.05, 1.0, 300.0, 6e5, 1e7]),
+            prop::collection::vec(-1.0f32..1.0, QK),
+            prop::collection::vec(0u8..8, QK),
+        )
+            .prop_map(|(scale, u, kind)| {
+                u.iter()
+                    .zip(&kind)
+                    .map(|(&u, &k)| match k {
+                        0 => 0.0,
+                        1 => scale,
+                        2 => -scale,
+                        _ => u * scale,
+                    })
+                    .collect::<Vec<f32>>()
+            });
+        prop::collection::vec(block, 1..40).prop_map(|b| b.concat())
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 512,
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+        /// The fused kernel (eight-block groups and single blocks) equals the scalar reference:
+        /// bytes, statistics, and the error (position and value) when a scale overflows.
+        #[test]
+        fn fused_reference_matches_scalar_on_random_blocks(x in fused_input()) {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+                for dtype in [DType::Q4_0, DType::Q8_0] {
+                    let (mut a, mut b) = (Vec::new(), Vec::new());
+                    let (mut sa, mut sb) = (ErrorStats::default(), ErrorStats::default());
+                    let ra = quantize_rows_body(
+                        &x, QK, dtype, Method::Reference, None, &mut a, &mut sa,
+                    );
+                    // SAFETY: AVX2 and F16C were detected above.
+                    let rb = unsafe {
+                        fused::quantize_rows_reference_avx2(&x, QK, dtype, &mut b, &mut sb)
+                    };
+                    proptest::prop_assert_eq!(ra, rb);
+                    if ra.is_ok() {
+                        proptest::prop_assert_eq!(&a, &b);
+                        proptest::prop_assert_eq!(sa, sb);
+                    } else {
+                        proptest::prop_assert!(b.is_empty());
+                    }
+                }
+            }
         }
     }
 

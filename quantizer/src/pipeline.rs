@@ -1,20 +1,22 @@
 //! The file pipeline: `.kiln` in, smaller `.kiln` out, streamed tensor by tensor.
 //!
-//! [`quantize_file`] runs in four steps:
+//! [`quantize_file`] runs in three steps:
 //!
 //! 1. open and validate the input ([`KilnFile::open`]); decide every tensor ([`Policy`]);
-//! 2. check every input tensor against its stored checksum (in parallel), so that a corrupt
-//!    tensor stops the run instead of being laundered into a new, valid file;
-//! 3. plan the output with [`KilnWriter::create`] (metadata = the input's, plus one
+//! 2. plan the output with [`KilnWriter::create`] (metadata = the input's, plus one
 //!    [`ProvenanceStep`] whose input sha256 is a fixed-width placeholder, filled in with
 //!    [`KilnWriter::replace_metadata`] from a whole-file hash that runs alongside the
 //!    conversion) and convert tensors in parallel, largest first. A tensor is cut into
 //!    chunks of whole rows (about [`CHUNK_ELEMENTS`] values, independent of the thread count);
-//!    chunks are converted in waves of one per worker thread and written in order through the
-//!    tensor's sink, so memory stays at a few chunks per thread whatever the model size. Input
+//!    chunks are converted in waves of [`WAVE_PER_THREAD`] per worker thread and written in
+//!    order through the tensor's sink, so memory stays at a few chunks per thread whatever the
+//!    model size, while a helper thread flushes the written data to disk. Input
 //!    bytes are read with positioned reads (not through the memory map, so they do not stay in
-//!    this process's resident set);
-//! 4. finish the writer (atomic rename). On any error the writer is dropped and its temporary
+//!    this process's resident set). The bytes each chunk reads are also hashed, in order, into
+//!    the tensor's sha256, which must equal the one in the input's index: a corrupt tensor
+//!    fails the run instead of being laundered into a new, valid file (and when a corrupt
+//!    tensor's garbage trips a value check first, the checksum error is the one reported);
+//! 3. finish the writer (atomic rename). On any error the writer is dropped and its temporary
 //!    file removed: no partial output is ever left behind.
 
 use std::collections::BTreeMap;
@@ -32,7 +34,7 @@ use kiln_format::{
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-use crate::convert::{convert_rows, ValueError};
+use crate::convert::{convert_rows, decode_bf16, ValueError};
 use crate::error::{QuantizeError, Result};
 use crate::gptq::{self, Factor};
 use crate::importance::Importance;
@@ -45,8 +47,19 @@ use crate::report::{Report, TensorReport};
 /// the per-chunk work, small enough that a wave per thread stays in the L2/L3 caches.
 pub const CHUNK_ELEMENTS: usize = 64 * 1024;
 
-/// Bytes per positioned read when hashing the whole input (large sequential reads).
-const HASH_READ_BYTES: usize = 8 << 20;
+/// Bytes per positioned read when hashing the whole input or re-checking one tensor: large
+/// enough to amortise the system call, small enough that the copy is still in the L2 cache
+/// when the hash reads it back.
+const HASH_READ_BYTES: usize = 512 << 10;
+
+/// Chunks per worker thread in one wave of a tensor. More than one, so that a thread that is
+/// slow to finish its chunk (descheduled on a busy machine) does not hold the others at the
+/// end of every wave; few, so memory stays at a few chunks per thread.
+const WAVE_PER_THREAD: usize = 4;
+
+/// How often the output's written data is flushed while tensors are converted (see
+/// [`with_writeback`]).
+const WRITEBACK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(30);
 
 /// The tool name and version recorded in provenance.
 pub const TOOL: &str = concat!("kiln-quantize ", env!("CARGO_PKG_VERSION"));
@@ -88,8 +101,8 @@ impl QuantizeOptions {
 
 /// Progress callbacks; every method has an empty default. Called from worker threads.
 pub trait Progress: Sync {
-    /// A phase starts (`"hashing input"`, `"quantizing"`, `"finishing"`) with `total` units
-    /// (bytes for hashing, values for quantizing, 0 when not measurable).
+    /// A phase starts (`"quantizing"`, `"finishing"`) with `total` units (values for
+    /// quantizing, 0 when not measurable).
     fn phase(&self, _name: &str, _total: u64) {}
     /// `n` more units of the current phase are done.
     fn advance(&self, _n: u64) {}
@@ -153,12 +166,6 @@ fn run(options: &QuantizeOptions, progress: &dyn Progress) -> Result<Report> {
         action: "cannot open",
         source: e,
     })?;
-    // Every input tensor is checked against its checksum first, so a corrupt input stops
-    // the run instead of becoming a new file with valid checksums.
-    progress.phase("hashing input", input.data_len());
-    verify_tensors(&file, &label, tensors, progress)?;
-    let hash_seconds = start.elapsed().as_secs_f64();
-
     // The whole-file sha256 for provenance is computed while the tensors are quantized; the
     // metadata holds a placeholder of the same width until then.
     let placeholder = "0".repeat(64);
@@ -214,8 +221,13 @@ fn run(options: &QuantizeOptions, progress: &dyn Progress) -> Result<Report> {
             })
             .collect::<Result<Vec<(usize, TensorReport)>>>()
     };
-    let hash_all = || hash_file(&file, &label, input.file_len(), &NoProgress);
-    let (reports, input_sha256) = rayon::join(quantize_all, hash_all);
+    let hash_all = || {
+        let hash_start = Instant::now();
+        let sha = hash_file(&file, &label, input.file_len());
+        (sha, hash_start.elapsed().as_secs_f64())
+    };
+    let (reports, (input_sha256, hash_seconds)) =
+        with_writeback(&writer, || rayon::join(quantize_all, hash_all))?;
     let mut reports = reports?;
     let input_sha256 = input_sha256?;
     reports.sort_by_key(|(i, _)| *i);
@@ -244,6 +256,27 @@ fn run(options: &QuantizeOptions, progress: &dyn Progress) -> Result<Report> {
     ))
 }
 
+/// Run `work` while a helper thread flushes what has been written to `writer` every
+/// [`WRITEBACK_INTERVAL`], so the output's data reaches the disk during the conversion instead
+/// of all in [`KilnWriter::finish`]'s final sync. The helper sleeps in I/O, not on a core.
+fn with_writeback<T: Send>(writer: &KilnWriter, work: impl FnOnce() -> T + Send) -> Result<T> {
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let flusher = s.spawn(move || loop {
+            match stopped.recv_timeout(WRITEBACK_INTERVAL) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => writer.sync_data()?,
+                _ => return Ok(()),
+            }
+        });
+        let out = work();
+        drop(stop);
+        let flushed: Result<()> = flusher
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        flushed.map(|()| out)
+    })
+}
+
 /// Refuse `input == output` (same path, or two names of the same file).
 fn refuse_same_file(input: &Path, output: &Path) -> Result<()> {
     let same = match (std::fs::canonicalize(input), std::fs::canonicalize(output)) {
@@ -258,60 +291,56 @@ fn refuse_same_file(input: &Path, output: &Path) -> Result<()> {
     Ok(())
 }
 
-fn hash_file(file: &File, label: &str, len: u64, progress: &dyn Progress) -> Result<String> {
+fn hash_file(file: &File, label: &str, len: u64) -> Result<String> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; HASH_READ_BYTES.min(len as usize)];
     let mut pos = 0u64;
     while pos < len {
         let n = (len - pos).min(buf.len() as u64) as usize;
-        read_exact_at(file, &mut buf[..n], pos).map_err(|e| QuantizeError::Io {
-            file: label.to_string(),
-            action: "cannot read",
-            source: e,
-        })?;
+        read_exact_at(file, &mut buf[..n], pos).map_err(|e| read_err(label, e))?;
         h.update(&buf[..n]);
         pos += n as u64;
-        progress.advance(n as u64);
     }
     Ok(hex(&h.finalize()))
 }
 
-/// Check every tensor's bytes against the sha256 in the index (positioned reads, in parallel).
-fn verify_tensors(
-    file: &File,
-    label: &str,
-    tensors: &[TensorInfo],
-    progress: &dyn Progress,
-) -> Result<()> {
-    let mut order: Vec<&TensorInfo> = tensors.iter().collect();
-    order.sort_by_key(|t| std::cmp::Reverse(t.len));
-    order.par_iter().try_for_each(|t| {
-        let mut h = Sha256::new();
-        let mut buf = vec![0u8; HASH_READ_BYTES.min(t.len as usize)];
-        let mut pos = 0u64;
-        while pos < t.len {
-            let n = (t.len - pos).min(buf.len() as u64) as usize;
-            read_exact_at(file, &mut buf[..n], t.offset + pos).map_err(|e| QuantizeError::Io {
-                file: label.to_string(),
-                action: "cannot read",
-                source: e,
-            })?;
-            h.update(&buf[..n]);
-            pos += n as u64;
-            progress.advance(n as u64);
+fn read_err(label: &str, e: std::io::Error) -> QuantizeError {
+    QuantizeError::Io {
+        file: label.to_string(),
+        action: "cannot read",
+        source: e,
+    }
+}
+
+/// Compare a tensor's computed sha256 with the one in the input's index.
+fn check_tensor_sha(label: &str, info: &TensorInfo, computed: [u8; 32]) -> Result<()> {
+    if computed != info.sha256 {
+        return Err(FormatError::TensorChecksum {
+            file: label.to_string(),
+            tensor: info.name.clone(),
+            stored: hex(&info.sha256),
+            computed: hex(&computed),
         }
-        let computed: [u8; 32] = h.finalize().into();
-        if computed != t.sha256 {
-            return Err(FormatError::TensorChecksum {
-                file: label.to_string(),
-                tensor: t.name.clone(),
-                stored: hex(&t.sha256),
-                computed: hex(&computed),
-            }
-            .into());
-        }
-        Ok(())
-    })
+        .into());
+    }
+    Ok(())
+}
+
+/// Hash one whole tensor from the file and check it against the index (positioned reads).
+///
+/// Only used when a conversion stops early on a bad value, to tell a corrupt tensor (reported
+/// as a checksum mismatch) from a genuine bad value.
+fn verify_tensor(file: &File, label: &str, info: &TensorInfo) -> Result<()> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; HASH_READ_BYTES.min(info.len as usize)];
+    let mut pos = 0u64;
+    while pos < info.len {
+        let n = (info.len - pos).min(buf.len() as u64) as usize;
+        read_exact_at(file, &mut buf[..n], info.offset + pos).map_err(|e| read_err(label, e))?;
+        h.update(&buf[..n]);
+        pos += n as u64;
+    }
+    check_tensor_sha(label, info, h.finalize().into())
 }
 
 fn provenance_step(
@@ -383,22 +412,22 @@ struct Ctx<'a> {
 
 /// One converted chunk, waiting to be written in order.
 struct Chunk {
+    /// The input bytes it was converted from, for the tensor's checksum.
+    input: Vec<u8>,
     output: Vec<u8>,
     stats: ErrorStats,
 }
 
 impl Ctx<'_> {
     fn io_err(&self, e: std::io::Error) -> QuantizeError {
-        QuantizeError::Io {
-            file: self.label.to_string(),
-            action: "cannot read",
-            source: e,
-        }
+        read_err(self.label, e)
     }
 
     fn tensor(&self, i: usize, info: &TensorInfo, decision: &Decision) -> Result<TensorReport> {
         let mut sink = self.writer.tensor_sink(i)?;
         let mut stats = ErrorStats::default();
+        // The input's bytes, hashed in order as they are read, checked against the index below.
+        let mut input_sha = Sha256::new();
         let numel = info.numel();
         match decision.action {
             Action::Copy => {
@@ -408,13 +437,16 @@ impl Ctx<'_> {
                     let n = (info.len - pos).min(buf.len() as u64) as usize;
                     read_exact_at(self.file, &mut buf[..n], info.offset + pos)
                         .map_err(|e| self.io_err(e))?;
+                    input_sha.update(&buf[..n]);
                     sink.write(&buf[..n])?;
                     pos += n as u64;
                 }
                 self.progress.advance(numel);
             }
             Action::Convert if self.moment(info, decision).is_some() => {
-                let (bytes, s) = self.compensated(info, decision)?;
+                let (bytes, s) = self
+                    .compensated(info, decision, &mut input_sha)
+                    .map_err(|e| self.checksum_first(info, e))?;
                 sink.write(&bytes)?;
                 stats.merge(&s);
                 self.progress.advance(numel);
@@ -424,7 +456,7 @@ impl Ctx<'_> {
                 let rows = (numel / cols as u64) as usize;
                 let rows_per_chunk = (CHUNK_ELEMENTS / cols).max(1);
                 let chunks = rows.div_ceil(rows_per_chunk);
-                let wave = rayon::current_num_threads().max(1);
+                let wave = WAVE_PER_THREAD * rayon::current_num_threads().max(1);
                 for first in (0..chunks).step_by(wave) {
                     let done: Vec<Chunk> = (first..(first + wave).min(chunks))
                         .into_par_iter()
@@ -433,8 +465,10 @@ impl Ctx<'_> {
                             let r1 = (r0 + rows_per_chunk).min(rows);
                             self.chunk(info, decision, cols, r0, r1)
                         })
-                        .collect::<Result<_>>()?;
+                        .collect::<Result<_>>()
+                        .map_err(|e| self.checksum_first(info, e))?;
                     for c in done {
+                        input_sha.update(&c.input);
                         sink.write(&c.output)?;
                         stats.merge(&c.stats);
                         self.progress.advance(c.stats.count);
@@ -442,8 +476,22 @@ impl Ctx<'_> {
                 }
             }
         }
+        check_tensor_sha(self.label, info, input_sha.finalize().into())?;
         sink.finish()?;
         Ok(TensorReport::new(info, decision, stats))
+    }
+
+    /// A bad value can be the garbage of a corrupt tensor: report the checksum mismatch then.
+    #[cold]
+    fn checksum_first(&self, info: &TensorInfo, e: QuantizeError) -> QuantizeError {
+        match e {
+            QuantizeError::NonFinite { .. }
+            | QuantizeError::F16Overflow { .. }
+            | QuantizeError::ScaleOverflow { .. } => verify_tensor(self.file, self.label, info)
+                .err()
+                .unwrap_or(e),
+            e => e,
+        }
     }
 
     /// Read, decode and convert rows `r0..r1` of a tensor.
@@ -481,7 +529,11 @@ impl Ctx<'_> {
             &mut stats,
         )
         .map_err(|e| self.value_error(info, cols, start, e))?;
-        Ok(Chunk { output, stats })
+        Ok(Chunk {
+            input,
+            output,
+            stats,
+        })
     }
 
     /// The site and second moment for error-compensating rounding of this tensor, if any.
@@ -496,13 +548,19 @@ impl Ctx<'_> {
     }
 
     /// Quantize a whole matrix with error compensation ([`crate::gptq`]).
-    fn compensated(&self, info: &TensorInfo, decision: &Decision) -> Result<(Vec<u8>, ErrorStats)> {
+    fn compensated(
+        &self,
+        info: &TensorInfo,
+        decision: &Decision,
+        input_sha: &mut Sha256,
+    ) -> Result<(Vec<u8>, ErrorStats)> {
         let (site, moment) = self.moment(info, decision).expect("checked by the caller");
         let cols = info.shape.last().copied().unwrap_or(1) as usize;
         let numel = info.numel() as usize;
         let unit = info.dtype.block_bytes();
         let mut input = vec![0u8; numel * unit];
         read_exact_at(self.file, &mut input, info.offset).map_err(|e| self.io_err(e))?;
+        input_sha.update(&input);
         let x = if info.dtype == DType::BF16 {
             decode_bf16(&input)
         } else {
@@ -581,19 +639,6 @@ impl Ctx<'_> {
     }
 }
 
-/// Little-endian bf16 bytes to f32, as [`decode_to_f32`] does (`half`'s rule: NaNs get their
-/// quiet bit set), in a branch-free loop that the compiler vectorizes.
-fn decode_bf16(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(2)
-        .map(|c| {
-            let b = u32::from(u16::from_le_bytes([c[0], c[1]]));
-            let quiet = u32::from(b & 0x7fff > 0x7f80) << 6;
-            f32::from_bits((b | quiet) << 16)
-        })
-        .collect()
-}
-
 /// Bits of storage per weight over a set of tensors.
 pub fn bits_per_weight(bytes: u64, elements: u64) -> f64 {
     if elements == 0 {
@@ -620,22 +665,4 @@ fn read_exact_at(file: &File, mut buf: &mut [u8], mut at: u64) -> std::io::Resul
         at += n as u64;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The vectorizable bf16 decode equals the format crate's on every bit pattern.
-    #[test]
-    fn decode_bf16_equals_format_decode() {
-        let bytes: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
-        let mut want = vec![0.0f32; 1 << 16];
-        decode_to_f32(DType::BF16, &bytes, &mut want);
-        let got = decode_bf16(&bytes);
-        assert!(want
-            .iter()
-            .zip(&got)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
-    }
 }

@@ -98,8 +98,8 @@ pub struct Report {
     pub bits_per_weight_in: f64,
     /// Tensor-data bits per weight of the output, over all tensors.
     pub bits_per_weight_out: f64,
-    /// Seconds spent hashing the input file and verifying its tensor checksums (part of
-    /// `seconds`).
+    /// Seconds spent hashing the whole input file for provenance, on one thread alongside the
+    /// conversion (which checks each tensor's checksum as it reads it).
     pub hash_seconds: f64,
     /// Seconds spent finishing the output: index, header, fsync, rename (part of `seconds`).
     pub finish_seconds: f64,
@@ -191,7 +191,7 @@ impl Report {
         let _ = writeln!(
             s,
             "\n{} tensors, {} weights; file {:.1} MiB -> {:.1} MiB ({:.1}%); {:.2} -> {:.2} bits \
-             per weight; {} method, {} threads, {:.2} s ({:.2} s hashing and verifying the input, \
+             per weight; {} method, {} threads, {:.2} s ({:.2} s hashing the input file alongside, \
              {:.2} s finishing and syncing the output)",
             self.tensors.len(),
             self.elements,

@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 
 use kiln_format::blocks::{quantize_row_q4_0_ref, quantize_row_q8_0_ref};
-use kiln_format::{DType, KilnFile};
+use kiln_format::{DType, FormatError, KilnFile};
 use kiln_quantize::importance::{CalibrationInfo, Importance};
 use kiln_quantize::{
     quantize_file, Method, NoProgress, Override, Policy, QuantizeError, QuantizeOptions, Report,
@@ -324,6 +324,104 @@ fn corrupt_input_data_is_not_laundered_into_a_valid_file() {
     let err = run(&options(dir.path(), DType::Q8_0, &[])).unwrap_err();
     assert!(err.to_string().contains("checksum mismatch"), "{err}");
     assert!(err.to_string().contains("layers.0.mlp.up.weight"), "{err}");
+    assert_eq!(common::files_in(dir.path()), ["in.kiln"]);
+}
+
+/// Flip bytes of tensor `name` in the file at `path` (offsets relative to the tensor's data).
+fn corrupt(path: &Path, name: &str, edits: &[(usize, u8)]) {
+    let info = KilnFile::open(path).unwrap().info(name).unwrap().clone();
+    let mut bytes = std::fs::read(path).unwrap();
+    for &(at, value) in edits {
+        let at = if at == usize::MAX {
+            info.len as usize - 1
+        } else {
+            at
+        };
+        bytes[info.offset as usize + at] = value;
+    }
+    std::fs::write(path, &bytes).unwrap();
+}
+
+fn assert_checksum_error(err: &QuantizeError, tensor: &str) {
+    match err {
+        QuantizeError::Format(FormatError::TensorChecksum { tensor: t, .. }) => {
+            assert_eq!(t, tensor)
+        }
+        other => panic!("expected a checksum mismatch in {tensor}, got {other:?}"),
+    }
+}
+
+/// The input checksums are checked as the conversion reads the tensors, chunk by chunk: a
+/// corrupt byte in the last chunk of a tensor several chunks long is caught too, at any thread
+/// count, and no output is left.
+#[test]
+fn corruption_in_a_later_chunk_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let inp = dir.path().join("in.kiln");
+    // 4096 x 64 values: four chunks of whole rows.
+    let shape = vec![4096u64, common::HIDDEN];
+    let n = (shape[0] * shape[1]) as usize;
+    assert!(n > 3 * kiln_quantize::CHUNK_ELEMENTS);
+    let spec = kiln_format::TensorSpec {
+        name: "layers.0.mlp.up.weight".into(),
+        dtype: DType::BF16,
+        shape,
+    };
+    let w = kiln_format::KilnWriter::create(&inp, &common::metadata(), vec![spec], false).unwrap();
+    let bytes: Vec<u8> = common::values(7, n)
+        .iter()
+        .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+        .collect();
+    w.write_tensor(0, &bytes).unwrap();
+    w.finish().unwrap();
+    // Intact, it converts.
+    run(&options(dir.path(), DType::Q4_0, &[])).unwrap();
+    std::fs::remove_file(dir.path().join("out.kiln")).unwrap();
+    let last = bytes[bytes.len() - 1];
+    corrupt(&inp, "layers.0.mlp.up.weight", &[(usize::MAX, last ^ 0x01)]);
+    for threads in [1, 2, 3] {
+        let mut o = options(dir.path(), DType::Q4_0, &[]);
+        o.threads = Some(threads);
+        let err = run(&o).unwrap_err();
+        assert_checksum_error(&err, "layers.0.mlp.up.weight");
+        assert_eq!(
+            common::files_in(dir.path()),
+            ["in.kiln"],
+            "{threads} threads"
+        );
+    }
+}
+
+/// Corruption that turns a value into NaN is reported as what it is, a checksum mismatch,
+/// not as a NaN in the model.
+#[test]
+fn corruption_that_decodes_to_nan_is_reported_as_a_checksum_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let inp = dir.path().join("in.kiln");
+    common::write_model(&inp, DType::BF16, |_, _| {});
+    // bf16 0x7fc0 (little-endian c0 7f) is a quiet NaN.
+    corrupt(&inp, "layers.1.attn.q.weight", &[(10, 0xc0), (11, 0x7f)]);
+    for to in [DType::Q4_0, DType::Q8_0, DType::F16] {
+        let err = run(&options(dir.path(), to, &[])).unwrap_err();
+        assert_checksum_error(&err, "layers.1.attn.q.weight");
+        assert_eq!(common::files_in(dir.path()), ["in.kiln"]);
+    }
+}
+
+/// A tensor whose bytes are copied unchanged is checked as well.
+#[test]
+fn corrupt_copied_tensor_is_not_laundered() {
+    let dir = tempfile::tempdir().unwrap();
+    let inp = dir.path().join("in.kiln");
+    common::write_model(&inp, DType::BF16, |_, _| {});
+    corrupt(&inp, "layers.0.attn.v.weight", &[(3, 0x55)]);
+    let err = run(&options(
+        dir.path(),
+        DType::Q4_0,
+        &["layers.0.attn.v.weight=copy"],
+    ))
+    .unwrap_err();
+    assert_checksum_error(&err, "layers.0.attn.v.weight");
     assert_eq!(common::files_in(dir.path()), ["in.kiln"]);
 }
 
