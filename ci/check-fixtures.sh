@@ -2,7 +2,8 @@
 # Check Kiln's test fixtures without torch: builds the SmolLM2 checkpoints (verified
 # against fixtures/smollm2/expected_tensors.json), then checks the committed tiny
 # checkpoints and reference dumps (fixtures/check_fixtures.py). Ends with a
-# "N passed, N failed" line; exit status is non-zero on any failure.
+# "N passed, N failed" line; exit status is non-zero on any failure. Last, ci/gguf-check.sh
+# checks GGUF exports with PyPI's independent `gguf` reader.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -11,3 +12,4 @@ ci/smollm2.sh
 "$py" fixtures/smollm2/make_checkpoint.py --out target/models/smollm2-bf16 --verify
 "$py" fixtures/smollm2/make_checkpoint.py --out target/models/smollm2-bf16-sharded --verify
 "$py" fixtures/check_fixtures.py --smollm2 target/models/smollm2-bf16
+ci/gguf-check.sh

@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
-# Fuzz the .kiln reader for a fixed time: ci/fuzz.sh [SECONDS]   (default 60)
+# Fuzz the .kiln and GGUF readers for a fixed time: ci/fuzz.sh [SECONDS] [GGUF_SECONDS]
+# (defaults 60 and 30)
 #
 # Runs the cargo-fuzz target `reader` (fuzz/fuzz_targets/reader.rs), which opens arbitrary
 # bytes with KilnFile::from_bytes and, when a file is accepted, touches every view and verifies
-# every checksum. Exits non-zero if the fuzzer finds a crash; the input that caused it is left
-# in fuzz/artifacts/reader/ (reproduce with `RUSTC_BOOTSTRAP=1 cargo fuzz run reader FILE`).
+# every checksum; then the target `gguf` (fuzz/fuzz_targets/gguf.rs), which parses arbitrary
+# bytes as GGUF and, when a header is accepted, slices and dequantizes every tensor and rebuilds
+# the tokenizer. Exits non-zero if the fuzzer finds a crash; the input that caused it is left
+# in fuzz/artifacts/<target>/ (reproduce with `RUSTC_BOOTSTRAP=1 cargo fuzz run <target> FILE`).
 #
 # Toolchain: cargo-fuzz needs nightly-only flags (-Zsanitizer=address, sanitizer coverage).
 # Only the stable toolchain can be installed here, so the script sets RUSTC_BOOTSTRAP=1, which
 # lets the stable compiler accept them; this is harmless on a nightly toolchain.
 #
 # The committed seeds (fuzz/corpus/reader/, made by
-# `cargo run -p kiln-format --example fuzz_seed_corpus -- fuzz/corpus/reader`) are read but
+# `cargo run -p kiln-format --example fuzz_seed_corpus -- fuzz/corpus/reader`; fuzz/corpus/gguf/,
+# made by `cargo run -p kiln-convert --example gguf_seed_corpus -- fuzz/corpus/gguf`) are read but
 # never written: inputs the fuzzer discovers go to a scratch directory, so the repository's
 # corpus stays small. Set KILN_FUZZ_CORPUS=DIR to keep discoveries in DIR across runs.
 set -euo pipefail
 
 duration="${1:-60}"
-if ! [[ "$duration" =~ ^[0-9]+$ ]] || [ "$duration" -eq 0 ]; then
-    echo "usage: ci/fuzz.sh [SECONDS]   (a positive whole number, default 60)" >&2
-    exit 2
-fi
+gguf_duration="${2:-30}"
+for d in "$duration" "$gguf_duration"; do
+    if ! [[ "$d" =~ ^[0-9]+$ ]] || [ "$d" -eq 0 ]; then
+        echo "usage: ci/fuzz.sh [SECONDS] [GGUF_SECONDS]   (positive whole numbers, default 60 30)" >&2
+        exit 2
+    fi
+done
 
 cd "$(dirname "$0")/.."
 
@@ -41,5 +48,8 @@ mkdir -p "$scratch"
 # The first corpus directory receives new inputs; the second (the seeds) is only read.
 # -max_len keeps inputs near the size of the seeds, where the interesting structure is.
 # -timeout flags a single input that takes over 10 s (a hang) as a failure.
-cargo fuzz run reader "$scratch" fuzz/corpus/reader -- \
+mkdir -p "$scratch/reader" "$scratch/gguf"
+cargo fuzz run reader "$scratch/reader" fuzz/corpus/reader -- \
     -max_total_time="$duration" -max_len=4096 -timeout=10 -print_final_stats=1
+cargo fuzz run gguf "$scratch/gguf" fuzz/corpus/gguf -- \
+    -max_total_time="$gguf_duration" -max_len=4096 -timeout=10 -print_final_stats=1

@@ -160,7 +160,8 @@ fn plan<'c>(
     Ok(planned)
 }
 
-fn sha256_file(path: &Path, name: &str) -> Result<SourceFile> {
+/// A source file's size and sha256, for provenance (`name` is how provenance lists it).
+pub(crate) fn sha256_file(path: &Path, name: &str) -> Result<SourceFile> {
     use std::io::Read;
     let mut f = std::fs::File::open(path).map_err(|e| ConvertError::io(path, "cannot open", e))?;
     let mut h = Sha256::new();

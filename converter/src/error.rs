@@ -63,7 +63,7 @@ pub enum ConvertError {
         expected: Vec<u64>,
     },
     /// A tensor whose shape disagrees with `config.json`.
-    #[error("{path}: tensor `{tensor}` has shape {found:?}, config.json implies {expected:?}")]
+    #[error("{path}: tensor `{tensor}` has shape {found:?}, the model configuration (config.json or GGUF metadata) implies {expected:?}")]
     ShapeMismatch {
         path: String,
         tensor: String,
@@ -85,6 +85,81 @@ pub enum ConvertError {
         path: String,
         tensor: String,
         dtype: String,
+    },
+    /// A file that does not start with the GGUF magic.
+    #[error("{file}: not a GGUF file (the first 4 bytes are {found}, expected \"GGUF\")")]
+    GgufBadMagic { file: String, found: String },
+    /// A GGUF version Kiln does not read.
+    #[error(
+        "{file}: GGUF version {version} is not supported (Kiln reads versions 2 and 3{})",
+        if *byte_swapped { "; this looks like a big-endian GGUF file, which Kiln does not read" } else { "" }
+    )]
+    GgufVersion {
+        file: String,
+        version: u32,
+        byte_swapped: bool,
+    },
+    /// The GGUF file ends inside a field it declares.
+    #[error(
+        "{file}: truncated GGUF: {what} needs {need} bytes at offset {offset}, the file is {len} \
+         bytes long"
+    )]
+    GgufTruncated {
+        file: String,
+        what: String,
+        offset: u64,
+        need: u64,
+        len: u64,
+    },
+    /// A count or length in a GGUF file beyond what Kiln accepts.
+    #[error("{file}: GGUF {what} is {value}, more than the {limit} Kiln accepts")]
+    GgufLimit {
+        file: String,
+        what: String,
+        value: u64,
+        limit: u64,
+    },
+    /// A structurally invalid GGUF file (bad value type, nested array, duplicate key, …).
+    #[error("{file}: invalid GGUF at byte {offset}: {reason}")]
+    GgufMalformed {
+        file: String,
+        offset: u64,
+        reason: String,
+    },
+    /// A GGUF tensor-table entry that does not make sense.
+    #[error("{file}: GGUF tensor `{tensor}`: {reason}")]
+    GgufTensor {
+        file: String,
+        tensor: String,
+        reason: String,
+    },
+    /// A GGUF metadata key that is missing or holds the wrong kind of value.
+    #[error("{file}: GGUF metadata `{key}`: {reason}")]
+    GgufKey {
+        file: String,
+        key: String,
+        reason: String,
+    },
+    /// A GGUF tensor type Kiln can neither keep nor dequantize.
+    #[error(
+        "{file}: tensor `{tensor}` has GGML type {ggml_type}, which Kiln cannot import; \
+         supported: F32, F16, BF16, Q8_0, Q4_0 (kept), {dequantized} (dequantized)"
+    )]
+    UnsupportedGgufType {
+        file: String,
+        tensor: String,
+        ggml_type: String,
+        dequantized: String,
+    },
+    /// A tokenizer Kiln cannot carry between `tokenizer.json` and GGUF.
+    #[error("{file}: tokenizer: {reason}")]
+    UnsupportedTokenizer { file: String, reason: String },
+    /// A `.kiln` file that cannot be written as GGUF.
+    #[error("{file}: cannot export {what} to GGUF: {reason}")]
+    Export {
+        file: String,
+        what: String,
+        reason: String,
     },
     /// Errors from the `.kiln` reader and writer.
     #[error(transparent)]

@@ -1,4 +1,5 @@
-//! `kiln-convert`: a Hugging Face checkpoint directory → one versioned, checksummed `.kiln` file.
+//! `kiln-convert`: a Hugging Face checkpoint directory (or a GGUF file) → one versioned,
+//! checksummed `.kiln` file, and a `.kiln` file → GGUF.
 //!
 //! - [`hf_config`] resolves `config.json` (transformers 4.x or 5.x) into a
 //!   [`kiln_format::ModelConfig`];
@@ -7,13 +8,15 @@
 //! - [`tokenizer_files`] carries `tokenizer.json`, the chat template and special tokens;
 //! - [`convert`] checks the tensors against the config and writes the file in parallel through
 //!   [`kiln_format::KilnWriter`];
-//! - [`inspect`] reports on (and verifies) a `.kiln` file.
+//! - [`inspect`] reports on (and verifies) a `.kiln` file;
+//! - [`gguf`] exports a `.kiln` file to llama.cpp's GGUF and imports GGUF files.
 //!
 //! Progress is reported through the [`Progress`] trait; the binary draws the bar.
 
 pub mod checkpoint;
 pub mod convert;
 pub mod error;
+pub mod gguf;
 pub mod hf_config;
 pub mod inspect;
 pub mod names;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use kiln_convert::gguf::{export_gguf, import_gguf, ExportOptions, ImportOptions};
 use kiln_convert::{convert_hf, inspect, ConvertOptions, Progress};
 use kiln_format::DType;
 
@@ -13,9 +14,12 @@ const EXAMPLES: &str = "\
 Examples:
   kiln-convert hf ./SmolLM2-135M-Instruct -o smollm2.kiln
   kiln-convert hf ./model-dir -o model-f16.kiln --dtype f16 --force
-  kiln-convert inspect smollm2.kiln --verify";
+  kiln-convert inspect smollm2.kiln --verify
+  kiln-convert export-gguf smollm2-q4_0.kiln -o smollm2-q4_0.gguf
+  kiln-convert gguf SmolLM2-135M-Instruct.Q4_1.gguf -o smollm2.kiln";
 
-/// Convert Hugging Face checkpoints to .kiln files and inspect them.
+/// Convert Hugging Face checkpoints and GGUF files to .kiln files, .kiln files to GGUF, and
+/// inspect .kiln files.
 #[derive(Parser, Debug)]
 #[command(name = "kiln-convert", version, after_help = EXAMPLES)]
 struct Cli {
@@ -36,6 +40,45 @@ enum Command {
         /// Output dtype (default: keep each tensor's source dtype, lossless).
         #[arg(long, value_enum)]
         dtype: Option<FloatType>,
+        /// Overwrite the output file if it exists.
+        #[arg(long)]
+        force: bool,
+        /// Print a JSON summary on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a .kiln file as a GGUF file that llama.cpp loads (tensors keep their dtype).
+    #[command(
+        name = "export-gguf",
+        after_help = "Example:\n  kiln-convert export-gguf smollm2-q4_0.kiln -o smollm2-q4_0.gguf"
+    )]
+    ExportGguf {
+        /// The .kiln file.
+        file: PathBuf,
+        /// The .gguf file to write.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Overwrite the output file if it exists.
+        #[arg(long)]
+        force: bool,
+        /// Print a JSON summary on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Convert a GGUF file (llama, qwen2) to .kiln; F32/F16/BF16/Q8_0/Q4_0 tensors are kept,
+    /// Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K tensors are dequantized (see --dequantize-to).
+    #[command(
+        after_help = "Example:\n  kiln-convert gguf SmolLM2-135M-Instruct.Q4_1.gguf -o smollm2.kiln"
+    )]
+    Gguf {
+        /// The .gguf file.
+        file: PathBuf,
+        /// The .kiln file to write.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Dtype for tensors of GGML types Kiln does not store.
+        #[arg(long, value_enum, default_value = "f16")]
+        dequantize_to: FloatType,
         /// Overwrite the output file if it exists.
         #[arg(long)]
         force: bool,
@@ -165,6 +208,78 @@ fn run(cli: Cli) -> Result<Exit, kiln_convert::ConvertError> {
                     "skipped {} source tensor(s): {}",
                     s.skipped.len(),
                     s.skipped.join(", ")
+                );
+            }
+            if json {
+                print_stdout(&(serde_json::to_string_pretty(&s).expect("serializable") + "\n"));
+            }
+            Ok(Exit::Ok)
+        }
+        Command::ExportGguf {
+            file,
+            output,
+            force,
+            json,
+        } => {
+            let opts = ExportOptions {
+                input: file,
+                output,
+                overwrite: force,
+            };
+            let s = export_gguf(&opts, &Bar::new("exporting"))?;
+            let types: Vec<String> = s.types.iter().map(|(d, n)| format!("{n} {d}")).collect();
+            eprintln!(
+                "wrote {} ({:.1} MB): {} tensors ({}), architecture {}, in {:.2} s",
+                s.output,
+                s.bytes_out as f64 / 1e6,
+                s.tensors,
+                types.join(", "),
+                s.architecture,
+                s.seconds
+            );
+            for n in &s.notices {
+                eprintln!("note: {n}");
+            }
+            if json {
+                print_stdout(&(serde_json::to_string_pretty(&s).expect("serializable") + "\n"));
+            }
+            Ok(Exit::Ok)
+        }
+        Command::Gguf {
+            file,
+            output,
+            dequantize_to,
+            force,
+            json,
+        } => {
+            let opts = ImportOptions {
+                input: file,
+                output,
+                overwrite: force,
+                dequantize_to: dequantize_to.into(),
+            };
+            let s = import_gguf(&opts, &Bar::new("importing"))?;
+            let dt: Vec<String> = s.dtypes.iter().map(|(d, n)| format!("{n} {d}")).collect();
+            eprintln!(
+                "wrote {} ({:.1} MB): {} tensors ({}) from {} (GGUF {}) in {:.2} s",
+                s.output,
+                s.bytes_out as f64 / 1e6,
+                s.tensors,
+                dt.join(", "),
+                s.input,
+                s.architecture,
+                s.seconds
+            );
+            if !s.dequantized.is_empty() {
+                let d: Vec<String> = s
+                    .dequantized
+                    .iter()
+                    .map(|(t, n)| format!("{n} {t}"))
+                    .collect();
+                eprintln!(
+                    "note: Kiln does not store these GGML types; dequantized to {}: {} tensor(s)",
+                    opts.dequantize_to,
+                    d.join(", ")
                 );
             }
             if json {

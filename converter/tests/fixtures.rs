@@ -1,5 +1,8 @@
 //! Converting every committed fixture, compared tensor by tensor with the safetensors source.
 
+mod common;
+
+use common::{repo, TINY};
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
@@ -7,19 +10,6 @@ use kiln_convert::names::{canonical, Source};
 use kiln_convert::{convert_hf, ConvertOptions, NoProgress};
 use kiln_format::{DType, KilnFile};
 use safetensors::SafeTensors;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-const TINY: &[&str] = &[
-    "llama-tied-f32",
-    "llama-untied-bf16",
-    "qwen2-bias-f32",
-    "llama3-rope-f32",
-    "mistral-f32",
-    "llama-sharded-f16",
-];
 
 fn source_files(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)

@@ -213,7 +213,7 @@ mod tests {
         let p = dir.path().join("b.bin");
         {
             let f = AtomicFile::create(&p, false).unwrap();
-            (&*f.file()).write_all(b"partial").unwrap();
+            f.file().write_all(b"partial").unwrap();
         }
         assert!(!p.exists());
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);

@@ -7,12 +7,13 @@
 //! one tile kernel call in a fixed order, so the result does not depend on the thread count,
 //! and a token's result does not depend on how many other tokens are in the batch.
 
+use std::cell::RefCell;
+
 use kiln_format::{BlockQ8_0, QK};
-use rayon::prelude::*;
 
 use crate::dispatch::{active, Kernels, Tile, TILE_ROWS};
 use crate::matrix::{Matrix, WeightData};
-use crate::pool::Pool;
+use crate::pool::{Disjoint, Pool};
 
 const ZERO_Q8_0: BlockQ8_0 = BlockQ8_0 {
     d: half::f16::ZERO,
@@ -24,6 +25,10 @@ const MAX_TILE_TOKENS: usize = 4;
 
 /// Output rows per parallel task.
 pub const ROW_CHUNK: usize = 16;
+
+/// Weight bytes × tokens below which a product runs on the calling thread only (a few
+/// microseconds of work: less than waking the other threads and waiting for them costs).
+const PARALLEL_MIN_WORK: usize = 48 * 1024;
 
 /// `out[t*rows + r] = Σ_c x[t*cols + c] · W[r, c]` for `t in 0..n_tokens`, at the dispatched tier.
 ///
@@ -54,56 +59,45 @@ impl Kernels {
             WeightData::F32(d) => run_tiles(d, cols, x, cols, rows, out, pool, self.tile_f32),
             WeightData::F16(d) => run_tiles(d, cols, x, cols, rows, out, pool, self.tile_f16),
             WeightData::BF16(d) => run_tiles(d, cols, x, cols, rows, out, pool, self.tile_bf16),
-            WeightData::Q8_0(d) => {
-                let xq = self.quantize_tokens(x, cols, pool);
-                run_tiles(
-                    d,
-                    cols / QK,
-                    &xq,
-                    cols / QK,
-                    rows,
-                    out,
-                    pool,
-                    self.tile_q8_0,
-                )
-            }
-            WeightData::Q4_0(d) => {
-                let xq = self.quantize_tokens(x, cols, pool);
-                run_tiles(
-                    d,
-                    cols / QK,
-                    &xq,
-                    cols / QK,
-                    rows,
-                    out,
-                    pool,
-                    self.tile_q4_0,
-                )
-            }
+            WeightData::Q8_0(d) => ACT_Q8_0.with_borrow_mut(|xq| {
+                self.quantize_tokens(x, cols, xq, pool);
+                run_tiles(d, cols / QK, xq, cols / QK, rows, out, pool, self.tile_q8_0)
+            }),
+            WeightData::Q4_0(d) => ACT_Q8_0.with_borrow_mut(|xq| {
+                self.quantize_tokens(x, cols, xq, pool);
+                run_tiles(d, cols / QK, xq, cols / QK, rows, out, pool, self.tile_q4_0)
+            }),
         }
     }
 
-    /// Quantize every token's activation row to Q8_0 (once per matmul).
-    fn quantize_tokens(&self, x: &[f32], cols: usize, pool: &Pool) -> Vec<BlockQ8_0> {
+    /// Quantize every token's activation row to Q8_0 (once per matmul) into `xq`.
+    fn quantize_tokens(&self, x: &[f32], cols: usize, xq: &mut Vec<BlockQ8_0>, pool: &Pool) {
         let per_row = cols / QK;
-        let mut xq = vec![ZERO_Q8_0; x.len() / QK];
+        xq.clear();
+        xq.resize(x.len() / QK, ZERO_Q8_0);
         if per_row == 0 {
-            return xq;
+            return;
         }
         let quantize = self.quantize_row_q8_0_act;
-        if x.len() / cols >= 8 {
-            pool.install(|| {
-                xq.par_chunks_mut(per_row)
-                    .zip(x.par_chunks(cols))
-                    .for_each(|(q, xs)| quantize(xs, q))
+        let n_tokens = x.len() / cols;
+        if n_tokens >= 8 && pool.threads() > 1 {
+            let out = Disjoint::new(&mut xq[..]);
+            pool.run(n_tokens, &|t| {
+                // SAFETY: task t writes only token t's blocks.
+                let q = unsafe { out.slice_mut(t * per_row..(t + 1) * per_row) };
+                quantize(&x[t * cols..(t + 1) * cols], q);
             });
         } else {
             for (q, xs) in xq.chunks_mut(per_row).zip(x.chunks(cols)) {
                 quantize(xs, q);
             }
         }
-        xq
     }
+}
+
+thread_local! {
+    /// The calling thread's quantized activations, reused from call to call.
+    static ACT_Q8_0: RefCell<Vec<BlockQ8_0>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Split the output into row chunks and run `tile` over each on the pool.
@@ -123,14 +117,8 @@ fn run_tiles<W: Sync, X: Sync>(
     assert!(tile.tokens >= 1 && tile.tokens <= MAX_TILE_TOKENS);
     let n_tokens = out.len() / rows;
     let n_chunks = rows.div_ceil(ROW_CHUNK);
-    // tasks[c][t] is token t's slice of chunk c's output rows.
-    let mut tasks: Vec<Vec<&mut [f32]>> = (0..n_chunks).map(|_| Vec::new()).collect();
-    for token_out in out.chunks_mut(rows) {
-        for (c, piece) in token_out.chunks_mut(ROW_CHUNK).enumerate() {
-            tasks[c].push(piece);
-        }
-    }
-    let run = |(c, mut pieces): (usize, Vec<&mut [f32]>)| {
+    let out = Disjoint::new(out);
+    let run = |c: usize| {
         let r0 = c * ROW_CHUNK;
         let r1 = (r0 + ROW_CHUNK).min(rows);
         for g in (r0..r1).step_by(TILE_ROWS) {
@@ -155,24 +143,22 @@ fn run_tiles<W: Sync, X: Sync>(
                 let mut res = [[0.0f32; TILE_ROWS]; MAX_TILE_TOKENS];
                 kernel(&wr, &xs[..nt], &mut res[..nt]);
                 for (j, r) in res[..nt].iter().enumerate() {
-                    pieces[t + j][g - r0..g - r0 + n].copy_from_slice(&r[..n]);
+                    let at = (t + j) * rows + g;
+                    // SAFETY: chunk c writes only its own rows r0..r1 of each token, and the
+                    // chunks of one call are disjoint.
+                    let dst = unsafe { out.slice_mut(at..at + n) };
+                    dst.copy_from_slice(&r[..n]);
                 }
                 t += nt;
             }
         }
     };
-    if pool.threads() == 1 || n_chunks == 1 {
-        tasks.into_iter().enumerate().for_each(run);
+    // Small products (attention over a short context, tiny test matrices) stay on the calling
+    // thread: waking the others would cost more than it saves.
+    let work = std::mem::size_of_val(w).saturating_mul(n_tokens);
+    if pool.threads() == 1 || n_chunks == 1 || work < PARALLEL_MIN_WORK {
+        (0..n_chunks).for_each(run);
     } else {
-        // About four pieces per thread: enough for stealing to even out a preempted worker,
-        // few enough that small matvecs are not dominated by task overhead.
-        let min_len = n_chunks.div_ceil(4 * pool.threads());
-        pool.install(|| {
-            tasks
-                .into_par_iter()
-                .enumerate()
-                .with_min_len(min_len)
-                .for_each(run)
-        });
+        pool.run(n_chunks, &run);
     }
 }

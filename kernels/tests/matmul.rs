@@ -242,3 +242,16 @@ fn matmul_rejects_wrong_x_length() {
     let m = Matrix::new(1, 2, WeightData::F32(&[1.0, 2.0])).unwrap();
     kiln_kernels::matmul(&m, &[1.0], 1, &mut [0.0], &pool);
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(12))]
+
+    /// Random shapes: rows not a multiple of the tile, odd and even block counts (the AVX-512
+    /// kernel takes blocks in pairs and masks a last odd one), token counts around the
+    /// multi-token tile width; every encoding, tier and thread count, against the naive loop
+    /// and bit for bit between batched and single-token products.
+    #[test]
+    fn random_shapes_match_naive(rows in 1usize..40, blocks in 1usize..12, n_tokens in 1usize..10, seed in 0u64..1000) {
+        check(rows, blocks * QK, n_tokens, seed);
+    }
+}

@@ -202,10 +202,11 @@ pub fn calibrate(
     let mut moments = BTreeMap::new();
     if options.second_moments {
         for (site, &i) in &collector.index {
-            let m: Vec<f32> = collector.moments[i]
-                .iter()
-                .map(|&v| (f64::from(v) / n) as f32)
-                .collect();
+            // In place: the sums become means without a second copy of every matrix.
+            let mut m = std::mem::take(&mut collector.moments[i]);
+            for v in &mut m {
+                *v = (f64::from(*v) / n) as f32;
+            }
             moments.insert(site.clone(), Arc::new(m));
         }
     }

@@ -89,7 +89,7 @@ fn cholesky_lower(a: &mut [f64], n: usize) -> Result<(), usize> {
             row_j[k] = s / row_k[k];
         }
         let d = row_j[j] - dot(&row_j[..j], &row_j[..j]);
-        if !(d > 0.0) || !d.is_finite() {
+        if d.is_nan() || d <= 0.0 || !d.is_finite() {
             return Err(j);
         }
         row_j[j] = d.sqrt();

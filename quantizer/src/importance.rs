@@ -197,7 +197,8 @@ impl Importance {
                     ));
                 }
                 let n = shape[0];
-                if let Some(i) = (0..n).find(|&i| !(data[i * n + i] >= 0.0)) {
+                if let Some(i) = (0..n).find(|&i| data[i * n + i].is_nan() || data[i * n + i] < 0.0)
+                {
                     return Err(bad(
                         path,
                         format!(

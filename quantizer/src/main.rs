@@ -194,7 +194,6 @@ fn run(args: Args) -> Result<(), QuantizeError> {
                 .threads
                 .unwrap_or_else(kiln_runner::threads::physical_cores),
             second_moments: options.method == Method::Gptq,
-            ..CalibrationOptions::default()
         };
         let importance = calibrate_path(&args.input, text, &calibration, &progress);
         let importance = importance.inspect_err(|_| progress.bar.finish_and_clear())?;

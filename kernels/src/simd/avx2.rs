@@ -198,13 +198,7 @@ macro_rules! isa_entry_points {
             xs: &[&[f32]],
             out: &mut [[f32; TILE_ROWS]],
         ) {
-            let xs: &[&[f32]; T] = xs.try_into().expect("tile: wrong token count");
-            assert!(out.len() == T, "tile: wrong output count");
-            let n = xs[0].len();
-            assert!(
-                rows.iter().all(|r| r.len() == n) && xs.iter().all(|x| x.len() == n),
-                "tile: row length mismatch"
-            );
+            let xs: &[&[f32]; T] = crate::simd::check_tile(rows, xs, out);
             // SAFETY: features supported (see above); lengths checked.
             let res = unsafe { tile_float::<W, T>(rows, xs) };
             out.copy_from_slice(&res);
@@ -215,13 +209,7 @@ macro_rules! isa_entry_points {
             xs: &[&[BlockQ8_0]],
             out: &mut [[f32; TILE_ROWS]],
         ) {
-            let xs: &[&[BlockQ8_0]; T] = xs.try_into().expect("tile: wrong token count");
-            assert!(out.len() == T, "tile: wrong output count");
-            let n = xs[0].len();
-            assert!(
-                rows.iter().all(|r| r.len() == n) && xs.iter().all(|x| x.len() == n),
-                "tile: row length mismatch"
-            );
+            let xs: &[&[BlockQ8_0]; T] = crate::simd::check_tile(rows, xs, out);
             // SAFETY: features supported (see above); lengths checked.
             let res = unsafe { tile_quant::<W, T>(rows, xs) };
             out.copy_from_slice(&res);

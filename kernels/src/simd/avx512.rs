@@ -1,9 +1,10 @@
 //! The AVX-512 tier (F, BW, VL, VNNI on top of AVX2 + FMA + F16C): 16-lane float kernels and
 //! VNNI `vpdpbusd` block dots.
 //!
-//! The block dots stay 256 bits wide (one 32-code block per register) with the VL encoding of
-//! `vpdpbusd`: a block is 32 bytes, and on the CPUs that have VNNI a 512-bit integer op costs
-//! two 256-bit ones anyway.
+//! The Q8_0/Q4_0 tiles and dots are [`super::avx512_pair`]'s: two blocks per 512-bit
+//! `vpdpbusd`, sharing the scale work. The [`QDot`] primitives below (one block per 256-bit
+//! `vpdpbusd`) back the generic block kernel, which the table no longer uses for these tiles but
+//! which stays as this tier's instance of the shared code.
 
 use std::arch::x86_64::*;
 
@@ -11,6 +12,7 @@ use half::{bf16, f16};
 use kiln_format::{BlockQ4_0, BlockQ8_0};
 
 use super::avx2::isa_entry_points;
+use super::avx512_pair::{self, PairBlock};
 use super::float::{self, F32Simd, Weight};
 use super::quant::{self, QBlock, QDot};
 use crate::dispatch::{Kernels, Tile, SCALAR_TABLE, TILE_ROWS};
@@ -148,8 +150,49 @@ isa_entry_points!(
     4
 );
 
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn tile_pair<W: PairBlock, const T: usize>(
+    rows: &[&[W]; TILE_ROWS],
+    xs: &[&[BlockQ8_0]; T],
+) -> [[f32; TILE_ROWS]; T] {
+    // SAFETY: features enabled by this function's attribute; lengths checked by callers.
+    unsafe { avx512_pair::tile::<W, TILE_ROWS, T>(rows, xs) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_pair<W: PairBlock>(w: &[W], x: &[BlockQ8_0]) -> f32 {
+    // SAFETY: features enabled by this function's attribute; lengths checked by callers.
+    unsafe { avx512_pair::tile::<W, 1, 1>(&[w], &[x])[0][0] }
+}
+
+// The safe wrappers below check every length the pair kernel relies on; their `unsafe` calls
+// are sound because `table()` is only handed out when the CPU has this tier's features.
+
+fn pair_tile<W: PairBlock, const T: usize>(
+    rows: &[&[W]; TILE_ROWS],
+    xs: &[&[BlockQ8_0]],
+    out: &mut [[f32; TILE_ROWS]],
+) {
+    let xs: &[&[BlockQ8_0]; T] = crate::simd::check_tile(rows, xs, out);
+    // SAFETY: features supported (see above); lengths checked.
+    let res = unsafe { tile_pair::<W, T>(rows, xs) };
+    out.copy_from_slice(&res);
+}
+
+fn pair_dot<W: PairBlock>(w: &[W], x: &[BlockQ8_0]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot: block count mismatch");
+    // SAFETY: features supported (see above); lengths checked.
+    unsafe { dot_pair(w, x) }
+}
+
 /// This tier's table; [`crate::kernels`] only calls it when the CPU supports the tier.
 pub(crate) fn table() -> &'static Kernels {
     static TABLE: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| table_for(Isa::Avx512))
+    TABLE.get_or_init(|| Kernels {
+        dot_q8_0_q8_0: pair_dot::<BlockQ8_0>,
+        dot_q4_0_q8_0: pair_dot::<BlockQ4_0>,
+        tile_q8_0: Tile::new(pair_tile::<BlockQ8_0, 1>, 4, pair_tile::<BlockQ8_0, 4>),
+        tile_q4_0: Tile::new(pair_tile::<BlockQ4_0, 1>, 4, pair_tile::<BlockQ4_0, 4>),
+        ..table_for(Isa::Avx512)
+    })
 }

@@ -6,6 +6,12 @@
 //!   eight i32 lanes) and the generic Q8_0/Q4_0 kernels built on them.
 //! - `avx2`, `avx512`: the primitives for each ISA and the `#[target_feature]` entry points that
 //!   instantiate the generic kernels, collected in a [`crate::Kernels`] table.
+//! - [`avx512_pair`]: the AVX-512 tier's own Q8_0/Q4_0 tile, two blocks per 512-bit
+//!   `vpdpbusd` with the scales converted in registers (the generic block kernel spends more
+//!   on each block's scale than on its dot).
+//!
+//! In matrix–vector tiles (one token) the kernels also prefetch the weight stream
+//! ([`float::PREFETCH_BYTES`] ahead).
 //!
 //! The generic kernels are `#[inline(always)]` and `unsafe`: they are only ever inlined into a
 //! `#[target_feature]` function of the matching ISA, whose safe wrapper has checked lengths.
@@ -16,6 +22,26 @@ pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_pair;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod float;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod quant;
+
+/// Check the lengths every tile kernel relies on (the token count is `T`, one output row per
+/// token, every weight row and token of the same length) and return the tokens as an array.
+/// The safe wrappers of the SIMD tiers call this before their `unsafe` kernel calls.
+pub(crate) fn check_tile<'a, R, X, const T: usize>(
+    rows: &[&[R]; crate::TILE_ROWS],
+    xs: &'a [&'a [X]],
+    out: &[[f32; crate::TILE_ROWS]],
+) -> &'a [&'a [X]; T] {
+    let xs: &[&[X]; T] = xs.try_into().expect("tile: wrong token count");
+    assert!(out.len() == T, "tile: wrong output count");
+    let n = xs[0].len();
+    assert!(
+        rows.iter().all(|r| r.len() == n) && xs.iter().all(|x| x.len() == n),
+        "tile: row length mismatch"
+    );
+    xs
+}

@@ -8,6 +8,8 @@ use std::arch::x86_64::*;
 
 use kiln_format::{BlockQ4_0, BlockQ8_0};
 
+use super::float::prefetch_ahead;
+
 /// One ISA's integer block dot products against a prepared Q8_0 activation block.
 ///
 /// Weight blocks are loaded once (`load_*`) and dotted against several tokens (`dot_*`).
@@ -157,7 +159,11 @@ pub(crate) unsafe fn tile<Q: QDot, W: QBlock, const R: usize, const T: usize>(
                 }
             }
             for r in 0..R {
-                let lanes = rows[r].get_unchecked(b).dots::<Q, T>(&preps);
+                let wb = rows[r].get_unchecked(b);
+                if T == 1 {
+                    prefetch_ahead(wb, std::mem::size_of::<W>());
+                }
+                let lanes = wb.dots::<Q, T>(&preps);
                 for t in 0..T {
                     let d = _mm256_set1_ps(scale[t][r]);
                     acc[t][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes[t]), d, acc[t][r]);

