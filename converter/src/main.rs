@@ -189,13 +189,12 @@ fn run(cli: Cli) -> Result<Exit, kiln_convert::ConvertError> {
                 overwrite: force,
             };
             let s = convert_hf(&opts, &Bar::new("converting"))?;
-            let dt: Vec<String> = s.dtypes.iter().map(|(d, n)| format!("{n} {d}")).collect();
             eprintln!(
                 "wrote {} ({:.1} MB): {} tensors ({}) from {} ({})\n{:.1} MB of tensor data in {:.2} s ({:.2} GB/s, checksums included)\nheader sha256 {}",
                 s.output,
                 s.bytes_out as f64 / 1e6,
                 s.tensors,
-                dt.join(", "),
+                counts(&s.dtypes),
                 s.input,
                 s.architecture,
                 s.bytes_in as f64 / 1e6,
@@ -210,9 +209,7 @@ fn run(cli: Cli) -> Result<Exit, kiln_convert::ConvertError> {
                     s.skipped.join(", ")
                 );
             }
-            if json {
-                print_stdout(&(serde_json::to_string_pretty(&s).expect("serializable") + "\n"));
-            }
+            print_json_if(json, &s);
             Ok(Exit::Ok)
         }
         Command::ExportGguf {
@@ -227,22 +224,19 @@ fn run(cli: Cli) -> Result<Exit, kiln_convert::ConvertError> {
                 overwrite: force,
             };
             let s = export_gguf(&opts, &Bar::new("exporting"))?;
-            let types: Vec<String> = s.types.iter().map(|(d, n)| format!("{n} {d}")).collect();
             eprintln!(
                 "wrote {} ({:.1} MB): {} tensors ({}), architecture {}, in {:.2} s",
                 s.output,
                 s.bytes_out as f64 / 1e6,
                 s.tensors,
-                types.join(", "),
+                counts(&s.types),
                 s.architecture,
                 s.seconds
             );
             for n in &s.notices {
                 eprintln!("note: {n}");
             }
-            if json {
-                print_stdout(&(serde_json::to_string_pretty(&s).expect("serializable") + "\n"));
-            }
+            print_json_if(json, &s);
             Ok(Exit::Ok)
         }
         Command::Gguf {
@@ -259,32 +253,24 @@ fn run(cli: Cli) -> Result<Exit, kiln_convert::ConvertError> {
                 dequantize_to: dequantize_to.into(),
             };
             let s = import_gguf(&opts, &Bar::new("importing"))?;
-            let dt: Vec<String> = s.dtypes.iter().map(|(d, n)| format!("{n} {d}")).collect();
             eprintln!(
                 "wrote {} ({:.1} MB): {} tensors ({}) from {} (GGUF {}) in {:.2} s",
                 s.output,
                 s.bytes_out as f64 / 1e6,
                 s.tensors,
-                dt.join(", "),
+                counts(&s.dtypes),
                 s.input,
                 s.architecture,
                 s.seconds
             );
             if !s.dequantized.is_empty() {
-                let d: Vec<String> = s
-                    .dequantized
-                    .iter()
-                    .map(|(t, n)| format!("{n} {t}"))
-                    .collect();
                 eprintln!(
                     "note: Kiln does not store these GGML types; dequantized to {}: {} tensor(s)",
                     opts.dequantize_to,
-                    d.join(", ")
+                    counts(&s.dequantized)
                 );
             }
-            if json {
-                print_stdout(&(serde_json::to_string_pretty(&s).expect("serializable") + "\n"));
-            }
+            print_json_if(json, &s);
             Ok(Exit::Ok)
         }
         Command::Inspect { file, verify, json } => {
@@ -324,5 +310,20 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::from(Exit::Error as u8)
         }
+    }
+}
+
+/// "3 bf16, 61 f32": how many of each kind.
+fn counts<'a, K: std::fmt::Display + 'a>(
+    items: impl IntoIterator<Item = (&'a K, &'a usize)>,
+) -> String {
+    let parts: Vec<String> = items.into_iter().map(|(k, n)| format!("{n} {k}")).collect();
+    parts.join(", ")
+}
+
+/// With `--json`, the summary as JSON on stdout.
+fn print_json_if<T: serde::Serialize>(json: bool, summary: &T) {
+    if json {
+        print_stdout(&(serde_json::to_string_pretty(summary).expect("serializable") + "\n"));
     }
 }

@@ -11,40 +11,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use half::{bf16, f16};
-use kiln_kernels::{matmul, BlockQ4_0, BlockQ8_0, Matrix, Pool, WeightData};
+use kiln_kernels::{matmul, Matrix, OwnedWeights, Pool};
 
-enum Owned {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-    Q8(Vec<BlockQ8_0>),
-    Q4(Vec<BlockQ4_0>),
-}
-
-impl Owned {
-    fn make(dtype: &str, w: &[f32]) -> Owned {
-        match dtype {
-            "f32" => Owned::F32(w.to_vec()),
-            "f16" => Owned::F16(w.iter().map(|&v| f16::from_f32(v)).collect()),
-            "bf16" => Owned::BF16(w.iter().map(|&v| bf16::from_f32(v)).collect()),
-            "q8_0" => Owned::Q8(kiln_format::blocks::quantize_row_q8_0_ref(w).unwrap()),
-            "q4_0" => Owned::Q4(kiln_format::blocks::quantize_row_q4_0_ref(w).unwrap()),
-            _ => unreachable!(),
-        }
-    }
-    fn data(&self) -> WeightData<'_> {
-        match self {
-            Owned::F32(d) => WeightData::F32(d),
-            Owned::F16(d) => WeightData::F16(d),
-            Owned::BF16(d) => WeightData::BF16(d),
-            Owned::Q8(d) => WeightData::Q8_0(d),
-            Owned::Q4(d) => WeightData::Q4_0(d),
-        }
-    }
-}
-
-const DTYPES: [&str; 5] = ["f32", "f16", "bf16", "q8_0", "q4_0"];
+const DTYPES: [&str; 5] = OwnedWeights::DTYPES;
 
 fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
@@ -68,7 +37,7 @@ fn bench_shape(c: &mut Criterion, name: &str, rows: usize, cols: usize, n_tokens
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1));
     for dtype in DTYPES {
-        let owned = Owned::make(dtype, &w);
+        let owned = OwnedWeights::encode(dtype, &w).expect("a known dtype");
         let m = Matrix::new(rows, cols, owned.data()).unwrap();
         // Matvec: weight bytes per second. Prefill: multiply-adds per second ("elem/s").
         group.throughput(if n_tokens == 1 {

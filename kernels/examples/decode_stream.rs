@@ -8,37 +8,7 @@
 
 use std::time::Instant;
 
-use kiln_kernels::{bf16, f16, isa, matmul, BlockQ4_0, BlockQ8_0, Matrix, Pool, WeightData};
-
-enum Owned {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-    Q8(Vec<BlockQ8_0>),
-    Q4(Vec<BlockQ4_0>),
-}
-
-impl Owned {
-    fn make(dtype: &str, w: &[f32]) -> Owned {
-        match dtype {
-            "f32" => Owned::F32(w.to_vec()),
-            "f16" => Owned::F16(w.iter().map(|&v| f16::from_f32(v)).collect()),
-            "bf16" => Owned::BF16(w.iter().map(|&v| bf16::from_f32(v)).collect()),
-            "q8_0" => Owned::Q8(kiln_format::blocks::quantize_row_q8_0_ref(w).expect("cols % 32")),
-            "q4_0" => Owned::Q4(kiln_format::blocks::quantize_row_q4_0_ref(w).expect("cols % 32")),
-            other => panic!("unknown dtype {other}"),
-        }
-    }
-    fn data(&self) -> WeightData<'_> {
-        match self {
-            Owned::F32(d) => WeightData::F32(d),
-            Owned::F16(d) => WeightData::F16(d),
-            Owned::BF16(d) => WeightData::BF16(d),
-            Owned::Q8(d) => WeightData::Q8_0(d),
-            Owned::Q4(d) => WeightData::Q4_0(d),
-        }
-    }
-}
+use kiln_kernels::{isa, matmul, Matrix, OwnedWeights, Pool};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -64,7 +34,11 @@ fn main() {
             let w: Vec<f32> = (0..rows * cols)
                 .map(|j| (((j as u64 * 7919 + seed * 104729) % 1000) as f32 - 500.0) * 1e-3)
                 .collect();
-            owned.push((rows, cols, Owned::make(dtype, &w)));
+            owned.push((
+                rows,
+                cols,
+                OwnedWeights::encode(dtype, &w).expect("a known dtype, cols % 32 == 0"),
+            ));
         }
     }
     let mats: Vec<Matrix> = owned

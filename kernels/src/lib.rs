@@ -31,7 +31,7 @@ pub use dispatch::{active, kernels, Kernels, TILE_ROWS};
 pub use error::KernelError;
 pub use isa::{best_isa, isa, supported_isas, Isa, ISA_ENV};
 pub use matmul::{matmul, ROW_CHUNK};
-pub use matrix::{Matrix, WeightData};
+pub use matrix::{Matrix, OwnedWeights, WeightData};
 pub use pool::Pool;
 
 /// HF `LlamaRMSNorm` of one row in f32: `out = x / sqrt(mean(x²) + eps) · weight`.

@@ -95,3 +95,67 @@ impl<'a> Matrix<'a> {
         Ok(Matrix { rows, cols, data })
     }
 }
+
+/// Weights held in memory rather than borrowed from a file: what tests, benchmarks and tools
+/// build from f32 values to exercise every encoding the kernels read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OwnedWeights {
+    /// f32 values.
+    F32(Vec<f32>),
+    /// f16 values (round to nearest even).
+    F16(Vec<f16>),
+    /// bf16 values (round to nearest even).
+    BF16(Vec<bf16>),
+    /// Q8_0 blocks (GGML's reference rule).
+    Q8_0(Vec<BlockQ8_0>),
+    /// Q4_0 blocks (GGML's reference rule).
+    Q4_0(Vec<BlockQ4_0>),
+}
+
+impl OwnedWeights {
+    /// The dtype names [`OwnedWeights::encode`] accepts.
+    pub const DTYPES: [&'static str; 5] = ["f32", "f16", "bf16", "q8_0", "q4_0"];
+
+    /// Encode `values` as `dtype` (one of [`OwnedWeights::DTYPES`]). `None` for an unknown
+    /// name, or for a block dtype when `values` is not a whole number of 32-value blocks.
+    pub fn encode(dtype: &str, values: &[f32]) -> Option<OwnedWeights> {
+        Some(match dtype {
+            "f32" => OwnedWeights::F32(values.to_vec()),
+            "f16" => OwnedWeights::F16(values.iter().map(|&v| f16::from_f32(v)).collect()),
+            "bf16" => OwnedWeights::BF16(values.iter().map(|&v| bf16::from_f32(v)).collect()),
+            "q8_0" => OwnedWeights::Q8_0(kiln_format::blocks::quantize_row_q8_0_ref(values).ok()?),
+            "q4_0" => OwnedWeights::Q4_0(kiln_format::blocks::quantize_row_q4_0_ref(values).ok()?),
+            _ => return None,
+        })
+    }
+
+    /// Borrow as the kernels' [`WeightData`].
+    pub fn data(&self) -> WeightData<'_> {
+        match self {
+            OwnedWeights::F32(d) => WeightData::F32(d),
+            OwnedWeights::F16(d) => WeightData::F16(d),
+            OwnedWeights::BF16(d) => WeightData::BF16(d),
+            OwnedWeights::Q8_0(d) => WeightData::Q8_0(d),
+            OwnedWeights::Q4_0(d) => WeightData::Q4_0(d),
+        }
+    }
+
+    /// The values the weights stand for, as f32.
+    pub fn dequantized(&self) -> Vec<f32> {
+        match self {
+            OwnedWeights::F32(d) => d.clone(),
+            OwnedWeights::F16(d) => d.iter().map(|v| v.to_f32()).collect(),
+            OwnedWeights::BF16(d) => d.iter().map(|v| v.to_f32()).collect(),
+            OwnedWeights::Q8_0(d) => {
+                let mut o = vec![0.0; d.len() * QK];
+                kiln_format::blocks::dequantize_row_q8_0(d, &mut o);
+                o
+            }
+            OwnedWeights::Q4_0(d) => {
+                let mut o = vec![0.0; d.len() * QK];
+                kiln_format::blocks::dequantize_row_q4_0(d, &mut o);
+                o
+            }
+        }
+    }
+}

@@ -6,9 +6,8 @@
 //! activations the kernel sees), so the only difference is f32 summation: metric
 //! `|got − naive| / Σ|w·x|`, bounded by `cols·ε` (`MATMUL_TERMS_TOL` per column).
 
-use half::{bf16, f16};
 use kiln_kernels::{
-    kernels, supported_isas, BlockQ4_0, BlockQ8_0, KernelError, Matrix, Pool, WeightData, QK,
+    kernels, supported_isas, KernelError, Matrix, OwnedWeights, Pool, WeightData, QK,
 };
 
 /// Allowed error per summed column relative to Σ|w·x|, plus a few roundings per block.
@@ -38,60 +37,17 @@ fn activations(n: usize, seed: u64) -> Vec<f32> {
     Case::new(n, 1, seed).w.iter().map(|v| v * 3.0).collect()
 }
 
-enum Owned {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-    Q8(Vec<BlockQ8_0>),
-    Q4(Vec<BlockQ4_0>),
+/// Every encoding the case's shape allows (block dtypes need whole blocks per row).
+fn encodings(c: &Case) -> Vec<OwnedWeights> {
+    OwnedWeights::DTYPES
+        .iter()
+        .filter(|d| !d.starts_with('q') || c.cols.is_multiple_of(QK))
+        .filter_map(|d| OwnedWeights::encode(d, &c.w))
+        .collect()
 }
 
-impl Owned {
-    fn all(c: &Case) -> Vec<Owned> {
-        let mut v = vec![
-            Owned::F32(c.w.clone()),
-            Owned::F16(c.w.iter().map(|&x| f16::from_f32(x)).collect()),
-            Owned::BF16(c.w.iter().map(|&x| bf16::from_f32(x)).collect()),
-        ];
-        if c.cols.is_multiple_of(QK) {
-            v.push(Owned::Q8(
-                kiln_format::blocks::quantize_row_q8_0_ref(&c.w).unwrap(),
-            ));
-            v.push(Owned::Q4(
-                kiln_format::blocks::quantize_row_q4_0_ref(&c.w).unwrap(),
-            ));
-        }
-        v
-    }
-    fn data(&self) -> WeightData<'_> {
-        match self {
-            Owned::F32(d) => WeightData::F32(d),
-            Owned::F16(d) => WeightData::F16(d),
-            Owned::BF16(d) => WeightData::BF16(d),
-            Owned::Q8(d) => WeightData::Q8_0(d),
-            Owned::Q4(d) => WeightData::Q4_0(d),
-        }
-    }
-    fn dequantized(&self) -> Vec<f32> {
-        match self {
-            Owned::F32(d) => d.clone(),
-            Owned::F16(d) => d.iter().map(|v| v.to_f32()).collect(),
-            Owned::BF16(d) => d.iter().map(|v| v.to_f32()).collect(),
-            Owned::Q8(d) => {
-                let mut o = vec![0.0; d.len() * QK];
-                kiln_format::blocks::dequantize_row_q8_0(d, &mut o);
-                o
-            }
-            Owned::Q4(d) => {
-                let mut o = vec![0.0; d.len() * QK];
-                kiln_format::blocks::dequantize_row_q4_0(d, &mut o);
-                o
-            }
-        }
-    }
-    fn quantizes_activations(&self) -> bool {
-        matches!(self, Owned::Q8(_) | Owned::Q4(_))
-    }
+fn quantizes_activations(w: &OwnedWeights) -> bool {
+    matches!(w, OwnedWeights::Q8_0(_) | OwnedWeights::Q4_0(_))
 }
 
 /// What the kernel multiplies by: `x` itself, or its Q8_0 round trip for quantized weights.
@@ -109,10 +65,10 @@ fn check(rows: usize, cols: usize, n_tokens: usize, seed: u64) {
     let case = Case::new(rows, cols, seed);
     let x = activations(n_tokens * cols, seed ^ 0xabc);
     let pools: Vec<Pool> = [1, 2, 3].iter().map(|&t| Pool::new(t).unwrap()).collect();
-    for owned in Owned::all(&case) {
+    for owned in encodings(&case) {
         let m = Matrix::new(rows, cols, owned.data()).unwrap();
         let wd = owned.dequantized();
-        let xe = effective_x(&x, owned.quantizes_activations());
+        let xe = effective_x(&x, quantizes_activations(&owned));
         for k in supported_isas().into_iter().filter_map(kernels) {
             let mut first: Option<Vec<f32>> = None;
             for pool in &pools {

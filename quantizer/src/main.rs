@@ -195,8 +195,20 @@ fn run(args: Args) -> Result<(), QuantizeError> {
                 .unwrap_or_else(kiln_runner::threads::physical_cores),
             second_moments: options.method == Method::Gptq,
         };
+        let start = std::time::Instant::now();
         let importance = calibrate_path(&args.input, text, &calibration, &progress);
         let importance = importance.inspect_err(|_| progress.bar.finish_and_clear())?;
+        if !args.quiet {
+            progress.bar.suspend(|| {
+                eprintln!(
+                    "calibrated on {} tokens ({} windows of {}) in {:.1} s",
+                    importance.info.tokens,
+                    importance.info.chunks,
+                    importance.info.ctx,
+                    start.elapsed().as_secs_f64()
+                )
+            });
+        }
         if let Some(path) = &args.save_importance {
             importance.save(path, args.force)?;
         }

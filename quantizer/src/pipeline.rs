@@ -382,7 +382,11 @@ fn provenance_step(
                     "tokens": i.info.tokens,
                     "chunks": i.info.chunks,
                     "ctx": i.info.ctx,
-                    "statistic": "mean square of each input column",
+                    "statistics": if i.moments.is_empty() {
+                        "mean square of each input column"
+                    } else {
+                        "mean square of each input column; second moments of each input"
+                    },
                     "weighted_tensors": i.columns.len(),
                 })),
                 "per_tensor": per_tensor,
