@@ -226,14 +226,17 @@ impl ScoredLogits {
                 "kiln-verify scored log-probabilities".to_string(),
             ),
         ]);
-        let tmp = path.with_extension("tmp");
-        safetensors::tensor::serialize_to_file(views, Some(meta), &tmp).map_err(|e| {
+        let bytes = safetensors::tensor::serialize(views, Some(meta)).map_err(|e| {
             VerifyError::BadLogits {
                 path: path.display().to_string(),
                 reason: format!("cannot write: {e}"),
             }
         })?;
-        std::fs::rename(&tmp, path).map_err(|e| VerifyError::io(path, "cannot write", e))
+        // Atomically (temporary file, fsync, rename), replacing an earlier save.
+        kiln_format::write_file_atomic(path, &bytes, true).map_err(|e| VerifyError::BadLogits {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })
     }
 
     /// Read a file written by [`ScoredLogits::save`], checking every field.
