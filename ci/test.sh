@@ -20,7 +20,7 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
-step "fuzz the .kiln reader (${KILN_FUZZ_SECONDS:-60} s)"
+step "fuzz the .kiln reader (${KILN_FUZZ_SECONDS:-60} s) and the GGUF reader (30 s)"
 ci/fuzz.sh "${KILN_FUZZ_SECONDS:-60}"
 
 step "accuracy gate on the real SmolLM2 (layers, integrity, perplexity, KL-divergence)"
