@@ -13,7 +13,7 @@ use kiln_format::{BlockQ8_0, QK};
 
 use crate::dispatch::{active, Kernels, Tile, TILE_ROWS};
 use crate::matrix::{Matrix, WeightData};
-use crate::pool::{Disjoint, Pool};
+use crate::pool::Pool;
 
 const ZERO_Q8_0: BlockQ8_0 = BlockQ8_0 {
     d: half::f16::ZERO,
@@ -38,34 +38,135 @@ pub fn matmul(w: &Matrix, x: &[f32], n_tokens: usize, out: &mut [f32], pool: &Po
     active().matmul(w, x, n_tokens, out, pool)
 }
 
+/// [`matmul`] of several matrices by the same activations (`outs[i]` gets `ws[i]`'s product),
+/// as one job on the pool: a forward pass's q/k/v or gate/up projections. Matrices of one
+/// encoding share one quantization of the activations and one hand-over to the threads; each
+/// result is bit for bit what [`matmul`] gives. Panics if the lengths disagree.
+pub fn matmul_many(
+    ws: &[&Matrix],
+    x: &[f32],
+    n_tokens: usize,
+    outs: &mut [&mut [f32]],
+    pool: &Pool,
+) {
+    active().matmul_many(ws, x, n_tokens, outs, pool)
+}
+
 impl Kernels {
     /// [`matmul`] at this table's tier.
     pub fn matmul(&self, w: &Matrix, x: &[f32], n_tokens: usize, out: &mut [f32], pool: &Pool) {
-        let (rows, cols) = (w.rows, w.cols);
+        self.matmul_many(&[w], x, n_tokens, &mut [out], pool)
+    }
+
+    /// [`matmul_many`] at this table's tier.
+    pub fn matmul_many(
+        &self,
+        ws: &[&Matrix],
+        x: &[f32],
+        n_tokens: usize,
+        outs: &mut [&mut [f32]],
+        pool: &Pool,
+    ) {
+        assert_eq!(ws.len(), outs.len(), "matmul: one output per matrix");
+        let Some(first) = ws.first() else { return };
+        let cols = first.cols;
         assert_eq!(
             Some(x.len()),
             n_tokens.checked_mul(cols),
             "matmul: x must be n_tokens × cols"
         );
-        assert_eq!(
-            Some(out.len()),
-            n_tokens.checked_mul(rows),
-            "matmul: out must be n_tokens × rows"
-        );
-        if rows == 0 || n_tokens == 0 {
+        for (w, out) in ws.iter().zip(outs.iter()) {
+            assert_eq!(
+                w.cols, cols,
+                "matmul: every matrix must take the same input"
+            );
+            assert_eq!(
+                Some(out.len()),
+                n_tokens.checked_mul(w.rows),
+                "matmul: out must be n_tokens × rows"
+            );
+        }
+        if n_tokens == 0 {
             return;
         }
-        match w.data {
-            WeightData::F32(d) => run_tiles(d, cols, x, cols, rows, out, pool, self.tile_f32),
-            WeightData::F16(d) => run_tiles(d, cols, x, cols, rows, out, pool, self.tile_f16),
-            WeightData::BF16(d) => run_tiles(d, cols, x, cols, rows, out, pool, self.tile_bf16),
-            WeightData::Q8_0(d) => ACT_Q8_0.with_borrow_mut(|xq| {
+        let same = ws
+            .iter()
+            .all(|w| std::mem::discriminant(&w.data) == std::mem::discriminant(&first.data));
+        if !same {
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                self.matmul_many(&[w], x, n_tokens, &mut [out], pool);
+            }
+            return;
+        }
+        /// Every matrix's elements as the encoding `$v` (all are, checked above).
+        macro_rules! all_as {
+            ($v:ident) => {
+                ws.iter()
+                    .map(|w| match w.data {
+                        WeightData::$v(d) => (d, w.rows),
+                        _ => unreachable!("encodings checked equal"),
+                    })
+                    .collect::<Vec<_>>()
+            };
+        }
+        match first.data {
+            WeightData::F32(_) => run_tiles(
+                &all_as!(F32),
+                cols,
+                x,
+                cols,
+                n_tokens,
+                outs,
+                pool,
+                self.tile_f32,
+            ),
+            WeightData::F16(_) => run_tiles(
+                &all_as!(F16),
+                cols,
+                x,
+                cols,
+                n_tokens,
+                outs,
+                pool,
+                self.tile_f16,
+            ),
+            WeightData::BF16(_) => run_tiles(
+                &all_as!(BF16),
+                cols,
+                x,
+                cols,
+                n_tokens,
+                outs,
+                pool,
+                self.tile_bf16,
+            ),
+            WeightData::Q8_0(_) => ACT_Q8_0.with_borrow_mut(|xq| {
                 self.quantize_tokens(x, cols, xq, pool);
-                run_tiles(d, cols / QK, xq, cols / QK, rows, out, pool, self.tile_q8_0)
+                let bl = cols / QK;
+                run_tiles(
+                    &all_as!(Q8_0),
+                    bl,
+                    xq,
+                    bl,
+                    n_tokens,
+                    outs,
+                    pool,
+                    self.tile_q8_0,
+                )
             }),
-            WeightData::Q4_0(d) => ACT_Q8_0.with_borrow_mut(|xq| {
+            WeightData::Q4_0(_) => ACT_Q8_0.with_borrow_mut(|xq| {
                 self.quantize_tokens(x, cols, xq, pool);
-                run_tiles(d, cols / QK, xq, cols / QK, rows, out, pool, self.tile_q4_0)
+                let bl = cols / QK;
+                run_tiles(
+                    &all_as!(Q4_0),
+                    bl,
+                    xq,
+                    bl,
+                    n_tokens,
+                    outs,
+                    pool,
+                    self.tile_q4_0,
+                )
             }),
         }
     }
@@ -80,17 +181,14 @@ impl Kernels {
         }
         let quantize = self.quantize_row_q8_0_act;
         let n_tokens = x.len() / cols;
-        if n_tokens >= 8 && pool.threads() > 1 {
-            let out = Disjoint::new(&mut xq[..]);
-            pool.run(n_tokens, &|t| {
-                // SAFETY: task t writes only token t's blocks.
-                let q = unsafe { out.slice_mut(t * per_row..(t + 1) * per_row) };
-                quantize(&x[t * cols..(t + 1) * cols], q);
-            });
+        let quantize_token =
+            |t: usize, q: &mut [BlockQ8_0]| quantize(&x[t * cols..(t + 1) * cols], q);
+        if n_tokens >= 8 {
+            pool.for_each_chunk(xq, per_row, quantize_token);
         } else {
-            for (q, xs) in xq.chunks_mut(per_row).zip(x.chunks(cols)) {
-                quantize(xs, q);
-            }
+            xq.chunks_mut(per_row)
+                .enumerate()
+                .for_each(|(t, q)| quantize_token(t, q));
         }
     }
 }
@@ -100,25 +198,49 @@ thread_local! {
     static ACT_Q8_0: RefCell<Vec<BlockQ8_0>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Split the output into row chunks and run `tile` over each on the pool.
+/// Split every matrix's output into row chunks and run `tile` over all of them as one job.
 ///
-/// `w` is `rows × wl` (elements or blocks), `x` is `n_tokens × xl`; `out` is `n_tokens × rows`.
+/// `ws[i]` is `(weights, rows)`, `rows × wl` elements or blocks; `x` is `n_tokens × xl`;
+/// `outs[i]` is `n_tokens × rows_i`.
 #[allow(clippy::too_many_arguments)]
 fn run_tiles<W: Sync, X: Sync>(
-    w: &[W],
+    ws: &[(&[W], usize)],
     wl: usize,
     x: &[X],
     xl: usize,
-    rows: usize,
-    out: &mut [f32],
+    n_tokens: usize,
+    outs: &mut [&mut [f32]],
     pool: &Pool,
     tile: Tile<W, X>,
 ) {
     assert!(tile.tokens >= 1 && tile.tokens <= MAX_TILE_TOKENS);
-    let n_tokens = out.len() / rows;
-    let n_chunks = rows.div_ceil(ROW_CHUNK);
-    let out = Disjoint::new(out);
-    let run = |c: usize| {
+    // Task k is chunk `k - starts[i]` of matrix i, for the last i with `starts[i] <= k`.
+    let mut starts = Vec::with_capacity(ws.len());
+    let mut n_tasks = 0;
+    for &(_, rows) in ws {
+        starts.push(n_tasks);
+        n_tasks += rows.div_ceil(ROW_CHUNK);
+    }
+    // Chunk c's output is rows r0..r1 of every token: one slice per token, cut up front so
+    // that each task owns its slices outright. `slots[k * n_tokens + t]` is token t's.
+    let mut slots: Vec<&mut [f32]> = Vec::with_capacity(n_tasks * n_tokens);
+    for (out, &(_, rows)) in outs.iter_mut().zip(ws) {
+        if rows == 0 {
+            continue;
+        }
+        let mut per_token: Vec<_> = out
+            .chunks_mut(rows)
+            .map(|o| o.chunks_mut(ROW_CHUNK))
+            .collect();
+        for _ in 0..rows.div_ceil(ROW_CHUNK) {
+            slots.extend(per_token.iter_mut().flat_map(|it| it.next()));
+        }
+    }
+    debug_assert_eq!(slots.len(), n_tasks * n_tokens);
+    let run = |k: usize, outs: &mut [&mut [f32]]| {
+        let m = starts.partition_point(|&s| s <= k) - 1;
+        let (w, rows) = ws[m];
+        let c = k - starts[m];
         let r0 = c * ROW_CHUNK;
         let r1 = (r0 + ROW_CHUNK).min(rows);
         for g in (r0..r1).step_by(TILE_ROWS) {
@@ -143,11 +265,7 @@ fn run_tiles<W: Sync, X: Sync>(
                 let mut res = [[0.0f32; TILE_ROWS]; MAX_TILE_TOKENS];
                 kernel(&wr, &xs[..nt], &mut res[..nt]);
                 for (j, r) in res[..nt].iter().enumerate() {
-                    let at = (t + j) * rows + g;
-                    // SAFETY: chunk c writes only its own rows r0..r1 of each token, and the
-                    // chunks of one call are disjoint.
-                    let dst = unsafe { out.slice_mut(at..at + n) };
-                    dst.copy_from_slice(&r[..n]);
+                    outs[t + j][g - r0..g - r0 + n].copy_from_slice(&r[..n]);
                 }
                 t += nt;
             }
@@ -155,10 +273,14 @@ fn run_tiles<W: Sync, X: Sync>(
     };
     // Small products (attention over a short context, tiny test matrices) stay on the calling
     // thread: waking the others would cost more than it saves.
-    let work = std::mem::size_of_val(w).saturating_mul(n_tokens);
-    if pool.threads() == 1 || n_chunks == 1 || work < PARALLEL_MIN_WORK {
-        (0..n_chunks).for_each(run);
+    let bytes: usize = ws.iter().map(|(w, _)| std::mem::size_of_val(*w)).sum();
+    let work = bytes.saturating_mul(n_tokens);
+    if pool.threads() == 1 || n_tasks == 1 || work < PARALLEL_MIN_WORK {
+        slots
+            .chunks_mut(n_tokens)
+            .enumerate()
+            .for_each(|(k, outs)| run(k, outs));
     } else {
-        pool.run(n_chunks, &run);
+        pool.for_each_chunk(&mut slots, n_tokens, run);
     }
 }

@@ -211,3 +211,82 @@ proptest::proptest! {
         check(rows, blocks * QK, n_tokens, seed);
     }
 }
+
+/// `matmul_many` gives each matrix exactly what `matmul` gives it alone: same encodings (one
+/// fused job), mixed encodings (one job per matrix), a matrix with no rows in the group, every
+/// tier and 1–3 threads, decode and prefill batches.
+#[test]
+fn matmul_many_equals_separate_products() {
+    // Large enough that even one token of the Q4_0 group goes to the other threads.
+    let cols = 8 * QK;
+    let pools: Vec<Pool> = [1, 2, 3].iter().map(|&t| Pool::new(t).unwrap()).collect();
+    let shapes = [300usize, 0, 203, 5];
+    let cases: Vec<Case> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &rows)| Case::new(rows, cols, 40 + i as u64))
+        .collect();
+    let groups: Vec<Vec<&str>> = vec![
+        vec!["q4_0"; 4],
+        vec!["q8_0"; 4],
+        vec!["f16"; 4],
+        vec!["f32", "q4_0", "q8_0", "bf16"],
+    ];
+    for dtypes in &groups {
+        let owned: Vec<OwnedWeights> = cases
+            .iter()
+            .zip(dtypes)
+            .map(|(c, d)| OwnedWeights::encode(d, &c.w).unwrap())
+            .collect();
+        let mats: Vec<Matrix> = owned
+            .iter()
+            .zip(&shapes)
+            .map(|(o, &rows)| Matrix::new(rows, cols, o.data()).unwrap())
+            .collect();
+        let refs: Vec<&Matrix> = mats.iter().collect();
+        for n_tokens in [1, 6] {
+            let x = activations(n_tokens * cols, 99 + n_tokens as u64);
+            for k in supported_isas().into_iter().filter_map(kernels) {
+                for pool in &pools {
+                    let mut outs: Vec<Vec<f32>> = shapes
+                        .iter()
+                        .map(|&r| vec![f32::NAN; r * n_tokens])
+                        .collect();
+                    let mut views: Vec<&mut [f32]> =
+                        outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                    k.matmul_many(&refs, &x, n_tokens, &mut views, pool);
+                    for (m, got) in mats.iter().zip(&outs) {
+                        let mut alone = vec![f32::NAN; m.rows * n_tokens];
+                        k.matmul(m, &x, n_tokens, &mut alone, &pools[0]);
+                        assert!(
+                            alone
+                                .iter()
+                                .zip(got)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{dtypes:?} {:?} n={n_tokens} {} threads: {} ({} rows) differs",
+                            k.isa(),
+                            pool.threads(),
+                            m.data.dtype_name(),
+                            m.rows
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "every matrix must take the same input")]
+fn matmul_many_rejects_different_input_widths() {
+    let pool = Pool::new(1).unwrap();
+    let a = Matrix::new(1, 2, WeightData::F32(&[1.0, 2.0])).unwrap();
+    let b = Matrix::new(1, 3, WeightData::F32(&[1.0, 2.0, 3.0])).unwrap();
+    kiln_kernels::matmul_many(
+        &[&a, &b],
+        &[1.0, 1.0],
+        1,
+        &mut [&mut [0.0], &mut [0.0]],
+        &pool,
+    );
+}

@@ -8,8 +8,10 @@
 //! matrix–matrix product, or one token when decoding) and reports activations to an optional
 //! [`Observer`].
 
+use std::sync::Arc;
+
 use kiln_format::KilnFile;
-use kiln_kernels::{axpy, matmul, rmsnorm, silu_mul, Matrix, Pool};
+use kiln_kernels::{axpy, matmul, matmul_many, rmsnorm, silu_mul, Matrix, Pool};
 
 use crate::attention::{attention, AttnScratch, AttnShape};
 use crate::config::Config;
@@ -112,7 +114,8 @@ impl Scratch {
 #[derive(Debug)]
 pub struct Session<'m> {
     model: &'m Model<'m>,
-    pool: Pool,
+    /// Shared so that [`Session::forward`] can run the pass inside it while borrowing `self`.
+    pool: Arc<Pool>,
     cache: KvCache,
     rope: Rope,
     /// The tokens whose keys and values are in the cache, in order.
@@ -145,7 +148,7 @@ impl<'m> Session<'m> {
                 reason: "at least one thread is needed".into(),
             });
         }
-        let pool = Pool::new(threads).map_err(RunnerError::Pool)?;
+        let pool = Arc::new(Pool::new(threads).map_err(RunnerError::Pool)?);
         Ok(Session {
             model,
             pool,
@@ -211,7 +214,21 @@ impl<'m> Session<'m> {
 
     /// Run `tokens` at positions `len()..len()+n` as one batch and return the requested
     /// logits (`(1, vocab)` for [`Logits::Last`], `(n, vocab)` for [`Logits::All`]).
+    ///
+    /// The pass runs on one of the pool's threads, so that each product starts on the pool
+    /// directly (see [`Pool::install`]).
     pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        which: Logits,
+        observer: Option<&mut dyn Observer>,
+    ) -> Result<&[f32]> {
+        let pool = Arc::clone(&self.pool);
+        pool.install(move || self.forward_here(tokens, which, observer))
+    }
+
+    /// [`Session::forward`] on the current thread.
+    fn forward_here(
         &mut self,
         tokens: &[u32],
         which: Logits,
@@ -259,9 +276,13 @@ impl<'m> Session<'m> {
             emit(&mut observer, Activation::AttnNorm(l), &s.xn, h);
 
             // q/k/v = self.{q,k,v}_proj(hidden_states)  (+ bias for Qwen2)
-            matmul(&lw.q, &s.xn, n, &mut s.q, pool);
-            matmul(&lw.k, &s.xn, n, &mut s.k, pool);
-            matmul(&lw.v, &s.xn, n, &mut s.v, pool);
+            matmul_many(
+                &[&lw.q, &lw.k, &lw.v],
+                &s.xn,
+                n,
+                &mut [&mut s.q, &mut s.k, &mut s.v],
+                pool,
+            );
             if let Some([bq, bk, bv]) = &lw.qkv_bias {
                 add_rows(&mut s.q, bq);
                 add_rows(&mut s.k, bk);
@@ -300,8 +321,13 @@ impl<'m> Session<'m> {
             norm_rows(&s.x, &lw.mlp_norm, eps, &mut s.xn, h);
             emit(&mut observer, Activation::MlpNorm(l), &s.xn, h);
             // down_proj(act_fn(gate_proj(x)) * up_proj(x))
-            matmul(&lw.gate, &s.xn, n, &mut s.gate, pool);
-            matmul(&lw.up, &s.xn, n, &mut s.up, pool);
+            matmul_many(
+                &[&lw.gate, &lw.up],
+                &s.xn,
+                n,
+                &mut [&mut s.gate, &mut s.up],
+                pool,
+            );
             emit(&mut observer, Activation::Gate(l), &s.gate, ff);
             emit(&mut observer, Activation::Up(l), &s.up, ff);
             silu_mul(&s.gate, &s.up, &mut s.act);

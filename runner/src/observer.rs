@@ -7,8 +7,9 @@
 
 use std::fmt;
 
-/// Receives activations during a forward pass.
-pub trait Observer {
+/// Receives activations during a forward pass (on one of the session's compute threads, hence
+/// `Send`).
+pub trait Observer: Send {
     /// Whether `record` should be called for `name` (skip the rest cheaply).
     fn wants(&self, name: &str) -> bool;
     /// One activation: `shape = [rows, cols]` (rows = tokens of this forward call), row-major.
