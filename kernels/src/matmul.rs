@@ -109,66 +109,38 @@ impl Kernels {
                     .collect::<Vec<_>>()
             };
         }
+        let n = n_tokens;
         match first.data {
-            WeightData::F32(_) => run_tiles(
-                &all_as!(F32),
-                cols,
-                x,
-                cols,
-                n_tokens,
-                outs,
-                pool,
-                self.tile_f32,
-            ),
-            WeightData::F16(_) => run_tiles(
-                &all_as!(F16),
-                cols,
-                x,
-                cols,
-                n_tokens,
-                outs,
-                pool,
-                self.tile_f16,
-            ),
-            WeightData::BF16(_) => run_tiles(
-                &all_as!(BF16),
-                cols,
-                x,
-                cols,
-                n_tokens,
-                outs,
-                pool,
-                self.tile_bf16,
-            ),
-            WeightData::Q8_0(_) => ACT_Q8_0.with_borrow_mut(|xq| {
-                self.quantize_tokens(x, cols, xq, pool);
-                let bl = cols / QK;
-                run_tiles(
-                    &all_as!(Q8_0),
-                    bl,
-                    xq,
-                    bl,
-                    n_tokens,
-                    outs,
-                    pool,
-                    self.tile_q8_0,
-                )
-            }),
-            WeightData::Q4_0(_) => ACT_Q8_0.with_borrow_mut(|xq| {
-                self.quantize_tokens(x, cols, xq, pool);
-                let bl = cols / QK;
-                run_tiles(
-                    &all_as!(Q4_0),
-                    bl,
-                    xq,
-                    bl,
-                    n_tokens,
-                    outs,
-                    pool,
-                    self.tile_q4_0,
-                )
-            }),
+            WeightData::F32(_) => run_tiles(&all_as!(F32), cols, x, n, outs, pool, self.tile_f32),
+            WeightData::F16(_) => run_tiles(&all_as!(F16), cols, x, n, outs, pool, self.tile_f16),
+            WeightData::BF16(_) => {
+                run_tiles(&all_as!(BF16), cols, x, n, outs, pool, self.tile_bf16)
+            }
+            WeightData::Q8_0(_) => {
+                self.run_quantized(&all_as!(Q8_0), x, n, outs, pool, self.tile_q8_0)
+            }
+            WeightData::Q4_0(_) => {
+                self.run_quantized(&all_as!(Q4_0), x, n, outs, pool, self.tile_q4_0)
+            }
         }
+    }
+
+    /// [`run_tiles`] for block weights: the activations quantized to Q8_0 first (once for all
+    /// the matrices), into the calling thread's reused buffer.
+    fn run_quantized<W: Sync>(
+        &self,
+        ws: &[(&[W], usize)],
+        x: &[f32],
+        n_tokens: usize,
+        outs: &mut [&mut [f32]],
+        pool: &Pool,
+        tile: Tile<W, BlockQ8_0>,
+    ) {
+        let cols = x.len() / n_tokens;
+        ACT_Q8_0.with_borrow_mut(|xq| {
+            self.quantize_tokens(x, cols, xq, pool);
+            run_tiles(ws, cols / QK, xq, n_tokens, outs, pool, tile)
+        })
     }
 
     /// Quantize every token's activation row to Q8_0 (once per matmul) into `xq`.
@@ -200,14 +172,12 @@ thread_local! {
 
 /// Split every matrix's output into row chunks and run `tile` over all of them as one job.
 ///
-/// `ws[i]` is `(weights, rows)`, `rows × wl` elements or blocks; `x` is `n_tokens × xl`;
+/// `ws[i]` is `(weights, rows)`, `rows × wl` elements or blocks; `x` is `n_tokens × wl`;
 /// `outs[i]` is `n_tokens × rows_i`.
-#[allow(clippy::too_many_arguments)]
 fn run_tiles<W: Sync, X: Sync>(
     ws: &[(&[W], usize)],
     wl: usize,
     x: &[X],
-    xl: usize,
     n_tokens: usize,
     outs: &mut [&mut [f32]],
     pool: &Pool,
@@ -260,7 +230,7 @@ fn run_tiles<W: Sync, X: Sync>(
                 let kernel = if nt == 1 { tile.one } else { tile.many };
                 let mut xs = [&x[..0]; MAX_TILE_TOKENS];
                 for (j, xj) in xs[..nt].iter_mut().enumerate() {
-                    *xj = &x[(t + j) * xl..(t + j + 1) * xl];
+                    *xj = &x[(t + j) * wl..(t + j + 1) * wl];
                 }
                 let mut res = [[0.0f32; TILE_ROWS]; MAX_TILE_TOKENS];
                 kernel(&wr, &xs[..nt], &mut res[..nt]);
