@@ -20,6 +20,28 @@ pub const TILE_ROWS: usize = 4;
 /// `out[t][r]`. Checks that the token count is one it was built for and that lengths agree.
 pub(crate) type TileFn<W, X> = fn(&[&[W]; TILE_ROWS], &[&[X]], &mut [[f32; TILE_ROWS]]);
 
+/// One activation block pair prepared once per product for a tier's pair kernel (AVX-512:
+/// the 64 codes, their offset correction and the two scales, as three 512-bit vectors), so
+/// that the tile kernels, which meet every token once per four weight rows, only load it.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct PreparedPair(pub(crate) [u8; 192]);
+
+impl PreparedPair {
+    pub(crate) const ZERO: PreparedPair = PreparedPair([0; 192]);
+}
+
+/// Prepare one token's Q8_0 row: `out.len() == x.len().div_ceil(2)`.
+pub(crate) type PrepareFn = fn(&[BlockQ8_0], &mut [PreparedPair]);
+
+/// A block-weight encoding's kernels over prepared activations: the preparation, and the
+/// one-token and multi-token tiles (same token count as the plain ones, same bits).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Prepared<W: 'static> {
+    pub(crate) prepare: PrepareFn,
+    pub(crate) tile: Tile<W, PreparedPair>,
+}
+
 /// One weight encoding's tile kernels: one token, and `tokens` tokens at once (the
 /// register-blocked kernel for prefill). Both give the same bits for a (row, token) pair.
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +76,10 @@ pub struct Kernels {
     pub(crate) tile_bf16: Tile<bf16, f32>,
     pub(crate) tile_q8_0: Tile<BlockQ8_0, BlockQ8_0>,
     pub(crate) tile_q4_0: Tile<BlockQ4_0, BlockQ8_0>,
+    /// Kernels over prepared activations, where the tier has them (used instead of the
+    /// plain block tiles above).
+    pub(crate) prepared_q8_0: Option<Prepared<BlockQ8_0>>,
+    pub(crate) prepared_q4_0: Option<Prepared<BlockQ4_0>>,
 }
 
 fn tile_ref<W, X>(
@@ -111,6 +137,8 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
         1,
         |w, x, o| tile_ref(w, x, o, r::dot_q4_0_q8_0_ref),
     ),
+    prepared_q8_0: None,
+    prepared_q4_0: None,
 };
 
 /// The kernels of tier `isa`, or `None` if this CPU (or this build) cannot run it.

@@ -11,7 +11,7 @@ use std::cell::RefCell;
 
 use kiln_format::{BlockQ8_0, QK};
 
-use crate::dispatch::{active, Kernels, Tile, TILE_ROWS};
+use crate::dispatch::{active, Kernels, Prepared, PreparedPair, Tile, TILE_ROWS};
 use crate::matrix::{Matrix, WeightData};
 use crate::pool::Pool;
 
@@ -111,22 +111,29 @@ impl Kernels {
         }
         let n = n_tokens;
         match first.data {
-            WeightData::F32(_) => run_tiles(&all_as!(F32), cols, x, n, outs, pool, self.tile_f32),
-            WeightData::F16(_) => run_tiles(&all_as!(F16), cols, x, n, outs, pool, self.tile_f16),
+            WeightData::F32(_) => {
+                run_tiles(&all_as!(F32), cols, x, cols, n, outs, pool, self.tile_f32)
+            }
+            WeightData::F16(_) => {
+                run_tiles(&all_as!(F16), cols, x, cols, n, outs, pool, self.tile_f16)
+            }
             WeightData::BF16(_) => {
-                run_tiles(&all_as!(BF16), cols, x, n, outs, pool, self.tile_bf16)
+                run_tiles(&all_as!(BF16), cols, x, cols, n, outs, pool, self.tile_bf16)
             }
             WeightData::Q8_0(_) => {
-                self.run_quantized(&all_as!(Q8_0), x, n, outs, pool, self.tile_q8_0)
+                let tiles = (self.tile_q8_0, self.prepared_q8_0);
+                self.run_quantized(&all_as!(Q8_0), x, n, outs, pool, tiles)
             }
             WeightData::Q4_0(_) => {
-                self.run_quantized(&all_as!(Q4_0), x, n, outs, pool, self.tile_q4_0)
+                let tiles = (self.tile_q4_0, self.prepared_q4_0);
+                self.run_quantized(&all_as!(Q4_0), x, n, outs, pool, tiles)
             }
         }
     }
 
     /// [`run_tiles`] for block weights: the activations quantized to Q8_0 first (once for all
-    /// the matrices), into the calling thread's reused buffer.
+    /// the matrices), into the calling thread's reused buffer, and prepared for the tier's
+    /// pair kernel if it has one (`tiles.1`).
     fn run_quantized<W: Sync>(
         &self,
         ws: &[(&[W], usize)],
@@ -134,12 +141,24 @@ impl Kernels {
         n_tokens: usize,
         outs: &mut [&mut [f32]],
         pool: &Pool,
-        tile: Tile<W, BlockQ8_0>,
+        tiles: (Tile<W, BlockQ8_0>, Option<Prepared<W>>),
     ) {
         let cols = x.len() / n_tokens;
+        let nb = cols / QK;
         ACT_Q8_0.with_borrow_mut(|xq| {
             self.quantize_tokens(x, cols, xq, pool);
-            run_tiles(ws, cols / QK, xq, n_tokens, outs, pool, tile)
+            let Some(prepared) = tiles.1.filter(|_| nb > 0) else {
+                return run_tiles(ws, nb, xq, nb, n_tokens, outs, pool, tiles.0);
+            };
+            ACT_PREPARED.with_borrow_mut(|xp| {
+                let np = nb.div_ceil(2);
+                xp.clear();
+                xp.resize(n_tokens * np, PreparedPair::ZERO);
+                per_token(pool, xp, np, |t, o| {
+                    (prepared.prepare)(&xq[t * nb..(t + 1) * nb], o)
+                });
+                run_tiles(ws, nb, xp, np, n_tokens, outs, pool, prepared.tile)
+            })
         })
     }
 
@@ -152,32 +171,44 @@ impl Kernels {
             return;
         }
         let quantize = self.quantize_row_q8_0_act;
-        let n_tokens = x.len() / cols;
-        let quantize_token =
-            |t: usize, q: &mut [BlockQ8_0]| quantize(&x[t * cols..(t + 1) * cols], q);
-        if n_tokens >= 8 {
-            pool.for_each_chunk(xq, per_row, quantize_token);
-        } else {
-            xq.chunks_mut(per_row)
-                .enumerate()
-                .for_each(|(t, q)| quantize_token(t, q));
-        }
+        per_token(pool, xq, per_row, |t, q| {
+            quantize(&x[t * cols..(t + 1) * cols], q)
+        });
+    }
+}
+
+/// `f(t, items[t·per..(t+1)·per])` for every token `t`: over the pool for a batch of 8 tokens
+/// or more, on the calling thread for fewer (microseconds of work).
+fn per_token<T: Send>(
+    pool: &Pool,
+    items: &mut [T],
+    per: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    if items.len() >= 8 * per {
+        pool.for_each_chunk(items, per, f);
+    } else {
+        items.chunks_mut(per).enumerate().for_each(|(t, c)| f(t, c));
     }
 }
 
 thread_local! {
     /// The calling thread's quantized activations, reused from call to call.
     static ACT_Q8_0: RefCell<Vec<BlockQ8_0>> = const { RefCell::new(Vec::new()) };
+    /// The same activations prepared for the tier's pair kernel.
+    static ACT_PREPARED: RefCell<Vec<PreparedPair>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Split every matrix's output into row chunks and run `tile` over all of them as one job.
 ///
-/// `ws[i]` is `(weights, rows)`, `rows × wl` elements or blocks; `x` is `n_tokens × wl`;
+/// `ws[i]` is `(weights, rows)`, `rows × wl` elements or blocks; `x` is `n_tokens × xl`;
 /// `outs[i]` is `n_tokens × rows_i`.
+#[allow(clippy::too_many_arguments)]
 fn run_tiles<W: Sync, X: Sync>(
     ws: &[(&[W], usize)],
     wl: usize,
     x: &[X],
+    xl: usize,
     n_tokens: usize,
     outs: &mut [&mut [f32]],
     pool: &Pool,
@@ -230,7 +261,7 @@ fn run_tiles<W: Sync, X: Sync>(
                 let kernel = if nt == 1 { tile.one } else { tile.many };
                 let mut xs = [&x[..0]; MAX_TILE_TOKENS];
                 for (j, xj) in xs[..nt].iter_mut().enumerate() {
-                    *xj = &x[(t + j) * wl..(t + j + 1) * wl];
+                    *xj = &x[(t + j) * xl..(t + j + 1) * xl];
                 }
                 let mut res = [[0.0f32; TILE_ROWS]; MAX_TILE_TOKENS];
                 kernel(&wr, &xs[..nt], &mut res[..nt]);

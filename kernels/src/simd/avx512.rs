@@ -12,10 +12,10 @@ use half::{bf16, f16};
 use kiln_format::{BlockQ4_0, BlockQ8_0};
 
 use super::avx2::isa_entry_points;
-use super::avx512_pair::{self, PairBlock};
+use super::avx512_pair::{self, PairBlock, PairSource};
 use super::float::{self, F32Simd, Weight};
 use super::quant::{self, QBlock, QDot};
-use crate::dispatch::{Kernels, Tile, SCALAR_TABLE, TILE_ROWS};
+use crate::dispatch::{Kernels, Prepared, PreparedPair, Tile, SCALAR_TABLE, TILE_ROWS};
 use crate::isa::Isa;
 
 /// Marker type for this ISA's primitives.
@@ -151,18 +151,24 @@ isa_entry_points!(
 );
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile_pair<W: PairBlock, const T: usize>(
+unsafe fn tile_pair<W: PairBlock, A: PairSource, const T: usize>(
     rows: &[&[W]; TILE_ROWS],
-    xs: &[&[BlockQ8_0]; T],
+    xs: &[&[A]; T],
 ) -> [[f32; TILE_ROWS]; T] {
     // SAFETY: features enabled by this function's attribute; lengths checked by callers.
-    unsafe { avx512_pair::tile::<W, TILE_ROWS, T>(rows, xs) }
+    unsafe { avx512_pair::tile::<W, A, TILE_ROWS, T>(rows, xs) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn dot_pair<W: PairBlock>(w: &[W], x: &[BlockQ8_0]) -> f32 {
     // SAFETY: features enabled by this function's attribute; lengths checked by callers.
-    unsafe { avx512_pair::tile::<W, 1, 1>(&[w], &[x])[0][0] }
+    unsafe { avx512_pair::tile::<W, BlockQ8_0, 1, 1>(&[w], &[x])[0][0] }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn prepare_pairs<W: PairBlock>(x: &[BlockQ8_0], out: &mut [PreparedPair]) {
+    // SAFETY: features enabled by this function's attribute; lengths checked by callers.
+    unsafe { avx512_pair::prepare(x, W::OFFSET, out) }
 }
 
 // The safe wrappers below check every length the pair kernel relies on; their `unsafe` calls
@@ -175,8 +181,39 @@ fn pair_tile<W: PairBlock, const T: usize>(
 ) {
     let xs: &[&[BlockQ8_0]; T] = crate::simd::check_tile(rows, xs, out);
     // SAFETY: features supported (see above); lengths checked.
-    let res = unsafe { tile_pair::<W, T>(rows, xs) };
+    let res = unsafe { tile_pair::<W, BlockQ8_0, T>(rows, xs) };
     out.copy_from_slice(&res);
+}
+
+fn prepare<W: PairBlock>(x: &[BlockQ8_0], out: &mut [PreparedPair]) {
+    assert_eq!(out.len(), x.len().div_ceil(2), "prepare: wrong pair count");
+    // SAFETY: features supported (see above); lengths checked.
+    unsafe { prepare_pairs::<W>(x, out) }
+}
+
+fn prepared_tile<W: PairBlock, const T: usize>(
+    rows: &[&[W]; TILE_ROWS],
+    xs: &[&[PreparedPair]],
+    out: &mut [[f32; TILE_ROWS]],
+) {
+    let xs: &[&[PreparedPair]; T] = xs.try_into().expect("tile: wrong token count");
+    assert!(out.len() == T, "tile: wrong output count");
+    let nb = rows[0].len();
+    assert!(
+        rows.iter().all(|r| r.len() == nb) && xs.iter().all(|x| x.len() == nb.div_ceil(2)),
+        "tile: row length mismatch"
+    );
+    // SAFETY: features supported (see above); lengths checked.
+    let res = unsafe { tile_pair::<W, PreparedPair, T>(rows, xs) };
+    out.copy_from_slice(&res);
+}
+
+/// The prepared-activation kernels for one block encoding.
+fn prepared<W: PairBlock>() -> Prepared<W> {
+    Prepared {
+        prepare: prepare::<W>,
+        tile: Tile::new(prepared_tile::<W, 1>, 4, prepared_tile::<W, 4>),
+    }
 }
 
 fn pair_dot<W: PairBlock>(w: &[W], x: &[BlockQ8_0]) -> f32 {
@@ -193,6 +230,69 @@ pub(crate) fn table() -> &'static Kernels {
         dot_q4_0_q8_0: pair_dot::<BlockQ4_0>,
         tile_q8_0: Tile::new(pair_tile::<BlockQ8_0, 1>, 4, pair_tile::<BlockQ8_0, 4>),
         tile_q4_0: Tile::new(pair_tile::<BlockQ4_0, 1>, 4, pair_tile::<BlockQ4_0, 4>),
+        prepared_q8_0: Some(prepared::<BlockQ8_0>()),
+        prepared_q4_0: Some(prepared::<BlockQ4_0>()),
         ..table_for(Isa::Avx512)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_format::blocks::{quantize_row_q4_0_ref, quantize_row_q8_0_ref};
+    use proptest::prelude::*;
+
+    /// Prepared activations feed the tile the same values it computes for itself: the
+    /// results are the same bits, for one and four tokens, odd and even block counts.
+    fn same_bits<W: PairBlock + std::fmt::Debug>(rows: &[Vec<W>], xs: &[Vec<BlockQ8_0>]) {
+        let nb = xs[0].len();
+        let wr: [&[W]; TILE_ROWS] = std::array::from_fn(|i| rows[i].as_slice());
+        let prepared: Vec<Vec<PreparedPair>> = xs
+            .iter()
+            .map(|x| {
+                let mut o = vec![PreparedPair::ZERO; nb.div_ceil(2)];
+                prepare::<W>(x, &mut o);
+                o
+            })
+            .collect();
+        for t in [1, 4] {
+            let plain: Vec<&[BlockQ8_0]> = xs[..t].iter().map(|x| x.as_slice()).collect();
+            let prep: Vec<&[PreparedPair]> = prepared[..t].iter().map(|x| x.as_slice()).collect();
+            let (mut a, mut b) = (vec![[0.0; TILE_ROWS]; t], vec![[1.0; TILE_ROWS]; t]);
+            if t == 1 {
+                pair_tile::<W, 1>(&wr, &plain, &mut a);
+                prepared_tile::<W, 1>(&wr, &prep, &mut b);
+            } else {
+                pair_tile::<W, 4>(&wr, &plain, &mut a);
+                prepared_tile::<W, 4>(&wr, &prep, &mut b);
+            }
+            let bits = |v: &[[f32; TILE_ROWS]]| -> Vec<u32> {
+                v.iter().flatten().map(|f| f.to_bits()).collect()
+            };
+            assert_eq!(bits(&a), bits(&b), "{t} tokens, {nb} blocks");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        #[test]
+        fn prepared_tiles_equal_plain_tiles(
+            nb in 1usize..9,
+            seed in prop::collection::vec(-8.0f32..8.0, 8 * 32 * 8),
+        ) {
+            if !Isa::Avx512.is_supported() {
+                return Ok(());
+            }
+            let n = nb * 32;
+            let vals = |i: usize| &seed[i * n..(i + 1) * n];
+            let xs: Vec<Vec<BlockQ8_0>> =
+                (0..4).map(|i| quantize_row_q8_0_ref(vals(i)).unwrap()).collect();
+            let q8: Vec<Vec<BlockQ8_0>> =
+                (4..8).map(|i| quantize_row_q8_0_ref(vals(i)).unwrap()).collect();
+            let q4: Vec<Vec<BlockQ4_0>> =
+                (4..8).map(|i| quantize_row_q4_0_ref(vals(i)).unwrap()).collect();
+            same_bits(&q8, &xs);
+            same_bits(&q4, &xs);
+        }
+    }
 }

@@ -8,7 +8,9 @@
 //!   spreads the codes into the order of the activation pair, and a second `vpermw` of the same
 //!   load lines the two f16 scales up as `[d0 ×8, d1 ×8]`, converted in one `vcvtph2ps`;
 //! - the activation pair (the 64 codes of two consecutive Q8_0 blocks, their offset
-//!   correction and `[dx0 ×8, dx1 ×8]`) is prepared once per tile and shared by its rows.
+//!   correction and `[dx0 ×8, dx1 ×8]`) is shared by a tile's rows. [`prepare`] builds every
+//!   pair of a token once per product (`matmul` does, for the whole batch), so the tiles,
+//!   which meet each token once per four rows, only load it ([`PairSource`]).
 //!
 //! Lanes 0–7 of the integer result belong to the first block, 8–15 to the second. Each lane is
 //! converted to f32 (exact) and accumulated with one FMA by `d_w·d_x` (the same f32 product
@@ -22,9 +24,11 @@ use std::arch::x86_64::*;
 use kiln_format::{BlockQ4_0, BlockQ8_0};
 
 use super::float::prefetch_ahead;
+use crate::dispatch::PreparedPair;
 
-/// An activation block pair in registers.
+/// An activation block pair in registers (or, stored by [`prepare`], in memory).
 #[derive(Clone, Copy)]
+#[repr(C)]
 pub(crate) struct XPair {
     /// The 64 codes of blocks b and b+1.
     x: __m512i,
@@ -113,6 +117,34 @@ impl PairBlock for BlockQ8_0 {
     }
 }
 
+/// Where a tile's activation pairs come from.
+pub(crate) trait PairSource: Copy {
+    /// Blocks `b` and (if `full`) `b + 1` of the token row at `row`, for weights with offset
+    /// `offset`.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI are enabled; the row holds those blocks (see [`tile`]).
+    unsafe fn pair(row: *const Self, b: usize, full: bool, offset: i8) -> XPair;
+}
+
+impl PairSource for BlockQ8_0 {
+    #[inline(always)]
+    unsafe fn pair(row: *const Self, b: usize, full: bool, offset: i8) -> XPair {
+        // SAFETY: the caller's contract is `x_pair`'s for `row + b`.
+        unsafe { x_pair(row.add(b), full, offset) }
+    }
+}
+
+impl PairSource for PreparedPair {
+    /// Prepared for the right offset already (caller contract): a load.
+    #[inline(always)]
+    unsafe fn pair(row: *const Self, b: usize, _full: bool, _offset: i8) -> XPair {
+        // SAFETY: pair b / 2 is in the row (caller contract); `PreparedPair` has `XPair`'s
+        // size and alignment (three 512-bit vectors), and every bit pattern is valid for them.
+        unsafe { *(row.add(b / 2) as *const XPair) }
+    }
+}
+
 /// Prepare activation blocks `x[0]` and, if `full`, `x[1]` (zeros otherwise) for weights with
 /// unsigned offset `offset`.
 ///
@@ -149,18 +181,19 @@ unsafe fn x_pair(x: *const BlockQ8_0, full: bool, offset: i8) -> XPair {
     }
 }
 
-/// `R` weight rows against `T` Q8_0 activation rows, two blocks per step (see the module
-/// documentation for the order of operations).
+/// `R` weight rows against `T` activation rows (Q8_0 blocks, or pairs already prepared by
+/// [`prepare`]: the same values either way, so the same bits), two blocks per step (see the
+/// module documentation for the order of operations).
 ///
 /// # Safety
-/// AVX-512 F/BW/VL/VNNI (and AVX2, FMA, F16C) are enabled and every row and token slice has
-/// the same number of blocks.
+/// AVX-512 F/BW/VL/VNNI (and AVX2, FMA, F16C) are enabled, every row has `nb` blocks and
+/// every token `nb` blocks (`nb.div_ceil(2)` pairs if prepared, made with `W::OFFSET`).
 #[inline(always)]
-pub(crate) unsafe fn tile<W: PairBlock, const R: usize, const T: usize>(
+pub(crate) unsafe fn tile<W: PairBlock, A: PairSource, const R: usize, const T: usize>(
     rows: &[&[W]; R],
-    xs: &[&[BlockQ8_0]; T],
+    xs: &[&[A]; T],
 ) -> [[f32; R]; T] {
-    let nb = xs[0].len();
+    let nb = rows[0].len();
     // SAFETY: features enabled (caller contract).
     let mut acc = [[unsafe { _mm512_setzero_ps() }; R]; T];
     let mut b = 0;
@@ -180,7 +213,7 @@ pub(crate) unsafe fn tile<W: PairBlock, const R: usize, const T: usize>(
                 *wr = W::load_pair(wp, full);
             }
             for t in 0..T {
-                let xp = x_pair(xs[t].as_ptr().add(b), full, W::OFFSET);
+                let xp = A::pair(xs[t].as_ptr(), b, full, W::OFFSET);
                 for r in 0..R {
                     let (w, dw) = wv[r];
                     let isum = _mm512_dpbusd_epi32(xp.bias, w, xp.x);
@@ -199,4 +232,27 @@ pub(crate) unsafe fn tile<W: PairBlock, const R: usize, const T: usize>(
         }
     }
     out
+}
+
+/// Every activation block pair of one token's row `x`, prepared for weights with unsigned
+/// offset `offset` (what [`tile`] computes per tile, done once per product instead):
+/// `out[p]` is blocks `2p` and `2p + 1` (zeros for a missing odd one).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI are enabled and `out.len() == x.len().div_ceil(2)`.
+#[inline(always)]
+pub(crate) unsafe fn prepare(x: &[BlockQ8_0], offset: i8, out: &mut [PreparedPair]) {
+    for (p, o) in out.iter_mut().enumerate() {
+        let b = 2 * p;
+        // SAFETY: block b exists (p < ceil(nb/2)), block b + 1 when `full`; `PreparedPair`
+        // is 192 bytes aligned to 64, the layout of `XPair` (three 512-bit vectors), so the
+        // aligned stores are in bounds; features enabled (caller contract).
+        unsafe {
+            let xp = x_pair(x.as_ptr().add(b), b + 1 < x.len(), offset);
+            let dst = o as *mut PreparedPair as *mut XPair;
+            _mm512_store_si512(std::ptr::addr_of_mut!((*dst).x), xp.x);
+            _mm512_store_si512(std::ptr::addr_of_mut!((*dst).bias), xp.bias);
+            _mm512_store_ps(std::ptr::addr_of_mut!((*dst).dx) as *mut f32, xp.dx);
+        }
+    }
 }
