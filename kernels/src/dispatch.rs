@@ -82,7 +82,8 @@ pub struct Kernels {
     pub(crate) prepared_q4_0: Option<Prepared<BlockQ4_0>>,
 }
 
-fn tile_ref<W, X>(
+/// A tile computed as one dot per (row, token): the scalar tier's, and NEON's.
+pub(crate) fn tile_ref<W, X>(
     rows: &[&[W]; TILE_ROWS],
     xs: &[&[X]],
     out: &mut [[f32; TILE_ROWS]],

@@ -17,7 +17,7 @@ use std::arch::aarch64::*;
 use half::{bf16, f16};
 use kiln_format::{BlockQ4_0, BlockQ8_0};
 
-use crate::dispatch::{Kernels, Tile, SCALAR_TABLE, TILE_ROWS};
+use crate::dispatch::{tile_ref, Kernels, Tile, SCALAR_TABLE};
 use crate::isa::Isa;
 
 /// f32 lanes per vector.
@@ -212,21 +212,6 @@ fn quant_dot<W: NeonBlock>(w: &[W], x: &[BlockQ8_0]) -> f32 {
     unsafe { qdot(w, x) }
 }
 
-/// Every (row, token) of a tile by one dot each.
-fn tile<W, X>(
-    rows: &[&[W]; TILE_ROWS],
-    xs: &[&[X]],
-    out: &mut [[f32; TILE_ROWS]],
-    dot: fn(&[W], &[X]) -> f32,
-) {
-    assert_eq!(xs.len(), out.len(), "tile: wrong output count");
-    for (o, x) in out.iter_mut().zip(xs) {
-        for (o, w) in o.iter_mut().zip(rows) {
-            *o = dot(w, x);
-        }
-    }
-}
-
 /// This tier's table; [`crate::kernels`] only calls it on aarch64.
 pub(crate) fn table() -> &'static Kernels {
     static TABLE: Kernels = Kernels {
@@ -237,29 +222,29 @@ pub(crate) fn table() -> &'static Kernels {
         dot_q8_0_q8_0: quant_dot::<BlockQ8_0>,
         dot_q4_0_q8_0: quant_dot::<BlockQ4_0>,
         tile_f32: Tile::new(
-            |w, x, o| tile(w, x, o, float_dot::<f32>),
+            |w, x, o| tile_ref(w, x, o, float_dot::<f32>),
             1,
-            |w, x, o| tile(w, x, o, float_dot::<f32>),
+            |w, x, o| tile_ref(w, x, o, float_dot::<f32>),
         ),
         tile_f16: Tile::new(
-            |w, x, o| tile(w, x, o, float_dot::<f16>),
+            |w, x, o| tile_ref(w, x, o, float_dot::<f16>),
             1,
-            |w, x, o| tile(w, x, o, float_dot::<f16>),
+            |w, x, o| tile_ref(w, x, o, float_dot::<f16>),
         ),
         tile_bf16: Tile::new(
-            |w, x, o| tile(w, x, o, float_dot::<bf16>),
+            |w, x, o| tile_ref(w, x, o, float_dot::<bf16>),
             1,
-            |w, x, o| tile(w, x, o, float_dot::<bf16>),
+            |w, x, o| tile_ref(w, x, o, float_dot::<bf16>),
         ),
         tile_q8_0: Tile::new(
-            |w, x, o| tile(w, x, o, quant_dot::<BlockQ8_0>),
+            |w, x, o| tile_ref(w, x, o, quant_dot::<BlockQ8_0>),
             1,
-            |w, x, o| tile(w, x, o, quant_dot::<BlockQ8_0>),
+            |w, x, o| tile_ref(w, x, o, quant_dot::<BlockQ8_0>),
         ),
         tile_q4_0: Tile::new(
-            |w, x, o| tile(w, x, o, quant_dot::<BlockQ4_0>),
+            |w, x, o| tile_ref(w, x, o, quant_dot::<BlockQ4_0>),
             1,
-            |w, x, o| tile(w, x, o, quant_dot::<BlockQ4_0>),
+            |w, x, o| tile_ref(w, x, o, quant_dot::<BlockQ4_0>),
         ),
         ..SCALAR_TABLE
     };
