@@ -80,6 +80,9 @@ pub struct Kernels {
     /// plain block tiles above).
     pub(crate) prepared_q8_0: Option<Prepared<BlockQ8_0>>,
     pub(crate) prepared_q4_0: Option<Prepared<BlockQ4_0>>,
+    /// The tokens-in-lanes kernel for block weights, where the tier has one (used for
+    /// batches of [`crate::lanes::LANES`] tokens and more).
+    pub(crate) lanes: Option<crate::lanes::LanesFn>,
 }
 
 /// A tile computed as one dot per (row, token): the scalar tier's, and NEON's.
@@ -140,6 +143,7 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     ),
     prepared_q8_0: None,
     prepared_q4_0: None,
+    lanes: None,
 };
 
 /// The kernels of tier `isa`, or `None` if this CPU (or this build) cannot run it.

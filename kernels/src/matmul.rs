@@ -12,6 +12,7 @@ use std::cell::RefCell;
 use kiln_format::{BlockQ8_0, QK};
 
 use crate::dispatch::{active, Kernels, Prepared, PreparedPair, Tile, TILE_ROWS};
+use crate::lanes::{prepare_group, unpack_row, LaneBlock, LaneWeight, LanesFn, LANES};
 use crate::matrix::{Matrix, WeightData};
 use crate::pool::Pool;
 
@@ -22,6 +23,11 @@ const ZERO_Q8_0: BlockQ8_0 = BlockQ8_0 {
 
 /// The most tokens any tier's multi-token tile kernel takes.
 const MAX_TILE_TOKENS: usize = 4;
+
+/// Batches of at least this many tokens multiply block weights through the tier's lanes
+/// kernel, if it has one (the AVX-512 tier), which gives the scalar reference's bits; smaller
+/// batches give each token the bits it gets alone.
+pub const LANES_MIN_TOKENS: usize = 16;
 
 /// Output rows per parallel task.
 pub const ROW_CHUNK: usize = 16;
@@ -134,7 +140,7 @@ impl Kernels {
     /// [`run_tiles`] for block weights: the activations quantized to Q8_0 first (once for all
     /// the matrices), into the calling thread's reused buffer, and prepared for the tier's
     /// pair kernel if it has one (`tiles.1`).
-    fn run_quantized<W: Sync>(
+    fn run_quantized<W: LaneWeight + Sync>(
         &self,
         ws: &[(&[W], usize)],
         x: &[f32],
@@ -147,6 +153,21 @@ impl Kernels {
         let nb = cols / QK;
         ACT_Q8_0.with_borrow_mut(|xq| {
             self.quantize_tokens(x, cols, xq, pool);
+            if let Some(kernel) = self
+                .lanes
+                .filter(|_| nb > 0 && n_tokens >= LANES_MIN_TOKENS)
+            {
+                return ACT_LANES.with_borrow_mut(|xl| {
+                    let groups = n_tokens.div_ceil(LANES);
+                    xl.clear();
+                    xl.resize(groups * nb, LaneBlock::ZERO);
+                    per_token(pool, xl, nb, |g, o| {
+                        let t1 = n_tokens.min((g + 1) * LANES);
+                        prepare_group(&xq[g * LANES * nb..t1 * nb], nb, W::OFFSET, o)
+                    });
+                    run_lanes(ws, nb, xl, n_tokens, outs, pool, kernel)
+                });
+            }
             let Some(prepared) = tiles.1.filter(|_| nb > 0) else {
                 return run_tiles(ws, nb, xq, nb, n_tokens, outs, pool, tiles.0);
             };
@@ -195,6 +216,10 @@ fn per_token<T: Send>(
 thread_local! {
     /// The calling thread's quantized activations, reused from call to call.
     static ACT_Q8_0: RefCell<Vec<BlockQ8_0>> = const { RefCell::new(Vec::new()) };
+    /// The same activations transposed for the tier's lanes kernel.
+    static ACT_LANES: RefCell<Vec<LaneBlock>> = const { RefCell::new(Vec::new()) };
+    /// A worker's unpacked weight rows for the lanes kernel: codes and scales.
+    static UNPACKED: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
     /// The same activations prepared for the tier's pair kernel.
     static ACT_PREPARED: RefCell<Vec<PreparedPair>> = const { RefCell::new(Vec::new()) };
 }
@@ -215,35 +240,7 @@ fn run_tiles<W: Sync, X: Sync>(
     tile: Tile<W, X>,
 ) {
     assert!(tile.tokens >= 1 && tile.tokens <= MAX_TILE_TOKENS);
-    // Task k is chunk `k - starts[i]` of matrix i, for the last i with `starts[i] <= k`.
-    let mut starts = Vec::with_capacity(ws.len());
-    let mut n_tasks = 0;
-    for &(_, rows) in ws {
-        starts.push(n_tasks);
-        n_tasks += rows.div_ceil(ROW_CHUNK);
-    }
-    // Chunk c's output is rows r0..r1 of every token: one slice per token, cut up front so
-    // that each task owns its slices outright. `slots[k * n_tokens + t]` is token t's.
-    let mut slots: Vec<&mut [f32]> = Vec::with_capacity(n_tasks * n_tokens);
-    for (out, &(_, rows)) in outs.iter_mut().zip(ws) {
-        if rows == 0 {
-            continue;
-        }
-        let mut per_token: Vec<_> = out
-            .chunks_mut(rows)
-            .map(|o| o.chunks_mut(ROW_CHUNK))
-            .collect();
-        for _ in 0..rows.div_ceil(ROW_CHUNK) {
-            slots.extend(per_token.iter_mut().flat_map(|it| it.next()));
-        }
-    }
-    debug_assert_eq!(slots.len(), n_tasks * n_tokens);
-    let run = |k: usize, outs: &mut [&mut [f32]]| {
-        let m = starts.partition_point(|&s| s <= k) - 1;
-        let (w, rows) = ws[m];
-        let c = k - starts[m];
-        let r0 = c * ROW_CHUNK;
-        let r1 = (r0 + ROW_CHUNK).min(rows);
+    run_chunks(ws, n_tokens, outs, pool, |w, r0, r1, outs| {
         for g in (r0..r1).step_by(TILE_ROWS) {
             let n = TILE_ROWS.min(r1 - g);
             let wr: [&[W]; TILE_ROWS] = std::array::from_fn(|i| {
@@ -271,6 +268,93 @@ fn run_tiles<W: Sync, X: Sync>(
                 t += nt;
             }
         }
+    });
+}
+
+/// Block weights against a batch through the tier's lanes kernel: every row chunk's rows
+/// unpacked once (four at a time, into the worker's reused buffers) and run against every
+/// group of sixteen tokens of `xl` (`n_groups × nb` transposed blocks).
+#[allow(clippy::too_many_arguments)]
+fn run_lanes<W: LaneWeight + Sync>(
+    ws: &[(&[W], usize)],
+    nb: usize,
+    xl: &[LaneBlock],
+    n_tokens: usize,
+    outs: &mut [&mut [f32]],
+    pool: &Pool,
+    kernel: LanesFn,
+) {
+    run_chunks(ws, n_tokens, outs, pool, |w, r0, r1, outs| {
+        UNPACKED.with_borrow_mut(|(codes, dw)| {
+            codes.resize(TILE_ROWS * nb * QK, 0);
+            dw.resize(TILE_ROWS * nb, 0.0);
+            for g in (r0..r1).step_by(TILE_ROWS) {
+                let n = TILE_ROWS.min(r1 - g);
+                for i in 0..TILE_ROWS {
+                    let r = (g + i).min(r1 - 1);
+                    unpack_row(
+                        &w[r * nb..(r + 1) * nb],
+                        &mut codes[i * nb * QK..(i + 1) * nb * QK],
+                        &mut dw[i * nb..(i + 1) * nb],
+                    );
+                }
+                let cr: [&[u8]; TILE_ROWS] =
+                    std::array::from_fn(|i| &codes[i * nb * QK..(i + 1) * nb * QK]);
+                let dr: [&[f32]; TILE_ROWS] = std::array::from_fn(|i| &dw[i * nb..(i + 1) * nb]);
+                for (tg, x) in xl.chunks_exact(nb).enumerate() {
+                    let res = kernel(&cr, &dr, x);
+                    let t0 = tg * LANES;
+                    for (l, o) in outs[t0..n_tokens.min(t0 + LANES)].iter_mut().enumerate() {
+                        for (i, v) in o[g - r0..g - r0 + n].iter_mut().enumerate() {
+                            *v = res[i][l];
+                        }
+                    }
+                }
+            }
+        })
+    });
+}
+
+/// Split every matrix's output into chunks of [`ROW_CHUNK`] rows and run `task` over all of
+/// them as one job: `task(w, r0, r1, outs)` computes rows `r0..r1` of weights `w`, `outs[t]`
+/// being token t's slice of those rows.
+///
+/// `ws[i]` is `(weights, rows)`; `outs[i]` is `n_tokens × rows_i`.
+fn run_chunks<W: Sync>(
+    ws: &[(&[W], usize)],
+    n_tokens: usize,
+    outs: &mut [&mut [f32]],
+    pool: &Pool,
+    task: impl Fn(&[W], usize, usize, &mut [&mut [f32]]) + Sync,
+) {
+    // Task k is chunk `k - starts[i]` of matrix i, for the last i with `starts[i] <= k`.
+    let mut starts = Vec::with_capacity(ws.len());
+    let mut n_tasks = 0;
+    for &(_, rows) in ws {
+        starts.push(n_tasks);
+        n_tasks += rows.div_ceil(ROW_CHUNK);
+    }
+    // Chunk c's output is rows r0..r1 of every token: one slice per token, cut up front so
+    // that each task owns its slices outright. `slots[k * n_tokens + t]` is token t's.
+    let mut slots: Vec<&mut [f32]> = Vec::with_capacity(n_tasks * n_tokens);
+    for (out, &(_, rows)) in outs.iter_mut().zip(ws) {
+        if rows == 0 {
+            continue;
+        }
+        let mut per_token: Vec<_> = out
+            .chunks_mut(rows)
+            .map(|o| o.chunks_mut(ROW_CHUNK))
+            .collect();
+        for _ in 0..rows.div_ceil(ROW_CHUNK) {
+            slots.extend(per_token.iter_mut().flat_map(|it| it.next()));
+        }
+    }
+    debug_assert_eq!(slots.len(), n_tasks * n_tokens);
+    let run = |k: usize, outs: &mut [&mut [f32]]| {
+        let m = starts.partition_point(|&s| s <= k) - 1;
+        let (w, rows) = ws[m];
+        let r0 = (k - starts[m]) * ROW_CHUNK;
+        task(w, r0, (r0 + ROW_CHUNK).min(rows), outs);
     };
     // Small products (attention over a short context, tiny test matrices) stay on the calling
     // thread: waking the others would cost more than it saves.

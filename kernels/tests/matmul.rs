@@ -7,7 +7,8 @@
 //! `|got − naive| / Σ|w·x|`, bounded by `cols·ε` (`MATMUL_TERMS_TOL` per column).
 
 use kiln_kernels::{
-    kernels, supported_isas, KernelError, Matrix, OwnedWeights, Pool, WeightData, QK,
+    kernels, supported_isas, Isa, KernelError, Matrix, OwnedWeights, Pool, WeightData,
+    LANES_MIN_TOKENS, QK,
 };
 
 /// Allowed error per summed column relative to Σ|w·x|, plus a few roundings per block.
@@ -65,6 +66,7 @@ fn check(rows: usize, cols: usize, n_tokens: usize, seed: u64) {
     let case = Case::new(rows, cols, seed);
     let x = activations(n_tokens * cols, seed ^ 0xabc);
     let pools: Vec<Pool> = [1, 2, 3].iter().map(|&t| Pool::new(t).unwrap()).collect();
+    let scalar = kernels(Isa::Scalar).unwrap();
     for owned in encodings(&case) {
         let m = Matrix::new(rows, cols, owned.data()).unwrap();
         let wd = owned.dequantized();
@@ -104,17 +106,28 @@ fn check(rows: usize, cols: usize, n_tokens: usize, seed: u64) {
                     );
                 }
             }
-            // A token's result does not depend on the batch around it.
+            // A token's result does not depend on the batch around it, except that block
+            // weights in batches of LANES_MIN_TOKENS or more go through the AVX-512 lanes
+            // kernel, which gives the scalar reference's bits instead.
+            let lanes = quantizes_activations(&owned)
+                && k.isa() == Isa::Avx512
+                && n_tokens >= LANES_MIN_TOKENS;
             // Token 0 goes through the multi-token tile kernel, the last one may not.
             for t in [0, n_tokens - 1].into_iter().filter(|_| n_tokens > 1) {
                 let mut single = vec![0.0; rows];
-                k.matmul(&m, &x[t * cols..(t + 1) * cols], 1, &mut single, &pools[1]);
+                let (want, what) = if lanes {
+                    (scalar, "the scalar tier")
+                } else {
+                    (k, "single-token matmul")
+                };
+                let xt = &x[t * cols..(t + 1) * cols];
+                want.matmul(&m, xt, 1, &mut single, &pools[1]);
                 assert!(
                     single
                         .iter()
                         .zip(&out[t * rows..])
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{} {:?}: batched token {t} differs from single-token matmul",
+                    "{} {:?} n={n_tokens}: batched token {t} differs from {what}",
                     m.data.dtype_name(),
                     k.isa()
                 );
@@ -141,6 +154,8 @@ fn prefill_shapes() {
     check(37, 96, 5, 6);
     check(50, 64, 17, 7);
     check(3, 33, 4, 8);
+    check(21, 96, 40, 9); // two full lane groups and a partial one
+    check(9, 32, 16, 10);
 }
 
 #[test]
@@ -204,10 +219,11 @@ proptest::proptest! {
 
     /// Random shapes: rows not a multiple of the tile, odd and even block counts (the AVX-512
     /// kernel takes blocks in pairs and masks a last odd one), token counts around the
-    /// multi-token tile width; every encoding, tier and thread count, against the naive loop
+    /// multi-token tile width and the lanes kernel's groups of sixteen; every encoding, tier
+    /// and thread count, against the naive loop
     /// and bit for bit between batched and single-token products.
     #[test]
-    fn random_shapes_match_naive(rows in 1usize..40, blocks in 1usize..12, n_tokens in 1usize..10, seed in 0u64..1000) {
+    fn random_shapes_match_naive(rows in 1usize..40, blocks in 1usize..12, n_tokens in 1usize..40, seed in 0u64..1000) {
         check(rows, blocks * QK, n_tokens, seed);
     }
 }
@@ -244,7 +260,7 @@ fn matmul_many_equals_separate_products() {
             .map(|(o, &rows)| Matrix::new(rows, cols, o.data()).unwrap())
             .collect();
         let refs: Vec<&Matrix> = mats.iter().collect();
-        for n_tokens in [1, 6] {
+        for n_tokens in [1, 6, 21] {
             let x = activations(n_tokens * cols, 99 + n_tokens as u64);
             for k in supported_isas().into_iter().filter_map(kernels) {
                 for pool in &pools {

@@ -12,11 +12,13 @@ use half::{bf16, f16};
 use kiln_format::{BlockQ4_0, BlockQ8_0};
 
 use super::avx2::isa_entry_points;
+use super::avx512_lanes;
 use super::avx512_pair::{self, PairBlock, PairSource};
 use super::float::{self, F32Simd, Weight};
 use super::quant::{self, QBlock, QDot};
 use crate::dispatch::{Kernels, Prepared, PreparedPair, Tile, SCALAR_TABLE, TILE_ROWS};
 use crate::isa::Isa;
+use crate::lanes::{LaneBlock, Lanes};
 
 /// Marker type for this ISA's primitives.
 #[derive(Debug, Clone, Copy)]
@@ -222,6 +224,15 @@ fn pair_dot<W: PairBlock>(w: &[W], x: &[BlockQ8_0]) -> f32 {
     unsafe { dot_pair(w, x) }
 }
 
+fn lanes_tile(codes: &[&[u8]; TILE_ROWS], dw: &[&[f32]; TILE_ROWS], x: &[LaneBlock]) -> Lanes {
+    assert!(
+        codes.iter().all(|c| c.len() == 32 * x.len()) && dw.iter().all(|d| d.len() == x.len()),
+        "lanes tile: row length mismatch"
+    );
+    // SAFETY: features supported (see above); lengths checked.
+    unsafe { avx512_lanes::tile(codes, dw, x) }
+}
+
 /// This tier's table; [`crate::kernels`] only calls it when the CPU supports the tier.
 pub(crate) fn table() -> &'static Kernels {
     static TABLE: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
@@ -232,6 +243,7 @@ pub(crate) fn table() -> &'static Kernels {
         tile_q4_0: Tile::new(pair_tile::<BlockQ4_0, 1>, 4, pair_tile::<BlockQ4_0, 4>),
         prepared_q8_0: Some(prepared::<BlockQ8_0>()),
         prepared_q4_0: Some(prepared::<BlockQ4_0>()),
+        lanes: Some(lanes_tile),
         ..table_for(Isa::Avx512)
     })
 }
@@ -270,6 +282,58 @@ mod tests {
                 v.iter().flatten().map(|f| f.to_bits()).collect()
             };
             assert_eq!(bits(&a), bits(&b), "{t} tokens, {nb} blocks");
+        }
+    }
+
+    /// The lanes kernel against the scalar reference dot of every (row, token): the same
+    /// bits, for one to sixteen tokens (the rest zero lanes, giving exact zeros).
+    fn lanes_equal_reference<W: crate::lanes::LaneWeight>(
+        rows: &[Vec<W>],
+        xs: &[Vec<BlockQ8_0>],
+        dot: fn(&[W], &[BlockQ8_0]) -> f32,
+    ) {
+        use crate::lanes::{prepare_group, unpack_row};
+        let nb = xs[0].len();
+        let mut codes = vec![vec![0u8; nb * 32]; TILE_ROWS];
+        let mut dw = vec![vec![0.0f32; nb]; TILE_ROWS];
+        for r in 0..TILE_ROWS {
+            unpack_row(&rows[r], &mut codes[r], &mut dw[r]);
+        }
+        let flat: Vec<BlockQ8_0> = xs.iter().flatten().copied().collect();
+        let mut x = vec![LaneBlock::ZERO; nb];
+        prepare_group(&flat, nb, W::OFFSET, &mut x);
+        let cr: [&[u8]; TILE_ROWS] = std::array::from_fn(|r| codes[r].as_slice());
+        let dr: [&[f32]; TILE_ROWS] = std::array::from_fn(|r| dw[r].as_slice());
+        let got = lanes_tile(&cr, &dr, &x);
+        for (r, got) in got.iter().enumerate() {
+            for (t, got) in got.iter().enumerate() {
+                let want = xs.get(t).map_or(0.0, |x| dot(&rows[r], x));
+                assert_eq!(got.to_bits(), want.to_bits(), "row {r} token {t}");
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        #[test]
+        fn lanes_tile_equals_reference_bits(
+            nb in 1usize..7,
+            n in 1usize..=16,
+            seed in prop::collection::vec(-8.0f32..8.0, 20 * 32 * 6),
+        ) {
+            if !Isa::Avx512.is_supported() {
+                return Ok(());
+            }
+            let len = nb * 32;
+            let vals = |i: usize| &seed[i * len..(i + 1) * len];
+            let xs: Vec<Vec<BlockQ8_0>> =
+                (0..n).map(|i| quantize_row_q8_0_ref(vals(i)).unwrap()).collect();
+            let q8: Vec<Vec<BlockQ8_0>> =
+                (16..20).map(|i| quantize_row_q8_0_ref(vals(i)).unwrap()).collect();
+            let q4: Vec<Vec<BlockQ4_0>> =
+                (16..20).map(|i| quantize_row_q4_0_ref(vals(i)).unwrap()).collect();
+            lanes_equal_reference(&q8, &xs, crate::reference::dot_q8_0_q8_0_ref);
+            lanes_equal_reference(&q4, &xs, crate::reference::dot_q4_0_q8_0_ref);
         }
     }
 

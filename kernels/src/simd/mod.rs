@@ -24,6 +24,8 @@ pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_lanes;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_pair;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod float;

@@ -1,0 +1,171 @@
+//! Prefill with tokens in vector lanes: the layouts behind the lanes kernels of the tiers that
+//! have one (AVX-512 VNNI).
+//!
+//! A block-weight product for one token costs a horizontal layout: each integer dot leaves
+//! partial sums in lanes that must be scaled and added per block. With sixteen tokens side by
+//! side, a lane is a token instead: four codes of one weight row, broadcast to every lane,
+//! meet four codes of sixteen tokens in one `vpdpbusd`, eight of those make a block's exact
+//! integer dot for all sixteen tokens, and one conversion and one FMA by `d_w·d_x` apply the
+//! scales. Nothing is reduced across lanes until the end.
+//!
+//! To make that possible the activations of a batch are transposed once per product into
+//! [`LaneBlock`]s (`codes[g][t]`: codes `4g..4g+4` of token `t`), and each weight row is
+//! unpacked once per product into unsigned bytes (`w + OFFSET`) and an f32 scale per block
+//! ([`LaneWeight`]), which every token group of the batch then reads.
+//!
+//! Each block's integer sum is exact and the float work per block is the scalar reference's
+//! (`s + isum·(d_w·d_x)`, block after block), so a lanes kernel gives the reference's bits.
+//! The one-token tiles sum in a different order (partial sums per lane, added at the end), so a
+//! token's result in a batch of 16 or more may differ from the same token alone in the last
+//! bits, as any two float summation orders do.
+
+use kiln_format::{BlockQ4_0, BlockQ8_0, QK};
+
+use crate::dispatch::TILE_ROWS;
+
+/// Tokens per lane group: one 512-bit vector of 32-bit lanes.
+pub(crate) const LANES: usize = 16;
+
+/// One block of sixteen tokens' Q8_0 activations, transposed for the lanes kernel.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct LaneBlock {
+    /// `codes[g][t]`: codes `4g..4g + 4` of token `t`.
+    pub(crate) codes: [[[i8; 4]; LANES]; QK / 4],
+    /// `−OFFSET·Σx` over the block, per token: corrects the weights' unsigned offset.
+    pub(crate) corr: [i32; LANES],
+    /// The block's scale, per token.
+    pub(crate) dx: [f32; LANES],
+}
+
+impl LaneBlock {
+    /// Zero codes and scales: a padding token, whose results are exact zeros.
+    pub(crate) const ZERO: LaneBlock = LaneBlock {
+        codes: [[[0; 4]; LANES]; QK / 4],
+        corr: [0; LANES],
+        dx: [0.0; LANES],
+    };
+}
+
+/// The lanes kernel of a tier: `TILE_ROWS` unpacked weight rows (`codes[r]` holds
+/// `32 · x.len()` bytes, `dw[r]` one scale per block) against one group of sixteen tokens,
+/// `out[r][t]`.
+pub(crate) type LanesFn = fn(&[&[u8]; TILE_ROWS], &[&[f32]; TILE_ROWS], &[LaneBlock]) -> Lanes;
+
+/// A lanes kernel's result: `[row][token]`.
+pub(crate) type Lanes = [[f32; LANES]; TILE_ROWS];
+
+/// A block encoding the lanes kernel takes, once unpacked to unsigned codes.
+pub(crate) trait LaneWeight: Copy {
+    /// What makes the codes unsigned: the unpacked code is `weight + OFFSET`.
+    const OFFSET: i32;
+    /// Write the block's unsigned codes (weight `j` in byte `j`) and return its scale.
+    fn unpack(&self, codes: &mut [u8; QK]) -> f32;
+}
+
+impl LaneWeight for BlockQ8_0 {
+    const OFFSET: i32 = 128;
+    fn unpack(&self, codes: &mut [u8; QK]) -> f32 {
+        *codes = self.qs.map(|q| (q as u8) ^ 0x80);
+        self.d.to_f32()
+    }
+}
+
+impl LaneWeight for BlockQ4_0 {
+    /// Q4_0 stores `q + 8` already.
+    const OFFSET: i32 = 8;
+    fn unpack(&self, codes: &mut [u8; QK]) -> f32 {
+        let (lo, hi) = codes.split_at_mut(QK / 2);
+        lo.copy_from_slice(&self.qs.map(|q| q & 0x0f));
+        hi.copy_from_slice(&self.qs.map(|q| q >> 4));
+        self.d.to_f32()
+    }
+}
+
+/// Unpack one weight row into `codes` (32 bytes per block) and `dw` (one scale per block).
+pub(crate) fn unpack_row<W: LaneWeight>(row: &[W], codes: &mut [u8], dw: &mut [f32]) {
+    for ((w, c), d) in row
+        .iter()
+        .zip(codes.chunks_exact_mut(QK))
+        .zip(dw.iter_mut())
+    {
+        *d = w.unpack(c.try_into().expect("QK chunk"));
+    }
+}
+
+/// Transpose up to sixteen tokens' Q8_0 rows (`xq`, `nb` blocks each) into `out` (`nb`
+/// blocks), for weights with unsigned offset `offset`; missing tokens are zero lanes.
+pub(crate) fn prepare_group(xq: &[BlockQ8_0], nb: usize, offset: i32, out: &mut [LaneBlock]) {
+    debug_assert!(xq.len() <= LANES * nb && out.len() == nb);
+    for (b, o) in out.iter_mut().enumerate() {
+        *o = LaneBlock::ZERO;
+        for (t, row) in xq.chunks_exact(nb).enumerate() {
+            let x = &row[b];
+            for (g, q) in x.qs.chunks_exact(4).enumerate() {
+                o.codes[g][t].copy_from_slice(q);
+            }
+            o.corr[t] = -offset * x.qs.iter().map(|&q| q as i32).sum::<i32>();
+            o.dx[t] = x.d.to_f32();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_format::blocks::{quantize_row_q4_0_ref, quantize_row_q8_0_ref};
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as u32).wrapping_mul(2654435761) ^ seed) as f32 / u32::MAX as f32 - 0.5)
+            .collect()
+    }
+
+    /// Unpacked codes minus the offset are the weights' integer codes, in order.
+    #[test]
+    fn unpacked_codes_are_the_weights_plus_the_offset() {
+        let v = values(3 * QK, 1);
+        let q4 = quantize_row_q4_0_ref(&v).unwrap();
+        let q8 = quantize_row_q8_0_ref(&v).unwrap();
+        let (mut c4, mut d4) = (vec![0u8; 3 * QK], vec![0.0; 3]);
+        let (mut c8, mut d8) = (vec![0u8; 3 * QK], vec![0.0; 3]);
+        unpack_row(&q4, &mut c4, &mut d4);
+        unpack_row(&q8, &mut c8, &mut d8);
+        for b in 0..3 {
+            assert_eq!(d4[b], q4[b].d.to_f32());
+            assert_eq!(d8[b], q8[b].d.to_f32());
+            for j in 0..QK {
+                let nibble = if j < 16 {
+                    q4[b].qs[j] & 0x0f
+                } else {
+                    q4[b].qs[j - 16] >> 4
+                };
+                assert_eq!(c4[b * QK + j] as i32 - BlockQ4_0::OFFSET, nibble as i32 - 8);
+                assert_eq!(
+                    c8[b * QK + j] as i32 - BlockQ8_0::OFFSET,
+                    q8[b].qs[j] as i32
+                );
+            }
+        }
+    }
+
+    /// Every token's codes land in its lane, in groups of four; missing tokens are zeros.
+    #[test]
+    fn prepared_groups_transpose_tokens_into_lanes() {
+        let (nb, n) = (2, 5);
+        let xq = quantize_row_q8_0_ref(&values(n * nb * QK, 7)).unwrap();
+        let mut out = vec![LaneBlock::ZERO; nb];
+        prepare_group(&xq, nb, 8, &mut out);
+        for (b, o) in out.iter().enumerate() {
+            for t in 0..LANES {
+                let x = (t < n).then(|| xq[t * nb + b]);
+                for j in 0..QK {
+                    assert_eq!(o.codes[j / 4][t][j % 4], x.map_or(0, |x| x.qs[j]));
+                }
+                let sum: i32 = x.map_or(0, |x| x.qs.iter().map(|&q| q as i32).sum());
+                assert_eq!(o.corr[t], -8 * sum);
+                assert_eq!(o.dx[t], x.map_or(0.0, |x| x.d.to_f32()));
+            }
+        }
+    }
+}
