@@ -15,6 +15,7 @@
 //! entry points), `simd::{avx2, avx512}` (the `#[target_feature]` kernels), `matmul` (tiling and
 //! threading), `isa` (detection), `pool`, `matrix`, `error`.
 
+mod approx;
 mod dispatch;
 mod error;
 mod isa;

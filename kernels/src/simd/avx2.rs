@@ -189,6 +189,16 @@ macro_rules! isa_entry_points {
             unsafe { float::rmsnorm::<$S>(x, weight, eps, out) }
         }
 
+        #[target_feature(enable = $features)]
+        fn silu_mul_impl(gate: &[f32], up: &[f32], out: &mut [f32]) {
+            crate::approx::silu_mul(gate, up, out)
+        }
+
+        #[target_feature(enable = $features)]
+        fn softmax_impl(x: &mut [f32]) {
+            crate::approx::softmax_inplace(x)
+        }
+
         // The safe wrappers below check every length the kernels rely on. Their `unsafe` calls
         // are sound because `table()` is only handed out when the CPU has this tier's features
         // (`Isa::is_supported`, checked by `crate::kernels`).
@@ -252,6 +262,20 @@ macro_rules! isa_entry_points {
             unsafe { rmsnorm_impl(x, weight, eps, out) }
         }
 
+        fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+            assert!(
+                up.len() == gate.len() && out.len() == gate.len(),
+                "silu_mul: length mismatch"
+            );
+            // SAFETY: features supported (see above); a safe function with no length contract.
+            unsafe { silu_mul_impl(gate, up, out) }
+        }
+
+        fn softmax_inplace(x: &mut [f32]) {
+            // SAFETY: features supported (see above); a safe function with no length contract.
+            unsafe { softmax_impl(x) }
+        }
+
         fn table_for(isa: Isa) -> Kernels {
             Kernels {
                 isa,
@@ -262,6 +286,8 @@ macro_rules! isa_entry_points {
                 dot_q8_0_q8_0: quant_dot::<BlockQ8_0>,
                 dot_q4_0_q8_0: quant_dot::<BlockQ4_0>,
                 rmsnorm,
+                silu_mul,
+                softmax_inplace,
                 quantize_row_q8_0_act,
                 tile_f32: Tile::new(float_tile::<f32, 1>, $tf, float_tile::<f32, $tf>),
                 tile_f16: Tile::new(float_tile::<f16, 1>, $tf, float_tile::<f16, $tf>),
