@@ -83,6 +83,8 @@ pub struct Kernels {
     /// The tokens-in-lanes kernel for block weights, where the tier has one (used for
     /// batches of [`crate::lanes::LANES`] tokens and more).
     pub(crate) lanes: Option<crate::lanes::LanesFn>,
+    /// The same for float weights (F32, F16, BF16, widened once per row).
+    pub(crate) float_lanes: Option<crate::lanes::FloatLanesFn>,
 }
 
 /// A tile computed as one dot per (row, token): the scalar tier's, and NEON's.
@@ -144,6 +146,7 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     prepared_q8_0: None,
     prepared_q4_0: None,
     lanes: None,
+    float_lanes: None,
 };
 
 /// The kernels of tier `isa`, or `None` if this CPU (or this build) cannot run it.

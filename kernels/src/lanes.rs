@@ -55,6 +55,49 @@ pub(crate) type LanesFn = fn(&[&[u8]; TILE_ROWS], &[&[f32]; TILE_ROWS], &[LaneBl
 /// A lanes kernel's result: `[row][token]`.
 pub(crate) type Lanes = [[f32; LANES]; TILE_ROWS];
 
+/// The float lanes kernel of a tier: `TILE_ROWS` weight rows widened to f32 (`cols` each)
+/// against one group of sixteen tokens transposed (`x[c][t]`, `cols` of them), `out[r][t]`.
+pub(crate) type FloatLanesFn = fn(&[&[f32]; TILE_ROWS], &[[f32; LANES]]) -> Lanes;
+
+/// A float encoding widened to f32 for the float lanes kernel (exact for f16 and bf16).
+pub(crate) trait LaneFloat: Copy {
+    /// `dst[i] = src[i]` as f32; the lengths are equal.
+    fn widen(src: &[Self], dst: &mut [f32]);
+}
+
+impl LaneFloat for f32 {
+    fn widen(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl LaneFloat for half::f16 {
+    /// `half`'s slice conversion, which uses F16C where the CPU has it.
+    fn widen(src: &[half::f16], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst);
+    }
+}
+
+impl LaneFloat for half::bf16 {
+    fn widen(src: &[half::bf16], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst);
+    }
+}
+
+/// Transpose up to sixteen tokens' rows (`x`, `cols` each) into `out[c][t]`; missing tokens
+/// are zero lanes.
+pub(crate) fn prepare_float_group(x: &[f32], cols: usize, out: &mut [[f32; LANES]]) {
+    debug_assert!(x.len() <= LANES * cols && out.len() == cols);
+    out.fill([0.0; LANES]);
+    for (t, row) in x.chunks_exact(cols).enumerate() {
+        for (o, &v) in out.iter_mut().zip(row) {
+            o[t] = v;
+        }
+    }
+}
+
 /// A block encoding the lanes kernel takes, once unpacked to unsigned codes.
 pub(crate) trait LaneWeight: Copy {
     /// What makes the codes unsigned: the unpacked code is `weight + OFFSET`.

@@ -9,7 +9,7 @@
 //! - [`isa`] is the instruction-set tier in use: the best the CPU has ([`Isa::Avx512`],
 //!   [`Isa::Avx2`], [`Isa::Scalar`]), lowered by the `KILN_ISA` environment variable. Each tier
 //!   is a [`Kernels`] table; [`kernels`] returns any supported tier's table so tests can compare
-//!   every tier against the [`reference`] kernels on one machine.
+//!   every tier against the [`reference`](mod@reference) kernels on one machine.
 //!
 //! Module map: `reference` (the scalar spec), `dispatch` (the table and the safe, length-checking
 //! entry points), `simd::{avx2, avx512}` (the `#[target_feature]` kernels), `matmul` (tiling and

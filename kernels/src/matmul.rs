@@ -4,15 +4,24 @@
 //! the tier's tile kernel [`TILE_ROWS`] at a time (the last group is padded by repeating a row
 //! and the extra results dropped) for every token, so each group's weights are loaded from
 //! memory once and then reused from cache for all tokens. Every output element is reduced by
-//! one tile kernel call in a fixed order, so the result does not depend on the thread count,
-//! and a token's result does not depend on how many other tokens are in the batch.
+//! one kernel call in a fixed order, so the result does not depend on the thread count.
+//!
+//! Batches of [`LANES_MIN_TOKENS`] tokens or more go through the tier's lanes kernels where it
+//! has them (AVX-512; see [`crate::lanes`]): sixteen tokens per vector, each weight row
+//! unpacked or widened once per product. Below that size a token's result does not depend on
+//! the other tokens of the batch; at or above it, it is the scalar reference's for block
+//! weights and the lanes kernel's own fixed order for float weights, which differ from the
+//! one-token tiles' in the last bits.
 
 use std::cell::RefCell;
 
 use kiln_format::{BlockQ8_0, QK};
 
 use crate::dispatch::{active, Kernels, Prepared, PreparedPair, Tile, TILE_ROWS};
-use crate::lanes::{prepare_group, unpack_row, LaneBlock, LaneWeight, LanesFn, LANES};
+use crate::lanes::{
+    prepare_float_group, prepare_group, unpack_row, LaneBlock, LaneFloat, LaneWeight, Lanes,
+    LanesFn, LANES,
+};
 use crate::matrix::{Matrix, WeightData};
 use crate::pool::Pool;
 
@@ -118,13 +127,16 @@ impl Kernels {
         let n = n_tokens;
         match first.data {
             WeightData::F32(_) => {
-                run_tiles(&all_as!(F32), cols, x, cols, n, outs, pool, self.tile_f32)
+                let tile = self.tile_f32;
+                self.run_float(&all_as!(F32), x, n, outs, pool, tile)
             }
             WeightData::F16(_) => {
-                run_tiles(&all_as!(F16), cols, x, cols, n, outs, pool, self.tile_f16)
+                let tile = self.tile_f16;
+                self.run_float(&all_as!(F16), x, n, outs, pool, tile)
             }
             WeightData::BF16(_) => {
-                run_tiles(&all_as!(BF16), cols, x, cols, n, outs, pool, self.tile_bf16)
+                let tile = self.tile_bf16;
+                self.run_float(&all_as!(BF16), x, n, outs, pool, tile)
             }
             WeightData::Q8_0(_) => {
                 let tiles = (self.tile_q8_0, self.prepared_q8_0);
@@ -135,6 +147,53 @@ impl Kernels {
                 self.run_quantized(&all_as!(Q4_0), x, n, outs, pool, tiles)
             }
         }
+    }
+
+    /// Float weights: batches of [`LANES_MIN_TOKENS`] or more through the tier's float lanes
+    /// kernel (activations transposed once, in groups of sixteen), others through `tile`.
+    fn run_float<W: LaneFloat + Sync>(
+        &self,
+        ws: &[(&[W], usize)],
+        x: &[f32],
+        n_tokens: usize,
+        outs: &mut [&mut [f32]],
+        pool: &Pool,
+        tile: Tile<W, f32>,
+    ) {
+        let cols = x.len() / n_tokens;
+        let Some(kernel) = self
+            .float_lanes
+            .filter(|_| cols > 0 && n_tokens >= LANES_MIN_TOKENS)
+        else {
+            return run_tiles(ws, cols, x, cols, n_tokens, outs, pool, tile);
+        };
+        ACT_FLOAT_LANES.with_borrow_mut(|xl| {
+            let groups = n_tokens.div_ceil(LANES);
+            xl.clear();
+            xl.resize(groups * cols, [0.0; LANES]);
+            per_token(pool, xl, cols, |g, o| {
+                let t1 = n_tokens.min((g + 1) * LANES);
+                prepare_float_group(&x[g * LANES * cols..t1 * cols], cols, o)
+            });
+            run_chunks(ws, n_tokens, outs, pool, |w, r0, r1, outs| {
+                WIDENED.with_borrow_mut(|wide| {
+                    wide.resize(TILE_ROWS * cols, 0.0);
+                    for g in (r0..r1).step_by(TILE_ROWS) {
+                        let n = TILE_ROWS.min(r1 - g);
+                        for (i, dst) in wide.chunks_exact_mut(cols).enumerate() {
+                            let r = (g + i).min(r1 - 1);
+                            W::widen(&w[r * cols..(r + 1) * cols], dst);
+                        }
+                        let wr: [&[f32]; TILE_ROWS] =
+                            std::array::from_fn(|i| &wide[i * cols..(i + 1) * cols]);
+                        for (tg, xg) in xl.chunks_exact(cols).enumerate() {
+                            let res = kernel(&wr, xg);
+                            scatter(&res, outs, tg, n_tokens, g - r0, n);
+                        }
+                    }
+                })
+            });
+        })
     }
 
     /// [`run_tiles`] for block weights: the activations quantized to Q8_0 first (once for all
@@ -218,6 +277,10 @@ thread_local! {
     static ACT_Q8_0: RefCell<Vec<BlockQ8_0>> = const { RefCell::new(Vec::new()) };
     /// The same activations transposed for the tier's lanes kernel.
     static ACT_LANES: RefCell<Vec<LaneBlock>> = const { RefCell::new(Vec::new()) };
+    /// Float activations transposed for the float lanes kernel.
+    static ACT_FLOAT_LANES: RefCell<Vec<[f32; LANES]>> = const { RefCell::new(Vec::new()) };
+    /// A worker's float weight rows widened to f32 for the float lanes kernel.
+    static WIDENED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// A worker's unpacked weight rows for the lanes kernel: codes and scales.
     static UNPACKED: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
     /// The same activations prepared for the tier's pair kernel.
@@ -302,17 +365,22 @@ fn run_lanes<W: LaneWeight + Sync>(
                     std::array::from_fn(|i| &codes[i * nb * QK..(i + 1) * nb * QK]);
                 let dr: [&[f32]; TILE_ROWS] = std::array::from_fn(|i| &dw[i * nb..(i + 1) * nb]);
                 for (tg, x) in xl.chunks_exact(nb).enumerate() {
-                    let res = kernel(&cr, &dr, x);
-                    let t0 = tg * LANES;
-                    for (l, o) in outs[t0..n_tokens.min(t0 + LANES)].iter_mut().enumerate() {
-                        for (i, v) in o[g - r0..g - r0 + n].iter_mut().enumerate() {
-                            *v = res[i][l];
-                        }
-                    }
+                    scatter(&kernel(&cr, &dr, x), outs, tg, n_tokens, g - r0, n);
                 }
             }
         })
     });
+}
+
+/// A lanes kernel's `res[r][t]` for token group `tg` into rows `o0..o0 + n` of each token's
+/// output slice (tokens past `n_tokens` are padding).
+fn scatter(res: &Lanes, outs: &mut [&mut [f32]], tg: usize, n_tokens: usize, o0: usize, n: usize) {
+    let t0 = tg * LANES;
+    for (l, o) in outs[t0..n_tokens.min(t0 + LANES)].iter_mut().enumerate() {
+        for (k, v) in o[o0..o0 + n].iter_mut().enumerate() {
+            *v = res[k][l];
+        }
+    }
 }
 
 /// Split every matrix's output into chunks of [`ROW_CHUNK`] rows and run `task` over all of

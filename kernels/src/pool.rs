@@ -69,7 +69,7 @@ impl Pool {
     /// Run `f` on one of the pool's threads and return its result. Wrap a whole sequence of
     /// products (a forward pass) in one call: each product inside then starts on the pool
     /// directly instead of being handed over from the calling thread, and for as long as `f`
-    /// runs the other threads stay awake looking for its work (see [`help_until`]).
+    /// runs the other threads stay awake looking for its work (see `help_until`).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         let Some(p) = &self.workers else {
             return f();

@@ -233,6 +233,15 @@ fn lanes_tile(codes: &[&[u8]; TILE_ROWS], dw: &[&[f32]; TILE_ROWS], x: &[LaneBlo
     unsafe { avx512_lanes::tile(codes, dw, x) }
 }
 
+fn float_lanes_tile(w: &[&[f32]; TILE_ROWS], x: &[[f32; 16]]) -> Lanes {
+    assert!(
+        w.iter().all(|r| r.len() == x.len()),
+        "lanes tile: row length mismatch"
+    );
+    // SAFETY: features supported (see above); lengths checked.
+    unsafe { avx512_lanes::tile_float(w, x) }
+}
+
 /// This tier's table; [`crate::kernels`] only calls it when the CPU supports the tier.
 pub(crate) fn table() -> &'static Kernels {
     static TABLE: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
@@ -244,6 +253,7 @@ pub(crate) fn table() -> &'static Kernels {
         prepared_q8_0: Some(prepared::<BlockQ8_0>()),
         prepared_q4_0: Some(prepared::<BlockQ4_0>()),
         lanes: Some(lanes_tile),
+        float_lanes: Some(float_lanes_tile),
         ..table_for(Isa::Avx512)
     })
 }
@@ -315,6 +325,41 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(32))]
+        /// The float lanes kernel against a scalar model of its order: even and odd columns
+        /// in two FMA chains per (row, token), added at the end. Same bits.
+        #[test]
+        fn float_lanes_tile_equals_its_scalar_order(
+            cols in 1usize..70,
+            n in 1usize..=16,
+            seed in prop::collection::vec(-4.0f32..4.0, 20 * 70),
+        ) {
+            if !Isa::Avx512.is_supported() {
+                return Ok(());
+            }
+            let val = |i: usize, c: usize| seed[i * 70 + c];
+            let rows: Vec<Vec<f32>> =
+                (16..20).map(|i| (0..cols).map(|c| val(i, c)).collect()).collect();
+            let x: Vec<f32> = (0..n).flat_map(|t| (0..cols).map(move |c| val(t, c))).collect();
+            let mut xl = vec![[0.0f32; 16]; cols];
+            crate::lanes::prepare_float_group(&x, cols, &mut xl);
+            let wr: [&[f32]; TILE_ROWS] = std::array::from_fn(|r| rows[r].as_slice());
+            let got = float_lanes_tile(&wr, &xl);
+            for (r, got) in got.iter().enumerate() {
+                for (t, got) in got.iter().enumerate() {
+                    let (mut even, mut odd) = (0.0f32, 0.0f32);
+                    for (c, w) in rows[r].iter().enumerate() {
+                        let xv = if t < n { val(t, c) } else { 0.0 };
+                        if c % 2 == 0 {
+                            even = w.mul_add(xv, even);
+                        } else {
+                            odd = w.mul_add(xv, odd);
+                        }
+                    }
+                    prop_assert_eq!(got.to_bits(), (even + odd).to_bits(), "row {} token {}", r, t);
+                }
+            }
+        }
+
         #[test]
         fn lanes_tile_equals_reference_bits(
             nb in 1usize..7,

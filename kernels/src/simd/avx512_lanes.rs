@@ -54,5 +54,50 @@ pub(crate) unsafe fn tile(
     out
 }
 
+/// `out[r][t] = Σ_c w[r][c]·x[c][t]` for float weights widened to f32: a broadcast weight times
+/// sixteen tokens per FMA, even and odd columns in two accumulators (eight independent FMA
+/// chains for four rows) added at the end.
+///
+/// # Safety
+/// AVX-512 F is enabled and every row holds `x.len()` weights.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn tile_float(w: &[&[f32]; TILE_ROWS], x: &[[f32; LANES]]) -> Lanes {
+    const R: usize = TILE_ROWS;
+    let mut even = [_mm512_setzero_ps(); R];
+    let mut odd = [_mm512_setzero_ps(); R];
+    let cols = x.len();
+    let mut c = 0;
+    while c + 1 < cols {
+        // SAFETY: c + 1 < cols, the length of x and of every row (caller contract);
+        // `[f32; 16]` rows of x are 64 readable bytes.
+        unsafe {
+            let x0 = _mm512_loadu_ps(x.get_unchecked(c).as_ptr());
+            let x1 = _mm512_loadu_ps(x.get_unchecked(c + 1).as_ptr());
+            for r in 0..R {
+                let wr = w[r].as_ptr().add(c);
+                even[r] = _mm512_fmadd_ps(_mm512_set1_ps(*wr), x0, even[r]);
+                odd[r] = _mm512_fmadd_ps(_mm512_set1_ps(*wr.add(1)), x1, odd[r]);
+            }
+        }
+        c += 2;
+    }
+    if c < cols {
+        // SAFETY: c < cols (see above).
+        unsafe {
+            let x0 = _mm512_loadu_ps(x.get_unchecked(c).as_ptr());
+            for r in 0..R {
+                let wc = *w[r].get_unchecked(c);
+                even[r] = _mm512_fmadd_ps(_mm512_set1_ps(wc), x0, even[r]);
+            }
+        }
+    }
+    let mut out = [[0.0; LANES]; R];
+    for r in 0..R {
+        // SAFETY: `out[r]` is 16 writable f32; features enabled.
+        unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), _mm512_add_ps(even[r], odd[r])) };
+    }
+    out
+}
+
 /// Groups of four codes in a block.
 const QK_GROUPS: usize = 8;
