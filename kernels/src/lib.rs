@@ -32,7 +32,7 @@ pub use kiln_format::{BlockQ4_0, BlockQ8_0, QK};
 pub use dispatch::{active, kernels, Kernels, TILE_ROWS};
 pub use error::KernelError;
 pub use isa::{best_isa, isa, supported_isas, Isa, ISA_ENV};
-pub use matmul::{matmul, matmul_many, LANES_MIN_TOKENS, ROW_CHUNK};
+pub use matmul::{matmul, matmul_many, FLOAT_LANES_MIN_TOKENS, LANES_MIN_TOKENS, ROW_CHUNK};
 pub use matrix::{Matrix, OwnedWeights, WeightData};
 pub use pool::Pool;
 

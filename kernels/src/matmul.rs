@@ -6,8 +6,9 @@
 //! memory once and then reused from cache for all tokens. Every output element is reduced by
 //! one kernel call in a fixed order, so the result does not depend on the thread count.
 //!
-//! Batches of [`LANES_MIN_TOKENS`] tokens or more go through the tier's lanes kernels where it
-//! has them (AVX-512; see [`crate::lanes`]): sixteen tokens per vector, each weight row
+//! Batches of [`LANES_MIN_TOKENS`] tokens or more (block weights; [`FLOAT_LANES_MIN_TOKENS`]
+//! for float weights) go through the tier's lanes kernels where it has them (AVX-512; see
+//! [`crate::lanes`]): sixteen tokens per vector, each weight row
 //! unpacked or widened once per product. Below that size a token's result does not depend on
 //! the other tokens of the batch; at or above it, it is the scalar reference's for block
 //! weights and the lanes kernel's own fixed order for float weights, which differ from the
@@ -35,8 +36,12 @@ const MAX_TILE_TOKENS: usize = 4;
 
 /// Batches of at least this many tokens multiply block weights through the tier's lanes
 /// kernel, if it has one (the AVX-512 tier), which gives the scalar reference's bits; smaller
-/// batches give each token the bits it gets alone.
-pub const LANES_MIN_TOKENS: usize = 16;
+/// batches give each token the bits it gets alone. (From 8 tokens, half a lane group, the
+/// lanes kernel is already faster: measured at 12-token prompts.)
+pub const LANES_MIN_TOKENS: usize = 8;
+
+/// The same for float weights and the float lanes kernel, which gains less per token.
+pub const FLOAT_LANES_MIN_TOKENS: usize = 16;
 
 /// Output rows per parallel task.
 pub const ROW_CHUNK: usize = 16;
@@ -149,7 +154,7 @@ impl Kernels {
         }
     }
 
-    /// Float weights: batches of [`LANES_MIN_TOKENS`] or more through the tier's float lanes
+    /// Float weights: batches of [`FLOAT_LANES_MIN_TOKENS`] or more through the tier's float lanes
     /// kernel (activations transposed once, in groups of sixteen), others through `tile`.
     fn run_float<W: LaneFloat + Sync>(
         &self,
@@ -163,7 +168,7 @@ impl Kernels {
         let cols = x.len() / n_tokens;
         let Some(kernel) = self
             .float_lanes
-            .filter(|_| cols > 0 && n_tokens >= LANES_MIN_TOKENS)
+            .filter(|_| cols > 0 && n_tokens >= FLOAT_LANES_MIN_TOKENS)
         else {
             return run_tiles(ws, cols, x, cols, n_tokens, outs, pool, tile);
         };

@@ -8,7 +8,7 @@
 
 use kiln_kernels::{
     kernels, supported_isas, Isa, KernelError, Matrix, OwnedWeights, Pool, WeightData,
-    LANES_MIN_TOKENS, QK,
+    FLOAT_LANES_MIN_TOKENS, LANES_MIN_TOKENS, QK,
 };
 
 /// Allowed error per summed column relative to Σ|w·x|, plus a few roundings per block.
@@ -107,11 +107,18 @@ fn check(rows: usize, cols: usize, n_tokens: usize, seed: u64) {
                 }
             }
             // A token's result does not depend on the batch around it, except in batches of
-            // LANES_MIN_TOKENS or more at the AVX-512 tier, which go through its lanes
+            // LANES_MIN_TOKENS (block weights) or FLOAT_LANES_MIN_TOKENS or more at the AVX-512
+            // tier, which go through its lanes
             // kernels: block weights then give the scalar reference's bits, float weights
             // their own order's (tested against a scalar model of it in `simd::avx512`).
-            let lanes = k.isa() == Isa::Avx512 && n_tokens >= LANES_MIN_TOKENS;
-            if lanes && !quantizes_activations(&owned) {
+            let quantized = quantizes_activations(&owned);
+            let min = if quantized {
+                LANES_MIN_TOKENS
+            } else {
+                FLOAT_LANES_MIN_TOKENS
+            };
+            let lanes = k.isa() == Isa::Avx512 && n_tokens >= min;
+            if lanes && !quantized {
                 continue;
             }
             // Token 0 goes through the multi-token tile kernel, the last one may not.
