@@ -154,8 +154,8 @@ impl Kernels {
         }
     }
 
-    /// Float weights: batches of [`FLOAT_LANES_MIN_TOKENS`] or more through the tier's float lanes
-    /// kernel (activations transposed once, in groups of sixteen), others through `tile`.
+    /// Float weights: batches of [`FLOAT_LANES_MIN_TOKENS`] or more through the tier's float
+    /// lanes kernel (activations transposed once, in groups of sixteen), others through `tile`.
     fn run_float<W: LaneFloat + Sync>(
         &self,
         ws: &[(&[W], usize)],
