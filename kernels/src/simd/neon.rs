@@ -9,8 +9,9 @@
 //! the reference bit for bit. The tiles call the dots once per (row, token): a (row, token)
 //! result never depends on the rest of the tile, as in every tier.
 //!
-//! Only the matrix kernels and dots are vectorized here; the rest of the table (RMSNorm,
-//! softmax, SiLU, activation quantization) is the scalar reference.
+//! Only the matrix kernels and dots are vectorized by hand here; softmax and SiLU are
+//! [`crate::approx`]'s (its polynomial `exp`, vectorized by the compiler), and RMSNorm and
+//! activation quantization are the scalar reference.
 
 use std::arch::aarch64::*;
 
@@ -246,6 +247,9 @@ pub(crate) fn table() -> &'static Kernels {
             1,
             |w, x, o| tile_ref(w, x, o, quant_dot::<BlockQ4_0>),
         ),
+        // NEON is baseline on aarch64, so the compiler vectorizes these as they stand.
+        silu_mul: crate::approx::silu_mul,
+        softmax_inplace: crate::approx::softmax_inplace,
         ..SCALAR_TABLE
     };
     &TABLE
