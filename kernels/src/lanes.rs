@@ -1,23 +1,26 @@
 //! Prefill with tokens in vector lanes: the layouts behind the lanes kernels of the tiers that
-//! have one (AVX-512 VNNI).
+//! have one (AVX-512).
 //!
 //! A block-weight product for one token costs a horizontal layout: each integer dot leaves
 //! partial sums in lanes that must be scaled and added per block. With sixteen tokens side by
 //! side, a lane is a token instead: four codes of one weight row, broadcast to every lane,
 //! meet four codes of sixteen tokens in one `vpdpbusd`, eight of those make a block's exact
-//! integer dot for all sixteen tokens, and one conversion and one FMA by `d_w·d_x` apply the
-//! scales. Nothing is reduced across lanes until the end.
+//! integer dot for all sixteen tokens, and one conversion and two multiplies and an add apply
+//! the scales. Nothing is ever reduced across lanes. Float weights work the same way with one
+//! broadcast FMA per column.
 //!
-//! To make that possible the activations of a batch are transposed once per product into
-//! [`LaneBlock`]s (`codes[g][t]`: codes `4g..4g+4` of token `t`), and each weight row is
-//! unpacked once per product into unsigned bytes (`w + OFFSET`) and an f32 scale per block
-//! ([`LaneWeight`]), which every token group of the batch then reads.
+//! To make that possible the activations of a batch are transposed once per product: into
+//! [`LaneBlock`]s for block weights (`codes[g][t]`: codes `4g..4g+4` of token `t`), into
+//! `x[c][t]` rows for float weights. Each weight row is unpacked once per product, into
+//! unsigned bytes (`w + OFFSET`) and an f32 scale per block ([`LaneWeight`]), or widened to
+//! f32 ([`LaneFloat`]), and every token group of the batch then reads it.
 //!
-//! Each block's integer sum is exact and the float work per block is the scalar reference's
-//! (`s + isum·(d_w·d_x)`, block after block), so a lanes kernel gives the reference's bits.
-//! The one-token tiles sum in a different order (partial sums per lane, added at the end), so a
-//! token's result in a batch of 16 or more may differ from the same token alone in the last
-//! bits, as any two float summation orders do.
+//! For block weights each block's integer sum is exact and the float work per block is the
+//! scalar reference's (`s + isum·(d_w·d_x)`, block after block), so the lanes kernel gives the
+//! reference's bits. The one-token tiles sum in a different order (partial sums per lane,
+//! added at the end), so a token's result in a batch that takes the lanes kernels
+//! ([`crate::LANES_MIN_TOKENS`], [`crate::FLOAT_LANES_MIN_TOKENS`]) may differ from the same
+//! token alone in the last bits, as any two float summation orders do.
 
 use kiln_format::{BlockQ4_0, BlockQ8_0, QK};
 
