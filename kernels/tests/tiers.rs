@@ -30,6 +30,25 @@ fn within(got: f32, want: f32, abs_sum: f32, terms: f32, what: &str, isa: Isa) {
     );
 }
 
+/// `Σ|w_j·x_j|` of one Q8_0 block pair's codes.
+fn abs_isum_q8_0(w: &BlockQ8_0, x: &BlockQ8_0) -> f32 {
+    w.qs.iter()
+        .zip(&x.qs)
+        .map(|(&a, &b)| (a as i32 * b as i32).abs())
+        .sum::<i32>() as f32
+}
+
+/// `Σ|w_j·x_j|` of a Q4_0 block's codes (`q − 8`) against a Q8_0 block's.
+fn abs_isum_q4_0(w: &BlockQ4_0, x: &BlockQ8_0) -> f32 {
+    (0..QK / 2)
+        .map(|j| {
+            let lo = (w.qs[j] & 0x0f) as i32 - 8;
+            let hi = (w.qs[j] >> 4) as i32 - 8;
+            (lo * x.qs[j] as i32).abs() + (hi * x.qs[j + QK / 2] as i32).abs()
+        })
+        .sum::<i32>() as f32
+}
+
 fn vecf(max_len: usize) -> impl Strategy<Value = Vec<f32>> {
     prop::collection::vec(-4.0f32..4.0, 0..max_len)
 }
@@ -173,8 +192,10 @@ proptest! {
         let (w8, w4, xq) = (q8_blocks(&w), q4_blocks(&w), q8_blocks(&x));
         // Unaligned block slices: start `off` blocks in (blocks are 34 or 18 bytes).
         let (w8, w4, xq) = (&w8[off..], &w4[off..], &xq[off..]);
-        let abs8: f32 = w8.iter().zip(xq).map(|(a, b)| (r::isum_q8_0(a, b) as f32 * a.d.to_f32() * b.d.to_f32()).abs()).sum();
-        let abs4: f32 = w4.iter().zip(xq).map(|(a, b)| (r::isum_q4_0(a, b) as f32 * a.d.to_f32() * b.d.to_f32()).abs()).sum();
+        // Σ|w_j·x_j| over every element (not |Σ| per block: a kernel's partial sums inside a
+        // block cancel too, and its rounding is relative to them).
+        let abs8: f32 = w8.iter().zip(xq).map(|(a, b)| abs_isum_q8_0(a, b) * (a.d.to_f32() * b.d.to_f32()).abs()).sum();
+        let abs4: f32 = w4.iter().zip(xq).map(|(a, b)| abs_isum_q4_0(a, b) * (a.d.to_f32() * b.d.to_f32()).abs()).sum();
         let terms = nb as f32 + QUANT_BLOCK_ROUNDINGS;
         let want8 = r::dot_q8_0_q8_0_ref(w8, xq);
         let want4 = r::dot_q4_0_q8_0_ref(w4, xq);
