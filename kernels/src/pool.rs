@@ -145,6 +145,12 @@ fn help_until(done: &AtomicBool) {
             continue;
         }
         idle += 1;
+        if idle >= GIVE_UP_POLLS {
+            // Milliseconds without work: a long serial stretch, or this thread's spinning is
+            // what keeps the work from running. Back to rayon's own idle loop, which still
+            // takes the pass's work, only after a wake-up.
+            return;
+        }
         if idle.is_multiple_of(IDLE_POLLS) {
             std::thread::yield_now();
         } else {
@@ -152,6 +158,12 @@ fn help_until(done: &AtomicBool) {
         }
     }
 }
+
+/// Empty polls in a row after which a helper stops (a few milliseconds; a decode step's serial
+/// gaps are tens of microseconds). This bounds what spinning can cost: a helper never holds a
+/// core for long against the thread that has the work, and never waits indefinitely on a
+/// flag that a frame deeper in some thread's stack would set.
+const GIVE_UP_POLLS: u32 = 1 << 16;
 
 /// Empty polls between two OS yields of a helper (each poll is a sweep of the pool's queues,
 /// some tens of nanoseconds).
