@@ -156,6 +156,9 @@ fn matvec_block_shapes() {
 fn matvec_odd_float_shapes() {
     check(19, 45, 1, 4); // float only: cols not a multiple of 32
     check(5, 1, 1, 5);
+    // Two full chunks (the sixteen-row kernel for one token) and a tail, compared bit for bit
+    // with a batch of three (the four-row tiles), cols leaving a scalar tail.
+    check(35, 45, 3, 11);
 }
 
 #[test]

@@ -7,7 +7,7 @@ use kiln_format::{BlockQ4_0, BlockQ8_0};
 
 use super::float::{self, F32Simd, Weight};
 use super::quant::{self, hsum256, QBlock, QDot};
-use crate::dispatch::{Kernels, Tile, SCALAR_TABLE, TILE_ROWS};
+use crate::dispatch::{Kernels, Tile, SCALAR_TABLE, TILE_ROWS, WIDE_ROWS};
 use crate::isa::Isa;
 
 /// Marker type for this ISA's primitives.
@@ -151,6 +151,12 @@ macro_rules! isa_entry_points {
         }
 
         #[target_feature(enable = $features)]
+        unsafe fn rows_float<W: Weight>(w: &[W], x: &[f32]) -> [f32; WIDE_ROWS] {
+            // SAFETY: features enabled by this function's attribute; lengths checked by callers.
+            unsafe { float::rows16::<$S, W>(w, x) }
+        }
+
+        #[target_feature(enable = $features)]
         unsafe fn tile_quant<W: QBlock, const T: usize>(
             rows: &[&[W]; TILE_ROWS],
             xs: &[&[BlockQ8_0]; T],
@@ -212,6 +218,12 @@ macro_rules! isa_entry_points {
             // SAFETY: features supported (see above); lengths checked.
             let res = unsafe { tile_float::<W, T>(rows, xs) };
             out.copy_from_slice(&res);
+        }
+
+        fn float_rows<W: Weight>(w: &[W], x: &[f32], out: &mut [f32; WIDE_ROWS]) {
+            assert_eq!(w.len(), WIDE_ROWS * x.len(), "rows: row length mismatch");
+            // SAFETY: features supported (see above); lengths checked.
+            *out = unsafe { rows_float::<W>(w, x) };
         }
 
         fn quant_tile<W: QBlock, const T: usize>(
@@ -289,9 +301,12 @@ macro_rules! isa_entry_points {
                 silu_mul,
                 softmax_inplace,
                 quantize_row_q8_0_act,
-                tile_f32: Tile::new(float_tile::<f32, 1>, $tf, float_tile::<f32, $tf>),
-                tile_f16: Tile::new(float_tile::<f16, 1>, $tf, float_tile::<f16, $tf>),
-                tile_bf16: Tile::new(float_tile::<bf16, 1>, $tf, float_tile::<bf16, $tf>),
+                tile_f32: Tile::new(float_tile::<f32, 1>, $tf, float_tile::<f32, $tf>)
+                    .with_rows(float_rows::<f32>),
+                tile_f16: Tile::new(float_tile::<f16, 1>, $tf, float_tile::<f16, $tf>)
+                    .with_rows(float_rows::<f16>),
+                tile_bf16: Tile::new(float_tile::<bf16, 1>, $tf, float_tile::<bf16, $tf>)
+                    .with_rows(float_rows::<bf16>),
                 tile_q8_0: Tile::new(
                     quant_tile::<BlockQ8_0, 1>,
                     $tq,

@@ -24,6 +24,18 @@ pub(crate) unsafe trait F32Simd {
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// Sum of the lanes.
     unsafe fn reduce(v: Self::V) -> f32;
+    /// `reduce` of each of `v[..n]` (`n <= 16`; the rest of the result is unspecified), with
+    /// the same bits as `reduce` gives each alone. An ISA that can reduce several vectors in
+    /// fewer instructions than one at a time (AVX-512) overrides it.
+    #[inline(always)]
+    unsafe fn reduce_many(v: &[Self::V; 16], n: usize) -> [f32; 16] {
+        let mut out = [0.0; 16];
+        for (o, &v) in out.iter_mut().zip(&v[..n]) {
+            // SAFETY: forwarded contract.
+            *o = unsafe { Self::reduce(v) };
+        }
+        out
+    }
 }
 
 /// A weight element type the float kernels can load as f32 vectors.
@@ -74,15 +86,67 @@ impl Weight for bf16 {
 /// `2·LANES` elements per step, the tail (fewer than `2·LANES` elements) in scalar order after
 /// the reduction. Each weight vector is loaded once per step and used for all `T` tokens.
 /// A (row, token) result depends only on that row and that token, never on the rest of the
-/// tile, so every `R`, `T` gives the same bits.
+/// tile, so every `R`, `T` gives the same bits (and so does [`rows16`]).
 ///
 /// # Safety
-/// The ISA's features are enabled and every row and token slice has the same length.
+/// The ISA's features are enabled, every row and token slice has the same length, and
+/// `R·T <= 16`.
 #[inline(always)]
 pub(crate) unsafe fn tile<S: F32Simd, W: Weight, const R: usize, const T: usize>(
     rows: &[&[W]; R],
     xs: &[&[f32]; T],
 ) -> [[f32; R]; T] {
+    // SAFETY: forwarded contract.
+    let acc = unsafe { tile_sums::<S, W, R, T>(rows, xs) };
+    // SAFETY: features enabled (caller contract).
+    let mut v = [unsafe { S::zero() }; 16];
+    for t in 0..T {
+        v[t * R..(t + 1) * R].copy_from_slice(&acc[t]);
+    }
+    // SAFETY: features enabled (caller contract); R·T <= 16.
+    let sums = unsafe { S::reduce_many(&v, R * T) };
+    let mut out = [[0.0; R]; T];
+    for t in 0..T {
+        for r in 0..R {
+            out[t][r] = add_tail(sums[t * R + r], rows[r], xs[t], S::LANES);
+        }
+    }
+    out
+}
+
+/// Sixteen consecutive weight rows (`w`, `16 × x.len()`) against one token: the four-row,
+/// one-token [`tile`] four times over, its sixteen sums reduced together (cheaper than one at
+/// a time where the ISA can) and written straight to the output. The same bits as [`tile`].
+///
+/// # Safety
+/// The ISA's features are enabled and `w.len() == 16 * x.len()`.
+#[inline(always)]
+pub(crate) unsafe fn rows16<S: F32Simd, W: Weight>(w: &[W], x: &[f32]) -> [f32; 16] {
+    let n = x.len();
+    // SAFETY: features enabled (caller contract).
+    let mut v = [unsafe { S::zero() }; 16];
+    for (g, vg) in v.chunks_exact_mut(4).enumerate() {
+        let rows: [&[W]; 4] = std::array::from_fn(|i| &w[(4 * g + i) * n..(4 * g + i + 1) * n]);
+        // SAFETY: every row has x.len() elements; features enabled (caller contract).
+        vg.copy_from_slice(&unsafe { tile_sums::<S, W, 4, 1>(&rows, &[x]) }[0]);
+    }
+    // SAFETY: features enabled (caller contract).
+    let mut sums = unsafe { S::reduce_many(&v, 16) };
+    for (r, s) in sums.iter_mut().enumerate() {
+        *s = add_tail(*s, &w[r * n..(r + 1) * n], x, S::LANES);
+    }
+    sums
+}
+
+/// [`tile`]'s vector part: each (row, token)'s two accumulators added, not yet reduced.
+///
+/// # Safety
+/// The ISA's features are enabled and every row and token slice has the same length.
+#[inline(always)]
+unsafe fn tile_sums<S: F32Simd, W: Weight, const R: usize, const T: usize>(
+    rows: &[&[W]; R],
+    xs: &[&[f32]; T],
+) -> [[S::V; R]; T] {
     let n = xs[0].len();
     let step = 2 * S::LANES;
     let main = n - n % step;
@@ -114,18 +178,23 @@ pub(crate) unsafe fn tile<S: F32Simd, W: Weight, const R: usize, const T: usize>
         }
         i += step;
     }
-    let mut out = [[0.0; R]; T];
     for t in 0..T {
         for r in 0..R {
             // SAFETY: features enabled (caller contract).
-            let mut s = unsafe { S::reduce(S::add(acc0[t][r], acc1[t][r])) };
-            for (w, x) in rows[r][main..].iter().zip(&xs[t][main..]) {
-                s += w.to_f32() * x;
-            }
-            out[t][r] = s;
+            acc0[t][r] = unsafe { S::add(acc0[t][r], acc1[t][r]) };
         }
     }
-    out
+    acc0
+}
+
+/// `sum` plus the products past the last full step of `2·lanes` elements, in scalar order.
+#[inline(always)]
+fn add_tail<W: Weight>(mut sum: f32, w: &[W], x: &[f32], lanes: usize) -> f32 {
+    let main = x.len() - x.len() % (2 * lanes);
+    for (w, x) in w[main..].iter().zip(&x[main..]) {
+        sum += w.to_f32() * x;
+    }
+    sum
 }
 
 /// How far ahead of the weights being read the kernels ask for the cache lines they will read
