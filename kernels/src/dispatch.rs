@@ -87,6 +87,7 @@ pub struct Kernels {
     pub(crate) isa: Isa,
     pub(crate) dot_f32: fn(&[f32], &[f32]) -> f32,
     pub(crate) axpy: fn(f32, &[f32], &mut [f32]),
+    pub(crate) weighted_sum: fn(&[f32], usize, &[f32], usize, &mut [f32]),
     pub(crate) dot_f16_f32: fn(&[f16], &[f32]) -> f32,
     pub(crate) dot_bf16_f32: fn(&[bf16], &[f32]) -> f32,
     pub(crate) dot_q8_0_q8_0: fn(&[BlockQ8_0], &[BlockQ8_0]) -> f32,
@@ -126,6 +127,39 @@ pub(crate) fn tile_ref<W, X>(
     }
 }
 
+/// Check the lengths of a [`Kernels::weighted_sum`] call: `v` and `out` are whole rows of
+/// `width` values, and every row's probabilities
+/// (`probs[r·stride..r·stride + keys]`) lie inside `probs`. Every tier's entry point calls
+/// this first, so the kernels may read those ranges unchecked.
+pub(crate) fn weighted_sum_shape(
+    probs: &[f32],
+    stride: usize,
+    v: &[f32],
+    width: usize,
+    out: &[f32],
+) {
+    assert!(width > 0, "weighted_sum: zero width");
+    assert!(
+        v.len().is_multiple_of(width),
+        "weighted_sum: v is not a whole number of rows of the width"
+    );
+    assert!(
+        out.len().is_multiple_of(width),
+        "weighted_sum: out is not a whole number of rows of the width"
+    );
+    let (rows, keys) = (out.len() / width, v.len() / width);
+    let needed = match rows {
+        0 => Some(0),
+        _ => (rows - 1)
+            .checked_mul(stride)
+            .and_then(|n| n.checked_add(keys)),
+    };
+    assert!(
+        needed.is_some_and(|n| n <= probs.len()),
+        "weighted_sum: probs too short for {rows} rows of {keys} keys at stride {stride}"
+    );
+}
+
 /// The scalar tier: the reference kernels.
 pub(crate) static SCALAR: Kernels = SCALAR_TABLE;
 
@@ -134,6 +168,7 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     isa: Isa::Scalar,
     dot_f32: r::dot_f32_ref,
     axpy: r::axpy_ref,
+    weighted_sum: r::weighted_sum_ref,
     dot_f16_f32: r::dot_f16_f32_ref,
     dot_bf16_f32: r::dot_bf16_f32_ref,
     dot_q8_0_q8_0: r::dot_q8_0_q8_0_ref,
@@ -212,6 +247,23 @@ impl Kernels {
     pub fn axpy(&self, alpha: f32, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), y.len(), "axpy: length mismatch");
         (self.axpy)(alpha, x, y)
+    }
+
+    /// `out[r][c] = Σ_j probs[r·stride + j]·v[j·width + c]`: the probability-weighted sum of the
+    /// rows of `v` (each `width` wide, `keys = v.len() / width` of them) for each of the
+    /// `out.len() / width` rows of `out`, which it overwrites. The same bits as this tier's
+    /// [`axpy`](Self::axpy) over `j = 0, 1, …` into a zeroed row. Panics if `width` is zero,
+    /// `v` or `out` is not whole rows, or `probs` is too short for the rows at `stride`.
+    pub fn weighted_sum(
+        &self,
+        probs: &[f32],
+        stride: usize,
+        v: &[f32],
+        width: usize,
+        out: &mut [f32],
+    ) {
+        weighted_sum_shape(probs, stride, v, width, out);
+        (self.weighted_sum)(probs, stride, v, width, out)
     }
 
     /// `Σ w[i]·x[i]` for f16 weights. Panics if the lengths differ.

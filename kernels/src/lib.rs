@@ -3,9 +3,9 @@
 //!
 //! - [`Matrix`] borrows a weight matrix in one of the [`WeightData`] encodings (F32, F16, BF16,
 //!   Q8_0, Q4_0); [`matmul`] multiplies it by a batch of activation rows on a [`Pool`].
-//! - The vector kernels ([`rmsnorm`], [`softmax_inplace`], [`silu_mul`], [`dot_f32`], [`axpy`])
-//!   and the per-encoding dot products ([`dot_q8_0_q8_0`], [`dot_q4_0_q8_0`], [`dot_f16_f32`],
-//!   [`dot_bf16_f32`]) cover the rest of a Llama forward pass.
+//! - The vector kernels ([`rmsnorm`], [`softmax_inplace`], [`silu_mul`], [`dot_f32`], [`axpy`],
+//!   [`weighted_sum`]) and the per-encoding dot products ([`dot_q8_0_q8_0`], [`dot_q4_0_q8_0`],
+//!   [`dot_f16_f32`], [`dot_bf16_f32`]) cover the rest of a Llama forward pass.
 //! - [`isa`] is the instruction-set tier in use: the best the CPU has ([`Isa::Avx512`],
 //!   [`Isa::Avx2`], [`Isa::Scalar`]), lowered by the `KILN_ISA` environment variable. Each tier
 //!   is a [`Kernels`] table; [`kernels`] returns any supported tier's table so tests can compare
@@ -59,6 +59,16 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 /// `y += alpha·x`. Panics if the lengths differ.
 pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     active().axpy(alpha, x, y)
+}
+
+/// `out[r][c] = Σ_j probs[r·stride + j]·v[j·width + c]`: for each row of `out` (`width`
+/// wide, overwritten), the sum of the rows of `v` weighted by that row's probabilities, as in
+/// attention's `P·V` for one token. Bit for bit the [`axpy`] of each row of `v` in order into
+/// a zeroed row, with the rows of `out` kept in registers across all of `v` instead of being
+/// loaded and stored once per row of `v`. Panics if `width` is zero, `v` or `out` is not
+/// whole rows, or `probs` is too short for the rows at `stride`.
+pub fn weighted_sum(probs: &[f32], stride: usize, v: &[f32], width: usize, out: &mut [f32]) {
+    active().weighted_sum(probs, stride, v, width, out)
 }
 
 /// Quantize activations to Q8_0 blocks with GGML's rule (`d = max|x|/127`, `q = round(x/d)`).

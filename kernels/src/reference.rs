@@ -20,6 +20,18 @@ pub fn axpy_ref(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `out[r][c] = Σ_j probs[r·stride + j]·v[j·width + c]`, defined as the loop it replaced in
+/// attention: per row of `out`, zero it, then [`axpy_ref`] with each row `j` of `v` in order.
+pub fn weighted_sum_ref(probs: &[f32], stride: usize, v: &[f32], width: usize, out: &mut [f32]) {
+    crate::dispatch::weighted_sum_shape(probs, stride, v, width, out);
+    for (r, o) in out.chunks_exact_mut(width).enumerate() {
+        o.fill(0.0);
+        for (j, vj) in v.chunks_exact(width).enumerate() {
+            axpy_ref(probs[r * stride + j], vj, o);
+        }
+    }
+}
+
 /// `Σ w[i]·x[i]` with f16 weights widened to f32.
 pub fn dot_f16_f32_ref(w: &[f16], x: &[f32]) -> f32 {
     assert_eq!(w.len(), x.len(), "dot_f16_f32: length mismatch");

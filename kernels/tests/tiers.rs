@@ -259,6 +259,81 @@ proptest! {
     }
 }
 
+/// The weighted sum as the attention code used to compute it: per row, `axpy` of each value
+/// row in order into a zeroed row.
+fn axpy_sequence(
+    axpy: impl Fn(f32, &[f32], &mut [f32]),
+    probs: &[f32],
+    stride: usize,
+    v: &[f32],
+    width: usize,
+    rows: usize,
+) -> Vec<f32> {
+    let mut out = vec![0.0; rows * width];
+    for (r, o) in out.chunks_exact_mut(width).enumerate() {
+        for (j, vj) in v.chunks_exact(width).enumerate() {
+            axpy(probs[r * stride + j], vj, o);
+        }
+    }
+    out
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Every tier's `weighted_sum` has the bits of its own `axpy` over the keys in order (FMA
+    /// on full vectors, multiply and add on the tail), and the reference has `axpy_ref`'s: on
+    /// widths with and without vector tails, no keys to many, one to five rows, strides
+    /// longer than the keys, unaligned slices and a `probs` no longer than the rows need.
+    #[test]
+    fn weighted_sum_is_bitwise_its_tiers_axpy_sequence(
+        width in 1usize..=130,
+        keys in 0usize..=40,
+        rows in 1usize..=5,
+        pad in 0usize..3,
+        off in 0usize..4,
+        seed in any::<u64>(),
+    ) {
+        let stride = keys + pad;
+        let mut s = seed;
+        let mut next = || { s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); (s >> 40) as f32 / (1u64 << 24) as f32 };
+        let p_all: Vec<f32> = (0..off + (rows - 1) * stride + keys).map(|_| next()).collect();
+        let v_all: Vec<f32> = (0..off + keys * width).map(|_| next() * 8.0 - 4.0).collect();
+        let (probs, v) = (&p_all[off..], &v_all[off..]);
+        // NaN-filled, so that an element a kernel fails to overwrite shows.
+        let mut got_all = vec![f32::NAN; off + rows * width];
+        let got = &mut got_all[off..];
+        r::weighted_sum_ref(probs, stride, v, width, got);
+        let want = axpy_sequence(r::axpy_ref, probs, stride, v, width, rows);
+        prop_assert_eq!(bits(got), bits(&want), "reference");
+        for k in tiers() {
+            let want = axpy_sequence(|a, x, y| k.axpy(a, x, y), probs, stride, v, width, rows);
+            got.fill(f32::NAN);
+            k.weighted_sum(probs, stride, v, width, got);
+            prop_assert_eq!(bits(got), bits(&want), "{:?}", k.isa());
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "weighted_sum: probs too short")]
+fn weighted_sum_short_probs_panics() {
+    // Two rows of three keys at stride 4 need 4 + 3 probabilities.
+    let mut out = [0.0; 2 * 5];
+    kiln_kernels::weighted_sum(&[0.5; 6], 4, &[1.0; 3 * 5], 5, &mut out);
+}
+
+#[test]
+#[should_panic(expected = "weighted_sum: out is not a whole number of rows")]
+fn weighted_sum_ragged_out_panics() {
+    let mut out = [0.0; 7];
+    kiln_kernels::weighted_sum(&[0.5; 8], 4, &[1.0; 3 * 5], 5, &mut out);
+}
+
 /// Ties round away from zero on every tier (`f32::round`, GGML's reference), not to even.
 #[test]
 fn quantize_act_rounds_half_away_from_zero() {

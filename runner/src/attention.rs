@@ -5,7 +5,7 @@
 //! letting position `p` see keys `0..=p`, and, with a sliding window `w`, only keys `j` with
 //! `p - j < w` (Mistral). Scores are f32, as in the reference.
 
-use kiln_kernels::{axpy, matmul, softmax_inplace, Matrix, Pool, WeightData};
+use kiln_kernels::{matmul, softmax_inplace, weighted_sum, Matrix, Pool, WeightData};
 
 use crate::kv_cache::KvCache;
 
@@ -51,7 +51,9 @@ pub struct AttnScratch {
 /// `q`: `(n, heads*head_dim)`, already rotated; `out`: `(n, heads*head_dim)`. Per key/value
 /// head, the queries of its group form one matrix: scores are `K·qᵀ` by [`matmul`] (keys as
 /// the weight matrix), masked and softmaxed per row; the output is `P·V`, by [`matmul`] over
-/// the transposed values for batches, by `axpy` over the visible keys for a single token.
+/// the transposed values for batches, and for a single token by [`weighted_sum`] over the
+/// visible keys, which the group's rows share (the bits of one `axpy` per key, without
+/// loading and storing the output rows for every key).
 /// Positions a row may not see are computed and then zeroed (at most twice the causal work,
 /// in exchange for matrix–matrix products).
 #[allow(clippy::too_many_arguments)]
@@ -108,15 +110,10 @@ pub fn attention(
             let vm = Matrix::new(hd, keys, WeightData::F32(&s.vt)).expect("hd × keys");
             matmul(&vm, &s.scores, rows, &mut s.o, pool);
         } else {
-            for (r, o) in s.o.chunks_exact_mut(hd).enumerate() {
-                let p = pos0 + r / group;
-                let first = shape.first_key(p);
-                o.fill(0.0);
-                let probs = &s.scores[r * keys..(r + 1) * keys];
-                for j in first..=p {
-                    axpy(probs[j], &v[j * hd..(j + 1) * hd], o);
-                }
-            }
+            // One token at p = pos0 = keys - 1: row r's probabilities start at r·keys.
+            let first = shape.first_key(pos0);
+            let visible = &v[first * hd..keys * hd];
+            weighted_sum(&s.scores[first..], keys, visible, hd, &mut s.o);
         }
         for (r, row) in s.o.chunks_exact(hd).enumerate() {
             let (t, h) = (r / group, g * group + r % group);
@@ -175,6 +172,81 @@ mod tests {
                     - 1.0
             })
             .collect()
+    }
+
+    /// The single-token path as it was before [`weighted_sum`]: the group's scores by
+    /// [`matmul`], scaled and softmaxed over the visible keys, then one `axpy` per visible
+    /// key into a zeroed output row.
+    fn decode_by_axpy(shape: AttnShape, q: &[f32], cache: &KvCache, pos: usize) -> Vec<f32> {
+        let (hd, keys) = (shape.head_dim, pos + 1);
+        let group = shape.heads / shape.kv_heads;
+        let first = shape.first_key(pos);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let pool = Pool::new(1).unwrap();
+        let mut out = vec![0f32; q.len()];
+        for g in 0..shape.kv_heads {
+            let (k, v) = cache.head(1, g, keys);
+            let km = Matrix::new(keys, hd, WeightData::F32(k)).unwrap();
+            let mut scores = vec![0f32; group * keys];
+            matmul(
+                &km,
+                &q[g * group * hd..(g + 1) * group * hd],
+                group,
+                &mut scores,
+                &pool,
+            );
+            let rows = out[g * group * hd..(g + 1) * group * hd].chunks_exact_mut(hd);
+            for (o, row) in rows.zip(scores.chunks_exact_mut(keys)) {
+                let visible = &mut row[first..];
+                visible.iter_mut().for_each(|x| *x *= scale);
+                softmax_inplace(visible);
+                for (j, &p) in (first..keys).zip(visible.iter()) {
+                    kiln_kernels::axpy(p, &v[j * hd..(j + 1) * hd], o);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn decode_has_the_bits_of_the_axpy_loop() {
+        // Groups of 1 to 4 rows, widths with and without vector tails, windows.
+        for (heads, kv_heads, hd, window, pos) in [
+            (9, 3, 64, None, 0),
+            (9, 3, 64, None, 200),
+            (8, 2, 64, Some(16), 100),
+            (4, 4, 8, None, 37),
+            (6, 2, 20, Some(5), 3),
+            (5, 1, 36, None, 70),
+        ] {
+            let shape = AttnShape {
+                heads,
+                kv_heads,
+                head_dim: hd,
+                window,
+            };
+            let kv_dim = kv_heads * hd;
+            let q = data(heads * hd, 4);
+            let (k, v) = (data((pos + 1) * kv_dim, 5), data((pos + 1) * kv_dim, 6));
+            let mut cache = KvCache::new(2, pos + 1, kv_heads, hd);
+            cache.write(1, 0, &k, &v);
+            cache.set_len(pos + 1);
+            let pool = Pool::new(2).unwrap();
+            let mut out = vec![0f32; q.len()];
+            attention(
+                shape,
+                &q,
+                &cache,
+                1,
+                pos,
+                &mut out,
+                &mut AttnScratch::default(),
+                &pool,
+            );
+            let want = decode_by_axpy(shape, &q, &cache, pos);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&out), bits(&want), "{shape:?} pos {pos}");
+        }
     }
 
     #[test]

@@ -138,9 +138,11 @@ unsafe impl QDot for Avx2 {
 /// The `#[target_feature]` entry points, their safe wrappers and the table, for one ISA.
 ///
 /// `$tf` and `$tq` are the tokens per multi-token tile for float and quantized weights: as many
-/// as the ISA's register file holds accumulators for (`TILE_ROWS × tokens`).
+/// as the ISA's register file holds accumulators for (`TILE_ROWS × tokens`). `$wc` is the
+/// vectors per row of a `weighted_sum` block, likewise (`WEIGHTED_ROWS × $wc` accumulators
+/// plus `$wc` loaded vectors and a broadcast probability).
 macro_rules! isa_entry_points {
-    ($features:literal, $S:ty, $tf:literal, $tq:literal) => {
+    ($features:literal, $S:ty, $tf:literal, $tq:literal, $wc:literal) => {
         #[target_feature(enable = $features)]
         unsafe fn tile_float<W: Weight, const T: usize>(
             rows: &[&[W]; TILE_ROWS],
@@ -187,6 +189,18 @@ macro_rules! isa_entry_points {
         unsafe fn axpy_impl(alpha: f32, x: &[f32], y: &mut [f32]) {
             // SAFETY: features enabled by this function's attribute; lengths checked by callers.
             unsafe { float::axpy::<$S>(alpha, x, y) }
+        }
+
+        #[target_feature(enable = $features)]
+        unsafe fn weighted_sum_impl(
+            probs: &[f32],
+            stride: usize,
+            v: &[f32],
+            width: usize,
+            out: &mut [f32],
+        ) {
+            // SAFETY: features enabled by this function's attribute; lengths checked by callers.
+            unsafe { float::weighted_sum::<$S, $wc>(probs, stride, v, width, out) }
         }
 
         #[target_feature(enable = $features)]
@@ -265,6 +279,12 @@ macro_rules! isa_entry_points {
             unsafe { axpy_impl(alpha, x, y) }
         }
 
+        fn weighted_sum(probs: &[f32], stride: usize, v: &[f32], width: usize, out: &mut [f32]) {
+            crate::dispatch::weighted_sum_shape(probs, stride, v, width, out);
+            // SAFETY: features supported (see above); lengths checked.
+            unsafe { weighted_sum_impl(probs, stride, v, width, out) }
+        }
+
         fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
             assert!(
                 weight.len() == x.len() && out.len() == x.len(),
@@ -293,6 +313,7 @@ macro_rules! isa_entry_points {
                 isa,
                 dot_f32: float_dot::<f32>,
                 axpy,
+                weighted_sum,
                 dot_f16_f32: float_dot::<f16>,
                 dot_bf16_f32: float_dot::<bf16>,
                 dot_q8_0_q8_0: quant_dot::<BlockQ8_0>,
@@ -324,8 +345,9 @@ macro_rules! isa_entry_points {
 }
 pub(crate) use isa_entry_points;
 
-// AVX2 has 16 registers: 4 rows × 2 accumulators × 1 token for floats, 4 × 2 tokens for blocks.
-isa_entry_points!("avx2,fma,f16c", Avx2, 1, 2);
+// AVX2 has 16 registers: 4 rows × 2 accumulators × 1 token for floats, 4 × 2 tokens for blocks,
+// 4 rows × 2 vectors (+ 2 loaded, 1 broadcast) for weighted sums.
+isa_entry_points!("avx2,fma,f16c", Avx2, 1, 2, 2);
 
 /// This tier's table; [`crate::kernels`] only calls it when the CPU supports the tier.
 pub(crate) fn table() -> &'static Kernels {

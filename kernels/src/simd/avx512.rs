@@ -224,11 +224,13 @@ unsafe impl QDot for Avx512 {
     }
 }
 
-// 32 registers: 4 rows × 2 accumulators × 2 tokens for floats, 4 rows × 4 tokens for blocks.
+// 32 registers: 4 rows × 2 accumulators × 2 tokens for floats, 4 rows × 4 tokens for blocks,
+// 4 rows × 4 vectors (+ 4 loaded, 1 broadcast) for weighted sums (a head of 64 in one block).
 isa_entry_points!(
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
     Avx512,
     2,
+    4,
     4
 );
 

@@ -247,6 +247,117 @@ pub(crate) unsafe fn axpy<S: F32Simd>(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// Rows of `out` one [`weighted_sum`] block computes together: each vector of `v` it loads
+/// serves all of them.
+pub(crate) const WEIGHTED_ROWS: usize = 4;
+
+/// `out[r][c] = Σ_j probs[r·stride + j]·v[j·width + c]`, with the bits of [`axpy`] over
+/// `j = 0, 1, …` into zeroed rows: each row splits at the same place (full vectors by FMA, the
+/// last `width % LANES` elements by a multiply and an add) and each element sums in the same
+/// order. What changes is the memory traffic: `axpy` loads and stores its row once per key,
+/// while here blocks of up to [`WEIGHTED_ROWS`] rows × `C` vectors stay in registers across
+/// all keys, and each vector of `v` is loaded once per block.
+///
+/// # Safety
+/// The ISA's features are enabled and the lengths are as
+/// [`crate::dispatch::weighted_sum_shape`] checks them.
+#[inline(always)]
+pub(crate) unsafe fn weighted_sum<S: F32Simd, const C: usize>(
+    probs: &[f32],
+    stride: usize,
+    v: &[f32],
+    width: usize,
+    out: &mut [f32],
+) {
+    let rows = out.len() / width;
+    let mut r = 0;
+    while r < rows {
+        let n = (rows - r).min(WEIGHTED_ROWS);
+        let (p, o) = (&probs[r * stride..], &mut out[r * width..(r + n) * width]);
+        // SAFETY: features enabled; rows r..r+n of the caller's checked shape, whose
+        // probabilities start at p.
+        unsafe {
+            match n {
+                1 => weighted_rows::<S, 1, C>(p, stride, v, width, o),
+                2 => weighted_rows::<S, 2, C>(p, stride, v, width, o),
+                3 => weighted_rows::<S, 3, C>(p, stride, v, width, o),
+                _ => weighted_rows::<S, WEIGHTED_ROWS, C>(p, stride, v, width, o),
+            }
+        }
+        r += n;
+    }
+}
+
+/// [`weighted_sum`] of `R` rows: blocks of `C` vectors across the full vectors of a row, then
+/// single vectors, then the tail in `axpy`'s scalar order.
+///
+/// # Safety
+/// As [`weighted_sum`], with `out` holding exactly `R` rows.
+#[inline(always)]
+unsafe fn weighted_rows<S: F32Simd, const R: usize, const C: usize>(
+    probs: &[f32],
+    stride: usize,
+    v: &[f32],
+    width: usize,
+    out: &mut [f32],
+) {
+    let main = width - width % S::LANES;
+    let mut c = 0;
+    while c + C * S::LANES <= main {
+        // SAFETY: forwarded contract; columns c..c + C·LANES lie within the row's full vectors.
+        unsafe { weighted_block::<S, R, C>(probs, stride, v, width, out, c) };
+        c += C * S::LANES;
+    }
+    while c < main {
+        // SAFETY: forwarded contract; columns c..c + LANES lie within the row's full vectors.
+        unsafe { weighted_block::<S, R, 1>(probs, stride, v, width, out, c) };
+        c += S::LANES;
+    }
+    super::weighted_sum_tail(probs, stride, v, width, out, main);
+}
+
+/// Columns `c..c + C·LANES` of `R` rows of [`weighted_sum`]: `R × C` accumulators, starting at
+/// zero, each key's `C` vectors loaded once and multiplied by each row's probability.
+///
+/// # Safety
+/// As [`weighted_rows`], and `c + C·LANES <= width`.
+#[inline(always)]
+unsafe fn weighted_block<S: F32Simd, const R: usize, const C: usize>(
+    probs: &[f32],
+    stride: usize,
+    v: &[f32],
+    width: usize,
+    out: &mut [f32],
+    c: usize,
+) {
+    let keys = v.len() / width;
+    // SAFETY: features enabled; v holds `keys` rows of `width` and out `R` rows, so every
+    // vector at column c + k·LANES < width of them is in bounds; row r's probabilities
+    // r·stride..r·stride + keys lie in probs (the checked shape).
+    unsafe {
+        let mut acc = [[S::zero(); C]; R];
+        for j in 0..keys {
+            let vp = v.as_ptr().add(j * width + c);
+            let mut x = [S::zero(); C];
+            for (k, x) in x.iter_mut().enumerate() {
+                *x = S::load(vp.add(k * S::LANES));
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let alpha = S::splat(*probs.as_ptr().add(r * stride + j));
+                for (a, &x) in acc.iter_mut().zip(&x) {
+                    *a = S::fma(alpha, x, *a);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let op = out.as_mut_ptr().add(r * width + c);
+            for (k, &a) in acc.iter().enumerate() {
+                S::store(op.add(k * S::LANES), a);
+            }
+        }
+    }
+}
+
 /// RMSNorm with a vector sum of squares; the scaling is element-wise (same rounding as the
 /// reference), so only the sum's order differs.
 ///

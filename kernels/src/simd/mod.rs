@@ -52,3 +52,29 @@ pub(crate) fn check_tile<'a, R, X, const T: usize>(
     );
     xs
 }
+
+/// Columns `from..width` of every row of a weighted sum (`out`, whole rows of `width`), in
+/// the reference's order: zero, then a multiply and an add per key, keys in order. The tiers
+/// finish the elements past their last full vector with this, as their `axpy` does.
+pub(crate) fn weighted_sum_tail(
+    probs: &[f32],
+    stride: usize,
+    v: &[f32],
+    width: usize,
+    out: &mut [f32],
+    from: usize,
+) {
+    if from == width {
+        return;
+    }
+    for (r, o) in out.chunks_exact_mut(width).enumerate() {
+        let o = &mut o[from..];
+        o.fill(0.0);
+        for (j, vj) in v.chunks_exact(width).enumerate() {
+            let alpha = probs[r * stride + j];
+            for (y, x) in o.iter_mut().zip(&vj[from..]) {
+                *y += alpha * x;
+            }
+        }
+    }
+}

@@ -9,9 +9,13 @@
 //! the reference bit for bit. The tiles call the dots once per (row, token): a (row, token)
 //! result never depends on the rest of the tile, as in every tier.
 //!
-//! Only the matrix kernels and dots are vectorized by hand here; softmax and SiLU are
-//! [`crate::approx`]'s (its polynomial `exp`, vectorized by the compiler), and RMSNorm and
-//! activation quantization are the scalar reference.
+//! The weighted sum (attention's `P·V` for one token) keeps its output rows in registers
+//! across the keys with the reference axpy's multiply-then-add (this tier's axpy is the
+//! reference), so it has the reference's bits.
+//!
+//! Only the matrix kernels, dots and the weighted sum are vectorized by hand here; softmax and
+//! SiLU are [`crate::approx`]'s (its polynomial `exp`, vectorized by the compiler), and RMSNorm
+//! and activation quantization are the scalar reference.
 
 use std::arch::aarch64::*;
 
@@ -198,6 +202,112 @@ unsafe fn qdot<W: NeonBlock>(w: &[W], x: &[BlockQ8_0]) -> f32 {
     })
 }
 
+/// Rows of `out` one weighted-sum block computes together: each vector of `v` it loads
+/// serves all of them.
+const WEIGHTED_ROWS: usize = 4;
+/// Vectors per row of a weighted-sum block: `WEIGHTED_ROWS × 4` accumulators, 4 loaded
+/// vectors and a broadcast probability fit the 32 registers.
+const WEIGHTED_COLS: usize = 4;
+
+/// `out[r][c] = Σ_j probs[r·stride + j]·v[j·width + c]` with the bits of this tier's axpy
+/// (the reference's: a multiply then an add per element, no FMA) over `j = 0, 1, …` into
+/// zeroed rows, each element summed in the same order. Blocks of up to `WEIGHTED_ROWS` rows ×
+/// `WEIGHTED_COLS` vectors stay in registers across all keys; the last `width % 4` elements
+/// of a row are the reference's scalar code.
+///
+/// # Safety
+/// NEON enabled; lengths as [`crate::dispatch::weighted_sum_shape`] checks them.
+#[inline(always)]
+unsafe fn weighted_sum(probs: &[f32], stride: usize, v: &[f32], width: usize, out: &mut [f32]) {
+    let rows = out.len() / width;
+    let mut r = 0;
+    while r < rows {
+        let n = (rows - r).min(WEIGHTED_ROWS);
+        let (p, o) = (&probs[r * stride..], &mut out[r * width..(r + n) * width]);
+        // SAFETY: NEON enabled; rows r..r+n of the caller's checked shape, whose
+        // probabilities start at p.
+        unsafe {
+            match n {
+                1 => weighted_rows::<1>(p, stride, v, width, o),
+                2 => weighted_rows::<2>(p, stride, v, width, o),
+                3 => weighted_rows::<3>(p, stride, v, width, o),
+                _ => weighted_rows::<WEIGHTED_ROWS>(p, stride, v, width, o),
+            }
+        }
+        r += n;
+    }
+}
+
+/// [`weighted_sum`] of `R` rows: blocks of `WEIGHTED_COLS` vectors, then single vectors, then
+/// the tail.
+///
+/// # Safety
+/// As [`weighted_sum`], with `out` holding exactly `R` rows.
+#[inline(always)]
+unsafe fn weighted_rows<const R: usize>(
+    probs: &[f32],
+    stride: usize,
+    v: &[f32],
+    width: usize,
+    out: &mut [f32],
+) {
+    let main = width - width % LANES;
+    let mut c = 0;
+    while c + WEIGHTED_COLS * LANES <= main {
+        // SAFETY: forwarded contract; columns c..c + 4·WEIGHTED_COLS lie within the row.
+        unsafe { weighted_block::<R, WEIGHTED_COLS>(probs, stride, v, width, out, c) };
+        c += WEIGHTED_COLS * LANES;
+    }
+    while c < main {
+        // SAFETY: forwarded contract; columns c..c + 4 lie within the row.
+        unsafe { weighted_block::<R, 1>(probs, stride, v, width, out, c) };
+        c += LANES;
+    }
+    crate::simd::weighted_sum_tail(probs, stride, v, width, out, main);
+}
+
+/// Columns `c..c + 4·C` of `R` rows of [`weighted_sum`]: `R × C` accumulators from zero, each
+/// key's `C` vectors loaded once and multiplied by each row's probability, then added.
+///
+/// # Safety
+/// As [`weighted_rows`], and `c + 4·C <= width`.
+#[inline(always)]
+unsafe fn weighted_block<const R: usize, const C: usize>(
+    probs: &[f32],
+    stride: usize,
+    v: &[f32],
+    width: usize,
+    out: &mut [f32],
+    c: usize,
+) {
+    let keys = v.len() / width;
+    // SAFETY: v holds `keys` rows of `width` and out `R` rows, so every vector at column
+    // c + 4·k < width of them is in bounds; row r's probabilities r·stride..r·stride + keys
+    // lie in probs (the checked shape). Register-only otherwise.
+    unsafe {
+        let mut acc = [[vdupq_n_f32(0.0); C]; R];
+        for j in 0..keys {
+            let vp = v.as_ptr().add(j * width + c);
+            let mut x = [vdupq_n_f32(0.0); C];
+            for (k, x) in x.iter_mut().enumerate() {
+                *x = vld1q_f32(vp.add(k * LANES));
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let alpha = *probs.as_ptr().add(r * stride + j);
+                for (a, &x) in acc.iter_mut().zip(&x) {
+                    *a = vaddq_f32(*a, vmulq_n_f32(x, alpha));
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let op = out.as_mut_ptr().add(r * width + c);
+            for (k, &a) in acc.iter().enumerate() {
+                vst1q_f32(op.add(k * LANES), a);
+            }
+        }
+    }
+}
+
 // `neon` is in the aarch64 baseline, so these are plain functions: their `unsafe` blocks
 // are sound on every aarch64 CPU, and each checks the lengths its kernel relies on.
 
@@ -213,6 +323,12 @@ fn quant_dot<W: NeonBlock>(w: &[W], x: &[BlockQ8_0]) -> f32 {
     unsafe { qdot(w, x) }
 }
 
+fn weighted(probs: &[f32], stride: usize, v: &[f32], width: usize, out: &mut [f32]) {
+    crate::dispatch::weighted_sum_shape(probs, stride, v, width, out);
+    // SAFETY: NEON is always enabled on aarch64; lengths checked.
+    unsafe { weighted_sum(probs, stride, v, width, out) }
+}
+
 /// This tier's table; [`crate::kernels`] only calls it on aarch64.
 pub(crate) fn table() -> &'static Kernels {
     static TABLE: Kernels = Kernels {
@@ -222,6 +338,7 @@ pub(crate) fn table() -> &'static Kernels {
         dot_bf16_f32: float_dot::<bf16>,
         dot_q8_0_q8_0: quant_dot::<BlockQ8_0>,
         dot_q4_0_q8_0: quant_dot::<BlockQ4_0>,
+        weighted_sum: weighted,
         tile_f32: Tile::new(
             |w, x, o| tile_ref(w, x, o, float_dot::<f32>),
             1,
