@@ -9,6 +9,10 @@ use kiln_kernels::{matmul, softmax_inplace, weighted_sum, Matrix, Pool, WeightDa
 
 use crate::kv_cache::KvCache;
 
+/// Scores (query rows × keys) from which the masking and softmax go over the pool: about
+/// 20 µs of work, well above what handing it to the other threads costs.
+const PARALLEL_SOFTMAX_MIN: usize = 16 * 1024;
+
 /// The head layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttnShape {
@@ -90,7 +94,7 @@ pub fn attention(
         let km = Matrix::new(keys, hd, WeightData::F32(k)).expect("cache slice is keys × hd");
         matmul(&km, &s.q, rows, &mut s.scores, pool);
         // · scaling, causal (and sliding-window) mask, softmax
-        for (r, row) in s.scores.chunks_exact_mut(keys).enumerate() {
+        let mask_softmax = |r: usize, row: &mut [f32]| {
             let p = pos0 + r / group;
             let first = shape.first_key(p);
             let visible = &mut row[first..=p];
@@ -98,6 +102,14 @@ pub fn attention(
             softmax_inplace(visible);
             row[..first].fill(0.0);
             row[p + 1..].fill(0.0);
+        };
+        // Row by row: over the pool when there is enough of it (a prompt), else right here.
+        if rows * keys >= PARALLEL_SOFTMAX_MIN {
+            pool.for_each_chunk(&mut s.scores, keys, mask_softmax);
+        } else {
+            for (r, row) in s.scores.chunks_exact_mut(keys).enumerate() {
+                mask_softmax(r, row);
+            }
         }
         // attn_output = attn_weights · v
         if n > 1 {

@@ -330,7 +330,15 @@ impl<'m> Session<'m> {
             );
             emit(&mut observer, Activation::Gate(l), &s.gate, ff);
             emit(&mut observer, Activation::Up(l), &s.up, ff);
-            silu_mul(&s.gate, &s.up, &mut s.act);
+            // Element-wise, so over the pool for a prompt (one token: microseconds, kept here).
+            if n > 1 {
+                pool.for_each_chunk(&mut s.act, ff, |t, a| {
+                    let r = t * ff..(t + 1) * ff;
+                    silu_mul(&s.gate[r.clone()], &s.up[r], a)
+                });
+            } else {
+                silu_mul(&s.gate, &s.up, &mut s.act);
+            }
             emit(&mut observer, Activation::DownIn(l), &s.act, ff);
             matmul(&lw.down, &s.act, n, &mut s.proj, pool);
             emit(&mut observer, Activation::Mlp(l), &s.proj, h);
