@@ -189,6 +189,17 @@ mod tests {
     /// The single-token path as it was before [`weighted_sum`]: the group's scores by
     /// [`matmul`], scaled and softmaxed over the visible keys, then one `axpy` per visible
     /// key into a zeroed output row.
+    impl AttnShape {
+        fn new(heads: usize, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Self {
+            AttnShape {
+                heads,
+                kv_heads,
+                head_dim,
+                window,
+            }
+        }
+    }
+
     fn decode_by_axpy(shape: AttnShape, q: &[f32], cache: &KvCache, pos: usize) -> Vec<f32> {
         let (hd, keys) = (shape.head_dim, pos + 1);
         let group = shape.heads / shape.kv_heads;
@@ -231,12 +242,7 @@ mod tests {
             (6, 2, 20, Some(5), 3),
             (5, 1, 36, None, 70),
         ] {
-            let shape = AttnShape {
-                heads,
-                kv_heads,
-                head_dim: hd,
-                window,
-            };
+            let shape = AttnShape::new(heads, kv_heads, hd, window);
             let kv_dim = kv_heads * hd;
             let q = data(heads * hd, 4);
             let (k, v) = (data((pos + 1) * kv_dim, 5), data((pos + 1) * kv_dim, 6));
@@ -271,12 +277,7 @@ mod tests {
             (8, 2, 32, None, 30, 80),
             (8, 2, 64, None, 5000, 1),
         ] {
-            let shape = AttnShape {
-                heads,
-                kv_heads,
-                head_dim: hd,
-                window,
-            };
+            let shape = AttnShape::new(heads, kv_heads, hd, window);
             let kv_dim = kv_heads * hd;
             let q = data(n * heads * hd, 1);
             let k = data((pos0 + n) * kv_dim, 2);
