@@ -1,4 +1,5 @@
-//! GGML's Q8_0 and Q4_0 block layouts and their scalar reference quantize/dequantize.
+//! GGML's Q8_0 and Q4_0 block layouts and their scalar reference quantize/dequantize, and
+//! Kiln's sixteen-row interleaving of Q4_0 blocks ([`BlockQ4_0x16`]).
 //!
 //! These functions are the specification: every faster path in Kiln (SIMD kernels, scale
 //! searches that keep the layout) is tested against them, and they reproduce GGML's
@@ -36,8 +37,100 @@ pub struct BlockQ4_0 {
     pub qs: [u8; QK / 2],
 }
 
+/// Rows per [`BlockQ4_0x16`] group.
+pub const GROUP_ROWS: usize = 16;
+
+/// Block `b` of sixteen consecutive rows of a Q4_0 matrix, interleaved (288 bytes, the size of
+/// the sixteen blocks it holds).
+///
+/// Why: a one-token matrix–vector product over plain Q4_0 rows takes one block of one row at a
+/// time, so every block pays for spreading its nibbles into the activation's order and for a
+/// scale conversion, a multiply and an add of its own. Here a 32-bit lane is a row instead:
+/// the sixteen scales convert in one instruction, and bytes `64i..64i + 64` of `qs` hold
+/// bytes `4i..4i + 4` of each row's `qs` (row `r` at `64i + 4r`), so one load and a mask
+/// gives four consecutive codes of every row, which meet the same four activation codes
+/// (broadcast) in one `vpdpbusd`. The codes themselves are GGML's, byte for byte.
+#[derive(Debug, Clone, Copy, PartialEq, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ4_0x16 {
+    /// Row `r`'s scale.
+    pub d: [f16; GROUP_ROWS],
+    /// The rows' packed nibbles, interleaved four bytes at a time (see the type's documentation).
+    pub qs: [u8; GROUP_ROWS * QK / 2],
+}
+
+impl BlockQ4_0x16 {
+    /// Interleave one block of each of sixteen rows.
+    pub fn from_rows(rows: &[BlockQ4_0; GROUP_ROWS]) -> BlockQ4_0x16 {
+        let mut g = BlockQ4_0x16::zeroed();
+        for (r, b) in rows.iter().enumerate() {
+            g.d[r] = b.d;
+            for i in 0..QK / 8 {
+                g.qs[64 * i + 4 * r..64 * i + 4 * r + 4].copy_from_slice(&b.qs[4 * i..4 * i + 4]);
+            }
+        }
+        g
+    }
+
+    /// Row `r`'s block.
+    #[inline]
+    pub fn row(&self, r: usize) -> BlockQ4_0 {
+        let mut qs = [0u8; QK / 2];
+        for i in 0..QK / 8 {
+            qs[4 * i..4 * i + 4].copy_from_slice(&self.qs[64 * i + 4 * r..64 * i + 4 * r + 4]);
+        }
+        BlockQ4_0 { d: self.d[r], qs }
+    }
+}
+
+/// Interleave a row-major Q4_0 matrix of `blocks.len() / nb` rows (a multiple of 16) and `nb`
+/// blocks per row: group `g·nb + b` is block `b` of rows `16g..16g + 16`.
+pub fn interleave_q4_0(blocks: &[BlockQ4_0], nb: usize) -> Vec<BlockQ4_0x16> {
+    assert!(
+        nb > 0 && blocks.len().is_multiple_of(GROUP_ROWS * nb),
+        "whole row groups"
+    );
+    let mut out = Vec::with_capacity(blocks.len() / GROUP_ROWS);
+    for rows in blocks.chunks_exact(GROUP_ROWS * nb) {
+        for b in 0..nb {
+            out.push(BlockQ4_0x16::from_rows(&std::array::from_fn(|r| {
+                rows[r * nb + b]
+            })));
+        }
+    }
+    out
+}
+
+/// The row-major Q4_0 blocks of an interleaved matrix with `nb` blocks per row (the inverse of
+/// [`interleave_q4_0`]).
+pub fn deinterleave_q4_0x16(groups: &[BlockQ4_0x16], nb: usize) -> Vec<BlockQ4_0> {
+    assert!(
+        nb > 0 && groups.len().is_multiple_of(nb),
+        "whole row groups"
+    );
+    let mut out = vec![BlockQ4_0::zeroed(); groups.len() * GROUP_ROWS];
+    for (c, chunk) in groups.chunks_exact(nb).enumerate() {
+        let rows = &mut out[c * GROUP_ROWS * nb..(c + 1) * GROUP_ROWS * nb];
+        for (b, g) in chunk.iter().enumerate() {
+            for r in 0..GROUP_ROWS {
+                rows[r * nb + b] = g.row(r);
+            }
+        }
+    }
+    out
+}
+
+/// [`interleave_q4_0`] on bytes (little-endian blocks as stored), appending to `out`: what a
+/// writer does to Q4_0 rows it produced as plain blocks.
+pub fn interleave_q4_0_bytes(bytes: &[u8], nb: usize, out: &mut Vec<u8>) {
+    let blocks: Vec<BlockQ4_0> = bytemuck::pod_collect_to_vec(bytes);
+    out.extend_from_slice(bytemuck::cast_slice(&interleave_q4_0(&blocks, nb)));
+}
+
 const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
 const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == 18);
+const _: () = assert!(std::mem::size_of::<BlockQ4_0x16>() == GROUP_ROWS * 18);
+const _: () = assert!(std::mem::align_of::<BlockQ4_0x16>() == 2);
 const _: () = assert!(std::mem::align_of::<BlockQ8_0>() == 2);
 const _: () = assert!(std::mem::align_of::<BlockQ4_0>() == 2);
 
@@ -178,6 +271,40 @@ mod tests {
 
     fn block(v: Vec<f32>) -> [f32; QK] {
         v.try_into().unwrap()
+    }
+
+    #[test]
+    fn interleaved_rows_hold_each_rows_codes_in_lane_order() {
+        // Row r, block b: scale r + 16b, byte j = 16r + j (so every byte is distinct per row).
+        let nb = 3;
+        let blocks: Vec<BlockQ4_0> = (0..32 * nb)
+            .map(|i| {
+                let (r, b) = (i / nb, i % nb);
+                BlockQ4_0 {
+                    d: f16::from_f32((r + 16 * b) as f32),
+                    qs: std::array::from_fn(|j| (16 * (r % 16) + j) as u8 ^ (b as u8)),
+                }
+            })
+            .collect();
+        let g = interleave_q4_0(&blocks, nb);
+        assert_eq!(g.len(), 2 * nb);
+        // Group 1 of the second row group is block 1 of rows 16..32.
+        let x = &g[nb + 1];
+        for r in 0..16 {
+            let src = &blocks[(16 + r) * nb + 1];
+            assert_eq!(x.d[r], src.d);
+            for i in 0..4 {
+                assert_eq!(
+                    x.qs[64 * i + 4 * r..64 * i + 4 * r + 4],
+                    src.qs[4 * i..4 * i + 4]
+                );
+            }
+            assert_eq!(x.row(r), *src);
+        }
+        assert_eq!(deinterleave_q4_0x16(&g, nb), blocks);
+        let mut bytes = Vec::new();
+        interleave_q4_0_bytes(bytemuck::cast_slice(&blocks), nb, &mut bytes);
+        assert_eq!(bytes, bytemuck::cast_slice::<BlockQ4_0x16, u8>(&g));
     }
 
     #[test]

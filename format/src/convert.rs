@@ -41,7 +41,7 @@ pub fn decode_to_f32(dtype: DType, bytes: &[u8], out: &mut [f32]) {
                 *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
             }
         }
-        DType::Q8_0 | DType::Q4_0 => unreachable!("checked above"),
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_0x16 => unreachable!("checked above"),
     }
 }
 
@@ -62,7 +62,7 @@ pub fn encode_from_f32(dtype: DType, x: &[f32], out: &mut Vec<u8>) {
         DType::BF16 => x
             .iter()
             .for_each(|v| out.extend_from_slice(&bf16::from_f32(*v).to_le_bytes())),
-        DType::Q8_0 | DType::Q4_0 => unreachable!("checked above"),
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_0x16 => unreachable!("checked above"),
     }
 }
 
@@ -102,7 +102,7 @@ pub fn cast_bytes(from: DType, to: DType, bytes: &[u8], out: &mut Vec<u8>) {
                 h.convert_from_f32_slice(w);
                 out.extend_from_slice(bytemuck::cast_slice(h));
             }
-            DType::Q8_0 | DType::Q4_0 => unreachable!("checked above"),
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_0x16 => unreachable!("checked above"),
         }
     }
 }

@@ -2,10 +2,12 @@
 //!
 //! The numeric ids are GGML's `ggml_type` values, written explicitly so that the on-disk id never
 //! depends on declaration order and so that blocks can be exchanged with GGUF without a table.
+//! Kiln's own layouts, which GGML does not have, take ids from 1000 up: 1000 plus the GGML id
+//! of the block they rearrange.
 
 use std::fmt;
 
-use crate::blocks::{BlockQ4_0, BlockQ8_0, QK};
+use crate::blocks::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 
 /// A tensor element type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -20,16 +22,21 @@ pub enum DType {
     Q8_0,
     /// GGML Q4_0: blocks of 32 weights, an f16 scale and 16 bytes of nibbles (18 bytes a block).
     Q4_0,
+    /// Q4_0 with sixteen rows interleaved ([`BlockQ4_0x16`]): GGML's blocks and codes, in an
+    /// order made for the one-token matrix–vector product. Only for matrices (two dimensions)
+    /// whose row count is a multiple of 16. Since format 1.1.
+    Q4_0x16,
 }
 
 impl DType {
     /// Every dtype, in id order.
-    pub const ALL: [DType; 5] = [
+    pub const ALL: [DType; 6] = [
         DType::F32,
         DType::F16,
         DType::Q4_0,
         DType::Q8_0,
         DType::BF16,
+        DType::Q4_0x16,
     ];
 
     /// The on-disk id (GGML's `ggml_type` number).
@@ -40,6 +47,7 @@ impl DType {
             DType::Q4_0 => 2,
             DType::Q8_0 => 8,
             DType::BF16 => 30,
+            DType::Q4_0x16 => 1002,
         }
     }
 
@@ -51,6 +59,7 @@ impl DType {
             2 => Some(DType::Q4_0),
             8 => Some(DType::Q8_0),
             30 => Some(DType::BF16),
+            1002 => Some(DType::Q4_0x16),
             _ => None,
         }
     }
@@ -63,6 +72,7 @@ impl DType {
             DType::BF16 => "bf16",
             DType::Q8_0 => "q8_0",
             DType::Q4_0 => "q4_0",
+            DType::Q4_0x16 => "q4_0x16",
         }
     }
 
@@ -73,11 +83,36 @@ impl DType {
             .find(|d| d.name().eq_ignore_ascii_case(s))
     }
 
-    /// Number of weights one storage unit covers (1 for plain floats, 32 for blocks).
+    /// Number of weights one storage unit covers (1 for plain floats, 32 for blocks, 512 for a
+    /// sixteen-row group of blocks).
     pub const fn block_len(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
             DType::Q8_0 | DType::Q4_0 => QK,
+            DType::Q4_0x16 => GROUP_ROWS * QK,
+        }
+    }
+
+    /// The dtype whose values this one stores: [`DType::Q4_0`] for [`DType::Q4_0x16`] (the same
+    /// blocks in another order), the dtype itself otherwise. Quantization policies, tolerances
+    /// and reports speak of this one.
+    pub const fn logical(self) -> DType {
+        match self {
+            DType::Q4_0x16 => DType::Q4_0,
+            d => d,
+        }
+    }
+
+    /// How a writer stores a tensor of `shape` whose values are of dtype `self`: Q4_0 matrices
+    /// with a multiple of 16 rows as [`DType::Q4_0x16`], everything else as itself.
+    pub fn storage_for(self, shape: &[u64]) -> DType {
+        match (self, shape) {
+            (DType::Q4_0, &[rows, cols])
+                if rows > 0 && rows % GROUP_ROWS as u64 == 0 && cols % QK as u64 == 0 =>
+            {
+                DType::Q4_0x16
+            }
+            (d, _) => d,
         }
     }
 
@@ -88,12 +123,13 @@ impl DType {
             DType::F16 | DType::BF16 => 2,
             DType::Q8_0 => std::mem::size_of::<BlockQ8_0>(),
             DType::Q4_0 => std::mem::size_of::<BlockQ4_0>(),
+            DType::Q4_0x16 => std::mem::size_of::<BlockQ4_0x16>(),
         }
     }
 
     /// Whether this is a block-quantized type.
     pub const fn is_quantized(self) -> bool {
-        matches!(self, DType::Q8_0 | DType::Q4_0)
+        matches!(self, DType::Q8_0 | DType::Q4_0 | DType::Q4_0x16)
     }
 
     /// Bits of storage per weight (e.g. 4.5 for Q4_0).
@@ -112,8 +148,18 @@ impl DType {
                 .checked_mul(d)
                 .ok_or_else(|| format!("shape {shape:?} overflows 64 bits"))?;
         }
+        if self == DType::Q4_0x16 {
+            let ok = matches!(shape, &[rows, cols]
+                if rows % GROUP_ROWS as u64 == 0 && cols % QK as u64 == 0);
+            if !ok {
+                return Err(format!(
+                    "q4_0x16 needs a matrix of a multiple of {GROUP_ROWS} rows and of {QK} \
+                     columns, shape is {shape:?}"
+                ));
+            }
+        }
         let bl = self.block_len() as u64;
-        if bl > 1 {
+        if bl > 1 && self != DType::Q4_0x16 {
             let last = shape.last().copied().unwrap_or(1);
             if last % bl != 0 {
                 return Err(format!(
@@ -159,5 +205,23 @@ mod tests {
         assert!(DType::F32.byte_len(&[u64::MAX, 2]).is_err());
         assert_eq!(DType::Q4_0.bits_per_weight(), 4.5);
         assert_eq!(DType::Q8_0.bits_per_weight(), 8.5);
+        assert_eq!(DType::Q4_0x16.byte_len(&[32, 64]), Ok(64 * 18));
+        assert_eq!(DType::Q4_0x16.bits_per_weight(), 4.5);
+        assert!(DType::Q4_0x16.byte_len(&[8, 64]).is_err());
+        assert!(DType::Q4_0x16.byte_len(&[16, 48]).is_err());
+        assert!(DType::Q4_0x16.byte_len(&[512]).is_err());
+        assert!(DType::Q4_0x16.byte_len(&[2, 16, 32]).is_err());
+    }
+
+    #[test]
+    fn q4_0_matrices_of_whole_row_groups_are_stored_interleaved() {
+        assert_eq!(DType::Q4_0.storage_for(&[48, 64]), DType::Q4_0x16);
+        assert_eq!(DType::Q4_0.storage_for(&[40, 64]), DType::Q4_0);
+        assert_eq!(DType::Q4_0.storage_for(&[0, 64]), DType::Q4_0);
+        assert_eq!(DType::Q4_0.storage_for(&[4096]), DType::Q4_0);
+        assert_eq!(DType::Q8_0.storage_for(&[48, 64]), DType::Q8_0);
+        assert_eq!(DType::Q4_0x16.logical(), DType::Q4_0);
+        assert_eq!(DType::F16.logical(), DType::F16);
+        assert_eq!(DType::Q4_0x16.id(), 1002);
     }
 }

@@ -16,8 +16,20 @@ use crate::dtype::DType;
 pub const MAGIC: [u8; 8] = *b"KILN\r\n\x1a\n";
 /// The major version this build writes and reads. Readers refuse any other major version.
 pub const FORMAT_MAJOR: u16 = 1;
-/// The minor version this build writes. Minor versions only add; any minor is read.
-pub const FORMAT_MINOR: u16 = 0;
+/// The newest minor version this build writes. Minor versions only add; any minor is read.
+/// 1.1 added the `q4_0x16` dtype.
+pub const FORMAT_MINOR: u16 = 1;
+
+/// The minor version a file holding tensors of `dtypes` is written with: the lowest that
+/// describes it, so that a file without `q4_0x16` tensors stays 1.0 and a 1.0 reader still
+/// reads it.
+pub fn minor_for(dtypes: impl IntoIterator<Item = crate::DType>) -> u16 {
+    if dtypes.into_iter().any(|d| d == crate::DType::Q4_0x16) {
+        FORMAT_MINOR
+    } else {
+        0
+    }
+}
 /// Size of the fixed header.
 pub const HEADER_LEN: u64 = 128;
 /// Alignment of the data section and of every tensor within it: a cache line, and enough for

@@ -28,7 +28,7 @@ pub mod reader;
 pub mod writer;
 
 pub use atomic::{remove_pending_outputs, write_file_atomic, AtomicFile};
-pub use blocks::{BlockQ4_0, BlockQ8_0, QK};
+pub use blocks::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 pub use dtype::DType;
 pub use error::{FormatError, Result};
 pub use metadata::{

@@ -16,7 +16,7 @@ use memmap2::Mmap;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-use crate::blocks::{BlockQ4_0, BlockQ8_0};
+use crate::blocks::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0};
 use crate::dtype::DType;
 use crate::error::{FormatError, Result};
 use crate::layout::{
@@ -628,6 +628,25 @@ impl<'a> TensorView<'a> {
         self.cast(DType::Q4_0)
     }
 
+    /// The data as sixteen-row Q4_0 groups ([`BlockQ4_0x16`]): for each group of sixteen
+    /// rows, block after block.
+    pub fn as_q4_0x16(&self) -> Result<&'a [BlockQ4_0x16]> {
+        self.cast(DType::Q4_0x16)
+    }
+
+    /// The data as row-major Q4_0 blocks, for `q4_0` and (de-interleaved, a copy) `q4_0x16`
+    /// tensors: what a consumer that does not care about the storage order reads.
+    pub fn q4_0_rows(&self) -> Result<std::borrow::Cow<'a, [BlockQ4_0]>> {
+        match self.info.dtype {
+            DType::Q4_0x16 => {
+                let nb = self.shape().last().copied().unwrap_or(0) as usize / crate::QK;
+                let groups: Vec<BlockQ4_0x16> = bytemuck::pod_collect_to_vec(self.bytes);
+                Ok(crate::blocks::deinterleave_q4_0x16(&groups, nb.max(1)).into())
+            }
+            _ => self.as_q4_0().map(Into::into),
+        }
+    }
+
     /// Decode the whole tensor to f32 (a copy: for tests, reports and small tensors).
     pub fn to_f32_vec(&self) -> Vec<f32> {
         let n = self.info.numel() as usize;
@@ -640,6 +659,10 @@ impl<'a> TensorView<'a> {
             ),
             DType::Q4_0 => crate::blocks::dequantize_row_q4_0(
                 &bytemuck::pod_collect_to_vec::<u8, BlockQ4_0>(self.bytes),
+                &mut out,
+            ),
+            DType::Q4_0x16 => crate::blocks::dequantize_row_q4_0(
+                &self.q4_0_rows().expect("checked dtype and length"),
                 &mut out,
             ),
             d => crate::convert::decode_to_f32(d, self.bytes, &mut out),

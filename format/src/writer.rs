@@ -21,7 +21,7 @@ use crate::atomic::AtomicFile;
 use crate::dtype::DType;
 use crate::error::{FormatError, Result};
 use crate::layout::{
-    align_up, FixedHeader, IndexRecord, ALIGNMENT, FORMAT_MAJOR, FORMAT_MINOR, HEADER_LEN,
+    align_up, minor_for, FixedHeader, IndexRecord, ALIGNMENT, FORMAT_MAJOR, HEADER_LEN,
     HEADER_SHA_RANGE, MAX_DIM, MAX_DIMS, MAX_INDEX_LEN, MAX_METADATA_LEN, MAX_NAME_LEN,
     MAX_TENSORS,
 };
@@ -318,7 +318,7 @@ impl KilnWriter {
         debug_assert_eq!(index.len() as u64, self.index_len);
         let mut header = FixedHeader {
             major: FORMAT_MAJOR,
-            minor: FORMAT_MINOR,
+            minor: minor_for(self.slots.iter().map(|s| s.spec.dtype)),
             flags: 0,
             metadata_offset: HEADER_LEN,
             metadata_len: self.metadata.len() as u64,

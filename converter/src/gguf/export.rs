@@ -71,7 +71,7 @@ fn file_type(d: DType) -> u32 {
     match d {
         DType::F32 => 0,
         DType::F16 => 1,
-        DType::Q4_0 => 2,
+        DType::Q4_0 | DType::Q4_0x16 => 2,
         DType::Q8_0 => 7,
         DType::BF16 => 32,
     }
