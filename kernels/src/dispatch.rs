@@ -112,6 +112,9 @@ pub struct Kernels {
     pub(crate) lanes: Option<crate::lanes::LanesFn>,
     /// The same for float weights (F32, F16, BF16, widened once per row).
     pub(crate) float_lanes: Option<crate::lanes::FloatLanesFn>,
+    /// The one-token kernel for sixteen interleaved Q4_0 rows, where the tier has one (other
+    /// tiers turn each chunk back into plain rows for their Q4_0 tiles).
+    pub(crate) group_q4_0x16: Option<crate::interleaved::GroupFn>,
 }
 
 /// A tile computed as one dot per (row, token): the scalar tier's, and NEON's.
@@ -208,6 +211,7 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     prepared_q4_0: None,
     lanes: None,
     float_lanes: None,
+    group_q4_0x16: None,
 };
 
 /// The kernels of tier `isa`, or `None` if this CPU (or this build) cannot run it.

@@ -27,6 +27,12 @@ pub enum KernelError {
         /// Input features.
         cols: usize,
     },
+    /// Interleaved Q4_0 holds whole groups of sixteen rows.
+    #[error("q4_0x16 matrix has {rows} rows, which is not a multiple of 16; store it as q4_0")]
+    RowsNotGroupMultiple {
+        /// Output features.
+        rows: usize,
+    },
     /// `rows × cols` overflows `usize`.
     #[error("matrix shape {rows}×{cols} overflows")]
     ShapeOverflow {

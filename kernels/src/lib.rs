@@ -18,6 +18,7 @@
 mod approx;
 mod dispatch;
 mod error;
+mod interleaved;
 mod isa;
 mod lanes;
 mod matmul;
@@ -27,7 +28,7 @@ pub mod reference;
 mod simd;
 
 pub use half::{bf16, f16};
-pub use kiln_format::{BlockQ4_0, BlockQ8_0, QK};
+pub use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 
 pub use dispatch::{active, kernels, Kernels, TILE_ROWS};
 pub use error::KernelError;

@@ -20,9 +20,10 @@
 
 use std::cell::RefCell;
 
-use kiln_format::{BlockQ8_0, QK};
+use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 
 use crate::dispatch::{active, Kernels, Prepared, PreparedPair, Tile, TILE_ROWS, WIDE_ROWS};
+use crate::interleaved::{deinterleave_chunk, prepare_group_x, unpack_interleaved_row, GroupX};
 use crate::lanes::{
     prepare_float_group, prepare_group, unpack_row, LaneBlock, LaneFloat, LaneWeight, Lanes,
     LanesFn, LANES,
@@ -159,7 +160,76 @@ impl Kernels {
                 let tiles = (self.tile_q4_0, self.prepared_q4_0);
                 self.run_quantized(&all_as!(Q4_0), x, n, outs, pool, tiles)
             }
+            WeightData::Q4_0x16(_) => self.run_interleaved(&all_as!(Q4_0x16), x, n, outs, pool),
         }
+    }
+
+    /// Sixteen-row interleaved Q4_0 (see [`crate::interleaved`]): through the tier's
+    /// interleaved kernel, one token at a time, where it has one and the batch does not take
+    /// the lanes kernel; otherwise each chunk turned back into plain rows for the tier's Q4_0
+    /// lanes kernel or tiles.
+    fn run_interleaved(
+        &self,
+        ws: &[(&[BlockQ4_0x16], usize)],
+        x: &[f32],
+        n_tokens: usize,
+        outs: &mut [&mut [f32]],
+        pool: &Pool,
+    ) {
+        let cols = x.len() / n_tokens;
+        let nb = cols / QK;
+        if nb == 0 {
+            outs.iter_mut().for_each(|o| o.fill(0.0));
+            return;
+        }
+        ACT_Q8_0.with_borrow_mut(|xq| {
+            self.quantize_tokens(x, cols, xq, pool);
+            let lanes = self.lanes.filter(|_| n_tokens >= LANES_MIN_TOKENS);
+            if let (Some(group), None) = (self.group_q4_0x16, lanes) {
+                return ACT_GROUP.with_borrow_mut(|gx| {
+                    gx.clear();
+                    gx.resize(n_tokens * nb, GroupX::ZERO);
+                    per_token(pool, gx, nb, |t, o| {
+                        prepare_group_x(&xq[t * nb..(t + 1) * nb], o)
+                    });
+                    run_chunks(ws, n_tokens, outs, pool, |w, r0, _, outs| {
+                        let chunk = &w[r0 / GROUP_ROWS * nb..][..nb];
+                        for (t, o) in outs.iter_mut().enumerate() {
+                            let o: &mut [f32; GROUP_ROWS] =
+                                (&mut **o).try_into().expect("whole sixteen-row chunks");
+                            group(chunk, &gx[t * nb..(t + 1) * nb], o);
+                        }
+                    })
+                });
+            }
+            ACT_LANES.with_borrow_mut(|xl| {
+                if lanes.is_some() {
+                    let groups = n_tokens.div_ceil(LANES);
+                    xl.clear();
+                    xl.resize(groups * nb, LaneBlock::ZERO);
+                    per_token(pool, xl, nb, |g, o| {
+                        let t1 = n_tokens.min((g + 1) * LANES);
+                        prepare_group(&xq[g * LANES * nb..t1 * nb], nb, BlockQ4_0::OFFSET, o)
+                    });
+                }
+                run_chunks(ws, n_tokens, outs, pool, |w, r0, _, outs| {
+                    let chunk = &w[r0 / GROUP_ROWS * nb..][..nb];
+                    match lanes {
+                        Some(k) => {
+                            let unpack = |r: usize, codes: &mut [u8], dw: &mut [f32]| {
+                                unpack_interleaved_row(chunk, r, codes, dw)
+                            };
+                            lanes_rows(unpack, nb, 0, GROUP_ROWS, xl, n_tokens, outs, k)
+                        }
+                        None => PLAIN_ROWS.with_borrow_mut(|plain| {
+                            deinterleave_chunk(chunk, plain);
+                            let tile = &self.tile_q4_0;
+                            tiles_chunk(plain, nb, 0, GROUP_ROWS, xq, nb, n_tokens, outs, tile)
+                        }),
+                    }
+                })
+            })
+        })
     }
 
     /// Float weights: batches of [`FLOAT_LANES_MIN_TOKENS`] or more through the tier's float
@@ -296,6 +366,10 @@ thread_local! {
     static WIDENED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// A worker's unpacked weight rows for the lanes kernel: codes and scales.
     static UNPACKED: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// The same activations prepared for the tier's interleaved Q4_0 kernel.
+    static ACT_GROUP: RefCell<Vec<GroupX>> = const { RefCell::new(Vec::new()) };
+    /// A worker's sixteen-row chunk of interleaved Q4_0 turned back into plain rows.
+    static PLAIN_ROWS: RefCell<Vec<BlockQ4_0>> = const { RefCell::new(Vec::new()) };
     /// The same activations prepared for the tier's pair kernel.
     static ACT_PREPARED: RefCell<Vec<PreparedPair>> = const { RefCell::new(Vec::new()) };
 }
@@ -317,39 +391,56 @@ fn run_tiles<W: Sync, X: Sync>(
 ) {
     assert!(tile.tokens >= 1 && tile.tokens <= MAX_TILE_TOKENS);
     run_chunks(ws, n_tokens, outs, pool, |w, r0, r1, outs| {
-        // One token and a full chunk: the sixteen-row kernel, straight into the output.
-        if let Some(rows) = tile.rows.filter(|_| n_tokens == 1 && r1 - r0 == WIDE_ROWS) {
-            let out: &mut [f32; WIDE_ROWS] = (&mut *outs[0]).try_into().expect("full chunk");
-            return rows(&w[r0 * wl..r1 * wl], &x[..xl], out);
-        }
-        for g in (r0..r1).step_by(TILE_ROWS) {
-            let n = TILE_ROWS.min(r1 - g);
-            let wr: [&[W]; TILE_ROWS] = std::array::from_fn(|i| {
-                let r = (g + i).min(r1 - 1);
-                &w[r * wl..(r + 1) * wl]
-            });
-            // Tokens in groups of `tile.tokens` (register-blocked), the rest one at a time.
-            let mut t = 0;
-            while t < n_tokens {
-                let nt = if n_tokens - t >= tile.tokens {
-                    tile.tokens
-                } else {
-                    1
-                };
-                let kernel = if nt == 1 { tile.one } else { tile.many };
-                let mut xs = [&x[..0]; MAX_TILE_TOKENS];
-                for (j, xj) in xs[..nt].iter_mut().enumerate() {
-                    *xj = &x[(t + j) * xl..(t + j + 1) * xl];
-                }
-                let mut res = [[0.0f32; TILE_ROWS]; MAX_TILE_TOKENS];
-                kernel(&wr, &xs[..nt], &mut res[..nt]);
-                for (j, r) in res[..nt].iter().enumerate() {
-                    outs[t + j][g - r0..g - r0 + n].copy_from_slice(&r[..n]);
-                }
-                t += nt;
-            }
-        }
+        tiles_chunk(w, wl, r0, r1, x, xl, n_tokens, outs, &tile)
     });
+}
+
+/// Rows `r0..r1` of `w` (`wl` elements or blocks a row) against every token of `x` through
+/// `tile`: [`run_tiles`]' task. `outs[t]` is token t's slice of those rows.
+#[allow(clippy::too_many_arguments)]
+fn tiles_chunk<W, X>(
+    w: &[W],
+    wl: usize,
+    r0: usize,
+    r1: usize,
+    x: &[X],
+    xl: usize,
+    n_tokens: usize,
+    outs: &mut [&mut [f32]],
+    tile: &Tile<W, X>,
+) {
+    // One token and a full chunk: the sixteen-row kernel, straight into the output.
+    if let Some(rows) = tile.rows.filter(|_| n_tokens == 1 && r1 - r0 == WIDE_ROWS) {
+        let out: &mut [f32; WIDE_ROWS] = (&mut *outs[0]).try_into().expect("full chunk");
+        return rows(&w[r0 * wl..r1 * wl], &x[..xl], out);
+    }
+    for g in (r0..r1).step_by(TILE_ROWS) {
+        let n = TILE_ROWS.min(r1 - g);
+        let wr: [&[W]; TILE_ROWS] = std::array::from_fn(|i| {
+            let r = (g + i).min(r1 - 1);
+            &w[r * wl..(r + 1) * wl]
+        });
+        // Tokens in groups of `tile.tokens` (register-blocked), the rest one at a time.
+        let mut t = 0;
+        while t < n_tokens {
+            let nt = if n_tokens - t >= tile.tokens {
+                tile.tokens
+            } else {
+                1
+            };
+            let kernel = if nt == 1 { tile.one } else { tile.many };
+            let mut xs = [&x[..0]; MAX_TILE_TOKENS];
+            for (j, xj) in xs[..nt].iter_mut().enumerate() {
+                *xj = &x[(t + j) * xl..(t + j + 1) * xl];
+            }
+            let mut res = [[0.0f32; TILE_ROWS]; MAX_TILE_TOKENS];
+            kernel(&wr, &xs[..nt], &mut res[..nt]);
+            for (j, r) in res[..nt].iter().enumerate() {
+                outs[t + j][g - r0..g - r0 + n].copy_from_slice(&r[..n]);
+            }
+            t += nt;
+        }
+    }
 }
 
 /// Block weights against a batch through the tier's lanes kernel: every row chunk's rows
@@ -366,28 +457,63 @@ fn run_lanes<W: LaneWeight + Sync>(
     kernel: LanesFn,
 ) {
     run_chunks(ws, n_tokens, outs, pool, |w, r0, r1, outs| {
-        UNPACKED.with_borrow_mut(|(codes, dw)| {
-            codes.resize(TILE_ROWS * nb * QK, 0);
-            dw.resize(TILE_ROWS * nb, 0.0);
-            for g in (r0..r1).step_by(TILE_ROWS) {
-                let n = TILE_ROWS.min(r1 - g);
-                for i in 0..TILE_ROWS {
-                    let r = (g + i).min(r1 - 1);
-                    unpack_row(
-                        &w[r * nb..(r + 1) * nb],
-                        &mut codes[i * nb * QK..(i + 1) * nb * QK],
-                        &mut dw[i * nb..(i + 1) * nb],
-                    );
-                }
-                let cr: [&[u8]; TILE_ROWS] =
-                    std::array::from_fn(|i| &codes[i * nb * QK..(i + 1) * nb * QK]);
-                let dr: [&[f32]; TILE_ROWS] = std::array::from_fn(|i| &dw[i * nb..(i + 1) * nb]);
-                for (tg, x) in xl.chunks_exact(nb).enumerate() {
-                    scatter(&kernel(&cr, &dr, x), outs, tg, n_tokens, g - r0, n);
-                }
-            }
-        })
+        lanes_chunk(w, nb, r0, r1, xl, n_tokens, outs, kernel)
     });
+}
+
+/// Rows `r0..r1` of `w` (`nb` blocks a row) against every token group of `xl` through the
+/// lanes `kernel`: [`run_lanes`]' task.
+#[allow(clippy::too_many_arguments)]
+fn lanes_chunk<W: LaneWeight>(
+    w: &[W],
+    nb: usize,
+    r0: usize,
+    r1: usize,
+    xl: &[LaneBlock],
+    n_tokens: usize,
+    outs: &mut [&mut [f32]],
+    kernel: LanesFn,
+) {
+    let unpack = |r: usize, codes: &mut [u8], dw: &mut [f32]| {
+        unpack_row(&w[r * nb..(r + 1) * nb], codes, dw)
+    };
+    lanes_rows(unpack, nb, r0, r1, xl, n_tokens, outs, kernel)
+}
+
+/// Rows `r0..r1`, each unpacked by `unpack(r, codes, dw)`, against every token group of `xl`
+/// through the lanes `kernel`.
+#[allow(clippy::too_many_arguments)]
+fn lanes_rows(
+    unpack: impl Fn(usize, &mut [u8], &mut [f32]),
+    nb: usize,
+    r0: usize,
+    r1: usize,
+    xl: &[LaneBlock],
+    n_tokens: usize,
+    outs: &mut [&mut [f32]],
+    kernel: LanesFn,
+) {
+    UNPACKED.with_borrow_mut(|(codes, dw)| {
+        codes.resize(TILE_ROWS * nb * QK, 0);
+        dw.resize(TILE_ROWS * nb, 0.0);
+        for g in (r0..r1).step_by(TILE_ROWS) {
+            let n = TILE_ROWS.min(r1 - g);
+            for i in 0..TILE_ROWS {
+                let r = (g + i).min(r1 - 1);
+                unpack(
+                    r,
+                    &mut codes[i * nb * QK..(i + 1) * nb * QK],
+                    &mut dw[i * nb..(i + 1) * nb],
+                );
+            }
+            let cr: [&[u8]; TILE_ROWS] =
+                std::array::from_fn(|i| &codes[i * nb * QK..(i + 1) * nb * QK]);
+            let dr: [&[f32]; TILE_ROWS] = std::array::from_fn(|i| &dw[i * nb..(i + 1) * nb]);
+            for (tg, x) in xl.chunks_exact(nb).enumerate() {
+                scatter(&kernel(&cr, &dr, x), outs, tg, n_tokens, g - r0, n);
+            }
+        }
+    })
 }
 
 /// A lanes kernel's `res[r][t]` for token group `tg` into rows `o0..o0 + n` of each token's

@@ -1,7 +1,7 @@
 //! Borrowed weight matrices in any of Kiln's encodings.
 
 use half::{bf16, f16};
-use kiln_format::{BlockQ4_0, BlockQ8_0, QK};
+use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 
 use crate::error::KernelError;
 
@@ -18,6 +18,9 @@ pub enum WeightData<'a> {
     Q8_0(&'a [BlockQ8_0]),
     /// `rows × cols / 32` Q4_0 blocks, each row a whole number of blocks.
     Q4_0(&'a [BlockQ4_0]),
+    /// The same Q4_0 blocks sixteen rows interleaved: `rows / 16 × cols / 32` groups, group
+    /// `g·(cols/32) + b` holding block `b` of rows `16g..16g + 16`. `rows` is a multiple of 16.
+    Q4_0x16(&'a [BlockQ4_0x16]),
 }
 
 impl WeightData<'_> {
@@ -29,6 +32,7 @@ impl WeightData<'_> {
             WeightData::BF16(_) => "bf16",
             WeightData::Q8_0(_) => "q8_0",
             WeightData::Q4_0(_) => "q4_0",
+            WeightData::Q4_0x16(_) => "q4_0x16",
         }
     }
 
@@ -40,6 +44,7 @@ impl WeightData<'_> {
             WeightData::BF16(d) => std::mem::size_of_val(*d),
             WeightData::Q8_0(d) => std::mem::size_of_val(*d),
             WeightData::Q4_0(d) => std::mem::size_of_val(*d),
+            WeightData::Q4_0x16(d) => std::mem::size_of_val(*d),
         }
     }
 }
@@ -68,16 +73,21 @@ impl<'a> Matrix<'a> {
             WeightData::F32(d) => (d.len(), elems, "elements"),
             WeightData::F16(d) => (d.len(), elems, "elements"),
             WeightData::BF16(d) => (d.len(), elems, "elements"),
-            WeightData::Q8_0(_) | WeightData::Q4_0(_) => {
+            WeightData::Q8_0(_) | WeightData::Q4_0(_) | WeightData::Q4_0x16(_) => {
                 if !cols.is_multiple_of(QK) {
                     return Err(KernelError::ColsNotBlockMultiple {
                         dtype: data.dtype_name(),
                         cols,
                     });
                 }
+                if matches!(data, WeightData::Q4_0x16(_)) && !rows.is_multiple_of(GROUP_ROWS) {
+                    return Err(KernelError::RowsNotGroupMultiple { rows });
+                }
                 let found = match data {
                     WeightData::Q8_0(d) => d.len(),
                     WeightData::Q4_0(d) => d.len(),
+                    // Counted in blocks: each group holds sixteen.
+                    WeightData::Q4_0x16(d) => d.len() * GROUP_ROWS,
                     _ => unreachable!("matched above"),
                 };
                 (found, elems / QK, "blocks")
@@ -110,6 +120,13 @@ pub enum OwnedWeights {
     Q8_0(Vec<BlockQ8_0>),
     /// Q4_0 blocks (GGML's reference rule).
     Q4_0(Vec<BlockQ4_0>),
+    /// Q4_0 blocks sixteen rows interleaved (see [`WeightData::Q4_0x16`]).
+    Q4_0x16 {
+        /// The groups.
+        groups: Vec<BlockQ4_0x16>,
+        /// Blocks per row.
+        nb: usize,
+    },
 }
 
 impl OwnedWeights {
@@ -137,6 +154,7 @@ impl OwnedWeights {
             OwnedWeights::BF16(d) => WeightData::BF16(d),
             OwnedWeights::Q8_0(d) => WeightData::Q8_0(d),
             OwnedWeights::Q4_0(d) => WeightData::Q4_0(d),
+            OwnedWeights::Q4_0x16 { groups, .. } => WeightData::Q4_0x16(groups),
         }
     }
 
@@ -156,6 +174,27 @@ impl OwnedWeights {
                 kiln_format::blocks::dequantize_row_q4_0(d, &mut o);
                 o
             }
+            OwnedWeights::Q4_0x16 { groups, nb } => {
+                let d = kiln_format::blocks::deinterleave_q4_0x16(groups, *nb);
+                let mut o = vec![0.0; d.len() * QK];
+                kiln_format::blocks::dequantize_row_q4_0(&d, &mut o);
+                o
+            }
         }
+    }
+
+    /// Q4_0 weights of a matrix of `cols` columns stored sixteen rows interleaved, as a
+    /// `q4_0x16` file holds them: `None` unless these are Q4_0 weights of whole sixteen-row
+    /// groups.
+    pub fn interleaved(&self, cols: usize) -> Option<OwnedWeights> {
+        let OwnedWeights::Q4_0(d) = self else {
+            return None;
+        };
+        let nb = cols / QK;
+        let whole = nb > 0 && cols.is_multiple_of(QK) && d.len().is_multiple_of(GROUP_ROWS * nb);
+        whole.then(|| OwnedWeights::Q4_0x16 {
+            groups: kiln_format::blocks::interleave_q4_0(d, nb),
+            nb,
+        })
     }
 }

@@ -4,7 +4,7 @@
 //! tier of [`crate::Kernels`] runs exactly these.
 
 use half::{bf16, f16};
-use kiln_format::{BlockQ4_0, BlockQ8_0, QK};
+use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 
 /// `Σ a[i]·b[i]`, summed left to right.
 pub fn dot_f32_ref(a: &[f32], b: &[f32]) -> f32 {
@@ -93,6 +93,17 @@ pub fn dot_q4_0_q8_0_ref(w: &[BlockQ4_0], x: &[BlockQ8_0]) -> f32 {
     w.iter().zip(x).fold(0.0, |s, (w, x)| {
         s + isum_q4_0(w, x) as f32 * (w.d.to_f32() * x.d.to_f32())
     })
+}
+
+/// Sixteen interleaved Q4_0 rows (`w`: one chunk's groups, block after block) · Q8_0
+/// activations: `out[r]` is [`dot_q4_0_q8_0_ref`] of row `r`, which the interleaved kernels
+/// reproduce bit for bit.
+pub fn matvec_q4_0x16_ref(w: &[BlockQ4_0x16], x: &[BlockQ8_0], out: &mut [f32; GROUP_ROWS]) {
+    assert_eq!(w.len(), x.len(), "matvec_q4_0x16: block count mismatch");
+    for (r, o) in out.iter_mut().enumerate() {
+        let row: Vec<BlockQ4_0> = w.iter().map(|g| g.row(r)).collect();
+        *o = dot_q4_0_q8_0_ref(&row, x);
+    }
 }
 
 /// HF `LlamaRMSNorm` in f32: `x / sqrt(mean(x²) + eps) * weight`.

@@ -38,17 +38,24 @@ fn activations(n: usize, seed: u64) -> Vec<f32> {
     Case::new(n, 1, seed).w.iter().map(|v| v * 3.0).collect()
 }
 
-/// Every encoding the case's shape allows (block dtypes need whole blocks per row).
+/// Every encoding the case's shape allows (block dtypes need whole blocks per row, the
+/// interleaved Q4_0 whole groups of sixteen rows).
 fn encodings(c: &Case) -> Vec<OwnedWeights> {
-    OwnedWeights::DTYPES
+    let mut all: Vec<OwnedWeights> = OwnedWeights::DTYPES
         .iter()
         .filter(|d| !d.starts_with('q') || c.cols.is_multiple_of(QK))
         .filter_map(|d| OwnedWeights::encode(d, &c.w))
-        .collect()
+        .collect();
+    let interleaved: Vec<OwnedWeights> = all.iter().filter_map(|w| w.interleaved(c.cols)).collect();
+    all.extend(interleaved);
+    all
 }
 
 fn quantizes_activations(w: &OwnedWeights) -> bool {
-    matches!(w, OwnedWeights::Q8_0(_) | OwnedWeights::Q4_0(_))
+    matches!(
+        w,
+        OwnedWeights::Q8_0(_) | OwnedWeights::Q4_0(_) | OwnedWeights::Q4_0x16 { .. }
+    )
 }
 
 /// What the kernel multiplies by: `x` itself, or its Q8_0 round trip for quantized weights.
@@ -159,6 +166,76 @@ fn matvec_odd_float_shapes() {
     // Two full chunks (the sixteen-row kernel for one token) and a tail, compared bit for bit
     // with a batch of three (the four-row tiles), cols leaving a scalar tail.
     check(35, 45, 3, 11);
+}
+
+#[test]
+fn interleaved_q4_0_shapes() {
+    check(48, 96, 1, 12); // three sixteen-row chunks, one token
+    check(32, 160, 3, 13); // a small batch: the interleaved kernel token by token
+    check(64, 64, 17, 14); // the lanes kernels over chunks turned back into rows
+    check(16, 32, 8, 15);
+}
+
+/// The interleaved Q4_0 kernels give the scalar reference's bits for every batch size: the
+/// scalar tier runs the reference tiles on the plain rows.
+#[test]
+fn interleaved_q4_0_gives_reference_bits_at_every_tier() {
+    let (rows, cols) = (48, 128);
+    let case = Case::new(rows, cols, 21);
+    let plain = OwnedWeights::encode("q4_0", &case.w).unwrap();
+    let inter = plain.interleaved(cols).unwrap();
+    let pool = Pool::new(2).unwrap();
+    let scalar = kernels(Isa::Scalar).unwrap();
+    for n in [1, 2, 7, 8, 19] {
+        let x = activations(n * cols, 22 + n as u64);
+        let mut want = vec![0.0; rows * n];
+        let m = Matrix::new(rows, cols, plain.data()).unwrap();
+        scalar.matmul(&m, &x, n, &mut want, &pool);
+        let m = Matrix::new(rows, cols, inter.data()).unwrap();
+        for k in supported_isas().into_iter().filter_map(kernels) {
+            let mut got = vec![f32::NAN; rows * n];
+            k.matmul(&m, &x, n, &mut got, &pool);
+            // Tiers without an interleaved kernel run their plain Q4_0 tiles (NEON, AVX2: their
+            // own order below the lanes size); the AVX-512 tier is the reference's everywhere.
+            if k.isa() == Isa::Avx512 || k.isa() == Isa::Scalar {
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{:?} n={n}: interleaved differs from the reference",
+                    k.isa()
+                );
+            } else {
+                let mut same_tier = vec![0.0; rows * n];
+                let m0 = Matrix::new(rows, cols, plain.data()).unwrap();
+                k.matmul(&m0, &x, n, &mut same_tier, &pool);
+                assert!(
+                    got.iter()
+                        .zip(&same_tier)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{:?} n={n}: interleaved differs from the same tier's plain q4_0",
+                    k.isa()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn interleaved_matrices_need_whole_row_groups() {
+    let plain = OwnedWeights::encode("q4_0", &[0.5; 32 * 32]).unwrap();
+    let inter = plain.interleaved(32).unwrap();
+    let WeightData::Q4_0x16(g) = inter.data() else {
+        panic!("interleaved")
+    };
+    let e = Matrix::new(24, 32, WeightData::Q4_0x16(&g[..1])).unwrap_err();
+    assert!(
+        matches!(e, KernelError::RowsNotGroupMultiple { rows: 24 }),
+        "{e}"
+    );
+    let e = Matrix::new(16, 96, WeightData::Q4_0x16(g)).unwrap_err();
+    assert!(matches!(e, KernelError::LengthMismatch { .. }), "{e}");
+    assert!(Matrix::new(32, 32, WeightData::Q4_0x16(g)).is_ok());
 }
 
 #[test]

@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 
-use kiln_format::{DType, KilnFile, Role, TensorName, QK};
+use kiln_format::{DType, KilnFile, Role, TensorName, GROUP_ROWS, QK};
 use kiln_kernels::{Matrix, WeightData};
 
 use crate::config::Config;
@@ -137,6 +137,7 @@ fn matrix<'a>(file: &'a KilnFile, name: TensorName) -> Result<Matrix<'a>> {
         DType::BF16 => WeightData::BF16(view.as_bf16()?),
         DType::Q8_0 => WeightData::Q8_0(view.as_q8_0()?),
         DType::Q4_0 => WeightData::Q4_0(view.as_q4_0()?),
+        DType::Q4_0x16 => WeightData::Q4_0x16(view.as_q4_0x16()?),
     };
     Matrix::new(rows, cols, data).map_err(|source| RunnerError::Kernel {
         file: file.label().to_string(),
@@ -150,7 +151,7 @@ fn vector<'a>(file: &'a KilnFile, name: TensorName) -> Result<Vector<'a>> {
     Ok(match view.dtype() {
         DType::F32 => Cow::Borrowed(view.as_f32()?),
         DType::F16 | DType::BF16 => Cow::Owned(view.to_f32_vec()),
-        d @ (DType::Q8_0 | DType::Q4_0) => {
+        d @ (DType::Q8_0 | DType::Q4_0 | DType::Q4_0x16) => {
             return Err(RunnerError::TensorDType {
                 file: file.label().to_string(),
                 tensor: name.to_string(),
@@ -180,5 +181,14 @@ pub fn dequantize_row(m: &Matrix<'_>, row: usize, out: &mut [f32]) {
             .for_each(|(o, w)| *o = w.to_f32()),
         WeightData::Q8_0(d) => kiln_format::blocks::dequantize_row_q8_0(&d[blocks], out),
         WeightData::Q4_0(d) => kiln_format::blocks::dequantize_row_q4_0(&d[blocks], out),
+        WeightData::Q4_0x16(d) => {
+            // Block b of the row is row `row % 16` of group `(row / 16)·nb + b`.
+            let nb = cols / QK;
+            let groups = &d[row / GROUP_ROWS * nb..][..nb];
+            for (g, o) in groups.iter().zip(out.chunks_exact_mut(QK)) {
+                let block = g.row(row % GROUP_ROWS);
+                kiln_format::blocks::dequantize_block_q4_0(&block, o.try_into().expect("QK"));
+            }
+        }
     }
 }

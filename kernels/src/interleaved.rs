@@ -1,0 +1,138 @@
+//! Q4_0 matrices stored sixteen rows interleaved ([`BlockQ4_0x16`], the `q4_0x16` dtype): the
+//! one-token product of the tiers that have a kernel for them, and the way back to plain rows
+//! for every other product.
+//!
+//! In a plain Q4_0 matrix–vector product each 32-weight block of each row pays for its own
+//! scale (an f16 conversion, a multiply, an add) and, in the AVX-512 pair kernel, for two
+//! permutes that spread its nibbles into the activation's order: about ten vector instructions
+//! per 64 weights, which keeps one core well below the memory bandwidth it could stream. With
+//! sixteen rows interleaved, a 32-bit lane is a row: one load and a mask give four consecutive
+//! codes of all sixteen rows, which meet the same four activation codes, broadcast, in one
+//! integer dot; the sixteen scales convert in one instruction and the float work is done once
+//! per block for sixteen rows. About 27 instructions per 512 weights instead of 80.
+//!
+//! Each row's sum is the scalar reference's, bit for bit: the integer dot of a block is exact,
+//! and the float work per block is the reference's `s + isum·(d_w·d_x)` in block order. So a
+//! token's result is the same alone, in any batch, and on the scalar tier.
+//!
+//! Batches that take the lanes kernels unpack each row straight from the interleaved bytes
+//! ([`unpack_interleaved_row`], what the lanes kernel does to a plain row anyway). Tiers
+//! without a kernel for the layout turn each sixteen-row chunk back into plain rows
+//! ([`deinterleave_chunk`]) in a per-thread buffer and run their Q4_0 tiles on it: a copy of
+//! the chunk, paid once per product for all its tokens.
+
+use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
+
+/// One activation block prepared for the interleaved kernel, once per token per product: its
+/// codes, `−8·Σx` (the correction for Q4_0's unsigned nibbles `q + 8`) and its scale in f32.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(8))]
+pub(crate) struct GroupX {
+    pub(crate) qs: [i8; QK],
+    pub(crate) corr: i32,
+    pub(crate) dx: f32,
+}
+
+impl GroupX {
+    pub(crate) const ZERO: GroupX = GroupX {
+        qs: [0; QK],
+        corr: 0,
+        dx: 0.0,
+    };
+}
+
+/// Prepare one token's Q8_0 row (`out.len() == x.len()`).
+pub(crate) fn prepare_group_x(x: &[BlockQ8_0], out: &mut [GroupX]) {
+    assert_eq!(x.len(), out.len(), "prepare_group_x: length mismatch");
+    for (o, b) in out.iter_mut().zip(x) {
+        *o = GroupX {
+            qs: b.qs,
+            corr: -8 * b.qs.iter().map(|&q| i32::from(q)).sum::<i32>(),
+            dx: b.d.to_f32(),
+        };
+    }
+}
+
+/// The interleaved kernel of a tier: the `nb` groups of one sixteen-row chunk (`w`) against
+/// one token's prepared row (`x`, `nb` blocks), writing row `r`'s sum to `out[r]`.
+pub(crate) type GroupFn = fn(&[BlockQ4_0x16], &[GroupX], &mut [f32; GROUP_ROWS]);
+
+/// The plain rows of one sixteen-row chunk (`w`: its `nb` groups) into `out` (`16·nb`
+/// blocks, row after row).
+pub(crate) fn deinterleave_chunk(w: &[BlockQ4_0x16], out: &mut Vec<BlockQ4_0>) {
+    let nb = w.len();
+    out.clear();
+    out.resize(
+        GROUP_ROWS * nb,
+        BlockQ4_0 {
+            d: half::f16::ZERO,
+            qs: [0; QK / 2],
+        },
+    );
+    for (b, g) in w.iter().enumerate() {
+        for r in 0..GROUP_ROWS {
+            out[r * nb + b] = g.row(r);
+        }
+    }
+}
+
+/// Row `r` of one sixteen-row chunk (`w`: its groups) unpacked for the lanes kernel, straight
+/// from the interleaved bytes: `codes` gets 32 unsigned codes (`q + 8`) per block, `dw` the
+/// block scales, as [`crate::lanes::unpack_row`] gives for the plain row.
+pub(crate) fn unpack_interleaved_row(
+    w: &[BlockQ4_0x16],
+    r: usize,
+    codes: &mut [u8],
+    dw: &mut [f32],
+) {
+    for ((g, c), d) in w.iter().zip(codes.chunks_exact_mut(QK)).zip(dw.iter_mut()) {
+        *d = g.d[r].to_f32();
+        for i in 0..QK / 8 {
+            // Four bytes of the row at once: low nibbles are codes 4i.., high ones 16 + 4i...
+            let at = 64 * i + 4 * r;
+            let v = u32::from_le_bytes(g.qs[at..at + 4].try_into().expect("four bytes"));
+            c[4 * i..4 * i + 4].copy_from_slice(&(v & 0x0f0f_0f0f).to_le_bytes());
+            c[QK / 2 + 4 * i..QK / 2 + 4 * i + 4]
+                .copy_from_slice(&((v >> 4) & 0x0f0f_0f0f).to_le_bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_format::blocks::{interleave_q4_0, quantize_row_q4_0_ref, quantize_row_q8_0_ref};
+
+    #[test]
+    fn a_chunk_deinterleaves_to_its_rows() {
+        let nb = 3;
+        let v: Vec<f32> = (0..32 * nb * QK)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let rows = quantize_row_q4_0_ref(&v).unwrap();
+        let g = interleave_q4_0(&rows, nb);
+        let mut out = Vec::new();
+        deinterleave_chunk(&g[nb..2 * nb], &mut out);
+        assert_eq!(out, rows[16 * nb..]);
+        for r in 0..16 {
+            let (mut c0, mut d0) = (vec![0u8; nb * QK], vec![0f32; nb]);
+            let (mut c1, mut d1) = (vec![1u8; nb * QK], vec![1f32; nb]);
+            crate::lanes::unpack_row(&rows[(16 + r) * nb..(17 + r) * nb], &mut c0, &mut d0);
+            unpack_interleaved_row(&g[nb..2 * nb], r, &mut c1, &mut d1);
+            assert_eq!((c0, d0), (c1, d1), "row {r}");
+        }
+    }
+
+    #[test]
+    fn prepared_blocks_carry_the_offset_correction() {
+        let x: Vec<f32> = (0..64).map(|i| i as f32 - 20.0).collect();
+        let q = quantize_row_q8_0_ref(&x).unwrap();
+        let mut p = [GroupX::ZERO; 2];
+        prepare_group_x(&q, &mut p);
+        for (p, q) in p.iter().zip(&q) {
+            assert_eq!(p.qs, q.qs);
+            assert_eq!(p.dx, q.d.to_f32());
+            assert_eq!(p.corr, -8 * q.qs.iter().map(|&c| c as i32).sum::<i32>());
+        }
+    }
+}
