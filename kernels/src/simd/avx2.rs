@@ -349,8 +349,31 @@ pub(crate) use isa_entry_points;
 // 4 rows × 2 vectors (+ 2 loaded, 1 broadcast) for weighted sums.
 isa_entry_points!("avx2,fma,f16c", Avx2, 1, 2, 2);
 
+fn group_q4_0x16(
+    w: &[kiln_format::BlockQ4_0x16],
+    x: &[crate::interleaved::GroupX],
+    out: &mut [f32; kiln_format::GROUP_ROWS],
+) {
+    assert_eq!(w.len(), x.len(), "group kernel: block count mismatch");
+    // SAFETY: this tier's table, the only way here, is handed out only when the CPU has the
+    // tier's features (`crate::kernels`); lengths checked.
+    *out = unsafe { group_impl(w, x) };
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_impl(
+    w: &[kiln_format::BlockQ4_0x16],
+    x: &[crate::interleaved::GroupX],
+) -> [f32; kiln_format::GROUP_ROWS] {
+    // SAFETY: features enabled by this function's attribute; lengths checked by the caller.
+    unsafe { super::avx2_group::matvec(w, x) }
+}
+
 /// This tier's table; [`crate::kernels`] only calls it when the CPU supports the tier.
 pub(crate) fn table() -> &'static Kernels {
     static TABLE: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| table_for(Isa::Avx2))
+    TABLE.get_or_init(|| Kernels {
+        group_q4_0x16: Some(group_q4_0x16),
+        ..table_for(Isa::Avx2)
+    })
 }

@@ -345,7 +345,8 @@ fn float_lanes_tile(w: &[&[f32]; TILE_ROWS], x: &[[f32; 16]]) -> Lanes {
 
 fn group_q4_0x16(w: &[BlockQ4_0x16], x: &[GroupX], out: &mut [f32; GROUP_ROWS]) {
     assert_eq!(w.len(), x.len(), "group kernel: block count mismatch");
-    // SAFETY: features supported (see above); lengths checked.
+    // SAFETY: this tier's table, the only way here, is handed out only when the CPU has the
+    // tier's features (`crate::kernels`); lengths checked.
     *out = unsafe { group_impl(w, x) };
 }
 

@@ -11,8 +11,8 @@
 //! - [`avx512_pair`]: the AVX-512 tier's own Q8_0/Q4_0 tile, two blocks per 512-bit
 //!   `vpdpbusd` with the scales converted in registers (the generic block kernel spends more
 //!   on each block's scale than on its dot).
-//! - [`avx512_group`]: the AVX-512 one-token kernel for sixteen interleaved Q4_0 rows
-//!   ([`crate::interleaved`]), a row per 32-bit lane.
+//! - [`avx512_group`], [`avx2_group`]: the one-token kernels for sixteen interleaved Q4_0
+//!   rows ([`crate::interleaved`]), a row per 32-bit lane.
 //!
 //! In matrix–vector tiles (one token) the kernels also prefetch the weight stream
 //! ([`float::PREFETCH_BYTES`] ahead).
@@ -23,6 +23,8 @@
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_group;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
