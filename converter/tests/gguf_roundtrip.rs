@@ -271,6 +271,15 @@ fn interleaved_q4_0_exports_as_plain_ggml_q4_0() {
             );
         }
         assert_equivalent(&t, TEXTS);
+        // Import stores Q4_0 matrices as kiln-quantize does, whichever way the source had them.
+        for trip in [&p, &t] {
+            for x in trip.back.tensors() {
+                if x.dtype.logical() == DType::Q4_0 {
+                    assert_eq!(x.dtype, DType::Q4_0.storage_for(&x.shape), "{}", x.name);
+                }
+            }
+            assert_eq!(trip.back.version(), (1, 1));
+        }
         assert!(
             std::fs::read(&t.gguf).unwrap() == std::fs::read(&p.gguf).unwrap(),
             "{name}: the GGUF of a q4_0x16 file differs from the plain one's"
