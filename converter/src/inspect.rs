@@ -243,15 +243,23 @@ pub fn render(i: &Inspection) -> String {
         .max()
         .unwrap_or(4)
         .max(4);
+    // Storage layouts have longer names (`q4_0x16`) than the plain dtypes.
+    let dw = i
+        .tensors
+        .iter()
+        .map(|t| t.dtype.len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
     let _ = writeln!(
         s,
-        "  {:<w$}  {:<5}  {:<14}  {:>12}  {:>10}  sha256",
+        "  {:<w$}  {:<dw$}  {:<14}  {:>12}  {:>10}  sha256",
         "name", "dtype", "shape", "offset", "bytes"
     );
     for t in &i.tensors {
         let _ = writeln!(
             s,
-            "  {:<w$}  {:<5}  {:<14}  {:>12}  {:>10}  {}…",
+            "  {:<w$}  {:<dw$}  {:<14}  {:>12}  {:>10}  {}…",
             t.name,
             t.dtype,
             format!("{:?}", t.shape),

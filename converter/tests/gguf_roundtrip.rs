@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use half::bf16;
 use kiln_convert::gguf::{export_gguf, import_gguf, ExportOptions, GgufFile, ImportOptions, Value};
 use kiln_convert::{convert_hf, ConvertOptions, NoProgress};
-use kiln_format::blocks::{quantize_row_q4_0_ref, quantize_row_q8_0_ref};
+use kiln_format::blocks::{interleave_q4_0, quantize_row_q4_0_ref, quantize_row_q8_0_ref, QK};
 use kiln_format::{DType, KilnFile, KilnWriter, Role, TensorName, TensorSpec};
 
 /// Strings that stress a byte-level BPE: digits, whitespace runs, unicode, specials, code.
@@ -76,8 +76,9 @@ fn tokenizer(f: &KilnFile) -> tokenizers::Tokenizer {
     json.parse().unwrap()
 }
 
-/// Same tensors (matrices byte for byte, 1-D tensors value for value: export widens them to
-/// F32), same configuration, same token ids on every text.
+/// Same tensors (matrices byte for byte, Q4_0 ones block for block whether stored plainly or
+/// as q4_0x16; 1-D tensors value for value: export widens them to F32), same configuration,
+/// same token ids on every text.
 fn assert_equivalent(t: &Trip, texts: &[&str]) {
     let (a, b) = (&t.original, &t.back);
     assert_eq!(a.tensors().len(), b.tensors().len());
@@ -85,6 +86,13 @@ fn assert_equivalent(t: &Trip, texts: &[&str]) {
         assert_eq!((&x.name, &x.shape), (&y.name, &y.shape));
         if x.shape.len() == 1 {
             assert_eq!(a.view(x).to_f32_vec(), b.view(y).to_f32_vec(), "{}", x.name);
+        } else if x.dtype.logical() == DType::Q4_0 {
+            assert_eq!(y.dtype.logical(), DType::Q4_0, "{}", x.name);
+            let (bx, by) = (
+                a.view(x).q4_0_rows().unwrap(),
+                b.view(y).q4_0_rows().unwrap(),
+            );
+            assert!(bx == by, "{} differs", x.name);
         } else {
             assert_eq!(x.dtype, y.dtype, "{}", x.name);
             assert!(a.view(x).bytes() == b.view(y).bytes(), "{} differs", x.name);
@@ -155,8 +163,9 @@ fn every_tiny_fixture_round_trips() {
 }
 
 /// A copy of `src` with every matrix quantized with the reference rule (alternating Q8_0 and
-/// Q4_0 by layer, so both block types appear in one file).
-fn quantized_copy(src: &Path, dst: &Path) {
+/// Q4_0 by layer, so both block types appear in one file); with `interleave`, Q4_0 matrices of
+/// whole sixteen-row groups are stored as q4_0x16, as kiln-quantize writes them.
+fn quantized_copy(src: &Path, dst: &Path, interleave: bool) {
     let f = KilnFile::open(src).unwrap();
     let pick = |name: &str, shape: &[u64]| -> DType {
         if shape.len() != 2 || !shape[1].is_multiple_of(32) {
@@ -170,10 +179,17 @@ fn quantized_copy(src: &Path, dst: &Path) {
     let specs: Vec<TensorSpec> = f
         .tensors()
         .iter()
-        .map(|t| TensorSpec {
-            name: t.name.clone(),
-            dtype: pick(&t.name, &t.shape),
-            shape: t.shape.clone(),
+        .map(|t| {
+            let d = pick(&t.name, &t.shape);
+            TensorSpec {
+                name: t.name.clone(),
+                dtype: if interleave {
+                    d.storage_for(&t.shape)
+                } else {
+                    d
+                },
+                shape: t.shape.clone(),
+            }
         })
         .collect();
     let w = KilnWriter::create(dst, f.metadata(), specs.clone(), false).unwrap();
@@ -182,6 +198,10 @@ fn quantized_copy(src: &Path, dst: &Path) {
         let bytes: Vec<u8> = match s.dtype {
             DType::Q8_0 => bytemuck_bytes(&quantize_row_q8_0_ref(&x).unwrap()),
             DType::Q4_0 => bytemuck_bytes(&quantize_row_q4_0_ref(&x).unwrap()),
+            DType::Q4_0x16 => {
+                let nb = t.shape[1] as usize / QK;
+                bytemuck_bytes(&interleave_q4_0(&quantize_row_q4_0_ref(&x).unwrap(), nb))
+            }
             _ => f.view(t).bytes().to_vec(),
         };
         w.write_tensor(i, &bytes).unwrap();
@@ -200,7 +220,7 @@ fn quantized_blocks_cross_byte_for_byte() {
         let kiln = tmp.path().join("m.kiln");
         let q = tmp.path().join("q.kiln");
         convert(&repo().join("fixtures/tiny").join(name), &kiln);
-        quantized_copy(&kiln, &q);
+        quantized_copy(&kiln, &q, false);
         let t = round_trip(&q);
         assert_equivalent(&t, TEXTS);
         let g = GgufFile::open(&t.gguf).unwrap();
@@ -219,6 +239,59 @@ fn quantized_blocks_cross_byte_for_byte() {
         assert_eq!(
             g.tensor_bytes(v),
             t.original.tensor("layers.1.attn.v.weight").unwrap().bytes()
+        );
+    }
+}
+
+/// A q4_0x16 file exports to exactly the GGUF of the same blocks stored plainly: GGML Q4_0
+/// (type 2), row after row, which is what llama.cpp reads; and it imports back to the same
+/// blocks.
+#[test]
+fn interleaved_q4_0_exports_as_plain_ggml_q4_0() {
+    for name in ["llama-tied-f32", "qwen2-bias-f32"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let kiln = tmp.path().join("m.kiln");
+        convert(&repo().join("fixtures/tiny").join(name), &kiln);
+        // The same file name in two folders: `general.name` is the file stem.
+        let (plain, interleaved) = (tmp.path().join("plain"), tmp.path().join("interleaved"));
+        std::fs::create_dir(&plain).unwrap();
+        std::fs::create_dir(&interleaved).unwrap();
+        quantized_copy(&kiln, &plain.join("q.kiln"), false);
+        quantized_copy(&kiln, &interleaved.join("q.kiln"), true);
+        let p = round_trip(&plain.join("q.kiln"));
+        let t = round_trip(&interleaved.join("q.kiln"));
+        assert_eq!(t.original.version(), (1, 1));
+        assert_eq!(p.original.version(), (1, 0));
+        // q (row-permuted for llama.cpp's rope on llama) and v (not): both paths.
+        for tensor in ["layers.1.attn.q.weight", "layers.1.attn.v.weight"] {
+            assert_eq!(
+                t.original.info(tensor).unwrap().dtype,
+                DType::Q4_0x16,
+                "{name} {tensor}"
+            );
+        }
+        assert_equivalent(&t, TEXTS);
+        // Import stores Q4_0 matrices as kiln-quantize does, whichever way the source had them.
+        for trip in [&p, &t] {
+            for x in trip.back.tensors() {
+                if x.dtype.logical() == DType::Q4_0 {
+                    assert_eq!(x.dtype, DType::Q4_0.storage_for(&x.shape), "{}", x.name);
+                }
+            }
+            assert_eq!(trip.back.version(), (1, 1));
+        }
+        assert!(
+            std::fs::read(&t.gguf).unwrap() == std::fs::read(&p.gguf).unwrap(),
+            "{name}: the GGUF of a q4_0x16 file differs from the plain one's"
+        );
+        let g = GgufFile::open(&t.gguf).unwrap();
+        let v = g.header().tensor("blk.1.attn_v.weight").unwrap();
+        assert_eq!(v.ggml_type.name, "Q4_0");
+        let rows = t.original.tensor("layers.1.attn.v.weight").unwrap();
+        assert_eq!(
+            g.tensor_bytes(v),
+            bytemuck_bytes(&rows.q4_0_rows().unwrap()),
+            "{name}"
         );
     }
 }

@@ -90,6 +90,7 @@ fn main() {
             spec("layers.0.attn_norm.weight", DType::F16, &[7]),
             spec("layers.0.attn.q.weight", DType::Q8_0, &[2, 64]),
             spec("layers.0.attn.k.weight", DType::Q4_0, &[1, 32]),
+            spec("layers.0.attn.v.weight", DType::Q4_0x16, &[16, 32]),
             spec("final_norm.weight", DType::BF16, &[3]),
         ],
     );

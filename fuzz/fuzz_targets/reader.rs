@@ -44,9 +44,18 @@ fn exercise(bytes: Vec<u8>) {
             v.as_bf16().map(|s| s.len() as u64 * 2),
             v.as_q8_0().map(|s| s.len() as u64 * 34),
             v.as_q4_0().map(|s| s.len() as u64 * 18),
+            v.as_q4_0x16().map(|s| s.len() as u64 * 288),
         ];
         for len in typed.into_iter().flatten() {
             assert_eq!(len, info.len);
+        }
+        // Row-major Q4_0 blocks for q4_0 and (de-interleaved) q4_0x16, an error otherwise.
+        match v.q4_0_rows() {
+            Ok(rows) => {
+                assert_eq!(info.dtype.logical(), DType::Q4_0);
+                assert_eq!(rows.len() as u64 * 18, info.len);
+            }
+            Err(_) => assert_ne!(info.dtype.logical(), DType::Q4_0),
         }
         if info.numel() <= MAX_DECODE {
             let x = v.to_f32_vec();

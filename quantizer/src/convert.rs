@@ -6,7 +6,7 @@
 //! quantizes, and accumulates [`ErrorStats`] of `x` against what a reader will decode.
 
 use half::{bf16, f16};
-use kiln_format::blocks::QK;
+use kiln_format::blocks::{interleave_q4_0_bytes, GROUP_ROWS, QK};
 use kiln_format::DType;
 
 use crate::method::{quantize_block_q4_0, quantize_block_q8_0, Method};
@@ -27,12 +27,17 @@ pub enum ValueError {
 /// Convert `x` (whole rows of `cols` values) to `dtype`, appending the encoded bytes to `out`
 /// and the round-trip error to `stats`.
 ///
+/// `dtype` may be a storage layout: for `q4_0x16` the rows are quantized as Q4_0 (the same
+/// blocks, the same statistics) and written sixteen rows interleaved, so `x` must then hold
+/// whole sixteen-row groups.
+///
 /// `importance`, when given, holds one non-negative weight per column (length `cols`) and steers
 /// [`Method::Search`]; it is ignored by the other methods and by plain float dtypes.
 ///
 /// # Panics
-/// If `x.len()` is not a multiple of `cols`, if `importance` has the wrong length, or if `dtype`
-/// is a block type and `cols` is not a multiple of 32 (the policy never asks for that).
+/// If `x.len()` is not a multiple of `cols`, if `importance` has the wrong length, if `dtype`
+/// is a block type and `cols` is not a multiple of 32 (the policy never asks for that), or if
+/// `dtype` is `q4_0x16` and the rows are not whole groups of sixteen.
 pub fn convert_rows(
     x: &[f32],
     cols: usize,
@@ -95,6 +100,19 @@ pub fn convert_rows(
             assert_eq!(cols % QK, 0, "block rows must be a multiple of {QK}");
             out.reserve(x.len() / QK * dtype.block_bytes());
             quantize_rows(x, cols, dtype, method, importance, out, stats)?;
+        }
+        DType::Q4_0x16 => {
+            assert_eq!(cols % QK, 0, "block rows must be a multiple of {QK}");
+            assert!(
+                (x.len() / cols).is_multiple_of(GROUP_ROWS),
+                "q4_0x16 rows must be whole groups of {GROUP_ROWS}"
+            );
+            // Row-major first, then rearranged: the blocks are exactly Q4_0's, and nothing
+            // reaches `out` when a block fails.
+            let mut plain = Vec::with_capacity(x.len() / QK * DType::Q4_0.block_bytes());
+            quantize_rows(x, cols, DType::Q4_0, method, importance, &mut plain, stats)?;
+            out.reserve(plain.len());
+            interleave_q4_0_bytes(&plain, cols / QK, out);
         }
     }
     Ok(())
@@ -428,6 +446,42 @@ mod tests {
             e,
             Err(ValueError::ScaleOverflow { position: 32, .. })
         ));
+    }
+
+    /// q4_0x16 is Q4_0's blocks and statistics, rearranged; a failing block writes nothing.
+    #[test]
+    fn q4_0x16_is_q4_0_interleaved() {
+        let (rows, cols) = (32, 96);
+        let mut x: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
+            .collect();
+        for method in [Method::Reference, Method::Search] {
+            let (mut plain, mut inter) = (Vec::new(), Vec::new());
+            let (mut sp, mut si) = (ErrorStats::default(), ErrorStats::default());
+            convert_rows(&x, cols, DType::Q4_0, method, None, &mut plain, &mut sp).unwrap();
+            convert_rows(&x, cols, DType::Q4_0x16, method, None, &mut inter, &mut si).unwrap();
+            let mut want = Vec::new();
+            interleave_q4_0_bytes(&plain, cols / QK, &mut want);
+            assert_eq!(inter, want, "{method}");
+            assert_eq!(si, sp, "{method}");
+        }
+        x[5 * cols + 40] = 1.0e6;
+        let mut out = Vec::new();
+        let mut s = ErrorStats::default();
+        let e = convert_rows(
+            &x,
+            cols,
+            DType::Q4_0x16,
+            Method::Reference,
+            None,
+            &mut out,
+            &mut s,
+        );
+        assert!(matches!(
+            e,
+            Err(ValueError::ScaleOverflow { position, .. }) if position == 5 * cols + 32
+        ));
+        assert!(out.is_empty());
     }
 
     /// Every ISA tier writes the same bytes and the same statistics.

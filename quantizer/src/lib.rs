@@ -4,11 +4,13 @@
 //!
 //! - [`Policy`] ([`policy`]) decides each tensor's output dtype from its canonical role and the
 //!   `--keep PATTERN=DTYPE` [`Override`]s: matrices to the `--to` dtype, vectors to F32, rows that
-//!   do not fit 32-value blocks to F16.
+//!   do not fit 32-value blocks to F16; and how the output stores it ([`Decision::storage`]: a
+//!   Q4_0 matrix of whole sixteen-row groups as `q4_0x16`, the runner's one-token layout).
 //! - [`Method`] ([`method`]) turns one block of 32 values into GGML's Q8_0/Q4_0 layout: the
 //!   bit-exact GGML reference rule or a least-squares scale search, both taking optional
 //!   per-column importance weights.
-//! - [`convert::convert_rows`] converts whole rows to any dtype, rejecting NaN/Inf, and
+//! - [`convert::convert_rows`] converts whole rows to any dtype (`q4_0x16` for whole
+//!   sixteen-row groups), rejecting NaN/Inf, and
 //!   accumulates the round-trip [`ErrorStats`] ([`metrics`]) in the same pass.
 //! - [`quantize_file`] ([`pipeline`]) streams a file through them: positioned reads of chunks of
 //!   rows, rayon over tensors and chunks, the format crate's atomic checksumming `KilnWriter`,

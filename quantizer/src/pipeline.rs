@@ -6,8 +6,11 @@
 //! 2. plan the output with [`KilnWriter::create`] (metadata = the input's, plus one
 //!    [`ProvenanceStep`] whose input sha256 is a fixed-width placeholder, filled in with
 //!    [`KilnWriter::replace_metadata`] from a whole-file hash that runs alongside the
-//!    conversion) and convert tensors in parallel, largest first. A tensor is cut into
-//!    chunks of whole rows (about [`CHUNK_ELEMENTS`] values, independent of the thread count);
+//!    conversion) and convert tensors in parallel, largest first. Each tensor is written as
+//!    its decision's storage dtype ([`Decision::storage`]: Q4_0 matrices of whole sixteen-row
+//!    groups as `q4_0x16`). A tensor is cut into chunks of whole rows (about
+//!    [`CHUNK_ELEMENTS`] values, whole sixteen-row groups for `q4_0x16`, independent of the
+//!    thread count);
 //!    chunks are converted in waves of [`WAVE_PER_THREAD`] per worker thread and written in
 //!    order through the tensor's sink, so memory stays at a few chunks per thread whatever the
 //!    model size, while a helper thread flushes the written data to disk. Input
@@ -25,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use kiln_format::blocks::{interleave_q4_0_bytes, GROUP_ROWS, QK};
 use kiln_format::convert::decode_to_f32;
 use kiln_format::metadata::now_rfc3339;
 use kiln_format::{
@@ -182,7 +186,7 @@ fn run(options: &QuantizeOptions, progress: &dyn Progress) -> Result<Report> {
         .zip(&decisions)
         .map(|(t, d)| TensorSpec {
             name: t.name.clone(),
-            dtype: d.dtype,
+            dtype: d.storage,
             shape: t.shape.clone(),
         })
         .collect();
@@ -458,7 +462,12 @@ impl Ctx<'_> {
             Action::Convert => {
                 let cols = info.shape.last().copied().unwrap_or(1) as usize;
                 let rows = (numel / cols as u64) as usize;
-                let rows_per_chunk = (CHUNK_ELEMENTS / cols).max(1);
+                let mut rows_per_chunk = (CHUNK_ELEMENTS / cols).max(1);
+                if decision.storage == DType::Q4_0x16 {
+                    // Interleaved groups span sixteen rows: a chunk holds whole groups (the
+                    // row count is a multiple of sixteen, so the last chunk does too).
+                    rows_per_chunk = rows_per_chunk.next_multiple_of(GROUP_ROWS);
+                }
                 let chunks = rows.div_ceil(rows_per_chunk);
                 let wave = WAVE_PER_THREAD * rayon::current_num_threads().max(1);
                 for first in (0..chunks).step_by(wave) {
@@ -499,6 +508,9 @@ impl Ctx<'_> {
     }
 
     /// Read, decode and convert rows `r0..r1` of a tensor.
+    ///
+    /// The input is a float dtype: quantized input (whose rows, for `q4_0x16`, are not even
+    /// byte ranges) is only ever copied, the policy refuses anything else.
     fn chunk(
         &self,
         info: &TensorInfo,
@@ -507,6 +519,7 @@ impl Ctx<'_> {
         r0: usize,
         r1: usize,
     ) -> Result<Chunk> {
+        debug_assert!(!info.dtype.is_quantized(), "quantized input is copied");
         let unit = info.dtype.block_bytes() as u64;
         let start = (r0 * cols) as u64;
         let n = (r1 - r0) * cols;
@@ -526,7 +539,7 @@ impl Ctx<'_> {
         convert_rows(
             &x,
             cols,
-            decision.dtype,
+            decision.storage,
             self.method,
             importance,
             &mut output,
@@ -559,6 +572,7 @@ impl Ctx<'_> {
         input_sha: &mut Sha256,
     ) -> Result<(Vec<u8>, ErrorStats)> {
         let (site, moment) = self.moment(info, decision).expect("checked by the caller");
+        debug_assert!(!info.dtype.is_quantized(), "quantized input is copied");
         let cols = info.shape.last().copied().unwrap_or(1) as usize;
         let numel = info.numel() as usize;
         let unit = info.dtype.block_bytes();
@@ -594,6 +608,12 @@ impl Ctx<'_> {
         let deq = gptq::quantize_matrix(&x, cols, decision.dtype, f, &mut out);
         let mut stats = ErrorStats::default();
         stats.add(&x, &deq);
+        if decision.storage == DType::Q4_0x16 {
+            // The compensation runs over plain rows; the file stores them interleaved.
+            let mut interleaved = Vec::with_capacity(out.len());
+            interleave_q4_0_bytes(&out, cols / QK, &mut interleaved);
+            out = interleaved;
+        }
         Ok((out, stats))
     }
 

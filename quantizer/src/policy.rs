@@ -24,7 +24,14 @@
 //! (`--keep lm_head.weight=q8_0` keeps the output side of a tied model in Q8_0).
 //!
 //! Input that is already Q8_0/Q4_0 is refused unless its decision is to stay in that dtype
-//! (unchanged bytes): re-quantizing a quantized tensor compounds the error.
+//! (unchanged bytes): re-quantizing a quantized tensor compounds the error. A `q4_0x16` input
+//! counts as Q4_0 here ([`DType::logical`]): it holds the same blocks in another order.
+//!
+//! Storage: a decision names the dtype of the values ([`Decision::dtype`], what reports and
+//! provenance speak of) and, apart, how the output stores them ([`Decision::storage`]): a
+//! converted Q4_0 matrix of whole sixteen-row groups is written as `q4_0x16`
+//! ([`DType::storage_for`]), because that is the layout the runner's one-token product reads;
+//! a copied tensor keeps the input's own dtype, since its bytes are written unchanged.
 
 use kiln_format::{DType, Role, TensorInfo, TensorName, QK};
 
@@ -73,11 +80,17 @@ impl Override {
         let target = if dtype.eq_ignore_ascii_case("copy") {
             Target::Copy
         } else {
-            Target::DType(DType::parse(dtype).ok_or_else(|| {
-                bad(format!(
-                    "unknown dtype `{dtype}`; use f32, f16, bf16, q8_0, q4_0 or copy"
-                ))
-            })?)
+            // Storage layouts (q4_0x16) are not asked for: the writer picks them from the
+            // shape, so only dtypes that are their own logical dtype name a target.
+            Target::DType(
+                DType::parse(dtype)
+                    .filter(|d| d.logical() == *d)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "unknown dtype `{dtype}`; use f32, f16, bf16, q8_0, q4_0 or copy"
+                        ))
+                    })?,
+            )
         };
         Ok(Override {
             pattern: pattern.to_string(),
@@ -138,8 +151,13 @@ pub enum Action {
 /// The policy's decision for one tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
-    /// Output dtype.
+    /// Output dtype of the values (never a storage layout such as `q4_0x16`): what the report
+    /// and provenance name, and what blocks are quantized to.
     pub dtype: DType,
+    /// The dtype the output file stores the tensor as: `dtype.storage_for(shape)` when
+    /// converted (Q4_0 matrices of whole sixteen-row groups become `q4_0x16`), the input's own
+    /// dtype when copied (the bytes are unchanged, so is their order).
+    pub storage: DType,
     /// Copy or convert.
     pub action: Action,
     /// Which rule decided (`matrix`, `vector`, `override lm_head.weight=q8_0`, …).
@@ -215,34 +233,42 @@ impl Policy {
                 ),
             },
         };
+        // A q4_0x16 input is Q4_0 for every comparison below.
+        let from = info.dtype.logical();
         let mut dtype = match target {
-            Target::Copy => info.dtype,
+            Target::Copy => from,
             Target::DType(d) => d,
         };
         let row = info.shape.last().copied().unwrap_or(1);
-        if dtype.is_quantized() && row % QK as u64 != 0 && dtype != info.dtype {
+        if dtype.is_quantized() && row % QK as u64 != 0 && dtype != from {
             note = Some(format!(
                 "row length {row} is not a multiple of {QK}: {} falls back to f16",
                 dtype.name()
             ));
             dtype = DType::F16;
         }
-        let action = if target == Target::Copy || (info.dtype.is_quantized() && dtype == info.dtype)
-        {
+        let action = if target == Target::Copy || (from.is_quantized() && dtype == from) {
             Action::Copy
         } else {
             Action::Convert
         };
-        if info.dtype.is_quantized() && action == Action::Convert {
+        // This is also what keeps the pipeline from reading quantized bytes as row ranges
+        // (a q4_0x16 tensor has no byte range per row): quantized input is only ever copied.
+        if from.is_quantized() && action == Action::Convert {
             return Err(QuantizeError::AlreadyQuantized {
                 file: file.to_string(),
                 tensor: info.name.clone(),
-                from: info.dtype,
+                from,
                 to: dtype,
             });
         }
+        let storage = match action {
+            Action::Copy => info.dtype,
+            Action::Convert => dtype.storage_for(&info.shape),
+        };
         Ok(Decision {
             dtype,
+            storage,
             action,
             rule,
             note,
@@ -305,7 +331,7 @@ mod tests {
         assert_eq!(o.target, Target::DType(DType::Q8_0));
         assert_eq!(o.to_string(), "lm_head.weight=q8_0");
         assert_eq!(Override::parse("x=copy").unwrap().target, Target::Copy);
-        for bad in ["noequals", "=q8_0", "x=q5_k", "x="] {
+        for bad in ["noequals", "=q8_0", "x=q5_k", "x=", "x=q4_0x16"] {
             assert!(
                 matches!(Override::parse(bad), Err(QuantizeError::BadOverride { .. })),
                 "{bad}"
@@ -327,7 +353,11 @@ mod tests {
         let d = p.decide_all("f", &tensors).unwrap();
         assert_eq!(d[0].dtype, DType::Q4_0);
         assert_eq!(d[0].rule, "matrix (tied embedding/output)");
+        // 100 rows are not whole sixteen-row groups: stored plainly.
+        assert_eq!(d[0].storage, DType::Q4_0);
         assert_eq!(d[1].dtype, DType::Q4_0);
+        assert_eq!(d[1].storage, DType::Q4_0x16);
+        assert_eq!(d[2].storage, DType::F32);
         assert_eq!(d[2].dtype, DType::F32);
         assert_eq!(d[3].dtype, DType::F32);
         assert_eq!(d[4].dtype, DType::F16);
@@ -390,10 +420,44 @@ mod tests {
     }
 
     #[test]
-    fn bad_target() {
+    fn q4_0x16_input_counts_as_q4_0_and_keeps_its_storage_when_copied() {
+        let t = info("layers.0.attn.q.weight", DType::Q4_0x16, &[64, 64]);
+        let p = Policy::new(DType::Q4_0, vec![]).unwrap();
+        let d = p.decide("f", &t, false).unwrap();
+        assert_eq!(
+            (d.dtype, d.storage, d.action),
+            (DType::Q4_0, DType::Q4_0x16, Action::Copy)
+        );
+        let p = Policy::new(DType::Q8_0, vec![Override::parse("*=copy").unwrap()]).unwrap();
+        let d = p.decide("f", &t, false).unwrap();
+        assert_eq!(
+            (d.dtype, d.storage, d.action),
+            (DType::Q4_0, DType::Q4_0x16, Action::Copy)
+        );
+        // Re-quantizing is refused, and the error speaks of q4_0.
+        let p = Policy::new(DType::Q8_0, vec![]).unwrap();
         assert!(matches!(
-            Policy::new(DType::BF16, vec![]),
-            Err(QuantizeError::BadTarget { .. })
+            p.decide("f", &t, false),
+            Err(QuantizeError::AlreadyQuantized {
+                from: DType::Q4_0,
+                to: DType::Q8_0,
+                ..
+            })
         ));
+        // A plain Q4_0 input of whole row groups is copied as it is, not rearranged.
+        let t = info("layers.0.attn.q.weight", DType::Q4_0, &[64, 64]);
+        let p = Policy::new(DType::Q4_0, vec![]).unwrap();
+        let d = p.decide("f", &t, false).unwrap();
+        assert_eq!((d.storage, d.action), (DType::Q4_0, Action::Copy));
+    }
+
+    #[test]
+    fn bad_target() {
+        for to in [DType::BF16, DType::Q4_0x16] {
+            assert!(matches!(
+                Policy::new(to, vec![]),
+                Err(QuantizeError::BadTarget { .. })
+            ));
+        }
     }
 }

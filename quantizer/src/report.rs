@@ -19,12 +19,16 @@ pub struct TensorReport {
     pub shape: Vec<u64>,
     /// Elements.
     pub elements: u64,
-    /// Dtype in the input.
+    /// Dtype of the input's values (`q4_0` for a `q4_0x16` input: [`DType::logical`]).
     #[serde(serialize_with = "dtype_name")]
     pub from: DType,
-    /// Dtype in the output.
+    /// Dtype of the output's values.
     #[serde(serialize_with = "dtype_name")]
     pub to: DType,
+    /// How the output file stores them: `to`, or `q4_0x16` for a Q4_0 matrix stored sixteen
+    /// rows interleaved (the same values; what `kiln-convert inspect` lists).
+    #[serde(serialize_with = "dtype_name")]
+    pub stored_as: DType,
     /// The policy rule that decided.
     pub rule: String,
     /// F16 fallback or other remark.
@@ -49,13 +53,14 @@ fn dtype_name<S: serde::Serializer>(d: &DType, s: S) -> Result<S::Ok, S::Error> 
 
 impl TensorReport {
     pub(crate) fn new(info: &TensorInfo, decision: &Decision, stats: ErrorStats) -> Self {
-        let bytes_out = decision.dtype.byte_len(&info.shape).unwrap_or(0);
+        let bytes_out = decision.storage.byte_len(&info.shape).unwrap_or(0);
         TensorReport {
             name: info.name.clone(),
             shape: info.shape.clone(),
             elements: info.numel(),
-            from: info.dtype,
+            from: info.dtype.logical(),
             to: decision.dtype,
+            stored_as: decision.storage,
             rule: decision.rule.clone(),
             note: decision.note.clone(),
             copied: decision.action == Action::Copy,

@@ -162,6 +162,26 @@ fn calibrated_quantization_runs_end_to_end_and_is_recorded() {
         assert!(report.tensors.iter().any(|t| t.to == DType::Q4_0));
         let q = KilnFile::open(&out).unwrap();
         assert!(q.verify_checksums(&|_| {}).is_empty());
+        // Q4_0 matrices of whole sixteen-row groups are stored interleaved, by the
+        // error-compensating path (GPTQ) as by the row chunks; the report's error, recomputed
+        // from what a reader decodes, shows the rows were put back in their places.
+        assert!(q.tensors().iter().any(|t| t.dtype == DType::Q4_0x16));
+        for t in report.tensors.iter().filter(|t| t.to == DType::Q4_0) {
+            let stored = q.info(&t.name).unwrap().dtype;
+            assert_eq!(stored, DType::Q4_0.storage_for(&t.shape), "{}", t.name);
+            assert_eq!(t.stored_as, stored, "{}", t.name);
+            let x = file.tensor(&t.name).unwrap().to_f32_vec();
+            let y = q.tensor(&t.name).unwrap().to_f32_vec();
+            let mut s = kiln_quantize::ErrorStats::default();
+            s.add(&x, &y);
+            assert!(
+                (s.rmse() - t.rmse).abs() <= 1e-9 * t.rmse,
+                "{method} {}: {} vs {}",
+                t.name,
+                s.rmse(),
+                t.rmse
+            );
+        }
         let step = q.metadata().provenance.last().unwrap();
         let cal = &step.details["quantization"]["calibration"];
         assert_eq!(cal["text_sha256"], imp.info.text_sha256);

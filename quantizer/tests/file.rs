@@ -5,7 +5,9 @@ mod common;
 
 use std::path::Path;
 
-use kiln_format::blocks::{quantize_row_q4_0_ref, quantize_row_q8_0_ref};
+use kiln_format::blocks::{
+    dequantize_row_q4_0, interleave_q4_0, quantize_row_q4_0_ref, quantize_row_q8_0_ref, QK,
+};
 use kiln_format::{DType, FormatError, KilnFile};
 use kiln_quantize::importance::{CalibrationInfo, Importance};
 use kiln_quantize::{
@@ -43,15 +45,24 @@ fn q4_0_follows_the_policy_and_reproduces_the_reference_blocks() {
         } else if t.shape[1] % 32 != 0 {
             DType::F16
         } else {
-            DType::Q4_0
+            // Every Q4_0 matrix of this model has whole sixteen-row groups.
+            DType::Q4_0x16
         };
         assert_eq!(o.dtype, want, "{}", t.name);
-        if want == DType::Q4_0 {
+        if want == DType::Q4_0x16 {
             let x = input.view(t).to_f32_vec();
             let blocks = quantize_row_q4_0_ref(&x).unwrap();
-            assert_eq!(out.view(o).bytes(), bytemuck::cast_slice::<_, u8>(&blocks));
+            let nb = t.shape[1] as usize / QK;
+            assert_eq!(
+                out.view(o).bytes(),
+                bytemuck::cast_slice::<_, u8>(&interleave_q4_0(&blocks, nb))
+            );
+            assert!(out.view(o).q4_0_rows().unwrap() == blocks, "{}", t.name);
         }
+        let r = report.tensors.iter().find(|r| r.name == t.name).unwrap();
+        assert_eq!((r.to, r.stored_as), (want.logical(), want), "{}", t.name);
     }
+    assert_eq!(out.version(), (1, 1));
     let down = report
         .tensors
         .iter()
@@ -72,6 +83,87 @@ fn q4_0_follows_the_policy_and_reproduces_the_reference_blocks() {
     assert_eq!((norm.rmse, norm.snr_db), (0.0, None));
     assert!(report.bits_per_weight_out < report.bits_per_weight_in);
     assert!(report.file_bytes_out < report.file_bytes_in);
+}
+
+/// A Q4_0 matrix of whole sixteen-row groups is stored as q4_0x16 (format 1.1), whatever the
+/// chunking: its values are exactly those of the same quantization stored plainly. One that
+/// is not (40 rows) is stored as plain Q4_0, and a file without q4_0x16 stays 1.0.
+#[test]
+fn q4_0_matrices_of_whole_row_groups_are_stored_interleaved() {
+    let dir = tempfile::tempdir().unwrap();
+    let inp = dir.path().join("in.kiln");
+    // 1392 × 96: chunks of 688 rows (682 rounded up to whole groups), 688 and 16.
+    let shapes = [
+        ("layers.0.mlp.gate.weight", vec![1392u64, 96]),
+        ("layers.0.mlp.up.weight", vec![40, 96]),
+    ];
+    const {
+        assert!(
+            682 * 96 <= kiln_quantize::CHUNK_ELEMENTS && 683 * 96 > kiln_quantize::CHUNK_ELEMENTS
+        )
+    };
+    let specs = shapes
+        .iter()
+        .map(|(name, shape)| kiln_format::TensorSpec {
+            name: (*name).into(),
+            dtype: DType::F32,
+            shape: shape.clone(),
+        })
+        .collect();
+    let w = kiln_format::KilnWriter::create(&inp, &common::metadata(), specs, false).unwrap();
+    for (i, (_, shape)) in shapes.iter().enumerate() {
+        let x = common::values(i as u64 + 3, (shape[0] * shape[1]) as usize);
+        w.write_tensor(i, bytemuck::cast_slice(&x)).unwrap();
+    }
+    w.finish().unwrap();
+    for method in [Method::Reference, Method::Search] {
+        let mut o = options(dir.path(), DType::Q4_0, &[]);
+        o.method = method;
+        o.overwrite = true;
+        o.threads = Some(3);
+        let report = run(&o).unwrap();
+        let input = KilnFile::open(&inp).unwrap();
+        let out = KilnFile::open(dir.path().join("out.kiln")).unwrap();
+        out.verify().unwrap();
+        assert_eq!(out.version(), (1, 1));
+        for ((name, shape), want) in shapes.iter().zip([DType::Q4_0x16, DType::Q4_0]) {
+            let v = out.tensor(name).unwrap();
+            assert_eq!(v.dtype(), want, "{name}");
+            let r = report.tensors.iter().find(|r| r.name == *name).unwrap();
+            assert_eq!((r.to, r.stored_as), (DType::Q4_0, want), "{name}");
+            // The plain blocks of the same quantization, row by row.
+            let x = input.tensor(name).unwrap().to_f32_vec();
+            let cols = shape[1] as usize;
+            let mut plain = Vec::new();
+            let mut stats = kiln_quantize::metrics::ErrorStats::default();
+            kiln_quantize::convert::convert_rows(
+                &x,
+                cols,
+                DType::Q4_0,
+                method,
+                None,
+                &mut plain,
+                &mut stats,
+            )
+            .unwrap();
+            let blocks: Vec<kiln_format::BlockQ4_0> = bytemuck::pod_collect_to_vec(&plain);
+            assert!(v.q4_0_rows().unwrap() == blocks, "{name} {method}");
+            let mut want_values = vec![0f32; x.len()];
+            dequantize_row_q4_0(&blocks, &mut want_values);
+            assert_eq!(v.to_f32_vec(), want_values, "{name} {method}");
+            let rmse = stats.rmse();
+            assert!((r.rmse - rmse).abs() <= 1e-9 * rmse, "{name} {method}");
+            if method == Method::Reference {
+                assert!(blocks == quantize_row_q4_0_ref(&x).unwrap(), "{name}");
+            }
+        }
+    }
+    // Q8_0 only: no q4_0x16 tensor, so the file stays at format 1.0.
+    let mut o = options(dir.path(), DType::Q8_0, &[]);
+    o.overwrite = true;
+    run(&o).unwrap();
+    let out = KilnFile::open(dir.path().join("out.kiln")).unwrap();
+    assert_eq!(out.version(), (1, 0));
 }
 
 #[test]
@@ -433,17 +525,36 @@ fn requantizing_is_refused_but_copy_is_allowed() {
     std::fs::rename(dir.path().join("out.kiln"), dir.path().join("in.kiln")).unwrap();
     let err = run(&options(dir.path(), DType::Q8_0, &[])).unwrap_err();
     assert!(
-        matches!(err, QuantizeError::AlreadyQuantized { .. }),
+        matches!(
+            err,
+            QuantizeError::AlreadyQuantized {
+                from: DType::Q4_0,
+                ..
+            }
+        ),
         "{err}"
     );
     assert_eq!(common::files_in(dir.path()), ["in.kiln"]);
-    // Same target: blocks copied unchanged; explicit copy works for any target.
-    run(&options(dir.path(), DType::Q4_0, &[])).unwrap();
+    // Same target: blocks copied unchanged (q4_0x16 stays q4_0x16, and counts as q4_0);
+    // explicit copy works for any target.
+    let r = run(&options(dir.path(), DType::Q4_0, &[])).unwrap();
     let a = KilnFile::open(dir.path().join("in.kiln")).unwrap();
     let b = KilnFile::open(dir.path().join("out.kiln")).unwrap();
+    assert!(a.tensors().iter().any(|t| t.dtype == DType::Q4_0x16));
     for t in a.tensors() {
-        assert_eq!(b.info(&t.name).unwrap().sha256, t.sha256, "{}", t.name);
+        let o = b.info(&t.name).unwrap();
+        assert_eq!((o.sha256, o.dtype), (t.sha256, t.dtype), "{}", t.name);
     }
+    let q = r
+        .tensors
+        .iter()
+        .find(|t| t.name == "layers.0.attn.q.weight")
+        .unwrap();
+    assert_eq!(
+        (q.from, q.to, q.stored_as, q.copied),
+        (DType::Q4_0, DType::Q4_0, DType::Q4_0x16, true)
+    );
+    assert_eq!(b.version(), (1, 1));
     let mut o = options(dir.path(), DType::Q8_0, &["*=copy"]);
     o.overwrite = true;
     run(&o).unwrap();

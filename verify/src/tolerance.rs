@@ -26,13 +26,14 @@ pub enum WeightClass {
 }
 
 impl WeightClass {
-    /// The class of one dtype.
+    /// The class of one dtype. A storage layout takes the class of the values it stores
+    /// ([`DType::logical`]): `q4_0x16` is Q4_0 rounding, whatever the byte order.
     pub fn of(d: DType) -> WeightClass {
-        match d {
+        match d.logical() {
             DType::F32 => WeightClass::F32,
             DType::F16 | DType::BF16 => WeightClass::Half,
             DType::Q8_0 => WeightClass::Q8_0,
-            DType::Q4_0 => WeightClass::Q4_0,
+            DType::Q4_0 | DType::Q4_0x16 => WeightClass::Q4_0,
         }
     }
 
@@ -90,5 +91,19 @@ impl Tolerance {
             WeightClass::Q8_0 => TOL_Q8_0,
             WeightClass::Q4_0 => TOL_Q4_0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dtype_has_the_class_of_its_values() {
+        for d in DType::ALL {
+            assert_eq!(WeightClass::of(d), WeightClass::of(d.logical()), "{d}");
+        }
+        assert_eq!(WeightClass::of(DType::Q4_0x16), WeightClass::Q4_0);
+        assert_eq!(WeightClass::of(DType::BF16), WeightClass::Half);
     }
 }

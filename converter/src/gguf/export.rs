@@ -4,14 +4,17 @@
 //! `qwen2.*`), and the tokenizer ([`super::tokenizer::to_gguf`]). Tensors: llama.cpp's names
 //! (the one table in [`crate::names`]), dimensions in GGML order (innermost first), the q/k
 //! rows of Llama-family models reordered for llama.cpp's rope ([`super::rope`]). Matrices keep
-//! their dtype byte for byte (Q8_0 and Q4_0 blocks are GGML's own layout); 1-D tensors (norms,
-//! biases) are written as F32, as llama.cpp's converter writes them and its CPU kernels expect.
+//! their dtype byte for byte (Q8_0 and Q4_0 blocks are GGML's own layout), except Kiln's own
+//! layouts, which GGML does not know: a `q4_0x16` matrix is de-interleaved to GGML's Q4_0
+//! (type 2), the same blocks row after row. 1-D tensors (norms, biases) are written as F32, as
+//! llama.cpp's converter writes them and its CPU kernels expect.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use kiln_format::blocks::BlockQ4_0;
 use kiln_format::convert::cast_bytes;
 use kiln_format::{Architecture, DType, KilnFile, ModelConfig, Role, RopeScaling, TensorName};
 
@@ -75,6 +78,16 @@ fn file_type(d: DType) -> u32 {
         DType::Q8_0 => 7,
         DType::BF16 => 32,
     }
+}
+
+/// Row-major Q4_0 blocks as GGML stores them (little-endian scale, then the nibbles).
+fn q4_0_bytes(blocks: &[BlockQ4_0]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(std::mem::size_of_val(blocks));
+    for b in blocks {
+        out.extend_from_slice(&b.d.to_le_bytes());
+        out.extend_from_slice(&b.qs);
+    }
+    out
 }
 
 /// The hyperparameter keys of `config` under the architecture prefix `arch`.
@@ -198,7 +211,7 @@ pub fn export_gguf(opts: &ExportOptions, progress: &dyn Progress) -> Result<Expo
         let widen = info.shape.len() == 1 && info.dtype != DType::F32;
         widened += usize::from(widen);
         if info.shape.len() == 2 {
-            *matrix_bytes.entry(info.dtype).or_default() += info.len;
+            *matrix_bytes.entry(info.dtype.logical()).or_default() += info.len;
         }
         let permute_heads = match tn.role {
             Role::AttnQ if permute => Some(c.num_heads as usize),
@@ -253,6 +266,10 @@ pub fn export_gguf(opts: &ExportOptions, progress: &dyn Progress) -> Result<Expo
         let info = &f.tensors()[src];
         let view = f.view(info);
         let mut bytes = Cow::Borrowed(view.bytes());
+        if info.dtype != info.dtype.logical() {
+            // A Kiln-only layout: back to GGML's row-major blocks (the only one is q4_0x16).
+            bytes = Cow::Owned(q4_0_bytes(&view.q4_0_rows()?));
+        }
         if p.widen {
             let mut out = Vec::new();
             cast_bytes(info.dtype, DType::F32, &bytes, &mut out);
@@ -260,8 +277,10 @@ pub fn export_gguf(opts: &ExportOptions, progress: &dyn Progress) -> Result<Expo
         }
         if let Some(n_head) = p.permute_heads {
             let cols = info.shape.last().copied().unwrap_or(0);
+            // The bytes are row-major by now, in the dtype GGML knows.
             let row_bytes = info
                 .dtype
+                .logical()
                 .byte_len(&[cols])
                 .map_err(|r| export_error(&label, format!("tensor `{}`", info.name), r))?;
             let permuted =

@@ -3,14 +3,18 @@
 //! The configuration is resolved from the architecture's hyperparameter keys, the tokenizer is
 //! rebuilt as a `tokenizer.json` ([`super::tokenizer::from_gguf`]), and tensors get their
 //! canonical names, Kiln's dimension order and (for the `llama` architecture) the Hugging Face
-//! q/k row order back. F32, F16, BF16, Q8_0 and Q4_0 tensors are kept byte for byte; the block
-//! types in [`super::dequant::DEQUANTIZED`] are dequantized to a float dtype (F16 unless asked
+//! q/k row order back. F32, F16, BF16, Q8_0 and Q4_0 tensors are kept byte for byte, except
+//! that Q4_0 matrices of whole sixteen-row groups are stored as `q4_0x16` (the same blocks,
+//! interleaved: [`DType::storage_for`]), as `kiln-quantize` writes them, because that is the
+//! layout the runner's one-token product reads; the block types in
+//! [`super::dequant::DEQUANTIZED`] are dequantized to a float dtype (F16 unless asked
 //! otherwise) and listed in the summary; anything else is refused, naming the type.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use kiln_format::blocks::{interleave_q4_0_bytes, QK};
 use kiln_format::convert::cast_bytes;
 use kiln_format::metadata::now_rfc3339;
 use kiln_format::{
@@ -296,7 +300,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
                 expected: shape.clone(),
             })?;
         let dtype = match t.ggml_type.kiln_dtype() {
-            Some(d) => d,
+            Some(d) => d.storage_for(&t.shape()),
             None if DEQUANTIZED.contains(&t.ggml_type.name) => {
                 *dequantized.entry(t.ggml_type.name.to_string()).or_default() += 1;
                 opts.dequantize_to
@@ -392,8 +396,8 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
                 tensor: t.name.clone(),
                 reason,
             };
-            let (bytes, dtype) = if t.ggml_type.kiln_dtype() == Some(p.dtype) {
-                (std::borrow::Cow::Borrowed(raw), p.dtype)
+            let (bytes, dtype) = if t.ggml_type.kiln_dtype() == Some(p.dtype.logical()) {
+                (std::borrow::Cow::Borrowed(raw), p.dtype.logical())
             } else {
                 let mut x = Vec::new();
                 dequantize(t.ggml_type, raw, &mut x)
@@ -413,6 +417,12 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
             };
             if dtype == p.dtype {
                 writer.write_tensor(i, &bytes)?;
+            } else if p.dtype == DType::Q4_0x16 {
+                // GGML's row-major Q4_0 blocks (rows already in Kiln's order), interleaved.
+                let cols = t.dims.first().copied().unwrap_or(0) as usize;
+                let mut out = Vec::with_capacity(bytes.len());
+                interleave_q4_0_bytes(&bytes, cols / QK, &mut out);
+                writer.write_tensor(i, &out)?;
             } else {
                 let mut out = Vec::new();
                 cast_bytes(dtype, p.dtype, &bytes, &mut out);

@@ -69,14 +69,17 @@ impl GgmlType {
         GGML_TYPES.iter().copied().find(|t| t.id == id)
     }
 
-    /// The GGML type holding a Kiln dtype (the ids are the same by design).
+    /// The GGML type a Kiln dtype is written to GGUF as: the type of the same id (the ids are
+    /// the same by design), or for a Kiln-only layout (ids from 1000, e.g. `q4_0x16`) the type
+    /// of the dtype whose values it stores ([`DType::logical`]), which export de-interleaves to.
     pub fn of(dtype: DType) -> GgmlType {
-        GgmlType::from_id(dtype.id()).expect("every Kiln dtype id is a GGML type id")
+        GgmlType::from_id(dtype.logical().id()).expect("every logical Kiln dtype is a GGML type")
     }
 
-    /// The Kiln dtype with the same layout, if Kiln stores this type natively.
+    /// The Kiln dtype with the same layout, if Kiln stores this type natively. Never a
+    /// Kiln-only layout: GGML has none of them.
     pub fn kiln_dtype(self) -> Option<DType> {
-        DType::from_id(self.id)
+        DType::from_id(self.id).filter(|d| d.logical() == *d)
     }
 
     /// Bytes of a tensor whose innermost dimension is `dims[0]` (GGML order), or why not.
@@ -172,10 +175,24 @@ mod tests {
     fn kiln_dtypes_are_ggml_types_of_the_same_size() {
         for d in DType::ALL {
             let g = GgmlType::of(d);
+            if d.logical() != d {
+                // Kiln-only layouts (ids from 1000) have no GGML type: they are written as the
+                // type of their values, whose blocks they rearrange.
+                assert!(d.id() >= 1000, "{d}");
+                assert_eq!(GgmlType::from_id(d.id()), None, "{d}");
+                assert_eq!(g.kiln_dtype(), Some(d.logical()), "{d}");
+                assert_eq!(
+                    g.block_bytes * d.block_len() as u64,
+                    d.block_bytes() as u64 * g.block_len,
+                    "{d}"
+                );
+                continue;
+            }
             assert_eq!(g.kiln_dtype(), Some(d));
             assert_eq!(g.block_len, d.block_len() as u64, "{d}");
             assert_eq!(g.block_bytes, d.block_bytes() as u64, "{d}");
         }
+        assert_eq!(GgmlType::of(DType::Q4_0x16).name, "Q4_0");
     }
 
     #[test]
