@@ -33,7 +33,10 @@ pub use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 pub use dispatch::{active, kernels, Kernels, TILE_ROWS};
 pub use error::KernelError;
 pub use isa::{best_isa, isa, supported_isas, Isa, ISA_ENV};
-pub use matmul::{matmul, matmul_many, FLOAT_LANES_MIN_TOKENS, LANES_MIN_TOKENS, ROW_CHUNK};
+pub use matmul::{
+    matmul, matmul_many, FLOAT_LANES_MIN_TOKENS, INTERLEAVED_LANES_MIN_TOKENS, LANES_MIN_TOKENS,
+    ROW_CHUNK,
+};
 pub use matrix::{Matrix, OwnedWeights, WeightData};
 pub use pool::Pool;
 

@@ -172,7 +172,8 @@ fn matvec_odd_float_shapes() {
 fn interleaved_q4_0_shapes() {
     check(48, 96, 1, 12); // three sixteen-row chunks, one token
     check(32, 160, 3, 13); // a small batch: the interleaved kernel token by token
-    check(64, 64, 17, 14); // the lanes kernels over chunks turned back into rows
+    check(64, 64, 17, 14); // the interleaved kernel token by token
+    check(32, 96, 50, 16); // the lanes kernel, rows unpacked from the interleaved bytes
     check(16, 32, 8, 15);
 }
 
@@ -213,7 +214,7 @@ proptest::proptest! {
     fn interleaved_q4_0_gives_reference_bits(
         groups in 1usize..4,
         nb in 1usize..14,
-        n in proptest::sample::select(vec![1usize, 2, 5, 8, 19]),
+        n in proptest::sample::select(vec![1usize, 2, 5, 8, 19, 50]),
         seed in proptest::prelude::any::<u64>(),
     ) {
         interleaved_bits(16 * groups, 32 * nb, n, seed);
