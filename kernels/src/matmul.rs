@@ -468,27 +468,11 @@ fn run_lanes<W: LaneWeight + Sync>(
     kernel: LanesFn,
 ) {
     run_chunks(ws, n_tokens, outs, pool, |w, r0, r1, outs| {
-        lanes_chunk(w, nb, r0, r1, xl, n_tokens, outs, kernel)
+        let unpack = |r: usize, codes: &mut [u8], dw: &mut [f32]| {
+            unpack_row(&w[r * nb..(r + 1) * nb], codes, dw)
+        };
+        lanes_rows(unpack, nb, r0, r1, xl, n_tokens, outs, kernel)
     });
-}
-
-/// Rows `r0..r1` of `w` (`nb` blocks a row) against every token group of `xl` through the
-/// lanes `kernel`: [`run_lanes`]' task.
-#[allow(clippy::too_many_arguments)]
-fn lanes_chunk<W: LaneWeight>(
-    w: &[W],
-    nb: usize,
-    r0: usize,
-    r1: usize,
-    xl: &[LaneBlock],
-    n_tokens: usize,
-    outs: &mut [&mut [f32]],
-    kernel: LanesFn,
-) {
-    let unpack = |r: usize, codes: &mut [u8], dw: &mut [f32]| {
-        unpack_row(&w[r * nb..(r + 1) * nb], codes, dw)
-    };
-    lanes_rows(unpack, nb, r0, r1, xl, n_tokens, outs, kernel)
 }
 
 /// Rows `r0..r1`, each unpacked by `unpack(r, codes, dw)`, against every token group of `xl`
