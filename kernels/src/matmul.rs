@@ -215,13 +215,7 @@ impl Kernels {
             }
             ACT_LANES.with_borrow_mut(|xl| {
                 if lanes.is_some() {
-                    let groups = n_tokens.div_ceil(LANES);
-                    xl.clear();
-                    xl.resize(groups * nb, LaneBlock::ZERO);
-                    per_token(pool, xl, nb, |g, o| {
-                        let t1 = n_tokens.min((g + 1) * LANES);
-                        prepare_group(&xq[g * LANES * nb..t1 * nb], nb, BlockQ4_0::OFFSET, o)
-                    });
+                    transpose_tokens(xq, nb, n_tokens, BlockQ4_0::OFFSET, xl, pool);
                 }
                 run_chunks(ws, n_tokens, outs, pool, |w, r0, _, outs| {
                     let chunk = &w[r0 / GROUP_ROWS * nb..][..nb];
@@ -311,13 +305,7 @@ impl Kernels {
                 .filter(|_| nb > 0 && n_tokens >= LANES_MIN_TOKENS)
             {
                 return ACT_LANES.with_borrow_mut(|xl| {
-                    let groups = n_tokens.div_ceil(LANES);
-                    xl.clear();
-                    xl.resize(groups * nb, LaneBlock::ZERO);
-                    per_token(pool, xl, nb, |g, o| {
-                        let t1 = n_tokens.min((g + 1) * LANES);
-                        prepare_group(&xq[g * LANES * nb..t1 * nb], nb, W::OFFSET, o)
-                    });
+                    transpose_tokens(xq, nb, n_tokens, W::OFFSET, xl, pool);
                     run_lanes(ws, nb, xl, n_tokens, outs, pool, kernel)
                 });
             }
@@ -349,6 +337,25 @@ impl Kernels {
             quantize(&x[t * cols..(t + 1) * cols], q)
         });
     }
+}
+
+/// Every token's Q8_0 row (`xq`, `nb` blocks each) transposed into groups of sixteen tokens
+/// for the lanes kernel (`xl`, `nb` blocks per group), for weights with unsigned offset
+/// `offset`.
+fn transpose_tokens(
+    xq: &[BlockQ8_0],
+    nb: usize,
+    n_tokens: usize,
+    offset: i32,
+    xl: &mut Vec<LaneBlock>,
+    pool: &Pool,
+) {
+    xl.clear();
+    xl.resize(n_tokens.div_ceil(LANES) * nb, LaneBlock::ZERO);
+    per_token(pool, xl, nb, |g, o| {
+        let t1 = n_tokens.min((g + 1) * LANES);
+        prepare_group(&xq[g * LANES * nb..t1 * nb], nb, offset, o)
+    });
 }
 
 /// `f(t, items[t·per..(t+1)·per])` for every token `t`: over the pool for a batch of 8 tokens
