@@ -28,17 +28,14 @@ pub const TINY: [&str; 6] = [
 ];
 
 /// The real SmolLM2 checkpoint, built by `ci/smollm2.sh` (not committed).
-pub fn smollm2_dir() -> Option<PathBuf> {
+pub fn smollm2_dir() -> PathBuf {
     let d = root().join("target/models/smollm2-bf16");
-    if d.join("model.safetensors").exists() {
-        Some(d)
-    } else {
-        eprintln!(
-            "NOTICE: skipping: {} is absent; run ci/smollm2.sh to build it",
-            d.display()
-        );
-        None
-    }
+    assert!(
+        d.join("model.safetensors").exists(),
+        "{} is absent: run ci/smollm2.sh to build it",
+        d.display()
+    );
+    d
 }
 
 /// Convert an HF directory into `dir/name.kiln` with `dtype` (None: source dtypes).
