@@ -195,6 +195,12 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
             std::io::Error::new(std::io::ErrorKind::NotFound, "no such directory"),
         ));
     }
+    // Every file the conversion may read lies in the checkpoint directory.
+    let sources: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| ConvertError::io(dir, "cannot list the directory", e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    kiln_format::refuse_output_is_input(&opts.output, sources.iter().map(PathBuf::as_path))?;
     if let Some(d) = opts.dtype {
         if d.is_quantized() {
             return Err(ConvertError::field(

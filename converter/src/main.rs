@@ -4,6 +4,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use kiln_format::ExitStatus;
+
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_convert::gguf::{export_gguf, import_gguf, ExportOptions, ImportOptions};
@@ -117,16 +119,6 @@ impl From<FloatType> for DType {
     }
 }
 
-/// Exit statuses.
-#[repr(u8)]
-enum Exit {
-    Ok = 0,
-    /// Checksums did not match.
-    Mismatch = 1,
-    /// Bad input or an I/O error.
-    Error = 2,
-}
-
 struct Bar(ProgressBar);
 
 impl Bar {
@@ -173,7 +165,7 @@ fn print_stdout(s: &str) {
     let _ = out.write_all(s.as_bytes()).and_then(|_| out.flush());
 }
 
-fn run(cli: Cli) -> Result<Exit, kiln_convert::ConvertError> {
+fn run(cli: Cli) -> Result<ExitStatus, kiln_convert::ConvertError> {
     match cli.command {
         Command::Hf {
             dir,
@@ -210,7 +202,7 @@ fn run(cli: Cli) -> Result<Exit, kiln_convert::ConvertError> {
                 );
             }
             print_json_if(json, &s);
-            Ok(Exit::Ok)
+            Ok(ExitStatus::Success)
         }
         Command::ExportGguf {
             file,
@@ -237,7 +229,7 @@ fn run(cli: Cli) -> Result<Exit, kiln_convert::ConvertError> {
                 eprintln!("note: {n}");
             }
             print_json_if(json, &s);
-            Ok(Exit::Ok)
+            Ok(ExitStatus::Success)
         }
         Command::Gguf {
             file,
@@ -271,7 +263,7 @@ fn run(cli: Cli) -> Result<Exit, kiln_convert::ConvertError> {
                 );
             }
             print_json_if(json, &s);
-            Ok(Exit::Ok)
+            Ok(ExitStatus::Success)
         }
         Command::Inspect { file, verify, json } => {
             let i = inspect(&file, verify, &Bar::new("verifying"))?;
@@ -289,9 +281,9 @@ fn run(cli: Cli) -> Result<Exit, kiln_convert::ConvertError> {
                         names.len(),
                         names.join(", ")
                     );
-                    Ok(Exit::Mismatch)
+                    Ok(ExitStatus::VerificationFailed)
                 }
-                _ => Ok(Exit::Ok),
+                _ => Ok(ExitStatus::Success),
             }
         }
     }
@@ -299,16 +291,13 @@ fn run(cli: Cli) -> Result<Exit, kiln_convert::ConvertError> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Ctrl-C: remove any half-written output, then exit as interrupted shells expect.
-    let _ = ctrlc::set_handler(|| {
-        kiln_format::remove_pending_outputs();
-        std::process::exit(130);
-    });
+    // SIGINT, SIGTERM, SIGHUP: remove any half-written output, then exit.
+    kiln_format::install_interrupt_handler();
     match run(cli) {
-        Ok(code) => ExitCode::from(code as u8),
+        Ok(status) => status.into(),
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(Exit::Error as u8)
+            ExitStatus::Error.into()
         }
     }
 }

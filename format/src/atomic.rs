@@ -42,11 +42,7 @@ impl AtomicFile {
     /// is false.
     pub fn create(dest: impl AsRef<Path>, overwrite: bool) -> Result<AtomicFile> {
         let dest = dest.as_ref().to_path_buf();
-        if !overwrite && dest.exists() {
-            return Err(FormatError::AlreadyExists {
-                file: dest.display().to_string(),
-            });
-        }
+        check_destination(&dest, overwrite)?;
         let dir = dest
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
@@ -55,6 +51,7 @@ impl AtomicFile {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "out".into());
+        remove_stale_temps(dir, &base);
         let (tmp, file) = create_temp(dir, &base)?;
         PENDING
             .lock()
@@ -157,6 +154,99 @@ pub fn write_file_atomic(dest: impl AsRef<Path>, bytes: &[u8], overwrite: bool) 
     out.commit()
 }
 
+/// Refuse a destination that exists and is not a regular file, even with `overwrite`: renaming
+/// over a device node or a symlink's target directory would replace something that is not
+/// Kiln's to replace (`-o /dev/full --force` once became a regular file). Without `overwrite`,
+/// any existing destination is refused.
+pub fn check_destination(dest: &Path, overwrite: bool) -> Result<()> {
+    let label = || dest.display().to_string();
+    match fs::symlink_metadata(dest) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(FormatError::io(dest, "cannot inspect the output path", e)),
+        Ok(_) if !overwrite => Err(FormatError::AlreadyExists { file: label() }),
+        Ok(m) if m.file_type().is_file() => Ok(()),
+        // A symlink to a regular file is replaced by the new file, as `mv` would; a symlink to
+        // anything else (or a dangling one) is refused like the thing it names.
+        Ok(m) if m.file_type().is_symlink() => match fs::metadata(dest) {
+            Ok(t) if t.is_file() => Ok(()),
+            _ => Err(FormatError::NotARegularFile { file: label() }),
+        },
+        Ok(_) => Err(FormatError::NotARegularFile { file: label() }),
+    }
+}
+
+/// Refuse an output that is one of `inputs`: the same path, another path to it (symlinks,
+/// `..`), or a hard link to it. Every writer calls this before creating its output, so that
+/// `--force` can never make a program destroy the file it is reading.
+pub fn refuse_output_is_input<'a>(
+    output: &Path,
+    inputs: impl IntoIterator<Item = &'a Path>,
+) -> Result<()> {
+    let Ok(out_meta) = fs::metadata(output) else {
+        return Ok(()); // a path that does not exist yet is no input
+    };
+    let out_canon = fs::canonicalize(output).ok();
+    for input in inputs {
+        let same_path = out_canon.is_some() && fs::canonicalize(input).ok() == out_canon;
+        let same_inode = fs::metadata(input)
+            .map(|m| same_inode(&m, &out_meta))
+            .unwrap_or(false);
+        if same_path || same_inode {
+            return Err(FormatError::OutputIsInput {
+                file: output.display().to_string(),
+                input: input.display().to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn same_inode(a: &fs::Metadata, b: &fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    a.dev() == b.dev() && a.ino() == b.ino()
+}
+
+#[cfg(not(unix))]
+fn same_inode(_a: &fs::Metadata, _b: &fs::Metadata) -> bool {
+    false
+}
+
+/// The prefix of every temporary file made for `base`; the writer's process id follows it.
+fn temp_prefix(base: &str) -> String {
+    format!(".{base}.tmp-")
+}
+
+/// Delete temporary files for the same destination left by writers that no longer run (killed
+/// by SIGKILL, or by a signal before this crate's handlers existed).
+///
+/// A temporary file's name carries its writer's process id; one whose process is gone
+/// (`/proc/PID` absent) is stale. A live process with that id, whichever it is, keeps its file:
+/// a reused id can only make a stale file outlive one more run, never remove a live one.
+/// Only on Linux, where `/proc` answers the question; elsewhere nothing is removed.
+fn remove_stale_temps(dir: &Path, base: &str) {
+    if !cfg!(target_os = "linux") || !Path::new("/proc/self").exists() {
+        return;
+    }
+    let prefix = temp_prefix(base);
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        let is_file = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
+        if is_file && pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
 fn create_temp(dir: &Path, base: &str) -> Result<(PathBuf, File)> {
     let pid = std::process::id();
     let nanos = std::time::SystemTime::now()
@@ -164,7 +254,7 @@ fn create_temp(dir: &Path, base: &str) -> Result<(PathBuf, File)> {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     for attempt in 0..100u32 {
-        let tmp = dir.join(format!(".{base}.tmp-{pid}-{nanos:x}-{attempt}"));
+        let tmp = dir.join(format!("{}{pid}-{nanos:x}-{attempt}", temp_prefix(base)));
         match OpenOptions::new()
             .read(true)
             .write(true)
@@ -214,6 +304,80 @@ mod tests {
         assert_eq!(fs::read(&p).unwrap(), b"two");
         // No temporary files left behind.
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn refuses_a_destination_that_is_not_a_regular_file_even_with_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("sub");
+        fs::create_dir(&sub).unwrap();
+        for overwrite in [false, true] {
+            let e = write_file_atomic(&sub, b"x", overwrite).unwrap_err();
+            let want_not_regular = overwrite;
+            assert_eq!(
+                matches!(e, FormatError::NotARegularFile { .. }),
+                want_not_regular,
+                "{e}"
+            );
+        }
+        assert!(sub.is_dir());
+        #[cfg(unix)]
+        {
+            let e = write_file_atomic("/dev/null", b"x", true).unwrap_err();
+            assert!(matches!(e, FormatError::NotARegularFile { .. }), "{e}");
+            // A symlink to a regular file is replaced like the file.
+            let target = dir.path().join("t.bin");
+            fs::write(&target, b"old").unwrap();
+            let link = dir.path().join("link.bin");
+            std::os::unix::fs::symlink(&target, &link).unwrap();
+            write_file_atomic(&link, b"new", true).unwrap();
+            assert_eq!(fs::read(&link).unwrap(), b"new");
+        }
+    }
+
+    #[test]
+    fn output_is_input_through_other_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.kiln");
+        fs::write(&input, b"data").unwrap();
+        let other = dir.path().join("other.kiln");
+        refuse_output_is_input(&other, [input.as_path()]).unwrap();
+        fs::write(&other, b"x").unwrap();
+        refuse_output_is_input(&other, [input.as_path()]).unwrap();
+        let dotted = dir.path().join("sub/../in.kiln");
+        fs::create_dir(dir.path().join("sub")).unwrap();
+        let hard = dir.path().join("hard.kiln");
+        fs::hard_link(&input, &hard).unwrap();
+        for out in [&input, &dotted, &hard] {
+            let e = refuse_output_is_input(out, [other.as_path(), input.as_path()]).unwrap_err();
+            assert!(matches!(e, FormatError::OutputIsInput { .. }), "{e}");
+        }
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn stale_temporary_files_of_dead_writers_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("m.kiln");
+        // A process id that cannot be running: above the kernel's pid_max limit (2^22).
+        let stale = dir
+            .path()
+            .join(format!("{}{}-0-0", temp_prefix("m.kiln"), 1u32 << 23));
+        let live = dir.path().join(format!(
+            "{}{}-0-0",
+            temp_prefix("m.kiln"),
+            std::process::id()
+        ));
+        let other = dir
+            .path()
+            .join(format!("{}{}-0-0", temp_prefix("n.kiln"), 1u32 << 23));
+        for p in [&stale, &live, &other] {
+            fs::write(p, b"partial").unwrap();
+        }
+        write_file_atomic(&dest, b"x", false).unwrap();
+        assert!(!stale.exists(), "a dead writer's file is removed");
+        assert!(live.exists(), "a live writer's file is kept");
+        assert!(other.exists(), "another destination's file is kept");
     }
 
     #[test]

@@ -109,6 +109,16 @@ pub enum FormatError {
     /// The output exists and overwriting was not allowed.
     #[error("{file}: already exists; pass --force to overwrite it")]
     AlreadyExists { file: String },
+    /// The destination exists and is not a regular file (a directory, a device, a pipe):
+    /// `--force` replaces files, never anything else.
+    #[error("{file}: exists and is not a regular file; choose a file path as the output")]
+    NotARegularFile { file: String },
+    /// The output would replace one of the files the program is reading.
+    #[error(
+        "{file}: the output is also an input ({input}); write to another path \
+         (the input is read while the output is written)"
+    )]
+    OutputIsInput { file: String, input: String },
     /// The writer was used against its contract (wrong length, tensor written twice…).
     #[error("{file}: tensor `{tensor}`: {reason}")]
     Write {

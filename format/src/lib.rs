@@ -21,16 +21,21 @@ pub mod blocks;
 pub mod convert;
 pub mod dtype;
 pub mod error;
+pub mod exit;
 pub mod layout;
 pub mod metadata;
 pub mod names;
 pub mod reader;
 pub mod writer;
 
-pub use atomic::{remove_pending_outputs, write_file_atomic, AtomicFile};
+pub use atomic::{
+    check_destination, refuse_output_is_input, remove_pending_outputs, write_file_atomic,
+    AtomicFile,
+};
 pub use blocks::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 pub use dtype::DType;
 pub use error::{FormatError, Result};
+pub use exit::{install_interrupt_handler, ExitStatus};
 pub use metadata::{
     Architecture, Metadata, ModelConfig, ProvenanceStep, RopeScaling, SourceFile, TokenizerFiles,
 };

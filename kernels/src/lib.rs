@@ -38,7 +38,7 @@ pub use matmul::{
     ROW_CHUNK,
 };
 pub use matrix::{Matrix, OwnedWeights, WeightData};
-pub use pool::Pool;
+pub use pool::{cap_threads, max_threads, Pool};
 
 /// HF `LlamaRMSNorm` of one row in f32: `out = x / sqrt(mean(x²) + eps) · weight`.
 pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {

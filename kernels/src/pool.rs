@@ -39,12 +39,27 @@ impl std::fmt::Debug for Pool {
     }
 }
 
+/// The most compute threads worth starting: the CPUs this process may run on.
+///
+/// The pool's helpers poll for work while a pass runs, so threads beyond the CPUs only take
+/// turns with each other (`-t 1000` once turned a 0.6 s run into 99 s and stalled the machine).
+pub fn max_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// `requested` threads, capped at [`max_threads`]. Every program resolves its `--threads`
+/// through this, and says so when the value was lowered.
+pub fn cap_threads(requested: usize) -> usize {
+    requested.min(max_threads())
+}
+
 impl Pool {
-    /// Start a pool of `threads` compute threads (`0` is an error).
+    /// Start a pool of `threads` compute threads (`0` is an error), capped at [`max_threads`].
     pub fn new(threads: usize) -> Result<Pool, KernelError> {
         if threads == 0 {
             return Err(KernelError::ZeroThreads);
         }
+        let threads = cap_threads(threads);
         let workers = if threads == 1 {
             None
         } else {
@@ -173,6 +188,14 @@ const IDLE_POLLS: u32 = 64;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn absurd_thread_counts_are_capped_at_the_cpus() {
+        assert_eq!(cap_threads(100_000), max_threads());
+        assert_eq!(cap_threads(1), 1);
+        let pool = Pool::new(100_000).unwrap();
+        assert_eq!(pool.threads(), max_threads());
+    }
     use std::panic::{catch_unwind, AssertUnwindSafe};
     use std::sync::atomic::AtomicUsize;
 

@@ -19,12 +19,6 @@ pub enum QuantizeError {
         #[source]
         source: std::io::Error,
     },
-    /// Input and output are the same file.
-    #[error(
-        "{file}: the input and the output are the same file; write the output to a new path \
-         (the input is read while the output is written)"
-    )]
-    SameFile { file: String },
     /// A `--keep` argument that does not parse.
     #[error("--keep `{arg}`: {reason}")]
     BadOverride { arg: String, reason: String },

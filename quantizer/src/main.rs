@@ -8,6 +8,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+use kiln_format::ExitStatus;
 use std::sync::Mutex;
 
 use clap::builder::TypedValueParser;
@@ -78,20 +80,6 @@ struct Args {
     quiet: bool,
 }
 
-/// Process exit statuses.
-#[derive(Debug, Clone, Copy)]
-enum Exit {
-    Ok = 0,
-    Failed = 1,
-    Interrupted = 130,
-}
-
-impl From<Exit> for ExitCode {
-    fn from(e: Exit) -> ExitCode {
-        ExitCode::from(e as u8)
-    }
-}
-
 /// Progress bar on stderr (hidden when stderr is not a terminal).
 struct Bar {
     bar: ProgressBar,
@@ -154,7 +142,12 @@ fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
     }
     let mut o = QuantizeOptions::new(&args.input, &args.output, Policy::new(to, overrides)?);
     o.method = method;
-    o.threads = args.threads.map(|t| t as usize);
+    o.threads = args.threads.map(|t| {
+        if let Some(notice) = kiln_runner::threads::cap_notice(t as usize) {
+            eprintln!("kiln-quantize: {notice}");
+        }
+        kiln_runner::threads::cap_threads(t as usize)
+    });
     o.overwrite = args.force;
     Ok(o)
 }
@@ -238,17 +231,15 @@ fn run(args: Args) -> Result<(), QuantizeError> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    // Ctrl-C: remove the temporary output, then exit; libraries install no handlers.
-    let _ = ctrlc::set_handler(|| {
-        kiln_format::remove_pending_outputs();
-        std::process::exit(Exit::Interrupted as i32);
-    });
+    // SIGINT, SIGTERM, SIGHUP: remove the temporary output, then exit; libraries install no
+    // handlers.
+    kiln_format::install_interrupt_handler();
     match run(args) {
-        Ok(()) => Exit::Ok.into(),
+        Ok(()) => ExitStatus::Success.into(),
         Err(e) => {
             // Every message already includes its cause: print it once.
             eprintln!("kiln-quantize: error: {e}");
-            Exit::Failed.into()
+            ExitStatus::Error.into()
         }
     }
 }

@@ -125,7 +125,7 @@ pub fn quantize_file(options: &QuantizeOptions, progress: &dyn Progress) -> Resu
     match options.threads {
         None => run(options, progress),
         Some(threads) => rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
+            .num_threads(kiln_runner::threads::cap_threads(threads))
             .build()
             .map_err(|e| QuantizeError::ThreadPool {
                 threads,
@@ -137,7 +137,7 @@ pub fn quantize_file(options: &QuantizeOptions, progress: &dyn Progress) -> Resu
 
 fn run(options: &QuantizeOptions, progress: &dyn Progress) -> Result<Report> {
     let start = Instant::now();
-    refuse_same_file(&options.input, &options.output)?;
+    kiln_format::refuse_output_is_input(&options.output, [options.input.as_path()])?;
     let input = KilnFile::open(&options.input)?;
     let label = input.label().to_string();
     let tensors = input.tensors();
@@ -279,20 +279,6 @@ fn with_writeback<T: Send>(writer: &KilnWriter, work: impl FnOnce() -> T + Send)
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
         flushed.map(|()| out)
     })
-}
-
-/// Refuse `input == output` (same path, or two names of the same file).
-fn refuse_same_file(input: &Path, output: &Path) -> Result<()> {
-    let same = match (std::fs::canonicalize(input), std::fs::canonicalize(output)) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    };
-    if same {
-        return Err(QuantizeError::SameFile {
-            file: output.display().to_string(),
-        });
-    }
-    Ok(())
 }
 
 fn hash_file(file: &File, label: &str, len: u64) -> Result<String> {

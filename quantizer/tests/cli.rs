@@ -107,7 +107,7 @@ fn bad_inputs_fail_cleanly() {
         ),
         (
             &["in.kiln", "in.kiln", "--to", "q8_0", "--force"],
-            "the same file",
+            "the output is also an input",
         ),
         (&["in.kiln", "out.kiln", "--to", "q5_k"], "--to q5_k"),
         (&["in.kiln", "out.kiln", "--to", "bf16"], "--to bf16"),
@@ -140,7 +140,7 @@ fn bad_inputs_fail_cleanly() {
     ];
     for (args, want) in cases {
         let o = kq(args, dir.path());
-        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
         let err = stderr(&o);
         assert!(err.contains(want), "{args:?}: {err}");
         assert!(err.starts_with("kiln-quantize: error: "), "{err}");
@@ -159,7 +159,7 @@ fn existing_output_needs_force() {
     common::write_model(&dir.path().join("in.kiln"), DType::BF16, |_, _| {});
     std::fs::write(dir.path().join("out.kiln"), b"old").unwrap();
     let o = kq(&["in.kiln", "out.kiln", "--to", "f16", "-q"], dir.path());
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("pass --force"), "{}", stderr(&o));
     assert_eq!(std::fs::read(dir.path().join("out.kiln")).unwrap(), b"old");
     let o = kq(

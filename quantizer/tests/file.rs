@@ -567,7 +567,10 @@ fn same_file_and_existing_output_are_refused() {
     let mut o = options(dir.path(), DType::Q8_0, &[]);
     o.output = dir.path().join("./in.kiln");
     o.overwrite = true;
-    assert!(matches!(run(&o), Err(QuantizeError::SameFile { .. })));
+    assert!(matches!(
+        run(&o),
+        Err(QuantizeError::Format(FormatError::OutputIsInput { .. }))
+    ));
     std::fs::write(dir.path().join("out.kiln"), b"keep me").unwrap();
     let o = options(dir.path(), DType::Q8_0, &[]);
     let err = run(&o).unwrap_err();

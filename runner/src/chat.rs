@@ -38,9 +38,25 @@ impl Message {
 pub struct ChatTemplate<'a> {
     env: Environment<'a>,
     special: Value,
+    /// What the template came from (the model file), for error messages.
+    label: String,
 }
 
 const NAME: &str = "chat_template";
+
+/// Most template instructions one rendering may execute. A template comes from a downloaded
+/// model and is untrusted: nested loops over `range(10**6)` would otherwise run until killed.
+/// Real templates spend a few hundred instructions per message (SmolLM2's: ~40), so this
+/// allows conversations far longer than any context, and stops a hostile one in about a second.
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+
+/// Most bytes one rendering may produce. A rendered prompt must then fit the context, so 16 MiB
+/// is far past any real one (4096 tokens of text are ~16 KiB), and a template that builds a
+/// huge string stops with an error instead of exhausting memory.
+pub const TEMPLATE_MAX_OUTPUT: usize = 16 << 20;
+
+/// Deepest nesting of template calls, includes and macros (minijinja's default is 500).
+const TEMPLATE_RECURSION_LIMIT: usize = 100;
 
 impl<'a> ChatTemplate<'a> {
     /// The file's template, or [`RunnerError::NoChatTemplate`].
@@ -59,12 +75,19 @@ impl<'a> ChatTemplate<'a> {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone())),
         );
-        Self::new(source, special)
+        Self::with_label(source, special, file.label())
     }
 
     /// Compile `source`; `special` maps `bos_token`, `eos_token`… to their strings.
     pub fn new(source: &'a str, special: Value) -> Result<ChatTemplate<'a>> {
+        Self::with_label(source, special, "chat template")
+    }
+
+    /// [`ChatTemplate::new`], naming `label` (the model file) in errors.
+    pub fn with_label(source: &'a str, special: Value, label: &str) -> Result<ChatTemplate<'a>> {
         let mut env = Environment::new();
+        env.set_fuel(Some(TEMPLATE_FUEL));
+        env.set_recursion_limit(TEMPLATE_RECURSION_LIMIT);
         // transformers: ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         let syntax = SyntaxConfig::builder()
             .trim_blocks(true)
@@ -77,7 +100,11 @@ impl<'a> ChatTemplate<'a> {
         env.add_function("strftime_now", strftime_now);
         env.add_template(NAME, source)
             .map_err(|e| RunnerError::ChatTemplate(describe(&e)))?;
-        Ok(ChatTemplate { env, special })
+        Ok(ChatTemplate {
+            env,
+            special,
+            label: label.to_string(),
+        })
     }
 
     /// Render `messages`, ending with the assistant prompt when `add_generation_prompt`.
@@ -97,15 +124,57 @@ impl<'a> ChatTemplate<'a> {
                 ])
             })
             .collect();
-        tmpl.render(context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => get("bos_token"),
-            eos_token => get("eos_token"),
-            pad_token => get("pad_token"),
-            unk_token => get("unk_token"),
-        })
-        .map_err(|e| RunnerError::ChatTemplate(describe(&e)))
+        let mut out = CappedWriter {
+            buf: Vec::new(),
+            cap: TEMPLATE_MAX_OUTPUT,
+            overflowed: false,
+        };
+        let rendered = tmpl.render_captured_to(
+            context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => get("bos_token"),
+                eos_token => get("eos_token"),
+                pad_token => get("pad_token"),
+                unk_token => get("unk_token"),
+            },
+            &mut out,
+        );
+        match rendered {
+            Ok(_) => String::from_utf8(out.buf)
+                .map_err(|_| RunnerError::ChatTemplate("rendered text is not UTF-8".into())),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(RunnerError::ChatTemplateLimit {
+                file: self.label.clone(),
+                reason: format!("more than {TEMPLATE_FUEL} instructions"),
+            }),
+            Err(_) if out.overflowed => Err(RunnerError::ChatTemplateLimit {
+                file: self.label.clone(),
+                reason: format!("more than {TEMPLATE_MAX_OUTPUT} bytes of output"),
+            }),
+            Err(e) => Err(RunnerError::ChatTemplate(describe(&e))),
+        }
+    }
+}
+
+/// A sink that refuses to grow past `cap` bytes, so rendering stops at the cap.
+struct CappedWriter {
+    buf: Vec<u8>,
+    cap: usize,
+    overflowed: bool,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len().saturating_add(b.len()) > self.cap {
+            self.overflowed = true;
+            return Err(std::io::Error::other("output limit reached"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -207,6 +276,32 @@ mod tests {
     use super::*;
 
     const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn a_template_that_loops_without_end_runs_out_of_fuel() {
+        let src = "{% for i in range(10000) %}{% for j in range(10000) %}{% for k in range(10000) %}{% endfor %}{% endfor %}{% endfor %}";
+        let t = ChatTemplate::with_label(src, Value::UNDEFINED, "m.kiln").unwrap();
+        let t0 = std::time::Instant::now();
+        let e = t.render(&[Message::new("user", "hi")], true).unwrap_err();
+        assert!(
+            matches!(&e, RunnerError::ChatTemplateLimit { file, reason } if file == "m.kiln" && reason.contains("instructions")),
+            "{e}"
+        );
+        assert!(t0.elapsed().as_secs() < 30, "stopped by fuel, not by time");
+    }
+
+    #[test]
+    fn a_template_that_builds_a_huge_output_stops_at_the_cap() {
+        // Each line is 10 MB (minijinja caps one repetition at 100 MB); twenty of them would be
+        // 200 MB of prompt.
+        let src = "{% for i in range(20) %}{{ 'x' * 10000000 }}{% endfor %}";
+        let t = ChatTemplate::with_label(src, Value::UNDEFINED, "m.kiln").unwrap();
+        let e = t.render(&[Message::new("user", "hi")], true).unwrap_err();
+        assert!(
+            matches!(&e, RunnerError::ChatTemplateLimit { reason, .. } if reason.contains("bytes")),
+            "{e}"
+        );
+    }
 
     #[test]
     fn renders_chatml_with_generation_prompt() {

@@ -302,6 +302,21 @@ pub fn open_model(path: &Path) -> Result<KilnFile> {
     }
 }
 
+/// [`open_model`], then, unless `verify` is false, hash every tensor and compare with the
+/// index: a model is untrusted input, and a flipped byte in a weight would otherwise change
+/// the output without a word. The error names the file and the first tensor that failed.
+///
+/// The hashing runs on every CPU and reads the file once, which also brings its pages into
+/// memory before the first token (docs/BENCHMARKS.md measures the cost); `--no-verify` skips
+/// it for a file the caller has already verified.
+pub fn open_model_verified(path: &Path, verify: bool) -> Result<KilnFile> {
+    let file = open_model(path)?;
+    if verify {
+        file.verify()?;
+    }
+    Ok(file)
+}
+
 fn is_supported(arch: &str) -> bool {
     serde_json::from_value::<Architecture>(serde_json::Value::String(arch.to_string())).is_ok()
 }

@@ -94,6 +94,20 @@ pub enum RunnerError {
         max_ctx: usize,
     },
     /// The prompt given on the command line or in a file is not valid UTF-8.
+    /// A prompt so long that it cannot fit the context whatever its tokens, refused before
+    /// tokenizing it.
+    #[error(
+        "the prompt is {bytes} bytes, more than a {ctx}-token context can hold with this \
+         tokenizer (at most {limit} bytes); shorten the prompt or raise --ctx"
+    )]
+    PromptTooLong {
+        bytes: usize,
+        ctx: usize,
+        limit: usize,
+    },
+    /// The chat template ran past its limits (instructions, output size).
+    #[error("{file}: the chat template exceeded its limit: {reason}")]
+    ChatTemplateLimit { file: String, reason: String },
     #[error("the prompt {source_name} is not valid UTF-8 (first invalid byte at offset {offset})")]
     PromptNotUtf8 { source_name: String, offset: usize },
     /// A command-line value out of range.
@@ -118,18 +132,6 @@ impl RunnerError {
     /// Whether this is a write to a closed pipe (`kiln-run … | head`), which is not a failure.
     pub fn is_broken_pipe(&self) -> bool {
         matches!(self, RunnerError::Io { source, .. } if source.kind() == std::io::ErrorKind::BrokenPipe)
-    }
-
-    /// Whether the user's input (arguments, prompt) rather than the model or machine is at fault.
-    pub fn is_usage(&self) -> bool {
-        matches!(
-            self,
-            RunnerError::InvalidArgument { .. }
-                | RunnerError::PromptNotUtf8 { .. }
-                | RunnerError::ContextOverflow { .. }
-                | RunnerError::EmptyPrompt
-                | RunnerError::NoChatTemplate { .. }
-        )
     }
 
     pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {

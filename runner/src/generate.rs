@@ -221,6 +221,7 @@ impl<'t> Conversation<'t> {
         on_text: &mut dyn FnMut(&str) -> Result<()>,
     ) -> Result<Generation> {
         let rendered = self.prompt_for(user)?;
+        tokenizer.check_fits(&rendered, session.ctx())?;
         let ids = tokenizer.encode_rendered(&rendered)?;
         let g = generate(session, tokenizer, &ids, opts, sampler, on_text)?;
         self.messages.push(Message::new("user", user));

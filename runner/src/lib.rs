@@ -33,7 +33,7 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use chat::{ChatTemplate, Message};
-pub use config::{open_model, Config};
+pub use config::{open_model, open_model_verified, Config};
 pub use error::{Result, RunnerError};
 pub use generate::{generate, Conversation, GenerateOptions, Generation, StopReason};
 pub use model::{Logits, Model, Session};

@@ -10,30 +10,13 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
-use kiln_format::KilnFile;
+use kiln_format::{ExitStatus, KilnFile};
 use kiln_runner::bench::{bench, BenchOptions, BenchResult};
-use kiln_runner::threads::physical_cores;
+use kiln_runner::threads::{cap_notice, cap_threads, physical_cores};
 use kiln_runner::{
-    generate, open_model, ChatTemplate, Conversation, GenerateOptions, Generation, Model, Result,
-    RunnerError, Sampler, SamplerConfig, Session, Tokenizer,
+    generate, open_model_verified, ChatTemplate, Conversation, GenerateOptions, Generation, Model,
+    Result, RunnerError, Sampler, SamplerConfig, Session, Tokenizer,
 };
-
-/// Exit statuses.
-#[derive(Debug, Clone, Copy)]
-enum Exit {
-    /// Done (also when stdout was closed early).
-    Success = 0,
-    /// The model, the machine or the run failed.
-    Failure = 1,
-    /// Bad arguments or prompt.
-    Usage = 2,
-}
-
-impl From<Exit> for ExitCode {
-    fn from(e: Exit) -> ExitCode {
-        ExitCode::from(e as u8)
-    }
-}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -63,9 +46,13 @@ struct RunArgs {
     /// Context window in tokens [default: the model's, at most 4096].
     #[arg(long)]
     ctx: Option<usize>,
-    /// Compute threads [default: physical cores].
+    /// Compute threads [default: physical cores; at most the CPUs available].
     #[arg(short = 't', long)]
     threads: Option<usize>,
+    /// Skip checking every tensor's sha256 before running (for a file already verified, e.g.
+    /// with `kiln-convert inspect --verify`).
+    #[arg(long)]
+    no_verify: bool,
 }
 
 #[derive(Debug, Args)]
@@ -163,6 +150,9 @@ struct BenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Skip checking every tensor's sha256 before running.
+    #[arg(long)]
+    no_verify: bool,
 }
 
 fn main() -> ExitCode {
@@ -171,42 +161,43 @@ fn main() -> ExitCode {
         Err(e) => {
             let _ = e.print();
             return if e.use_stderr() {
-                Exit::Usage.into()
+                ExitStatus::Error.into()
             } else {
-                Exit::Success.into()
+                ExitStatus::Success.into()
             };
         }
     };
     match run(cli) {
-        Ok(code) => code,
-        Err(e) if e.is_broken_pipe() => Exit::Success.into(),
+        Ok(()) => ExitStatus::Success.into(),
+        Err(e) if e.is_broken_pipe() => ExitStatus::Success.into(),
         Err(e) => {
             eprintln!("kiln-run: error: {e}");
-            if e.is_usage() {
-                Exit::Usage.into()
-            } else {
-                Exit::Failure.into()
-            }
+            ExitStatus::Error.into()
         }
     }
 }
 
-fn run(cli: Cli) -> Result<ExitCode> {
+fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Generate(a) => cmd_generate(a),
         Command::Chat(a) => cmd_chat(a),
         Command::Bench(a) => cmd_bench(a),
     }
-    .map(ExitCode::from)
 }
 
+/// A `--threads` value: at least one, at most the CPUs available (with a notice).
 fn threads_arg(t: Option<usize>) -> Result<usize> {
     match t {
         Some(0) => Err(RunnerError::InvalidArgument {
             arg: "--threads",
             reason: "0; at least one thread is needed".into(),
         }),
-        Some(n) => Ok(n),
+        Some(n) => {
+            if let Some(notice) = cap_notice(n) {
+                eprintln!("kiln-run: {notice}");
+            }
+            Ok(cap_threads(n))
+        }
         None => Ok(physical_cores()),
     }
 }
@@ -315,18 +306,21 @@ fn print_summary(load_ms: f64, g: &Generation) {
     );
 }
 
-fn cmd_generate(a: GenerateArgs) -> Result<Exit> {
+fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let threads = threads_arg(a.run.threads)?;
     let text = prompt_text(a.prompt, a.file.as_deref())?;
     let t0 = Instant::now();
-    let file = open_model(&a.run.model)?;
+    let file = open_model_verified(&a.run.model, !a.run.no_verify)?;
     let m = load(&file)?;
     let mut sess = session(&m.model, &a.run, threads)?;
     let sampling = sampler_config(&file.metadata().generation, &a.sampling)?;
+    m.tokenizer.check_fits(&text, sess.ctx())?;
     let ids = if a.chat {
         let template = ChatTemplate::from_file(&file)?;
         let conv = Conversation::new(&template, a.system.as_deref());
-        m.tokenizer.encode_rendered(&conv.prompt_for(&text)?)?
+        let rendered = conv.prompt_for(&text)?;
+        m.tokenizer.check_fits(&rendered, sess.ctx())?;
+        m.tokenizer.encode_rendered(&rendered)?
     } else {
         m.tokenizer.encode(&text)?
     };
@@ -377,13 +371,13 @@ fn cmd_generate(a: GenerateArgs) -> Result<Exit> {
         stdout_writer()("\n")?;
         print_summary(load_ms, &g);
     }
-    Ok(Exit::Success)
+    Ok(())
 }
 
-fn cmd_chat(a: ChatArgs) -> Result<Exit> {
+fn cmd_chat(a: ChatArgs) -> Result<()> {
     let threads = threads_arg(a.run.threads)?;
     let t0 = Instant::now();
-    let file = open_model(&a.run.model)?;
+    let file = open_model_verified(&a.run.model, !a.run.no_verify)?;
     let m = load(&file)?;
     let template = ChatTemplate::from_file(&file)?;
     let mut sess = session(&m.model, &a.run, threads)?;
@@ -445,16 +439,16 @@ fn cmd_chat(a: ChatArgs) -> Result<Exit> {
                 );
             }
             // The conversation outgrew the context: say so and keep the session usable.
-            Err(e @ RunnerError::ContextOverflow { .. }) => {
+            Err(e @ (RunnerError::ContextOverflow { .. } | RunnerError::PromptTooLong { .. })) => {
                 eprintln!("kiln-run: {e}; use /reset to start over");
             }
             Err(e) => return Err(e),
         }
     }
-    Ok(Exit::Success)
+    Ok(())
 }
 
-fn cmd_bench(a: BenchArgs) -> Result<Exit> {
+fn cmd_bench(a: BenchArgs) -> Result<()> {
     let threads: Vec<usize> = if a.threads.is_empty() {
         vec![physical_cores()]
     } else {
@@ -464,7 +458,7 @@ fn cmd_bench(a: BenchArgs) -> Result<Exit> {
             .collect::<Result<_>>()?
     };
     let t0 = Instant::now();
-    let file = open_model(&a.model)?;
+    let file = open_model_verified(&a.model, !a.no_verify)?;
     let model = Model::load(&file)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let opts = BenchOptions {
@@ -519,7 +513,7 @@ fn cmd_bench(a: BenchArgs) -> Result<Exit> {
             .map_err(w)?;
         }
     }
-    Ok(Exit::Success)
+    Ok(())
 }
 
 /// The matrices' dtypes, e.g. `bf16` or `q4_0+f32`.

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeSet;
 
+pub use kiln_kernels::{cap_threads, max_threads};
+
 /// Physical cores of this machine (Linux: distinct `(physical id, core id)` pairs in
 /// `/proc/cpuinfo`), falling back to the logical CPU count.
 pub fn physical_cores() -> usize {
@@ -35,6 +37,17 @@ fn count_cores(cpuinfo: &str) -> usize {
         }
     }
     set.len()
+}
+
+/// The notice a program prints when `--threads` asked for more threads than
+/// [`max_threads`]: `None` when `requested` is usable as it is.
+pub fn cap_notice(requested: usize) -> Option<String> {
+    let max = max_threads();
+    (requested > max).then(|| {
+        format!(
+            "--threads {requested} is more than the {max} CPUs this process may use; using {max}"
+        )
+    })
 }
 
 #[cfg(test)]

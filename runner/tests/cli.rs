@@ -12,7 +12,8 @@ use kiln_format::layout::{HEADER_LEN, HEADER_SHA_RANGE};
 use sha2::{Digest, Sha256};
 
 const USAGE: i32 = 2;
-const FAILURE: i32 = 1;
+/// A corrupt, missing or unsupported model is bad input too: 1 is only "a verification failed".
+const FAILURE: i32 = 2;
 
 fn tiny(dir: &Path) -> PathBuf {
     convert(&root().join("fixtures/tiny/llama-tied-f32"), dir, None)
@@ -342,4 +343,109 @@ fn chat_flag_needs_a_template_and_system_needs_chat() {
     let m = tiny(tmp.path());
     let o = kiln_run(&["generate", m.to_str().unwrap(), "-p", "hi", "--system", "x"]);
     assert_eq!(o.status.code(), Some(USAGE));
+}
+
+/// The tiny fixture converted with `template` as its chat template.
+fn tiny_with_template(dir: &Path, template: &str) -> PathBuf {
+    let src = root().join("fixtures/tiny/llama-tied-f32");
+    let copy = dir.join("hostile-template");
+    std::fs::create_dir_all(&copy).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
+    }
+    std::fs::write(copy.join("chat_template.jinja"), template).unwrap();
+    convert(&copy, dir, None)
+}
+
+#[test]
+fn a_hostile_chat_template_is_stopped_with_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (template, needle) in [
+        (
+            "{% for i in range(10000) %}{% for j in range(10000) %}{% for k in range(10000) %}{% endfor %}{% endfor %}{% endfor %}",
+            "instructions",
+        ),
+        (
+            "{% for i in range(1000) %}{{ 'x' * 10000000 }}{% endfor %}",
+            "bytes of output",
+        ),
+    ] {
+        let m = tiny_with_template(tmp.path(), template);
+        let o = kiln_run(&["generate", m.to_str().unwrap(), "--chat", "-p", "hi", "-n", "1"]);
+        assert_fails(
+            &o,
+            USAGE,
+            &["the chat template exceeded its limit", needle, m.to_str().unwrap()],
+        );
+    }
+}
+
+#[test]
+fn a_prompt_that_cannot_fit_is_refused_before_tokenizing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let prompt = tmp.path().join("big.txt");
+    std::fs::write(&prompt, "potters ".repeat(1 << 20)).unwrap();
+    let o = kiln_run(&[
+        "generate",
+        m.to_str().unwrap(),
+        "-f",
+        prompt.to_str().unwrap(),
+        "--ctx",
+        "64",
+    ]);
+    assert_fails(
+        &o,
+        USAGE,
+        &["the prompt is 8388608 bytes", "64-token context"],
+    );
+}
+
+#[test]
+fn a_flipped_weight_byte_is_refused_unless_verification_is_skipped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let f = kiln_format::KilnFile::open(&m).unwrap();
+    let info = f.info("layers.1.mlp.down.weight").unwrap().clone();
+    drop(f);
+    let mut bytes = std::fs::read(&m).unwrap();
+    bytes[(info.offset + info.len / 2) as usize] ^= 0x08;
+    std::fs::write(&m, bytes).unwrap();
+    let path = m.to_str().unwrap();
+    for cmd in [
+        &["generate", path, "-p", "hi", "-n", "2"][..],
+        &["bench", path, "-p", "4", "-n", "2", "-r", "1"][..],
+    ] {
+        let o = kiln_run(cmd);
+        assert_fails(&o, FAILURE, &["layers.1.mlp.down.weight", "checksum", path]);
+    }
+    let o = kiln_run(&["generate", path, "-p", "hi", "-n", "2", "--no-verify"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
+#[test]
+fn absurd_thread_counts_are_capped_with_a_notice() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let o = kiln_run(&[
+        "generate",
+        m.to_str().unwrap(),
+        "-p",
+        "hi",
+        "-n",
+        "2",
+        "-t",
+        "100000",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--threads 100000 is more than"),
+        "{}",
+        stderr(&o)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let threads = v["threads"].as_u64().unwrap() as usize;
+    assert_eq!(threads, kiln_runner::threads::max_threads());
 }

@@ -33,10 +33,37 @@ pub struct DiffReport {
     pub only_in_a: Vec<String>,
     pub only_in_b: Vec<String>,
     pub identical: usize,
+    /// Tensors whose data does not match their stored sha256, in either file: their rows
+    /// compare the bytes as read, and the report fails.
+    pub checksum_failures: Vec<DiffChecksumFailure>,
 }
 
-/// Compare every tensor the two files share (by name), in parallel.
+/// A tensor whose data fails its checksum.
+#[derive(Debug, Clone, Serialize)]
+pub struct DiffChecksumFailure {
+    pub file: String,
+    pub tensor: String,
+    pub stored: String,
+    pub computed: String,
+}
+
+/// Compare every tensor the two files share (by name), in parallel, from the data as read:
+/// stored checksums are verified, never trusted as a stand-in for the bytes (a file with one
+/// flipped byte and an unchanged index is not "identical" to its source).
 pub fn diff(a: &KilnFile, b: &KilnFile) -> Result<DiffReport> {
+    let checksum_failures: Vec<DiffChecksumFailure> = [a, b]
+        .iter()
+        .flat_map(|f| {
+            f.verify_checksums(&|_| {})
+                .into_iter()
+                .map(|x| DiffChecksumFailure {
+                    file: f.label().to_string(),
+                    tensor: x.tensor,
+                    stored: x.stored,
+                    computed: x.computed,
+                })
+        })
+        .collect();
     let only_in_a: Vec<String> = a
         .tensors()
         .iter()
@@ -74,7 +101,7 @@ pub fn diff(a: &KilnFile, b: &KilnFile) -> Result<DiffReport> {
     let rows: Vec<DiffRow> = shared
         .par_iter()
         .map(|(t, u)| {
-            let (x, y) = if t.sha256 == u.sha256 && t.dtype == u.dtype {
+            let (x, y) = if t.dtype == u.dtype && a.view(t).bytes() == b.view(u).bytes() {
                 (Vec::new(), Vec::new())
             } else {
                 (a.view(t).to_f32_vec(), b.view(u).to_f32_vec())
@@ -106,6 +133,7 @@ pub fn diff(a: &KilnFile, b: &KilnFile) -> Result<DiffReport> {
         only_in_a,
         only_in_b,
         identical,
+        checksum_failures,
     })
 }
 
@@ -137,6 +165,13 @@ pub fn render(r: &DiffReport) -> String {
     }
     if !r.only_in_b.is_empty() {
         let _ = writeln!(s, "only in {}: {}", r.b, r.only_in_b.join(", "));
+    }
+    for f in &r.checksum_failures {
+        let _ = writeln!(
+            s,
+            "{}: tensor `{}`: checksum mismatch (stored {}, computed {}); the data is corrupt",
+            f.file, f.tensor, f.stored, f.computed
+        );
     }
     s
 }

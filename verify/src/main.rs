@@ -1,5 +1,5 @@
-//! The `kiln-verify` command line. Exit status: 0 pass, 1 out of tolerance (or a checksum
-//! mismatch), 2 could not run (bad input).
+//! The `kiln-verify` command line. Exit status ([`kiln_format::ExitStatus`]): 0 pass, 1 out of
+//! tolerance or a checksum mismatch, 2 could not run (bad input, I/O).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln_format::KilnFile;
+use kiln_format::{ExitStatus, KilnFile};
 use kiln_verify::perplexity::{PerplexityOptions, PerplexityProgress, ScoredLogits};
 use kiln_verify::tolerance::Tolerance;
 use kiln_verify::{diff, dump, layers, perplexity, Result, VerifyError};
@@ -36,11 +36,11 @@ enum Command {
         /// Reference dump (safetensors: input_ids + transformers module outputs).
         #[arg(long)]
         reference: PathBuf,
-        /// Override the largest NMSE allowed for any activation.
-        #[arg(long)]
+        /// Override the largest NMSE allowed for any activation (a finite value ≥ 0).
+        #[arg(long, value_parser = non_negative)]
         max_nmse: Option<f64>,
         /// Override the smallest top-1 agreement of the logits (0..1).
-        #[arg(long)]
+        #[arg(long, value_parser = fraction)]
         min_top1: Option<f64>,
         #[arg(short, long)]
         threads: Option<usize>,
@@ -75,6 +75,12 @@ enum Command {
         /// Save the scored log-probabilities (to compare other files against this one).
         #[arg(long)]
         save_logits: Option<PathBuf>,
+        /// Replace an existing --save-logits file.
+        #[arg(long)]
+        force: bool,
+        /// Skip checking every tensor's sha256 before running the model.
+        #[arg(long)]
+        no_verify: bool,
         /// Base model's saved log-probabilities: report mean KL-divergence and top-token agreement.
         #[arg(long)]
         kl_base: Option<PathBuf>,
@@ -90,8 +96,33 @@ fn threads(t: Option<usize>) -> Result<usize> {
         Some(0) => Err(VerifyError::Usage(
             "--threads 0: use at least one thread".into(),
         )),
-        Some(n) => Ok(n),
+        Some(n) => {
+            if let Some(notice) = kiln_runner::threads::cap_notice(n) {
+                eprintln!("kiln-verify: {notice}");
+            }
+            Ok(kiln_runner::threads::cap_threads(n))
+        }
         None => Ok(kiln_runner::threads::physical_cores()),
+    }
+}
+
+/// A tolerance that is a finite number ≥ 0 (NaN would make every comparison fail).
+fn non_negative(s: &str) -> std::result::Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("{s} is not a finite number ≥ 0"))
+    }
+}
+
+/// A fraction in 0..=1.
+fn fraction(s: &str) -> std::result::Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s} is not a fraction between 0 and 1"))
     }
 }
 
@@ -182,7 +213,7 @@ fn run(cli: Cli) -> Result<bool> {
             } else {
                 out(&diff::render(&r));
             }
-            Ok(true)
+            Ok(r.checksum_failures.is_empty())
         }
         Command::Perplexity {
             model,
@@ -190,11 +221,22 @@ fn run(cli: Cli) -> Result<bool> {
             ctx,
             chunks,
             save_logits,
+            force,
+            no_verify,
             kl_base,
             threads: t,
             json: j,
         } => {
-            let f = KilnFile::open(&model)?;
+            // Refuse a destination before an hour of scoring, not after it.
+            if let Some(p) = &save_logits {
+                kiln_format::check_destination(p, force)?;
+                let inputs = [Some(&model), Some(&text), kl_base.as_ref()];
+                kiln_format::refuse_output_is_input(
+                    p,
+                    inputs.into_iter().flatten().map(PathBuf::as_path),
+                )?;
+            }
+            let f = kiln_runner::open_model_verified(&model, !no_verify)?;
             let body = std::fs::read(&text).map_err(|e| VerifyError::Text {
                 path: text.display().to_string(),
                 reason: format!("cannot read: {e}"),
@@ -228,7 +270,7 @@ fn run(cli: Cli) -> Result<bool> {
             )?;
             pb.finish_and_clear();
             if let (Some(p), Some(k)) = (&save_logits, kept) {
-                k.save(p)?;
+                k.save(p, force)?;
             }
             if j {
                 json(&r);
@@ -252,13 +294,13 @@ fn run(cli: Cli) -> Result<bool> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let _ = ctrlc::set_handler(|| std::process::exit(130));
+    kiln_format::install_interrupt_handler();
     match run(cli) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
+        Ok(true) => ExitStatus::Success.into(),
+        Ok(false) => ExitStatus::VerificationFailed.into(),
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(2)
+            ExitStatus::Error.into()
         }
     }
 }

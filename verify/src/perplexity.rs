@@ -200,7 +200,7 @@ pub fn perplexity(
 
 impl ScoredLogits {
     /// Write as safetensors: `tokens` (i32 `[n]`) and `chunk.N` (f16 `[scored, vocab]`).
-    pub fn save(&self, path: &Path) -> Result<()> {
+    pub fn save(&self, path: &Path, overwrite: bool) -> Result<()> {
         let tokens: Vec<u8> = self
             .tokens
             .iter()
@@ -232,11 +232,8 @@ impl ScoredLogits {
                 reason: format!("cannot write: {e}"),
             }
         })?;
-        // Atomically (temporary file, fsync, rename), replacing an earlier save.
-        kiln_format::write_file_atomic(path, &bytes, true).map_err(|e| VerifyError::BadLogits {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })
+        // Atomically (temporary file, fsync, rename); an existing file only with `overwrite`.
+        kiln_format::write_file_atomic(path, &bytes, overwrite).map_err(VerifyError::Format)
     }
 
     /// Read a file written by [`ScoredLogits::save`], checking every field.

@@ -171,7 +171,7 @@ fn perplexity_against_itself_has_zero_kl_and_full_agreement() {
     assert_eq!(r.tokens_scored, 3 * (64 - 1 - 32));
     assert!(r.ppl.is_finite() && r.ppl > 1.0, "{}", r.ppl);
     let logits = tmp.path().join("base.logits");
-    kept.unwrap().save(&logits).unwrap();
+    kept.unwrap().save(&logits, false).unwrap();
     let base = kiln_verify::perplexity::ScoredLogits::load(&logits).unwrap();
     let (r2, _) = perplexity(&f, &text_path, &text, &opts, Some(&base), false, &()).unwrap();
     assert!(r2.kld_mean.unwrap() < 1e-4, "{:?}", r2.kld_mean);
@@ -327,5 +327,118 @@ fn smollm2_f32_and_lossless_bf16_match_transformers_tightly() {
             let r = verify_layers(&f, &d, Some(kiln_verify::tolerance::TOL_F32), 2).unwrap();
             assert!(r.pass, "{dtype:?} prompt {k}: {:?}", r.first_failure);
         }
+    }
+}
+
+/// Flip one byte in the middle of `tensor`'s data, leaving the index (and its sha256) as is.
+fn flip_byte(path: &Path, tensor: &str) {
+    let f = KilnFile::open(path).unwrap();
+    let info = f.info(tensor).unwrap().clone();
+    drop(f);
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[(info.offset + info.len / 2) as usize] ^= 0x10;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn diff_compares_the_data_and_reports_checksum_failures() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = convert("llama-tied-f32", None, tmp.path());
+    let copy = tmp.path().join("copy.kiln");
+    std::fs::copy(&path, &copy).unwrap();
+    flip_byte(&copy, "layers.0.mlp.up.weight");
+    let r = kiln_verify::diff::diff(
+        &KilnFile::open(&path).unwrap(),
+        &KilnFile::open(&copy).unwrap(),
+    )
+    .unwrap();
+    let row = r
+        .rows
+        .iter()
+        .find(|x| x.name == "layers.0.mlp.up.weight")
+        .unwrap();
+    assert!(row.max_abs > 0.0, "the flipped byte is seen: {row:?}");
+    assert_eq!(r.identical, r.rows.len() - 1);
+    assert_eq!(r.checksum_failures.len(), 1);
+    assert_eq!(r.checksum_failures[0].tensor, "layers.0.mlp.up.weight");
+    let o = cli().arg("diff").arg(&path).arg(&copy).output().unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "a checksum failure fails the diff"
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("checksum mismatch") && out.contains("copy.kiln"),
+        "{out}"
+    );
+}
+
+#[test]
+fn perplexity_refuses_corrupt_data_and_an_existing_logits_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = convert("llama-tied-f32", None, tmp.path());
+    let text = repo().join("fixtures/tiny/corpus.txt");
+    let run = |extra: &[&str]| {
+        cli()
+            .arg("perplexity")
+            .arg(&path)
+            .arg("--text")
+            .arg(&text)
+            .args(["-c", "64", "--chunks", "2"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let logits = tmp.path().join("base.logits");
+    std::fs::write(&logits, b"keep me").unwrap();
+    let lp = logits.to_str().unwrap();
+    let o = run(&["--save-logits", lp]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--force"));
+    assert_eq!(std::fs::read(&logits).unwrap(), b"keep me");
+    let o = run(&["--save-logits", lp, "--force"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_ne!(std::fs::read(&logits).unwrap(), b"keep me");
+    // The model file itself is never a destination.
+    let o = run(&["--save-logits", path.to_str().unwrap(), "--force"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("also an input"));
+    // One flipped weight byte: refused, naming the tensor, unless --no-verify.
+    flip_byte(&path, "layers.0.mlp.up.weight");
+    let o = run(&[]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("layers.0.mlp.up.weight"), "{err}");
+    assert_eq!(run(&["--no-verify"]).status.code(), Some(0));
+}
+
+#[test]
+fn tolerances_that_cannot_be_met_are_usage_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = convert("llama-tied-f32", None, tmp.path());
+    let reference = repo().join("fixtures/reference/tiny/llama-tied-f32/0.safetensors");
+    for (flag, value) in [
+        ("--max-nmse", "NaN"),
+        ("--max-nmse", "-1"),
+        ("--max-nmse", "inf"),
+        ("--min-top1", "2"),
+        ("--min-top1", "-0.5"),
+    ] {
+        let o = cli()
+            .arg("layers")
+            .arg(&path)
+            .arg("--reference")
+            .arg(&reference)
+            .arg(format!("{flag}={value}"))
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains(flag), "{flag}");
     }
 }

@@ -150,6 +150,7 @@ struct Plan {
 /// Export a `.kiln` file to GGUF.
 pub fn export_gguf(opts: &ExportOptions, progress: &dyn Progress) -> Result<ExportSummary> {
     let start = Instant::now();
+    kiln_format::refuse_output_is_input(&opts.output, [opts.input.as_path()])?;
     let f = KilnFile::open(&opts.input)?;
     let label = opts.input.display().to_string();
     let failures = f.verify_checksums(&|_| {});

@@ -266,6 +266,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
             "must be f32, f16 or bf16",
         ));
     }
+    kiln_format::refuse_output_is_input(&opts.output, [opts.input.as_path()])?;
     let g = GgufFile::open(&opts.input)?;
     let file = opts.input.display().to_string();
     let h = g.header();
