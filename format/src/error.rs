@@ -109,6 +109,13 @@ pub enum FormatError {
     /// The output exists and overwriting was not allowed.
     #[error("{file}: already exists; pass --force to overwrite it")]
     AlreadyExists { file: String },
+    /// An input path that is not a file (a directory, a device).
+    #[error("{file}: is {what}, not a file; give the path of a {expected} file")]
+    NotAFile {
+        file: String,
+        what: &'static str,
+        expected: &'static str,
+    },
     /// The destination exists and is not a regular file (a directory, a device, a pipe):
     /// `--force` replaces files, never anything else.
     #[error("{file}: exists and is not a regular file; choose a file path as the output")]

@@ -75,6 +75,160 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
 }
 
+/// Largest single dimension accepted from a config (2^24: far above any supported model, small
+/// enough that `dim × dim` products of activations cannot overflow).
+pub const MAX_CONFIG_DIM: u64 = 1 << 24;
+
+/// What is wrong with a [`ModelConfig`]: the field (as the config names it) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
+    /// The field at fault, e.g. `hidden_size`.
+    pub field: &'static str,
+    /// Why, with the value found.
+    pub reason: String,
+}
+
+impl ModelConfig {
+    /// Check that the configuration describes a model that can be built: every dimension in
+    /// `1..=MAX_CONFIG_DIM`, heads that group, an even head width, positive epsilon and RoPE
+    /// base, sane RoPE scaling, special tokens inside the vocabulary.
+    ///
+    /// The one validation of a model configuration: [`crate::KilnFile::open`] runs it, so every
+    /// program refuses the same files, and the runner's resolved config relies on it.
+    pub fn check(&self) -> std::result::Result<(), ConfigProblem> {
+        let bad = |field: &'static str, reason: String| Err(ConfigProblem { field, reason });
+        let dims = [
+            ("hidden_size", Some(self.hidden_size)),
+            ("intermediate_size", Some(self.intermediate_size)),
+            ("num_layers", Some(self.num_layers)),
+            ("num_heads", Some(self.num_heads)),
+            ("num_kv_heads", Some(self.num_kv_heads)),
+            ("head_dim", Some(self.head_dim)),
+            ("vocab_size", Some(self.vocab_size)),
+            (
+                "max_position_embeddings",
+                Some(self.max_position_embeddings),
+            ),
+            ("sliding_window", self.sliding_window),
+        ];
+        for (field, v) in dims {
+            if let Some(v) = v {
+                if v == 0 || v > MAX_CONFIG_DIM {
+                    return bad(field, format!("{v} is outside 1..={MAX_CONFIG_DIM}"));
+                }
+            }
+        }
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return bad(
+                "num_kv_heads",
+                format!(
+                    "{} query heads cannot be grouped over {} key/value heads",
+                    self.num_heads, self.num_kv_heads
+                ),
+            );
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return bad(
+                "head_dim",
+                format!(
+                    "{} is odd; rotary embeddings need an even width",
+                    self.head_dim
+                ),
+            );
+        }
+        // As the runner uses it: an f32 that must be positive.
+        let eps = self.rms_norm_eps as f32;
+        if !(eps > 0.0 && eps.is_finite()) {
+            return bad(
+                "rms_norm_eps",
+                format!("{} must be positive", self.rms_norm_eps),
+            );
+        }
+        if !(self.rope_theta > 1.0 && self.rope_theta.is_finite()) {
+            return bad("rope_theta", format!("{} must exceed 1", self.rope_theta));
+        }
+        match &self.rope_scaling {
+            Some(RopeScaling::Linear { factor }) if !factor.is_finite() || *factor <= 0.0 => {
+                return bad("rope_scaling.factor", format!("{factor} must be positive"));
+            }
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) if !(*factor > 0.0
+                && *low_freq_factor > 0.0
+                && high_freq_factor > low_freq_factor
+                && *original_max_position_embeddings > 0) =>
+            {
+                return bad(
+                    "rope_scaling",
+                    format!(
+                        "llama3 scaling needs factor > 0 and 0 < low_freq_factor < \
+                         high_freq_factor (got factor {factor}, low {low_freq_factor}, high \
+                         {high_freq_factor}, original context {original_max_position_embeddings})"
+                    ),
+                );
+            }
+            _ => {}
+        }
+        let specials = self
+            .eos_token_ids
+            .iter()
+            .map(|&id| ("eos_token_ids", id))
+            .chain(self.bos_token_id.map(|id| ("bos_token_id", id)));
+        for (field, id) in specials {
+            if u64::from(id) >= self.vocab_size {
+                return bad(
+                    field,
+                    format!(
+                        "special token {id} is outside the vocabulary ({})",
+                        self.vocab_size
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Deepest JSON nesting accepted in the metadata (docs/FORMAT.md, section 5). serde_json
+/// enforces 128 only where it builds values; under a key it skips it does not, so the reader
+/// checks the whole document with [`json_depth_exceeds`] first.
+pub const MAX_JSON_DEPTH: usize = 128;
+
+/// Whether the JSON text `bytes` nests arrays and objects deeper than `max`. One pass with a
+/// counter (no recursion), skipping string contents and their escapes; malformed JSON is left
+/// to the parser.
+pub fn json_depth_exceeds(bytes: &[u8], max: usize) -> bool {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in bytes {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Tokenizer files, kept byte for byte.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TokenizerFiles {
@@ -185,6 +339,16 @@ pub fn rfc3339_from_unix(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_depth_is_counted_outside_strings() {
+        let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(!json_depth_exceeds(nested(128).as_bytes(), 128));
+        assert!(json_depth_exceeds(nested(129).as_bytes(), 128));
+        assert!(json_depth_exceeds(nested(1_000_000).as_bytes(), 128));
+        let in_string = format!("{{\"k\": \"{}\\\"[\"}}", "[".repeat(500));
+        assert!(!json_depth_exceeds(in_string.as_bytes(), 2), "{in_string}");
+    }
 
     #[test]
     fn rfc3339_known_dates() {

@@ -113,6 +113,21 @@ impl KilnFile {
     pub fn open(path: impl AsRef<Path>) -> Result<KilnFile> {
         let path = path.as_ref();
         let file = File::open(path).map_err(|e| FormatError::io(path, "cannot open", e))?;
+        let kind = file
+            .metadata()
+            .map_err(|e| FormatError::io(path, "cannot inspect", e))?
+            .file_type();
+        if !kind.is_file() {
+            return Err(FormatError::NotAFile {
+                file: path.display().to_string(),
+                what: if kind.is_dir() {
+                    "a directory"
+                } else {
+                    "not a regular file"
+                },
+                expected: ".kiln",
+            });
+        }
         // SAFETY: the map is read-only and private to this process. Like every memory-mapped
         // reader (safetensors, candle, llama.cpp) we rely on the file not being truncated or
         // rewritten by another process while it is open; Kiln's own writer never modifies a
@@ -291,12 +306,30 @@ impl KilnFile {
         }
 
         let meta_bytes = &bytes[HEADER_LEN as usize..meta_end as usize];
+        if crate::metadata::json_depth_exceeds(meta_bytes, crate::metadata::MAX_JSON_DEPTH) {
+            return Err(FormatError::BadMetadata {
+                file: label.clone(),
+                field: "(document)".into(),
+                reason: format!(
+                    "JSON nested deeper than {} levels",
+                    crate::metadata::MAX_JSON_DEPTH
+                ),
+            });
+        }
         let metadata: Metadata =
             serde_json::from_slice(meta_bytes).map_err(|e| FormatError::BadMetadata {
                 file: label.clone(),
                 field: if e.is_data() { "(document)" } else { "(json)" }.to_string(),
                 reason: e.to_string(),
             })?;
+
+        if let Err(p) = metadata.config.check() {
+            return Err(FormatError::BadMetadata {
+                file: label.clone(),
+                field: format!("config.{}", p.field),
+                reason: p.reason,
+            });
+        }
 
         let index = &bytes[meta_end as usize..index_end as usize];
         let tensors = parse_index(&label, index, &header, bytes)?;

@@ -974,7 +974,7 @@ fn deeply_nested_metadata_is_refused_without_overflowing_the_stack() {
     assert!(doc.contains(&deep));
     match refuse(with_metadata(&bytes, &map, doc.as_bytes())) {
         FormatError::BadMetadata { reason, .. } => {
-            assert!(reason.contains("recursion"), "{reason}")
+            assert!(reason.contains("deeper than 128"), "{reason}")
         }
         other => panic!("expected BadMetadata, got {other:?}"),
     }
@@ -1054,4 +1054,36 @@ fn typed_view_of_the_wrong_dtype_is_dtype_mismatch() {
         other => panic!("expected DTypeMismatch, got {other:?}"),
     }
     assert!(v.as_f16().is_err() && v.as_bf16().is_err() && v.as_q8_0().is_err());
+}
+
+#[test]
+fn metadata_nested_deeper_than_the_spec_allows_is_refused_under_any_key() {
+    let (bytes, map) = sample();
+    let doc = String::from_utf8(bytes[map.meta.clone()].to_vec()).unwrap();
+    for depth in [129usize, 200, 1_000_000] {
+        // An unknown key, which a reader otherwise skips.
+        let deep = format!("{}{}", "[".repeat(depth - 1), "]".repeat(depth - 1));
+        let doc = doc.replacen('{', &format!("{{\"x-unknown\":{deep},"), 1);
+        match refuse(with_metadata(&bytes, &map, doc.as_bytes())) {
+            e @ FormatError::BadMetadata { .. } => {
+                assert!(e.to_string().contains("deeper than 128"), "{e}")
+            }
+            other => panic!("depth {depth}: expected BadMetadata, got {other:?}"),
+        }
+    }
+    // 128 levels in all (the document's object and 127 arrays) are within the limit.
+    let ok = format!("{}{}", "[".repeat(127), "]".repeat(127));
+    let doc = doc.replacen('{', &format!("{{\"x-unknown\":{ok},"), 1);
+    open(with_metadata(&bytes, &map, doc.as_bytes())).unwrap();
+}
+
+#[test]
+fn a_config_the_runner_cannot_build_is_refused_at_open() {
+    let (bytes, map) = sample();
+    let doc = String::from_utf8(bytes[map.meta.clone()].to_vec()).unwrap();
+    let doc = doc.replace("\"hidden_size\":64", "\"hidden_size\":0");
+    match refuse(with_metadata(&bytes, &map, doc.as_bytes())) {
+        FormatError::BadMetadata { field, .. } => assert_eq!(field, "config.hidden_size"),
+        other => panic!("expected BadMetadata, got {other:?}"),
+    }
 }

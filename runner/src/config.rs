@@ -77,108 +77,33 @@ impl Config {
 
     /// Resolve a [`ModelConfig`] (no tensor checks).
     pub fn from_model_config(label: &str, mc: &ModelConfig) -> Result<Config> {
-        let bad = |field: &'static str, reason: String| RunnerError::BadConfig {
-            file: label.to_string(),
-            field,
-            reason,
-        };
-        // Every dimension is positive and small enough that products of two fit in memory
-        // sizes; the tensor shapes are checked against them below.
-        let dim = |field: &'static str, v: u64| -> Result<usize> {
-            if v == 0 || v > MAX_CONFIG_DIM {
-                return Err(bad(field, format!("{v} is outside 1..={MAX_CONFIG_DIM}")));
-            }
-            Ok(v as usize)
-        };
+        if let Err(p) = mc.check() {
+            return Err(RunnerError::BadConfig {
+                file: label.to_string(),
+                field: p.field,
+                reason: p.reason,
+            });
+        }
+        // `check` bounded every dimension to 1..=MAX_CONFIG_DIM, so the casts are exact.
         let cfg = Config {
             architecture: mc.architecture,
-            hidden: dim("hidden_size", mc.hidden_size)?,
-            intermediate: dim("intermediate_size", mc.intermediate_size)?,
-            layers: dim("num_layers", mc.num_layers)?,
-            heads: dim("num_heads", mc.num_heads)?,
-            kv_heads: dim("num_kv_heads", mc.num_kv_heads)?,
-            head_dim: dim("head_dim", mc.head_dim)?,
-            vocab: dim("vocab_size", mc.vocab_size)?,
-            max_position_embeddings: dim("max_position_embeddings", mc.max_position_embeddings)?,
+            hidden: mc.hidden_size as usize,
+            intermediate: mc.intermediate_size as usize,
+            layers: mc.num_layers as usize,
+            heads: mc.num_heads as usize,
+            kv_heads: mc.num_kv_heads as usize,
+            head_dim: mc.head_dim as usize,
+            vocab: mc.vocab_size as usize,
+            max_position_embeddings: mc.max_position_embeddings as usize,
             rms_norm_eps: mc.rms_norm_eps as f32,
             rope_theta: mc.rope_theta,
             rope_scaling: mc.rope_scaling.clone(),
             tie_word_embeddings: mc.tie_word_embeddings,
             attention_bias: mc.attention_bias,
-            sliding_window: match mc.sliding_window {
-                Some(w) => Some(dim("sliding_window", w)?),
-                None => None,
-            },
+            sliding_window: mc.sliding_window.map(|w| w as usize),
             bos_token_id: mc.bos_token_id,
             eos_token_ids: mc.eos_token_ids.clone(),
         };
-        if !cfg.heads.is_multiple_of(cfg.kv_heads) {
-            return Err(bad(
-                "num_kv_heads",
-                format!(
-                    "{} query heads cannot be grouped over {} key/value heads",
-                    cfg.heads, cfg.kv_heads
-                ),
-            ));
-        }
-        if !cfg.head_dim.is_multiple_of(2) {
-            return Err(bad(
-                "head_dim",
-                format!(
-                    "{} is odd; rotary embeddings need an even width",
-                    cfg.head_dim
-                ),
-            ));
-        }
-        if !(cfg.rms_norm_eps > 0.0 && cfg.rms_norm_eps.is_finite()) {
-            return Err(bad(
-                "rms_norm_eps",
-                format!("{} must be positive", mc.rms_norm_eps),
-            ));
-        }
-        if !(cfg.rope_theta > 1.0 && cfg.rope_theta.is_finite()) {
-            return Err(bad(
-                "rope_theta",
-                format!("{} must exceed 1", cfg.rope_theta),
-            ));
-        }
-        match &cfg.rope_scaling {
-            Some(RopeScaling::Linear { factor }) if !factor.is_finite() || *factor <= 0.0 => {
-                return Err(bad(
-                    "rope_scaling.factor",
-                    format!("{factor} must be positive"),
-                ));
-            }
-            Some(RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            }) if !(*factor > 0.0
-                && *low_freq_factor > 0.0
-                && high_freq_factor > low_freq_factor
-                && *original_max_position_embeddings > 0) =>
-            {
-                return Err(bad(
-                    "rope_scaling",
-                    format!(
-                        "llama3 scaling needs factor > 0 and 0 < low_freq_factor < \
-                         high_freq_factor (got factor {factor}, low {low_freq_factor}, high \
-                         {high_freq_factor}, original context {original_max_position_embeddings})"
-                    ),
-                ));
-            }
-            _ => {}
-        }
-        let vocab = cfg.vocab as u64;
-        for &id in cfg.eos_token_ids.iter().chain(cfg.bos_token_id.iter()) {
-            if u64::from(id) >= vocab {
-                return Err(bad(
-                    "eos_token_ids",
-                    format!("special token {id} is outside the vocabulary ({vocab})"),
-                ));
-            }
-        }
         Ok(cfg)
     }
 
@@ -280,10 +205,6 @@ impl Config {
         Ok(())
     }
 }
-
-/// Largest single dimension accepted from a config (2^24: far above any Llama-family model,
-/// small enough that `dim × dim` products of activations cannot overflow).
-const MAX_CONFIG_DIM: u64 = 1 << 24;
 
 /// Open a `.kiln` model, turning a metadata error caused by an unknown architecture into
 /// [`RunnerError::UnsupportedArchitecture`].

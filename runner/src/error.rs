@@ -111,6 +111,14 @@ pub enum RunnerError {
     #[error("the prompt {source_name} is not valid UTF-8 (first invalid byte at offset {offset})")]
     PromptNotUtf8 { source_name: String, offset: usize },
     /// A command-line value out of range.
+    /// A sampling default in the file's generation_config.json that is out of range.
+    #[error("{file}: generation_config.json `{field}`: {reason}; override it with {flag}")]
+    BadGenerationConfig {
+        file: String,
+        field: &'static str,
+        reason: String,
+        flag: &'static str,
+    },
     #[error("invalid value for {arg}: {reason}")]
     InvalidArgument { arg: &'static str, reason: String },
     /// A token id outside the vocabulary.

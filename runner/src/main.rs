@@ -219,7 +219,7 @@ fn prompt_text(prompt: Option<OsString>, file: Option<&Path>) -> Result<String> 
 }
 
 /// Sampling settings: the file's generation_config.json defaults, overridden by flags.
-fn sampler_config(gen: &serde_json::Value, a: &SamplingArgs) -> Result<SamplerConfig> {
+fn sampler_config(file: &str, gen: &serde_json::Value, a: &SamplingArgs) -> Result<SamplerConfig> {
     let num = |k: &str| gen.get(k).and_then(serde_json::Value::as_f64);
     let do_sample = gen.get("do_sample").and_then(serde_json::Value::as_bool) == Some(true);
     let mut c = SamplerConfig {
@@ -253,8 +253,39 @@ fn sampler_config(gen: &serde_json::Value, a: &SamplingArgs) -> Result<SamplerCo
     if let Some(r) = a.repeat_penalty {
         c.repetition_penalty = r;
     }
-    c.validate()?;
-    Ok(c)
+    // A value no flag replaced came from the file: blame generation_config.json, not the flag.
+    match c.validate() {
+        Err(RunnerError::InvalidArgument { arg, reason }) => {
+            let from_flag = match arg {
+                "--temp" => a.temp.is_some() || a.greedy,
+                "--top-p" => a.top_p.is_some(),
+                "--min-p" => a.min_p.is_some(),
+                "--repeat-penalty" => a.repeat_penalty.is_some(),
+                _ => true,
+            };
+            if from_flag {
+                Err(RunnerError::InvalidArgument { arg, reason })
+            } else {
+                Err(RunnerError::BadGenerationConfig {
+                    file: file.to_string(),
+                    field: generation_key(arg),
+                    reason,
+                    flag: arg,
+                })
+            }
+        }
+        other => other.map(|()| c),
+    }
+}
+
+/// The generation_config.json key behind a sampling flag.
+fn generation_key(flag: &str) -> &'static str {
+    match flag {
+        "--temp" => "temperature",
+        "--top-p" => "top_p",
+        "--min-p" => "min_p",
+        _ => "repetition_penalty",
+    }
 }
 
 fn clock_seed() -> u64 {
@@ -313,7 +344,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let file = open_model_verified(&a.run.model, !a.run.no_verify)?;
     let m = load(&file)?;
     let mut sess = session(&m.model, &a.run, threads)?;
-    let sampling = sampler_config(&file.metadata().generation, &a.sampling)?;
+    let sampling = sampler_config(file.label(), &file.metadata().generation, &a.sampling)?;
     m.tokenizer.check_fits(&text, sess.ctx())?;
     let ids = if a.chat {
         let template = ChatTemplate::from_file(&file)?;
@@ -381,7 +412,11 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
     let m = load(&file)?;
     let template = ChatTemplate::from_file(&file)?;
     let mut sess = session(&m.model, &a.run, threads)?;
-    let mut sampler = Sampler::new(sampler_config(&file.metadata().generation, &a.sampling)?);
+    let mut sampler = Sampler::new(sampler_config(
+        file.label(),
+        &file.metadata().generation,
+        &a.sampling,
+    )?);
     let opts = GenerateOptions {
         max_tokens: a.n_predict,
         ..GenerateOptions::default()

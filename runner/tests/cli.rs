@@ -345,17 +345,70 @@ fn chat_flag_needs_a_template_and_system_needs_chat() {
     assert_eq!(o.status.code(), Some(USAGE));
 }
 
-/// The tiny fixture converted with `template` as its chat template.
-fn tiny_with_template(dir: &Path, template: &str) -> PathBuf {
+/// The tiny fixture converted after `edit` changed a copy of its directory.
+fn tiny_edited(dir: &Path, edit: impl FnOnce(&Path)) -> PathBuf {
     let src = root().join("fixtures/tiny/llama-tied-f32");
-    let copy = dir.join("hostile-template");
+    let copy = dir.join("edited");
+    let _ = std::fs::remove_dir_all(&copy);
     std::fs::create_dir_all(&copy).unwrap();
     for e in std::fs::read_dir(&src).unwrap() {
         let e = e.unwrap();
         std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
     }
-    std::fs::write(copy.join("chat_template.jinja"), template).unwrap();
+    edit(&copy);
     convert(&copy, dir, None)
+}
+
+/// The tiny fixture converted with `template` as its chat template.
+fn tiny_with_template(dir: &Path, template: &str) -> PathBuf {
+    tiny_edited(dir, |d| {
+        std::fs::write(d.join("chat_template.jinja"), template).unwrap()
+    })
+}
+
+/// Set `key` to `value` in the JSON file `name` of directory `d`.
+fn set_json(d: &Path, name: &str, key: &str, value: serde_json::Value) {
+    let p = d.join(name);
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    v[key] = value;
+    std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn messages_name_the_field_and_the_file_at_fault() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A bos_token_id outside the vocabulary is blamed on bos_token_id (the converter refuses
+    // it too, so the config is edited after conversion).
+    let f = kiln_format::KilnFile::open(tiny(tmp.path())).unwrap();
+    let mut mc = f.metadata().config.clone();
+    mc.bos_token_id = Some(100_000);
+    let e = kiln_runner::Config::from_model_config("m.kiln", &mc).unwrap_err();
+    assert!(e.to_string().contains("`bos_token_id`"), "{e}");
+    // A bad sampling default is the file's fault, not the flag's; the flag can override it.
+    let m = tiny_edited(tmp.path(), |d| {
+        set_json(d, "generation_config.json", "do_sample", true.into());
+        set_json(d, "generation_config.json", "top_p", 5.into());
+    });
+    let o = kiln_run(&["generate", m.to_str().unwrap(), "-p", "hi", "-n", "1"]);
+    assert_fails(
+        &o,
+        USAGE,
+        &["generation_config.json `top_p`", "override it with --top-p"],
+    );
+    let o = kiln_run(&[
+        "generate",
+        m.to_str().unwrap(),
+        "-p",
+        "hi",
+        "-n",
+        "1",
+        "--top-p",
+        "0.9",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // A directory given as the model.
+    let o = kiln_run(&["generate", tmp.path().to_str().unwrap(), "-p", "hi"]);
+    assert_fails(&o, FAILURE, &["is a directory, not a file"]);
 }
 
 #[test]
