@@ -155,7 +155,8 @@ fn run(cli: Cli) -> Result<bool> {
             threads: t,
             json: j,
         } => {
-            let f = KilnFile::open(&model)?;
+            // The data under test must be the data the file claims: checksums first.
+            let f = kiln_runner::open_model_verified(&model, true)?;
             let d = dump::Dump::load(&reference)?;
             let default = Tolerance::for_class(kiln_verify::tolerance::WeightClass::of_file(&f));
             let tol = (max_nmse.is_some() || min_top1.is_some()).then(|| Tolerance {
