@@ -154,6 +154,10 @@ pub enum ConvertError {
     /// A tokenizer Kiln cannot carry between `tokenizer.json` and GGUF.
     #[error("{file}: tokenizer: {reason}")]
     UnsupportedTokenizer { file: String, reason: String },
+    /// A chat template that does not compile (a syntax error), found at conversion rather
+    /// than at the first chat.
+    #[error("{file}: chat template: {reason}; fix the template or remove it")]
+    BadChatTemplate { file: String, reason: String },
     /// A `.kiln` file that cannot be written as GGUF.
     #[error("{file}: cannot export {what} to GGUF: {reason}")]
     Export {

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::str::FromStr;
 
 use kiln_format::TokenizerFiles;
 use serde_json::Value;
@@ -138,5 +139,37 @@ pub fn read(dir: &Path) -> Result<TokenizerFiles> {
         }
     }
     files.special_tokens = special;
+    validate(&files, &dir.display().to_string())?;
     Ok(files)
+}
+
+/// Check that what the runner will load, loads: the tokenizer builds from `tokenizer.json`
+/// and the chat template compiles (with the syntax the runner renders it with). An unusable
+/// tokenizer (`{}`) or a template with a syntax error is refused at conversion, naming
+/// `source`, instead of converting fine and failing at the first run.
+pub fn validate(files: &TokenizerFiles, source: &str) -> Result<()> {
+    if let Some(json) = &files.tokenizer_json {
+        tokenizers::Tokenizer::from_str(json).map_err(|e| ConvertError::UnsupportedTokenizer {
+            file: source.to_string(),
+            reason: format!("tokenizer.json does not load: {e}"),
+        })?;
+    }
+    if let Some(template) = &files.chat_template {
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| ConvertError::BadChatTemplate {
+                file: source.to_string(),
+                reason: e.to_string(),
+            })?;
+        let mut env = minijinja::Environment::new();
+        env.set_syntax(syntax);
+        env.add_template("chat_template", template)
+            .map_err(|e| ConvertError::BadChatTemplate {
+                file: source.to_string(),
+                reason: e.to_string(),
+            })?;
+    }
+    Ok(())
 }

@@ -479,3 +479,22 @@ fn sigterm_and_sighup_leave_no_temporary_file() {
         assert!(left.is_empty(), "SIG{signal} left {left:?}");
     }
 }
+
+#[test]
+fn an_unusable_tokenizer_or_a_template_syntax_error_is_refused_at_conversion() {
+    let dir = copy_of("llama-tied-f32");
+    std::fs::write(dir.path().join("tokenizer.json"), "{}").unwrap();
+    let e = expect_error(dir.path(), &["tokenizer.json does not load"]);
+    assert!(
+        matches!(e, ConvertError::UnsupportedTokenizer { .. }),
+        "{e}"
+    );
+    let dir = copy_of("llama-tied-f32");
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        "{% for m in messages %}{{ m.content }",
+    )
+    .unwrap();
+    let e = expect_error(dir.path(), &["chat template", "syntax error"]);
+    assert!(matches!(e, ConvertError::BadChatTemplate { .. }), "{e}");
+}

@@ -273,6 +273,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
     let config = resolve_config(&file, h)?;
     let context = config.max_position_embeddings;
     let tokenizer = tokenizer::from_gguf(&file, &|k| h.get(k), context)?;
+    crate::tokenizer_files::validate(&tokenizer, &file)?;
     let permute = config.architecture != Architecture::Qwen2;
 
     // Every GGUF tensor resolved, then matched against what the configuration implies.
