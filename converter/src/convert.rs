@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use kiln_format::convert::cast_bytes;
+use kiln_format::convert::{cast_bytes, count_non_finite};
 use kiln_format::metadata::now_rfc3339;
 use kiln_format::{
     DType, KilnWriter, Metadata, ModelConfig, ProvenanceStep, Role, SourceFile, TensorName,
@@ -34,6 +34,8 @@ pub struct ConvertOptions {
     pub dtype: Option<DType>,
     /// Replace an existing output file.
     pub overwrite: bool,
+    /// Convert tensors holding NaN or infinity (listed in the summary) instead of refusing.
+    pub allow_non_finite: bool,
 }
 
 /// What a conversion did.
@@ -61,6 +63,8 @@ pub struct ConvertSummary {
     pub header_sha256: String,
     /// Source tensors skipped (derived buffers, a tied duplicate of the embedding).
     pub skipped: Vec<String>,
+    /// Tensors holding NaN or infinity, converted because `allow_non_finite` was set.
+    pub non_finite: Vec<String>,
 }
 
 /// Shapes `config.json` implies, in output order.
@@ -294,6 +298,7 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
     // Largest first, so the long tensors do not end up alone at the tail of the schedule.
     let mut order: Vec<usize> = (0..planned.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(planned[i].range.len()));
+    let non_finite = std::sync::Mutex::new(Vec::new());
     let write_all = || {
         order.par_iter().try_for_each(|&i| -> Result<()> {
             let t = planned[i];
@@ -306,10 +311,16 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
             let mut src = vec![0u8; step.min(t.range.len())];
             let mut cast = Vec::new();
             let mut pos = t.range.start;
+            let (mut bad, mut first_bad) = (0usize, None);
             while pos < t.range.end {
                 let n = step.min(t.range.end - pos);
                 let chunk = &mut src[..n];
                 shard.read_at(chunk, pos as u64)?;
+                if let Some((count, first)) = count_non_finite(t.dtype, chunk) {
+                    let elem = (pos - t.range.start) / t.dtype.block_bytes();
+                    bad += count;
+                    first_bad = first_bad.or(first.map(|f| elem + f));
+                }
                 if to == t.dtype {
                     sink.write(chunk)?;
                 } else {
@@ -319,6 +330,24 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
                 }
                 pos += n;
                 progress.advance(n as u64, 0);
+            }
+            if let Some(index) = first_bad {
+                let file = shard.path.display().to_string();
+                if !opts.allow_non_finite {
+                    return Err(ConvertError::NonFinite {
+                        file,
+                        tensor: t.source_name.clone(),
+                        index,
+                        count: bad,
+                    });
+                }
+                non_finite
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(format!(
+                        "{} ({bad} values, first at element {index})",
+                        t.source_name
+                    ));
             }
             sink.finish()?;
             progress.advance(0, 1);
@@ -350,5 +379,6 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
         gb_per_s: bytes_in as f64 / seconds / 1e9,
         header_sha256: kiln_format::hex(&summary.header_sha256),
         skipped,
+        non_finite: non_finite.into_inner().unwrap_or_else(|e| e.into_inner()),
     })
 }

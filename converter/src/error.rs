@@ -154,6 +154,18 @@ pub enum ConvertError {
     /// A tokenizer Kiln cannot carry between `tokenizer.json` and GGUF.
     #[error("{file}: tokenizer: {reason}")]
     UnsupportedTokenizer { file: String, reason: String },
+    /// A source tensor holding NaN or infinity: a model that would stop after one token.
+    #[error(
+        "{file}: tensor `{tensor}` holds {count} non-finite value(s) (NaN or infinity), the \
+         first at element {index}; the checkpoint is damaged (pass --allow-non-finite to \
+         convert it anyway)"
+    )]
+    NonFinite {
+        file: String,
+        tensor: String,
+        index: usize,
+        count: usize,
+    },
     /// A chat template that does not compile (a syntax error), found at conversion rather
     /// than at the first chat.
     #[error("{file}: chat template: {reason}; fix the template or remove it")]

@@ -45,6 +45,9 @@ enum Command {
         /// Overwrite the output file if it exists.
         #[arg(long)]
         force: bool,
+        /// Convert tensors holding NaN or infinity (with a warning) instead of refusing.
+        #[arg(long)]
+        allow_non_finite: bool,
         /// Print a JSON summary on stdout.
         #[arg(long)]
         json: bool,
@@ -172,6 +175,7 @@ fn run(cli: Cli) -> Result<ExitStatus, kiln_convert::ConvertError> {
             output,
             dtype,
             force,
+            allow_non_finite,
             json,
         } => {
             let opts = ConvertOptions {
@@ -179,6 +183,7 @@ fn run(cli: Cli) -> Result<ExitStatus, kiln_convert::ConvertError> {
                 output,
                 dtype: dtype.map(DType::from),
                 overwrite: force,
+                allow_non_finite,
             };
             let s = convert_hf(&opts, &Bar::new("converting"))?;
             eprintln!(
@@ -194,6 +199,9 @@ fn run(cli: Cli) -> Result<ExitStatus, kiln_convert::ConvertError> {
                 s.gb_per_s,
                 s.header_sha256
             );
+            for t in &s.non_finite {
+                eprintln!("warning: non-finite values converted as they are: {t}");
+            }
             if !s.skipped.is_empty() {
                 eprintln!(
                     "skipped {} source tensor(s): {}",

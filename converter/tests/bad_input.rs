@@ -53,6 +53,7 @@ fn expect_error(dir: &Path, needles: &[&str]) -> ConvertError {
             output: target.clone(),
             dtype: None,
             overwrite: false,
+            allow_non_finite: false,
         },
         &NoProgress,
     )
@@ -497,4 +498,41 @@ fn an_unusable_tokenizer_or_a_template_syntax_error_is_refused_at_conversion() {
     .unwrap();
     let e = expect_error(dir.path(), &["chat template", "syntax error"]);
     assert!(matches!(e, ConvertError::BadChatTemplate { .. }), "{e}");
+}
+
+#[test]
+fn non_finite_weights_are_refused_naming_the_tensor_and_the_element() {
+    for dtype_fixture in ["llama-tied-f32", "llama-untied-bf16"] {
+        let dir = copy_of(dtype_fixture);
+        let mut tensor = String::new();
+        edit_tensors(dir.path(), |m| {
+            let (name, (dtype, _, data)) = m
+                .iter_mut()
+                .find(|(n, _)| n.ends_with("layers.1.mlp.down_proj.weight"))
+                .unwrap();
+            tensor = name.clone();
+            match dtype {
+                Dtype::F32 => data[20..24].copy_from_slice(&f32::NAN.to_le_bytes()),
+                Dtype::BF16 => data[10..12].copy_from_slice(&half::bf16::INFINITY.to_le_bytes()),
+                other => panic!("fixture dtype {other:?}"),
+            }
+        });
+        let e = expect_error(dir.path(), &[&tensor, "element 5", "non-finite"]);
+        assert!(matches!(e, ConvertError::NonFinite { count: 1, .. }), "{e}");
+        // Allowed explicitly, it converts and says which tensor.
+        let out = tempfile::tempdir().unwrap();
+        let s = convert_hf(
+            &ConvertOptions {
+                input: dir.path().to_path_buf(),
+                output: out.path().join("m.kiln"),
+                dtype: None,
+                overwrite: false,
+                allow_non_finite: true,
+            },
+            &NoProgress,
+        )
+        .unwrap();
+        assert_eq!(s.non_finite.len(), 1, "{:?}", s.non_finite);
+        assert!(s.non_finite[0].contains(&tensor));
+    }
 }

@@ -49,6 +49,7 @@ fn convert_and_compare(dir: &Path, dtype: Option<DType>) -> KilnFile {
             output: path.clone(),
             dtype,
             overwrite: false,
+            allow_non_finite: false,
         },
         &NoProgress,
     )

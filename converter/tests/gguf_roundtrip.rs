@@ -132,6 +132,7 @@ fn convert(dir: &Path, out: &Path) {
             output: out.to_path_buf(),
             dtype: None,
             overwrite: false,
+            allow_non_finite: false,
         },
         &NoProgress,
     )

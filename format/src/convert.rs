@@ -107,9 +107,63 @@ pub fn cast_bytes(from: DType, to: DType, bytes: &[u8], out: &mut Vec<u8>) {
     }
 }
 
+/// Non-finite values (NaN, ±infinity) in `bytes` of float `dtype`: how many, and the element
+/// index of the first. `None` for a dtype whose elements are not floats (block types).
+///
+/// Conversion runs this on every source chunk, so a checkpoint holding NaN or infinity is
+/// refused at conversion rather than producing a model that stops after one token. A float is
+/// non-finite when its exponent bits are all ones, which is what each arm tests.
+pub fn count_non_finite(dtype: DType, bytes: &[u8]) -> Option<(usize, Option<usize>)> {
+    fn scan<const N: usize>(bytes: &[u8], bad: impl Fn([u8; N]) -> bool) -> (usize, Option<usize>) {
+        let mut count = 0;
+        let mut first = None;
+        for (i, c) in bytes.chunks_exact(N).enumerate() {
+            let mut e = [0u8; N];
+            e.copy_from_slice(c);
+            if bad(e) {
+                count += 1;
+                first.get_or_insert(i);
+            }
+        }
+        (count, first)
+    }
+    match dtype {
+        DType::F32 => Some(scan::<4>(bytes, |e| {
+            u32::from_le_bytes(e) & 0x7f80_0000 == 0x7f80_0000
+        })),
+        DType::F16 => Some(scan::<2>(bytes, |e| {
+            u16::from_le_bytes(e) & 0x7c00 == 0x7c00
+        })),
+        DType::BF16 => Some(scan::<2>(bytes, |e| {
+            u16::from_le_bytes(e) & 0x7f80 == 0x7f80
+        })),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_finite_values_are_found_in_every_float_dtype() {
+        let f32s: Vec<u8> = [1.0f32, f32::NAN, 2.0, f32::INFINITY, f32::MAX, -0.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(count_non_finite(DType::F32, &f32s), Some((2, Some(1))));
+        let f16s: Vec<u8> = [half::f16::ONE, half::f16::MAX, half::f16::NEG_INFINITY]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(count_non_finite(DType::F16, &f16s), Some((1, Some(2))));
+        let bf16s: Vec<u8> = [half::bf16::NAN, half::bf16::MAX]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(count_non_finite(DType::BF16, &bf16s), Some((1, Some(0))));
+        assert_eq!(count_non_finite(DType::Q8_0, &[0; 34]), None);
+    }
     use proptest::prelude::*;
 
     proptest! {

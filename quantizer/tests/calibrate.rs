@@ -21,6 +21,7 @@ fn convert(fixture: &str, dir: &Path) -> PathBuf {
             output: out.clone(),
             dtype: None,
             overwrite: true,
+            allow_non_finite: false,
         },
         &kiln_convert::NoProgress,
     )

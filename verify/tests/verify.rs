@@ -31,6 +31,7 @@ fn convert(name: &str, dtype: Option<DType>, dir: &Path) -> PathBuf {
             output: out.clone(),
             dtype,
             overwrite: true,
+            allow_non_finite: false,
         },
         &NoProgress,
     )
@@ -288,6 +289,7 @@ fn diff_reports_identical_and_changed_tensors() {
             output: b_path.clone(),
             dtype: Some(DType::F16),
             overwrite: true,
+            allow_non_finite: false,
         },
         &NoProgress,
     )
@@ -316,6 +318,7 @@ fn smollm2_f32_and_lossless_bf16_match_transformers_tightly() {
                 output: out.clone(),
                 dtype,
                 overwrite: true,
+                allow_non_finite: false,
             },
             &NoProgress,
         )

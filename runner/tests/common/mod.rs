@@ -51,6 +51,7 @@ pub fn convert(input: &Path, dir: &Path, dtype: Option<DType>) -> PathBuf {
             output: out.clone(),
             dtype,
             overwrite: true,
+            allow_non_finite: false,
         },
         &kiln_convert::NoProgress,
     )
