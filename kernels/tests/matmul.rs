@@ -290,9 +290,16 @@ fn matrix_new_rejects_overflow() {
 }
 
 #[test]
-fn pool_rejects_zero_threads() {
+fn pool_rejects_zero_threads_and_caps_at_the_cpus() {
     assert_eq!(Pool::new(0).unwrap_err(), KernelError::ZeroThreads);
-    assert_eq!(Pool::new(3).unwrap().threads(), 3);
+    assert_eq!(
+        Pool::new(3).unwrap().threads(),
+        3.min(kiln_kernels::max_threads())
+    );
+    assert_eq!(
+        Pool::new(100_000).unwrap().threads(),
+        kiln_kernels::max_threads()
+    );
 }
 
 #[test]
