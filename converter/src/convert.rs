@@ -316,11 +316,10 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
                 let n = step.min(t.range.end - pos);
                 let chunk = &mut src[..n];
                 shard.read_at(chunk, pos as u64)?;
-                if let Some((count, first)) = count_non_finite(t.dtype, chunk) {
-                    let elem = (pos - t.range.start) / t.dtype.block_bytes();
-                    bad += count;
-                    first_bad = first_bad.or(first.map(|f| elem + f));
-                }
+                let (count, first) = count_non_finite(t.dtype, chunk);
+                let elem = (pos - t.range.start) / t.dtype.block_bytes() * t.dtype.block_len();
+                bad += count;
+                first_bad = first_bad.or(first.map(|f| elem + f));
                 if to == t.dtype {
                     sink.write(chunk)?;
                 } else {

@@ -34,6 +34,18 @@ pub struct VerifyResult {
     pub gb_per_s: f64,
     /// Mismatches, by tensor name.
     pub failures: Vec<Failure>,
+    /// Tensors holding NaN or infinity, by name (their checksums may well match).
+    pub non_finite: Vec<NonFinite>,
+}
+
+/// A tensor holding NaN or infinity.
+#[derive(Debug, Clone, Serialize)]
+pub struct NonFinite {
+    pub tensor: String,
+    /// Non-finite values.
+    pub count: usize,
+    /// Element index of the first.
+    pub first: usize,
 }
 
 /// A checksum mismatch.
@@ -134,11 +146,21 @@ pub fn inspect(path: &Path, verify: bool, progress: &dyn Progress) -> Result<Ins
         let failures = f.verify_checksums(&|n| progress.advance(n, 0));
         progress.finish();
         let seconds = t.elapsed().as_secs_f64();
+        let non_finite: Vec<NonFinite> = f
+            .non_finite()
+            .into_iter()
+            .map(|n| NonFinite {
+                tensor: n.tensor,
+                count: n.count,
+                first: n.first,
+            })
+            .collect();
         VerifyResult {
-            ok: failures.is_empty(),
+            ok: failures.is_empty() && non_finite.is_empty(),
             seconds,
             gb_per_s: f.data_len() as f64 / seconds / 1e9,
             failures: failures.into_iter().map(Failure::from).collect(),
+            non_finite,
         }
     });
     let (major, minor) = f.version();
@@ -269,7 +291,7 @@ pub fn render(i: &Inspection) -> String {
         );
     }
     if let Some(v) = &i.verify {
-        if v.ok {
+        if v.failures.is_empty() {
             let _ = writeln!(
                 s,
                 "checksums      all {} match ({:.3} s, {:.2} GB/s)",
@@ -284,6 +306,22 @@ pub fn render(i: &Inspection) -> String {
                     s,
                     "  {}: stored {} computed {}",
                     f.tensor, f.stored, f.computed
+                );
+            }
+        }
+        if v.non_finite.is_empty() {
+            let _ = writeln!(s, "values         all finite");
+        } else {
+            let _ = writeln!(
+                s,
+                "values         {} tensor(s) hold NaN or infinity:",
+                v.non_finite.len()
+            );
+            for n in &v.non_finite {
+                let _ = writeln!(
+                    s,
+                    "  {}: {} value(s), the first at element {}",
+                    n.tensor, n.count, n.first
                 );
             }
         }

@@ -87,16 +87,20 @@ enum Command {
         /// Overwrite the output file if it exists.
         #[arg(long)]
         force: bool,
+        /// Import tensors holding NaN or infinity (with a warning) instead of refusing.
+        #[arg(long)]
+        allow_non_finite: bool,
         /// Print a JSON summary on stdout.
         #[arg(long)]
         json: bool,
     },
-    /// Show a .kiln file's metadata and tensor table; --verify checks every checksum.
+    /// Show a .kiln file's metadata and tensor table; --verify checks every checksum and value.
     #[command(after_help = "Example:\n  kiln-convert inspect smollm2.kiln --verify")]
     Inspect {
         /// The .kiln file.
         file: PathBuf,
-        /// Hash every tensor and compare with the index (exit status 1 on a mismatch).
+        /// Hash every tensor and compare with the index, and scan every value for NaN and
+        /// infinity (exit status 1 on a mismatch or a non-finite value).
         #[arg(long)]
         verify: bool,
         /// Print JSON on stdout.
@@ -244,6 +248,7 @@ fn run(cli: Cli) -> Result<ExitStatus, kiln_convert::ConvertError> {
             output,
             dequantize_to,
             force,
+            allow_non_finite,
             json,
         } => {
             let opts = ImportOptions {
@@ -251,6 +256,7 @@ fn run(cli: Cli) -> Result<ExitStatus, kiln_convert::ConvertError> {
                 output,
                 overwrite: force,
                 dequantize_to: dequantize_to.into(),
+                allow_non_finite,
             };
             let s = import_gguf(&opts, &Bar::new("importing"))?;
             eprintln!(
@@ -270,6 +276,9 @@ fn run(cli: Cli) -> Result<ExitStatus, kiln_convert::ConvertError> {
                     counts(&s.dequantized)
                 );
             }
+            for t in &s.non_finite {
+                eprintln!("warning: non-finite values imported as they are: {t}");
+            }
             print_json_if(json, &s);
             Ok(ExitStatus::Success)
         }
@@ -283,12 +292,23 @@ fn run(cli: Cli) -> Result<ExitStatus, kiln_convert::ConvertError> {
             match &i.verify {
                 Some(v) if !v.ok => {
                     let names: Vec<&str> = v.failures.iter().map(|f| f.tensor.as_str()).collect();
-                    eprintln!(
-                        "error: {}: {} tensor checksum(s) do not match: {}",
-                        i.file,
-                        names.len(),
-                        names.join(", ")
-                    );
+                    if !names.is_empty() {
+                        eprintln!(
+                            "error: {}: {} tensor checksum(s) do not match: {}",
+                            i.file,
+                            names.len(),
+                            names.join(", ")
+                        );
+                    }
+                    let names: Vec<&str> = v.non_finite.iter().map(|n| n.tensor.as_str()).collect();
+                    if !names.is_empty() {
+                        eprintln!(
+                            "error: {}: {} tensor(s) hold NaN or infinity: {}",
+                            i.file,
+                            names.len(),
+                            names.join(", ")
+                        );
+                    }
                     Ok(ExitStatus::VerificationFailed)
                 }
                 _ => Ok(ExitStatus::Success),

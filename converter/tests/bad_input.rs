@@ -534,5 +534,26 @@ fn non_finite_weights_are_refused_naming_the_tensor_and_the_element() {
         .unwrap();
         assert_eq!(s.non_finite.len(), 1, "{:?}", s.non_finite);
         assert!(s.non_finite[0].contains(&tensor));
+        // The file's checksums match (they cover the NaN), but `inspect --verify` flags it.
+        let r = cli()
+            .arg("inspect")
+            .arg(out.path().join("m.kiln"))
+            .arg("--verify")
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert_eq!(r.status.code(), Some(1), "{dtype_fixture}");
+        let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+        assert_eq!(v["verify"]["failures"].as_array().map(Vec::len), Some(0));
+        assert_eq!(
+            v["verify"]["non_finite"][0]["tensor"],
+            "layers.1.mlp.down.weight"
+        );
+        assert_eq!(v["verify"]["non_finite"][0]["first"], 5);
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert!(
+            err.contains("NaN or infinity") && err.contains("layers.1.mlp.down.weight"),
+            "{err}"
+        );
     }
 }

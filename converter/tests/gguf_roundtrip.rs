@@ -59,6 +59,7 @@ fn round_trip(kiln: &Path) -> Trip {
             output: back.clone(),
             overwrite: false,
             dequantize_to: DType::F16,
+            allow_non_finite: false,
         },
         &NoProgress,
     )
@@ -315,6 +316,54 @@ fn export_refuses_to_clobber_and_leaves_nothing_on_error() {
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 2);
 }
 
+/// Regression: a GGUF whose weights hold NaN imported without a word, and the model then
+/// stopped after one token. The import now refuses it, naming the tensor and the element, and
+/// `allow_non_finite` imports it with the tensor listed.
+#[test]
+fn gguf_import_refuses_non_finite_weights_naming_the_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kiln = tmp.path().join("m.kiln");
+    convert(&repo().join("fixtures/tiny/llama-tied-f32"), &kiln);
+    let gguf = tmp.path().join("m.gguf");
+    export_gguf(
+        &ExportOptions {
+            input: kiln,
+            output: gguf.clone(),
+            overwrite: false,
+        },
+        &NoProgress,
+    )
+    .unwrap();
+    let t = GgufFile::open(&gguf)
+        .unwrap()
+        .header()
+        .tensor("blk.0.ffn_down.weight")
+        .unwrap()
+        .clone();
+    assert_eq!(t.ggml_type.name, "F32");
+    let mut bytes = std::fs::read(&gguf).unwrap();
+    let at = (t.offset + 4 * 5) as usize;
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&gguf, &bytes).unwrap();
+    let opts = |allow_non_finite| ImportOptions {
+        input: gguf.clone(),
+        output: tmp.path().join("back.kiln"),
+        overwrite: false,
+        dequantize_to: DType::F16,
+        allow_non_finite,
+    };
+    let e = import_gguf(&opts(false), &NoProgress).unwrap_err();
+    assert!(
+        matches!(&e, kiln_convert::ConvertError::NonFinite { tensor, index: 5, count: 1, .. }
+            if tensor == "blk.0.ffn_down.weight"),
+        "{e}"
+    );
+    assert!(!tmp.path().join("back.kiln").exists(), "nothing written");
+    let s = import_gguf(&opts(true), &NoProgress).unwrap();
+    assert_eq!(s.non_finite.len(), 1, "{:?}", s.non_finite);
+    assert!(s.non_finite[0].starts_with("blk.0.ffn_down.weight"));
+}
+
 const SMOLLM2: &str = "target/models/smollm2-bf16";
 const SMOLLM2_GGUF: &str = "target/cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -366,6 +415,7 @@ fn smollm2_q4_1_gguf_imports_to_the_reference_checkpoint() {
             output: imported.clone(),
             overwrite: false,
             dequantize_to: DType::F32,
+            allow_non_finite: false,
         },
         &NoProgress,
     )
@@ -482,6 +532,7 @@ fn gemma3_q4_k_m_is_read_and_refused_by_architecture() {
             output: tmp.path().join("g.kiln"),
             overwrite: false,
             dequantize_to: DType::F16,
+            allow_non_finite: false,
         },
         &NoProgress,
     )

@@ -5,6 +5,7 @@
 
 use half::{bf16, f16};
 
+use crate::blocks::{GROUP_ROWS, QK};
 use crate::dtype::DType;
 
 /// Decode little-endian elements of a float dtype into f32. `bytes.len()` must equal
@@ -107,37 +108,56 @@ pub fn cast_bytes(from: DType, to: DType, bytes: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-/// Non-finite values (NaN, ±infinity) in `bytes` of float `dtype`: how many, and the element
-/// index of the first. `None` for a dtype whose elements are not floats (block types).
+/// Non-finite values (NaN, ±infinity) in `bytes` of `dtype`: how many, and the element index
+/// of the first (`None` when there is none).
 ///
 /// Conversion runs this on every source chunk, so a checkpoint holding NaN or infinity is
-/// refused at conversion rather than producing a model that stops after one token. A float is
-/// non-finite when its exponent bits are all ones, which is what each arm tests.
-pub fn count_non_finite(dtype: DType, bytes: &[u8]) -> Option<(usize, Option<usize>)> {
-    fn scan<const N: usize>(bytes: &[u8], bad: impl Fn([u8; N]) -> bool) -> (usize, Option<usize>) {
+/// refused at conversion rather than producing a model that stops after one token; `inspect
+/// --verify` runs it over a whole file. A float is non-finite when its exponent bits are all
+/// ones, which is what each arm tests. A block type's values are `d * q`: a block whose f16
+/// scale `d` is non-finite makes all of its values non-finite (`0 * inf` is NaN), so such a
+/// block counts as [`QK`] values, indexed from its first. For `q4_0x16`, whose sixteen rows
+/// are interleaved, the index is in storage order (group, then row within the group).
+pub fn count_non_finite(dtype: DType, bytes: &[u8]) -> (usize, Option<usize>) {
+    fn scan<const N: usize>(
+        bytes: &[u8],
+        stride: usize,
+        values: usize,
+        bad: impl Fn([u8; N]) -> bool,
+    ) -> (usize, Option<usize>) {
         let mut count = 0;
         let mut first = None;
-        for (i, c) in bytes.chunks_exact(N).enumerate() {
+        for (i, c) in bytes.chunks_exact(stride).enumerate() {
             let mut e = [0u8; N];
-            e.copy_from_slice(c);
+            e.copy_from_slice(&c[..N]);
             if bad(e) {
-                count += 1;
-                first.get_or_insert(i);
+                count += values;
+                first.get_or_insert(i * values);
             }
         }
         (count, first)
     }
+    let f16_bad = |e: [u8; 2]| u16::from_le_bytes(e) & 0x7c00 == 0x7c00;
     match dtype {
-        DType::F32 => Some(scan::<4>(bytes, |e| {
+        DType::F32 => scan::<4>(bytes, 4, 1, |e| {
             u32::from_le_bytes(e) & 0x7f80_0000 == 0x7f80_0000
-        })),
-        DType::F16 => Some(scan::<2>(bytes, |e| {
-            u16::from_le_bytes(e) & 0x7c00 == 0x7c00
-        })),
-        DType::BF16 => Some(scan::<2>(bytes, |e| {
-            u16::from_le_bytes(e) & 0x7f80 == 0x7f80
-        })),
-        _ => None,
+        }),
+        DType::F16 => scan::<2>(bytes, 2, 1, f16_bad),
+        DType::BF16 => scan::<2>(bytes, 2, 1, |e| u16::from_le_bytes(e) & 0x7f80 == 0x7f80),
+        DType::Q8_0 | DType::Q4_0 => scan::<2>(bytes, dtype.block_bytes(), QK, f16_bad),
+        DType::Q4_0x16 => {
+            // GROUP_ROWS f16 scales, then the nibbles: one scale per row's block.
+            let mut count = 0;
+            let mut first = None;
+            for (g, group) in bytes.chunks_exact(dtype.block_bytes()).enumerate() {
+                let (n, f) = scan::<2>(&group[..2 * GROUP_ROWS], 2, QK, f16_bad);
+                count += n;
+                if let Some(f) = f {
+                    first.get_or_insert(g * GROUP_ROWS * QK + f);
+                }
+            }
+            (count, first)
+        }
     }
 }
 
@@ -151,18 +171,36 @@ mod tests {
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
-        assert_eq!(count_non_finite(DType::F32, &f32s), Some((2, Some(1))));
+        assert_eq!(count_non_finite(DType::F32, &f32s), (2, Some(1)));
         let f16s: Vec<u8> = [half::f16::ONE, half::f16::MAX, half::f16::NEG_INFINITY]
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
-        assert_eq!(count_non_finite(DType::F16, &f16s), Some((1, Some(2))));
+        assert_eq!(count_non_finite(DType::F16, &f16s), (1, Some(2)));
         let bf16s: Vec<u8> = [half::bf16::NAN, half::bf16::MAX]
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
-        assert_eq!(count_non_finite(DType::BF16, &bf16s), Some((1, Some(0))));
-        assert_eq!(count_non_finite(DType::Q8_0, &[0; 34]), None);
+        assert_eq!(count_non_finite(DType::BF16, &bf16s), (1, Some(0)));
+        assert_eq!(count_non_finite(DType::Q8_0, &[0; 34]), (0, None));
+    }
+
+    #[test]
+    fn a_block_whose_scale_is_not_finite_counts_all_its_values() {
+        let mut q8 = vec![0u8; 3 * 34];
+        q8[34..36].copy_from_slice(&half::f16::INFINITY.to_le_bytes());
+        assert_eq!(count_non_finite(DType::Q8_0, &q8), (QK, Some(QK)));
+        let mut q4 = vec![0u8; 2 * 18];
+        q4[18..20].copy_from_slice(&half::f16::NAN.to_le_bytes());
+        assert_eq!(count_non_finite(DType::Q4_0, &q4), (QK, Some(QK)));
+        // Second group, fourth row's scale.
+        let mut x16 = vec![0u8; 2 * GROUP_ROWS * 18];
+        let at = GROUP_ROWS * 18 + 3 * 2;
+        x16[at..at + 2].copy_from_slice(&half::f16::NEG_INFINITY.to_le_bytes());
+        assert_eq!(
+            count_non_finite(DType::Q4_0x16, &x16),
+            (QK, Some(GROUP_ROWS * QK + 3 * QK))
+        );
     }
     use proptest::prelude::*;
 

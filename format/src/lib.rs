@@ -40,5 +40,5 @@ pub use metadata::{
     Architecture, Metadata, ModelConfig, ProvenanceStep, RopeScaling, SourceFile, TokenizerFiles,
 };
 pub use names::{Role, TensorName};
-pub use reader::{hex, ChecksumFailure, KilnFile, TensorInfo, TensorView};
+pub use reader::{hex, ChecksumFailure, KilnFile, NonFiniteTensor, TensorInfo, TensorView};
 pub use writer::{KilnWriter, TensorSink, TensorSpec, WriteSummary};

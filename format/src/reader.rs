@@ -99,6 +99,17 @@ pub struct ChecksumFailure {
     pub computed: String,
 }
 
+/// A tensor holding NaN or infinity, from [`KilnFile::non_finite`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NonFiniteTensor {
+    /// Tensor name.
+    pub tensor: String,
+    /// Values that are NaN or infinite (a block with a non-finite scale counts all its values).
+    pub count: usize,
+    /// Element index of the first (storage order for interleaved layouts).
+    pub first: usize,
+}
+
 /// Lower-case hex of a byte string.
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
@@ -439,6 +450,26 @@ impl KilnFile {
             .collect();
         failures.sort_by(|a, b| a.tensor.cmp(&b.tensor));
         failures
+    }
+
+    /// Every tensor holding NaN or infinity, sorted by name: a damaged or crafted file whose
+    /// checksums match (they were computed over the bad values) but whose model would stop
+    /// after one token. One pass over the tensor data, on every CPU.
+    pub fn non_finite(&self) -> Vec<NonFiniteTensor> {
+        let mut found: Vec<NonFiniteTensor> = self
+            .tensors
+            .par_iter()
+            .filter_map(|t| {
+                let (count, first) = crate::convert::count_non_finite(t.dtype, self.view(t).bytes);
+                first.map(|first| NonFiniteTensor {
+                    tensor: t.name.clone(),
+                    count,
+                    first,
+                })
+            })
+            .collect();
+        found.sort_by(|a, b| a.tensor.cmp(&b.tensor));
+        found
     }
 
     /// [`KilnFile::verify_checksums`] as a `Result`: the first mismatch (by name) as an error.

@@ -47,7 +47,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Verify every checksum.
+    /// Verify every checksum, and that every value is finite.
     Integrity {
         model: PathBuf,
         #[arg(long)]
@@ -184,15 +184,19 @@ fn run(cli: Cli) -> Result<bool> {
             );
             let failures = f.verify_checksums(&|n| pb.inc(n));
             pb.finish_and_clear();
+            // Checksums cover what was written: a file written with NaN in it matches them.
+            let non_finite = f.non_finite();
             let secs = t0.elapsed().as_secs_f64();
+            let pass = failures.is_empty() && non_finite.is_empty();
             if j {
                 json(&serde_json::json!({
-                    "file": f.label(), "pass": failures.is_empty(), "tensors": f.tensors().len(),
+                    "file": f.label(), "pass": pass, "tensors": f.tensors().len(),
                     "bytes": f.data_len(), "seconds": secs,
                     "failures": failures.iter().map(|x| serde_json::json!({"tensor": x.tensor, "stored": x.stored, "computed": x.computed})).collect::<Vec<_>>(),
+                    "non_finite": non_finite.iter().map(|x| serde_json::json!({"tensor": x.tensor, "count": x.count, "first": x.first})).collect::<Vec<_>>(),
                 }));
-            } else if failures.is_empty() {
-                out(&format!("{}: all {} tensor checksums and the header checksum match ({:.1} MB in {:.2} s)\n", f.label(), f.tensors().len(), f.data_len() as f64 / 1e6, secs));
+            } else if pass {
+                out(&format!("{}: all {} tensor checksums and the header checksum match, every value is finite ({:.1} MB in {:.2} s)\n", f.label(), f.tensors().len(), f.data_len() as f64 / 1e6, secs));
             } else {
                 for x in &failures {
                     out(&format!(
@@ -203,8 +207,17 @@ fn run(cli: Cli) -> Result<bool> {
                         x.computed
                     ));
                 }
+                for x in &non_finite {
+                    out(&format!(
+                        "{}: tensor `{}`: {} value(s) are NaN or infinite, the first at element {}\n",
+                        f.label(),
+                        x.tensor,
+                        x.count,
+                        x.first
+                    ));
+                }
             }
-            Ok(failures.is_empty())
+            Ok(pass)
         }
         Command::Diff { a, b, json: j } => {
             let (fa, fb) = (KilnFile::open(&a)?, KilnFile::open(&b)?);

@@ -278,6 +278,40 @@ fn cli_exit_statuses() {
     assert!(String::from_utf8_lossy(&r.stdout).contains("layers.0.attn.q.bias"));
 }
 
+/// Regression: a file whose checksums match but whose weights hold NaN (written so by another
+/// tool, or converted with --allow-non-finite) passed `integrity`.
+#[test]
+fn integrity_fails_on_non_finite_values_whose_checksums_match() {
+    let tmp = tempfile::tempdir().unwrap();
+    let good = convert("llama-untied-bf16", Some(DType::F32), tmp.path());
+    let bad = tmp.path().join("nan.kiln");
+    edited(&good, &bad, |name, _, x| {
+        if name == "layers.1.mlp.gate.weight" {
+            x[7] = f32::INFINITY;
+            x[9] = f32::NAN;
+        }
+    });
+    let r = cli().arg("integrity").arg(&good).output().unwrap();
+    assert_eq!(r.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&r.stdout).contains("every value is finite"));
+    let r = cli()
+        .arg("integrity")
+        .arg(&bad)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+    assert_eq!(
+        v["failures"].as_array().map(Vec::len),
+        Some(0),
+        "checksums match"
+    );
+    assert_eq!(v["non_finite"][0]["tensor"], "layers.1.mlp.gate.weight");
+    assert_eq!(v["non_finite"][0]["count"], 2);
+    assert_eq!(v["non_finite"][0]["first"], 7);
+}
+
 #[test]
 fn diff_reports_identical_and_changed_tensors() {
     let tmp = tempfile::tempdir().unwrap();
