@@ -334,6 +334,7 @@ fn import_err(b: GgufBuilder, data: Vec<Vec<u8>>) -> ConvertError {
             output: out.clone(),
             overwrite: false,
             dequantize_to: DType::F16,
+            allow_non_finite: false,
         },
         &NoProgress,
     )
@@ -411,4 +412,63 @@ fn missing_and_mistyped_keys_are_named() {
         matches!(&e, ConvertError::GgufKey { key, .. } if key == "llama.block_count"),
         "{e}"
     );
+}
+
+/// Regression: metadata that contradicts itself imported without a word, and the model ran
+/// with one of the two readings. Each contradiction is now refused, naming the key.
+#[test]
+fn metadata_that_contradicts_itself_is_refused_naming_the_key() {
+    let cases: [(&str, Value, &str); 4] = [
+        // 32 / 2 heads = a head width of 16, but only 8 rotated dimensions.
+        ("llama.rope.dimension_count", Value::U32(8), "rotated width"),
+        (
+            "llama.attention.value_length",
+            Value::U32(8),
+            "value head width",
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            Value::Array(Array::I32(vec![1, 1, 9, 1])),
+            "token 2 (`t2`) has type 9",
+        ),
+        (
+            "llama.vocab_size",
+            Value::U32(3),
+            "more than the model's vocabulary of 3",
+        ),
+    ];
+    for (key, value, says) in cases {
+        let mut b = GgufBuilder::new();
+        llama_keys(&mut b, "llama");
+        b.set(key, value);
+        let e = import_err(b, vec![]);
+        let named = match &e {
+            ConvertError::GgufKey { key: k, .. } => k.clone(),
+            _ => String::new(),
+        };
+        let want = if key == "llama.vocab_size" {
+            "tokenizer.ggml.tokens"
+        } else {
+            key
+        };
+        assert_eq!(named, want, "{e}");
+        assert!(e.to_string().contains(says), "{key}: {e}");
+    }
+}
+
+#[test]
+fn metadata_that_agrees_with_itself_still_resolves() {
+    // The same keys with consistent values get past the metadata checks: the import then
+    // stops at the first missing tensor.
+    let mut b = GgufBuilder::new();
+    llama_keys(&mut b, "llama");
+    b.set("llama.rope.dimension_count", Value::U32(16));
+    b.set("llama.attention.key_length", Value::U32(16));
+    b.set("llama.attention.value_length", Value::U32(16));
+    b.set(
+        "tokenizer.ggml.token_type",
+        Value::Array(Array::I32(vec![0, 1, 3, 6])),
+    );
+    let e = import_err(b, vec![]);
+    assert!(matches!(e, ConvertError::MissingTensor { .. }), "{e}");
 }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kiln_format::blocks::{interleave_q4_0_bytes, QK};
-use kiln_format::convert::cast_bytes;
+use kiln_format::convert::{cast_bytes, count_non_finite};
 use kiln_format::metadata::now_rfc3339;
 use kiln_format::{
     Architecture, DType, KilnWriter, Metadata, ModelConfig, ProvenanceStep, Role, RopeScaling,
@@ -45,6 +45,8 @@ pub struct ImportOptions {
     pub overwrite: bool,
     /// Float dtype for tensors whose GGML type Kiln does not store (Q4_1, K-quants…).
     pub dequantize_to: DType,
+    /// Import tensors holding NaN or infinity (listed in the summary) instead of refusing.
+    pub allow_non_finite: bool,
 }
 
 /// What an import did.
@@ -66,6 +68,8 @@ pub struct ImportSummary {
     pub bytes_out: u64,
     /// Wall time in seconds.
     pub seconds: f64,
+    /// Tensors holding NaN or infinity, imported because `allow_non_finite` was set.
+    pub non_finite: Vec<String>,
 }
 
 /// GGUF architectures Kiln runs.
@@ -152,10 +156,7 @@ fn resolve_config(file: &str, h: &GgufHeader) -> Result<ModelConfig> {
     };
     let hidden = k.u64("embedding_length")?;
     let heads = k.u64("attention.head_count")?;
-    let head_dim = match k.u64_opt("attention.key_length")? {
-        Some(d) => d,
-        None => k.u64_opt("rope.dimension_count")?.unwrap_or(hidden / heads),
-    };
+    let head_dim = head_dim(&k, hidden, heads)?;
     let embed = h.tensor("token_embd.weight");
     let vocab = match k.u64_opt("vocab_size")? {
         Some(v) => v,
@@ -165,6 +166,18 @@ fn resolve_config(file: &str, h: &GgufHeader) -> Result<ModelConfig> {
             _ => return Err(k.err(&format!("{arch}.vocab_size"), "missing")),
         },
     };
+    if let Some(Value::Array(a)) = h.get("tokenizer.ggml.tokens") {
+        if a.len() as u64 > vocab {
+            return Err(k.err(
+                "tokenizer.ggml.tokens",
+                format!(
+                    "{} tokens, more than the model's vocabulary of {vocab} (the embedding's \
+                     rows): ids past it have no embedding",
+                    a.len()
+                ),
+            ));
+        }
+    }
     let rope_scaling = match k.get("rope.scaling.type") {
         None => None,
         Some((_, Value::Str(s))) if s == "none" => None,
@@ -221,6 +234,46 @@ fn resolve_config(file: &str, h: &GgufHeader) -> Result<ModelConfig> {
         bos_token_id: id("tokenizer.ggml.bos_token_id"),
         eos_token_ids,
     })
+}
+
+/// The head width, from `attention.key_length` or else `embedding_length / head_count`, with
+/// the keys that restate it checked against it: a file whose metadata contradicts itself is
+/// refused here rather than run with one of the two readings.
+///
+/// Kiln applies RoPE to the whole head of a `llama`/`qwen2` model, so `rope.dimension_count`
+/// (the rotated width) must equal the head width; values and keys share it too.
+fn head_dim(k: &Keys, hidden: u64, heads: u64) -> Result<u64> {
+    let arch = k.arch;
+    let (head_dim, from) = match k.u64_opt("attention.key_length")? {
+        Some(d) => (d, format!("{arch}.attention.key_length")),
+        None if hidden.is_multiple_of(heads) => (
+            hidden / heads,
+            format!("{arch}.embedding_length / {arch}.attention.head_count"),
+        ),
+        None => {
+            return Err(k.err(
+                &format!("{arch}.attention.head_count"),
+                format!("{heads} heads do not divide embedding_length {hidden}, and no attention.key_length gives the head width"),
+            ))
+        }
+    };
+    for (suffix, what) in [
+        ("attention.value_length", "the value head width"),
+        (
+            "rope.dimension_count",
+            "the rotated width (Kiln rotates whole heads)",
+        ),
+    ] {
+        if let Some(v) = k.u64_opt(suffix)? {
+            if v != head_dim {
+                return Err(k.err(
+                    &format!("{arch}.{suffix}"),
+                    format!("{what} is {v}, but the head width is {head_dim} (from {from})"),
+                ));
+            }
+        }
+    }
+    Ok(head_dim)
 }
 
 /// Llama 3 rope scaling from Kiln's `kiln.rope_scaling` key, checked against the
@@ -387,6 +440,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
     let writer = KilnWriter::create(&opts.output, &metadata, specs, opts.overwrite)?;
     let total: u64 = planned.iter().map(|p| p.tensor.len).sum();
     progress.start(total, planned.len());
+    let non_finite = std::sync::Mutex::new(Vec::new());
     planned
         .par_iter()
         .enumerate()
@@ -407,6 +461,25 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
                 let f32s: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
                 (std::borrow::Cow::Owned(f32s), DType::F32)
             };
+            // The values as the file holds them (dequantized where they were), before any
+            // row reordering: the element index is the GGUF tensor's own.
+            if let (count @ 1.., Some(index)) = count_non_finite(dtype, &bytes) {
+                if !opts.allow_non_finite {
+                    return Err(ConvertError::NonFinite {
+                        file: file.clone(),
+                        tensor: t.name.clone(),
+                        index,
+                        count,
+                    });
+                }
+                non_finite
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(format!(
+                        "{} ({count} values, first at element {index})",
+                        t.name
+                    ));
+            }
             let bytes = match p.permute_heads {
                 None => bytes,
                 Some(n) => {
@@ -448,5 +521,10 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
         dequantized,
         bytes_out: summary.file_len,
         seconds: start.elapsed().as_secs_f64(),
+        non_finite: {
+            let mut v = non_finite.into_inner().unwrap_or_else(|e| e.into_inner());
+            v.sort();
+            v
+        },
     })
 }

@@ -16,6 +16,7 @@ use crate::error::{ConvertError, Result};
 
 /// GGUF token types (`llama_token_type`).
 pub mod token_type {
+    pub const UNDEFINED: i32 = 0;
     pub const NORMAL: i32 = 1;
     pub const UNKNOWN: i32 = 2;
     pub const CONTROL: i32 = 3;
@@ -363,6 +364,22 @@ pub fn from_gguf<'h>(
             ))
         }
     };
+    if let Some((i, ty)) = types
+        .iter()
+        .enumerate()
+        .find(|(_, ty)| !(token_type::UNDEFINED..=token_type::BYTE).contains(*ty))
+    {
+        return Err(ConvertError::GgufKey {
+            file: file.to_string(),
+            key: types_key.into(),
+            reason: format!(
+                "token {i} (`{}`) has type {ty}, outside llama_token_type ({}..={})",
+                tokens[i],
+                token_type::UNDEFINED,
+                token_type::BYTE
+            ),
+        });
+    }
     let merges_key = "tokenizer.ggml.merges";
     let merges = match get(merges_key) {
         None => &[][..],
