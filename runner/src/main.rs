@@ -156,6 +156,9 @@ struct BenchArgs {
 }
 
 fn main() -> ExitCode {
+    if let Some(code) = kiln_runner::sandbox::serve_if_child() {
+        return code;
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -347,7 +350,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let sampling = sampler_config(file.label(), &file.metadata().generation, &a.sampling)?;
     m.tokenizer.check_fits(&text, sess.ctx())?;
     let ids = if a.chat {
-        let template = ChatTemplate::from_file(&file)?;
+        let template = isolated_template(&file)?;
         let conv = Conversation::new(&template, a.system.as_deref());
         let rendered = conv.prompt_for(&text)?;
         m.tokenizer.check_fits(&rendered, sess.ctx())?;
@@ -410,7 +413,7 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
     let t0 = Instant::now();
     let file = open_model_verified(&a.run.model, !a.run.no_verify)?;
     let m = load(&file)?;
-    let template = ChatTemplate::from_file(&file)?;
+    let template = isolated_template(&file)?;
     let mut sess = session(&m.model, &a.run, threads)?;
     let mut sampler = Sampler::new(sampler_config(
         file.label(),
@@ -549,6 +552,17 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The file's chat template, rendered in a child process with memory and CPU limits
+/// ([`kiln_runner::sandbox`]): the template is untrusted code from the model file.
+fn isolated_template(file: &KilnFile) -> Result<ChatTemplate<'_>> {
+    let exe = std::env::current_exe().map_err(|e| {
+        RunnerError::ChatTemplate(format!(
+            "cannot find kiln-run's own executable to render the template in: {e}"
+        ))
+    })?;
+    Ok(ChatTemplate::from_file(file)?.isolated(exe))
 }
 
 /// The matrices' dtypes, e.g. `bf16` or `q4_0+f32`.

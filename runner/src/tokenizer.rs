@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::str::FromStr;
 
-use kiln_format::KilnFile;
+use kiln_format::{KilnFile, TokenizerFiles};
 
 use crate::error::{Result, RunnerError};
 
@@ -37,11 +37,28 @@ impl Tokenizer {
     /// Build from the file's embedded `tokenizer.json`.
     pub fn from_file(file: &KilnFile) -> Result<Tokenizer> {
         let meta = file.metadata();
+        Tokenizer::from_parts(
+            file.label(),
+            &meta.tokenizer,
+            meta.config.bos_token_id,
+            &meta.config.eos_token_ids,
+        )
+    }
+
+    /// Build from a model's tokenizer files and the configuration's BOS and EOS ids; `label`
+    /// (the model file) is named in errors. The `tokenizer.json` is untrusted input: a
+    /// malformed one is an error, never a panic (the fuzz target `tokenizer` holds this).
+    pub fn from_parts(
+        label: &str,
+        files: &TokenizerFiles,
+        bos_token_id: Option<u32>,
+        eos_token_ids: &[u32],
+    ) -> Result<Tokenizer> {
         let err = |reason: String| RunnerError::Tokenizer {
-            file: file.label().to_string(),
+            file: label.to_string(),
             reason,
         };
-        let json = meta.tokenizer.tokenizer_json.as_deref().ok_or_else(|| {
+        let json = files.tokenizer_json.as_deref().ok_or_else(|| {
             err(
                 "the file has no embedded tokenizer.json; re-convert from a directory that has one"
                     .into(),
@@ -49,10 +66,10 @@ impl Tokenizer {
         })?;
         let inner = tokenizers::Tokenizer::from_str(json)
             .map_err(|e| err(format!("cannot parse the embedded tokenizer.json: {e}")))?;
-        let special = &meta.tokenizer.special_tokens;
+        let special = &files.special_tokens;
         let bos_token = special.get("bos_token").cloned();
         let eos_token = special.get("eos_token").cloned();
-        let mut stop: BTreeSet<u32> = meta.config.eos_token_ids.iter().copied().collect();
+        let mut stop: BTreeSet<u32> = eos_token_ids.iter().copied().collect();
         if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
             stop.insert(id);
         }
@@ -77,8 +94,8 @@ impl Tokenizer {
         Ok(Tokenizer {
             max_token_bytes,
             inner,
-            bos: meta.config.bos_token_id,
-            add_bos: meta.tokenizer.add_bos_token,
+            bos: bos_token_id,
+            add_bos: files.add_bos_token,
             stop: stop.into_iter().collect(),
             bos_token,
             eos_token,
@@ -202,5 +219,52 @@ impl TextStream<'_> {
         self.prefix = self.ids.len();
         self.read = self.ids.len();
         Ok(now.get(before.len()..).unwrap_or_default().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(json: &str) -> TokenizerFiles {
+        TokenizerFiles {
+            tokenizer_json: Some(json.to_string()),
+            ..TokenizerFiles::default()
+        }
+    }
+
+    /// The fuzz target `tokenizer` starts from these seeds: each must load and round-trip,
+    /// or the fuzzer would spend its time on parse errors.
+    #[test]
+    fn the_fuzz_seeds_load_and_round_trip() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/tokenizer");
+        for (name, text) in [
+            ("bpe.json", "Hello world!"),
+            ("wordlevel.json", "hello world"),
+        ] {
+            let json = std::fs::read_to_string(format!("{dir}/{name}")).unwrap();
+            let t = Tokenizer::from_parts("seed", &files(&json), None, &[]).unwrap();
+            let ids = t.encode(text).unwrap();
+            assert!(!ids.is_empty(), "{name}");
+            assert_eq!(t.decode(&ids).unwrap().trim(), text, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_malformed_tokenizer_json_is_an_error_naming_the_file() {
+        for json in [
+            "{}",
+            "[]",
+            "{\"model\": {\"type\": \"BPE\", \"vocab\": 3}}",
+            "\u{0}",
+        ] {
+            let e = Tokenizer::from_parts("m.kiln", &files(json), None, &[]).unwrap_err();
+            assert!(
+                matches!(&e, RunnerError::Tokenizer { file, .. } if file == "m.kiln"),
+                "{json}: {e}"
+            );
+        }
+        let e = Tokenizer::from_parts("m.kiln", &TokenizerFiles::default(), None, &[]).unwrap_err();
+        assert!(e.to_string().contains("no embedded tokenizer.json"), "{e}");
     }
 }

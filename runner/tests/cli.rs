@@ -423,6 +423,12 @@ fn a_hostile_chat_template_is_stopped_with_an_error() {
             "{% for i in range(1000) %}{{ 'x' * 10000000 }}{% endfor %}",
             "bytes of output",
         ),
+        // Regression: doubling a string forty times asks for a terabyte in forty instructions
+        // and aborted the process (SIGABRT, "memory allocation of N bytes failed").
+        (
+            "{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+            "MiB of memory",
+        ),
     ] {
         let m = tiny_with_template(tmp.path(), template);
         let o = kiln_run(&["generate", m.to_str().unwrap(), "--chat", "-p", "hi", "-n", "1"]);
