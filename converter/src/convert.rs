@@ -67,36 +67,6 @@ pub struct ConvertSummary {
     pub non_finite: Vec<String>,
 }
 
-/// Shapes `config.json` implies, in output order.
-pub fn expected_tensors(c: &ModelConfig) -> Vec<(TensorName, Vec<u64>)> {
-    let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
-    let q = c.num_heads * c.head_dim;
-    let kv = c.num_kv_heads * c.head_dim;
-    let mut out = vec![(TensorName::global(Role::Embed), vec![v, h])];
-    for l in 0..c.num_layers as u32 {
-        let mut push = |role, shape: Vec<u64>| out.push((TensorName::layer(l, role), shape));
-        push(Role::AttnNorm, vec![h]);
-        push(Role::AttnQ, vec![q, h]);
-        push(Role::AttnK, vec![kv, h]);
-        push(Role::AttnV, vec![kv, h]);
-        if c.attention_bias {
-            push(Role::AttnQBias, vec![q]);
-            push(Role::AttnKBias, vec![kv]);
-            push(Role::AttnVBias, vec![kv]);
-        }
-        push(Role::AttnO, vec![h, q]);
-        push(Role::MlpNorm, vec![h]);
-        push(Role::MlpGate, vec![i, h]);
-        push(Role::MlpUp, vec![i, h]);
-        push(Role::MlpDown, vec![h, i]);
-    }
-    out.push((TensorName::global(Role::FinalNorm), vec![h]));
-    if !c.tie_word_embeddings {
-        out.push((TensorName::global(Role::LmHead), vec![v, h]));
-    }
-    out
-}
-
 /// Match the checkpoint's tensors against what the config implies: every expected tensor
 /// present with the right shape, nothing unexplained left over.
 fn plan<'c>(
@@ -104,7 +74,7 @@ fn plan<'c>(
     config: &ModelConfig,
     skipped: &mut Vec<String>,
 ) -> Result<Vec<&'c SourceTensor>> {
-    let expected = expected_tensors(config);
+    let expected = kiln_format::expected_tensors(config);
     let mut planned = Vec::with_capacity(expected.len());
     for (name, shape) in &expected {
         let t = ck

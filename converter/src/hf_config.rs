@@ -19,9 +19,9 @@ pub const SUPPORTED: &[(&str, &str, Architecture)] = &[
     ("Qwen2ForCausalLM", "qwen2", Architecture::Qwen2),
 ];
 
-/// Largest value accepted for any size field: far beyond real models, small enough that
-/// products of two sizes cannot overflow.
-const MAX_SIZE: u64 = 1 << 24;
+/// Largest value accepted for any size field: the format's own cap, so that what converts
+/// also opens ([`ModelConfig::check`]).
+const MAX_SIZE: u64 = kiln_format::metadata::MAX_CONFIG_DIM;
 
 /// The source dtype named in the config (`dtype` in 5.x, `torch_dtype` in 4.x), if any.
 pub fn declared_dtype(raw: &Value) -> Option<String> {

@@ -70,6 +70,17 @@ pub enum FormatError {
         field: String,
         reason: String,
     },
+    /// A model of an architecture this build does not implement (a newer Kiln's file, or a
+    /// crafted one): named, with the list this build runs.
+    #[error(
+        "{file}: unsupported architecture `{found}`; this build runs {supported}; convert a \
+         supported model or upgrade Kiln"
+    )]
+    UnsupportedArchitecture {
+        file: String,
+        found: String,
+        supported: String,
+    },
     /// A tensor-index entry that cannot be parsed (its name may not be known yet).
     #[error("{file}: tensor index entry #{entry}: {reason}")]
     BadIndexEntry {

@@ -11,7 +11,8 @@
 //!   wanted), hashed as written, and published atomically.
 //! - [`blocks`] holds GGML's Q8_0/Q4_0 block layouts and their scalar reference quantizers,
 //!   the specification every faster path is tested against.
-//! - [`names`] defines the canonical tensor names.
+//! - [`names`] defines the canonical tensor names, and [`shapes`] the tensors (names and
+//!   shapes) a [`ModelConfig`] implies.
 //!
 //! The format is specified in `docs/FORMAT.md`. This crate knows no model maths, no SIMD and no
 //! user interface.
@@ -26,6 +27,7 @@ pub mod layout;
 pub mod metadata;
 pub mod names;
 pub mod reader;
+pub mod shapes;
 pub mod writer;
 
 pub use atomic::{
@@ -41,4 +43,5 @@ pub use metadata::{
 };
 pub use names::{Role, TensorName};
 pub use reader::{hex, ChecksumFailure, KilnFile, NonFiniteTensor, TensorInfo, TensorView};
+pub use shapes::expected_tensors;
 pub use writer::{KilnWriter, TensorSink, TensorSpec, WriteSummary};

@@ -19,6 +19,34 @@ pub enum Architecture {
     Qwen2,
 }
 
+impl Architecture {
+    /// Every architecture this build implements, as the metadata spells them.
+    pub const ALL: [Architecture; 3] = [
+        Architecture::Llama,
+        Architecture::Mistral,
+        Architecture::Qwen2,
+    ];
+
+    /// The name stored in the metadata (`config.architecture`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Mistral => "mistral",
+            Architecture::Qwen2 => "qwen2",
+        }
+    }
+
+    /// The architecture stored as `name`, if this build implements it.
+    pub fn from_name(name: &str) -> Option<Architecture> {
+        Architecture::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// `llama, mistral, qwen2`: the supported list, for error messages.
+    pub fn supported() -> String {
+        Architecture::ALL.map(Architecture::name).join(", ")
+    }
+}
+
 /// Rotary-embedding frequency scaling.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]

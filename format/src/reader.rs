@@ -110,6 +110,21 @@ pub struct NonFiniteTensor {
     pub first: usize,
 }
 
+/// When metadata that failed to parse names an architecture this build does not implement,
+/// that is the error to report (rather than serde's "unknown variant"): the file may be fine,
+/// and a newer Kiln may run it.
+fn unsupported_architecture(label: &str, meta: &[u8]) -> Option<FormatError> {
+    let v: serde_json::Value = serde_json::from_slice(meta).ok()?;
+    let found = v.get("config")?.get("architecture")?.as_str()?;
+    crate::metadata::Architecture::from_name(found)
+        .is_none()
+        .then(|| FormatError::UnsupportedArchitecture {
+            file: label.to_string(),
+            found: found.to_string(),
+            supported: crate::metadata::Architecture::supported(),
+        })
+}
+
 /// Lower-case hex of a byte string.
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
@@ -327,12 +342,13 @@ impl KilnFile {
                 ),
             });
         }
-        let metadata: Metadata =
-            serde_json::from_slice(meta_bytes).map_err(|e| FormatError::BadMetadata {
+        let metadata: Metadata = serde_json::from_slice(meta_bytes).map_err(|e| {
+            unsupported_architecture(&label, meta_bytes).unwrap_or(FormatError::BadMetadata {
                 file: label.clone(),
                 field: if e.is_data() { "(document)" } else { "(json)" }.to_string(),
                 reason: e.to_string(),
-            })?;
+            })
+        })?;
 
         if let Err(p) = metadata.config.check() {
             return Err(FormatError::BadMetadata {

@@ -6,17 +6,12 @@
 //! tensor the configuration implies: present, with the right shape, in an encoding its role can
 //! use, and nothing left over. After this the forward pass indexes without further checks.
 
-use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
-use kiln_format::layout::{FixedHeader, HEADER_LEN, MAX_METADATA_LEN};
-use kiln_format::{Architecture, FormatError, KilnFile, ModelConfig, RopeScaling};
+use kiln_format::{Architecture, KilnFile, ModelConfig, RopeScaling};
 use kiln_format::{Role, TensorName};
 
 use crate::error::{Result, RunnerError};
-
-/// Architectures this build implements (spelled as in the metadata).
-pub const SUPPORTED_ARCHITECTURES: &str = "llama, mistral, qwen2";
 
 /// The resolved configuration, in the units the forward pass uses.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,54 +102,12 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Every tensor the configuration implies, with its shape (PyTorch order).
-    pub fn expected_tensors(&self) -> Vec<(TensorName, Vec<u64>)> {
-        let (h, q, kv, ff, v) = (
-            self.hidden as u64,
-            self.q_dim() as u64,
-            self.kv_dim() as u64,
-            self.intermediate as u64,
-            self.vocab as u64,
-        );
-        let mut out = vec![
-            (TensorName::global(Role::Embed), vec![v, h]),
-            (TensorName::global(Role::FinalNorm), vec![h]),
-        ];
-        if !self.tie_word_embeddings {
-            out.push((TensorName::global(Role::LmHead), vec![v, h]));
-        }
-        for l in 0..self.layers as u32 {
-            let mut layer = vec![
-                (Role::AttnNorm, vec![h]),
-                (Role::AttnQ, vec![q, h]),
-                (Role::AttnK, vec![kv, h]),
-                (Role::AttnV, vec![kv, h]),
-                (Role::AttnO, vec![h, q]),
-                (Role::MlpNorm, vec![h]),
-                (Role::MlpGate, vec![ff, h]),
-                (Role::MlpUp, vec![ff, h]),
-                (Role::MlpDown, vec![h, ff]),
-            ];
-            if self.attention_bias {
-                layer.extend([
-                    (Role::AttnQBias, vec![q]),
-                    (Role::AttnKBias, vec![kv]),
-                    (Role::AttnVBias, vec![kv]),
-                ]);
-            }
-            out.extend(
-                layer
-                    .into_iter()
-                    .map(|(role, shape)| (TensorName::layer(l, role), shape)),
-            );
-        }
-        out
-    }
-
-    /// Check presence, shape and encoding of every tensor, and that none is left unused.
+    /// Check presence, shape and encoding of every tensor the file's configuration implies
+    /// ([`kiln_format::expected_tensors`], the list the converter writes), and that none is
+    /// left unused.
     pub fn check_tensors(&self, file: &KilnFile) -> Result<()> {
         let label = file.label();
-        let expected = self.expected_tensors();
+        let expected = kiln_format::expected_tensors(&file.metadata().config);
         for (name, shape) in &expected {
             let tensor = name.to_string();
             let info = file
@@ -206,21 +159,11 @@ impl Config {
     }
 }
 
-/// Open a `.kiln` model, turning a metadata error caused by an unknown architecture into
-/// [`RunnerError::UnsupportedArchitecture`].
+/// Open a `.kiln` model. The format validates everything at open, the configuration
+/// included; an architecture this build does not implement is
+/// [`kiln_format::FormatError::UnsupportedArchitecture`], naming it and the supported list.
 pub fn open_model(path: &Path) -> Result<KilnFile> {
-    match KilnFile::open(path) {
-        Ok(f) => Ok(f),
-        Err(e @ FormatError::BadMetadata { .. }) => match raw_architecture(path) {
-            Some(found) if !is_supported(&found) => Err(RunnerError::UnsupportedArchitecture {
-                file: path.display().to_string(),
-                found,
-                supported: SUPPORTED_ARCHITECTURES.to_string(),
-            }),
-            _ => Err(e.into()),
-        },
-        Err(e) => Err(e.into()),
-    }
+    Ok(KilnFile::open(path)?)
 }
 
 /// [`open_model`], then, unless `verify` is false, hash every tensor and compare with the
@@ -236,28 +179,4 @@ pub fn open_model_verified(path: &Path, verify: bool) -> Result<KilnFile> {
         file.verify()?;
     }
     Ok(file)
-}
-
-fn is_supported(arch: &str) -> bool {
-    serde_json::from_value::<Architecture>(serde_json::Value::String(arch.to_string())).is_ok()
-}
-
-/// `config.architecture` read from the raw metadata JSON, for diagnosis only (the header
-/// checksum was already verified by the failed open).
-fn raw_architecture(path: &Path) -> Option<String> {
-    let mut f = std::fs::File::open(path).ok()?;
-    let mut head = [0u8; HEADER_LEN as usize];
-    f.read_exact(&mut head).ok()?;
-    let header = FixedHeader::decode(&head);
-    if header.metadata_len > MAX_METADATA_LEN {
-        return None;
-    }
-    f.seek(SeekFrom::Start(header.metadata_offset)).ok()?;
-    let mut meta = vec![0u8; header.metadata_len as usize];
-    f.read_exact(&mut meta).ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&meta).ok()?;
-    v.get("config")?
-        .get("architecture")?
-        .as_str()
-        .map(str::to_string)
 }

@@ -12,16 +12,6 @@ pub enum RunnerError {
     /// The container itself is unreadable (bad magic, newer major version, corrupt index…).
     #[error(transparent)]
     Format(#[from] FormatError),
-    /// The file's `config.architecture` is not one this build implements.
-    #[error(
-        "{file}: unsupported architecture `{found}`; this build runs {supported}; convert a \
-         supported model or upgrade Kiln"
-    )]
-    UnsupportedArchitecture {
-        file: String,
-        found: String,
-        supported: String,
-    },
     /// A configuration value that cannot describe a working model.
     #[error("{file}: invalid model config `{field}`: {reason}")]
     BadConfig {

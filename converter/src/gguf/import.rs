@@ -18,8 +18,8 @@ use kiln_format::blocks::{interleave_q4_0_bytes, QK};
 use kiln_format::convert::{cast_bytes, count_non_finite};
 use kiln_format::metadata::now_rfc3339;
 use kiln_format::{
-    Architecture, DType, KilnWriter, Metadata, ModelConfig, ProvenanceStep, Role, RopeScaling,
-    TensorName, TensorSpec,
+    expected_tensors, Architecture, DType, KilnWriter, Metadata, ModelConfig, ProvenanceStep, Role,
+    RopeScaling, TensorName, TensorSpec,
 };
 use rayon::prelude::*;
 use serde_json::json;
@@ -29,7 +29,7 @@ use super::read::{GgufFile, GgufHeader, GgufTensor};
 use super::rope::{self, Direction};
 use super::tokenizer;
 use super::value::Value;
-use crate::convert::{expected_tensors, sha256_file};
+use crate::convert::sha256_file;
 use crate::error::{ConvertError, Result};
 use crate::names::{self, Source};
 use crate::Progress;
@@ -72,8 +72,12 @@ pub struct ImportSummary {
     pub non_finite: Vec<String>,
 }
 
-/// GGUF architectures Kiln runs.
-pub const SUPPORTED: &[&str] = &["llama", "qwen2"];
+/// GGUF `general.architecture` names Kiln imports, and the architecture each becomes; the
+/// reverse direction is [`super::export::gguf_architecture`] (a test keeps the two agreeing).
+pub const SUPPORTED: &[(&str, Architecture)] = &[
+    ("llama", Architecture::Llama),
+    ("qwen2", Architecture::Qwen2),
+];
 
 struct Keys<'h> {
     file: &'h str,
@@ -138,17 +142,18 @@ fn resolve_config(file: &str, h: &GgufHeader) -> Result<ModelConfig> {
             key: arch_key.into(),
             reason: "expected a string".into(),
         })?;
-    let architecture = match arch {
-        "llama" => Architecture::Llama,
-        "qwen2" => Architecture::Qwen2,
-        other => {
-            return Err(ConvertError::UnsupportedArchitecture {
-                path: file.into(),
-                found: other.into(),
-                supported: format!("GGUF general.architecture {}", SUPPORTED.join(", ")),
-            })
-        }
-    };
+    let architecture = SUPPORTED
+        .iter()
+        .find(|(name, _)| *name == arch)
+        .map(|&(_, a)| a)
+        .ok_or_else(|| ConvertError::UnsupportedArchitecture {
+            path: file.into(),
+            found: arch.into(),
+            supported: format!(
+                "GGUF general.architecture {}",
+                SUPPORTED.iter().map(|s| s.0).collect::<Vec<_>>().join(", ")
+            ),
+        })?;
     let k = Keys {
         file,
         header: h,
@@ -327,7 +332,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
     let context = config.max_position_embeddings;
     let tokenizer = tokenizer::from_gguf(&file, &|k| h.get(k), context)?;
     crate::tokenizer_files::validate(&tokenizer, &file)?;
-    let permute = config.architecture != Architecture::Qwen2;
+    let permute = super::export::gguf_architecture(config.architecture).1;
 
     // Every GGUF tensor resolved, then matched against what the configuration implies.
     let mut by_name = BTreeMap::new();
@@ -527,4 +532,25 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
             v
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_architecture_exports_under_a_name_that_imports() {
+        for a in Architecture::ALL {
+            let (name, permuted) = super::super::export::gguf_architecture(a);
+            let (_, back) = SUPPORTED
+                .iter()
+                .find(|(n, _)| *n == name)
+                .unwrap_or_else(|| panic!("{a:?} exports as `{name}`, which import refuses"));
+            assert_eq!(
+                super::super::export::gguf_architecture(*back),
+                (name, permuted),
+                "{a:?}"
+            );
+        }
+    }
 }
