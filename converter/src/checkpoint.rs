@@ -60,7 +60,7 @@ impl Shard {
     /// Bulk tensor data is read this way rather than through the map so that a conversion's
     /// resident memory stays at its chunk buffers instead of growing to the model's size.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        read_exact_at(&self.file, buf, offset)
+        kiln_format::io::read_exact_at(&self.file, buf, offset)
             .map_err(|e| ConvertError::io(&self.path, "cannot read", e))
     }
 
@@ -299,23 +299,4 @@ fn read_index(dir: &Path, index_path: &Path) -> Result<(Vec<String>, HashMap<Str
         }
     }
     Ok((files, map))
-}
-
-#[cfg(unix)]
-fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
-}
-
-#[cfg(windows)]
-fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
-    use std::os::windows::fs::FileExt;
-    while !buf.is_empty() {
-        let n = file.seek_read(buf, offset)?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        buf = &mut buf[n..];
-        offset += n as u64;
-    }
-    Ok(())
 }

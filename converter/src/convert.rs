@@ -17,7 +17,6 @@ use kiln_format::{
 };
 use rayon::prelude::*;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 use crate::checkpoint::{read_json, read_text, Checkpoint, SourceTensor};
 use crate::error::{ConvertError, Result};
@@ -136,25 +135,17 @@ fn plan<'c>(
 
 /// A source file's size and sha256, for provenance (`name` is how provenance lists it).
 pub(crate) fn sha256_file(path: &Path, name: &str) -> Result<SourceFile> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path).map_err(|e| ConvertError::io(path, "cannot open", e))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut bytes = 0u64;
-    loop {
-        let n = f
-            .read(&mut buf)
-            .map_err(|e| ConvertError::io(path, "cannot read", e))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        bytes += n as u64;
-    }
+    let f = std::fs::File::open(path).map_err(|e| ConvertError::io(path, "cannot open", e))?;
+    let bytes = f
+        .metadata()
+        .map_err(|e| ConvertError::io(path, "cannot read", e))?
+        .len();
+    let sha = kiln_format::io::sha256_range(&f, 0, bytes)
+        .map_err(|e| ConvertError::io(path, "cannot read", e))?;
     Ok(SourceFile {
         name: name.to_string(),
         bytes,
-        sha256: kiln_format::hex(&h.finalize()),
+        sha256: kiln_format::hex(&sha),
     })
 }
 

@@ -239,10 +239,9 @@ pub fn quantize_row_q4_0_ref(x: &[f32]) -> Result<Vec<BlockQ4_0>> {
 fn check_row(x: &[f32]) -> Result<()> {
     check_finite(x)?;
     if !x.len().is_multiple_of(QK) {
-        return Err(FormatError::Write {
-            file: String::new(),
-            tensor: String::new(),
-            reason: format!("row length {} is not a multiple of {QK}", x.len()),
+        return Err(FormatError::RowLength {
+            len: x.len(),
+            block: QK,
         });
     }
     Ok(())

@@ -46,6 +46,31 @@ pub fn decode_to_f32(dtype: DType, bytes: &[u8], out: &mut [f32]) {
     }
 }
 
+/// Decode whole rows of `cols` values of any dtype into f32, in logical row-major order:
+/// floats element by element, Q8_0/Q4_0 blocks by GGML's rule, `q4_0x16` de-interleaved
+/// first. `bytes` must hold whole rows (whole sixteen-row groups for `q4_0x16`) and
+/// `out.len()` their values. The one per-dtype decoder every program's copies and reports use;
+/// `bytes` need not be aligned (blocks are copied into aligned storage).
+pub fn decode_rows_f32(dtype: DType, cols: usize, bytes: &[u8], out: &mut [f32]) {
+    use crate::blocks::{
+        deinterleave_q4_0x16, dequantize_row_q4_0, dequantize_row_q8_0, BlockQ4_0, BlockQ4_0x16,
+        BlockQ8_0,
+    };
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => decode_to_f32(dtype, bytes, out),
+        DType::Q8_0 => {
+            dequantize_row_q8_0(&bytemuck::pod_collect_to_vec::<u8, BlockQ8_0>(bytes), out)
+        }
+        DType::Q4_0 => {
+            dequantize_row_q4_0(&bytemuck::pod_collect_to_vec::<u8, BlockQ4_0>(bytes), out)
+        }
+        DType::Q4_0x16 => {
+            let groups = bytemuck::pod_collect_to_vec::<u8, BlockQ4_0x16>(bytes);
+            dequantize_row_q4_0(&deinterleave_q4_0x16(&groups, (cols / QK).max(1)), out)
+        }
+    }
+}
+
 /// Encode f32 values as little-endian elements of a plain float dtype, appending to `out`.
 pub fn encode_from_f32(dtype: DType, x: &[f32], out: &mut Vec<u8>) {
     assert!(

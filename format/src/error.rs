@@ -137,13 +137,68 @@ pub enum FormatError {
          (the input is read while the output is written)"
     )]
     OutputIsInput { file: String, input: String },
-    /// The writer was used against its contract (wrong length, tensor written twice…).
-    #[error("{file}: tensor `{tensor}`: {reason}")]
-    Write {
+    /// More tensors declared than an index may hold.
+    #[error("{file}: {count} tensors exceed the limit of {limit}")]
+    TooManyTensors {
+        file: String,
+        count: usize,
+        limit: u32,
+    },
+    /// A tensor name the index cannot hold.
+    #[error(
+        "{file}: tensor `{tensor}`: the name must be 1 to {max} bytes without control characters"
+    )]
+    BadTensorName {
         file: String,
         tensor: String,
+        max: u32,
+    },
+    /// Two tensors declared under one name.
+    #[error("{file}: tensor `{tensor}`: the name is declared twice")]
+    DuplicateTensor { file: String, tensor: String },
+    /// A declared shape the format cannot hold, or that does not fit its dtype's blocks.
+    #[error("{file}: tensor `{tensor}`: {dtype} {shape:?}: {reason}")]
+    BadShape {
+        file: String,
+        tensor: String,
+        dtype: crate::DType,
+        shape: Vec<u64>,
         reason: String,
     },
+    /// The tensor index would pass its size limit.
+    #[error("{file}: the tensor index needs {bytes} bytes, over the limit of {limit}")]
+    IndexTooLarge {
+        file: String,
+        bytes: u64,
+        limit: u64,
+    },
+    /// Tensor offsets that would pass 64 bits.
+    #[error("{file}: the data section overflows 64 bits")]
+    DataOverflow { file: String },
+    /// A tensor number past those declared.
+    #[error("{file}: tensor #{index}: only {declared} tensors were declared")]
+    NoSuchTensor {
+        file: String,
+        index: usize,
+        declared: usize,
+    },
+    /// A tensor written a second time.
+    #[error("{file}: tensor `{tensor}`: written twice")]
+    WrittenTwice { file: String, tensor: String },
+    /// A declared tensor never written when the file was finished.
+    #[error("{file}: tensor `{tensor}`: declared but never written")]
+    NeverWritten { file: String, tensor: String },
+    /// Bytes written for a tensor that do not add up to its declared length.
+    #[error("{file}: tensor `{tensor}`: {written} bytes written, {expected} expected")]
+    WrongLength {
+        file: String,
+        tensor: String,
+        written: u64,
+        expected: u64,
+    },
+    /// A row handed to a block quantizer whose length is not whole blocks.
+    #[error("row length {len} is not a multiple of {block}")]
+    RowLength { len: usize, block: usize },
     /// Values that cannot be quantized (NaN or infinity).
     #[error("non-finite value {value} at element {position} cannot be quantized")]
     NonFinite { position: usize, value: f32 },

@@ -23,6 +23,7 @@ pub mod convert;
 pub mod dtype;
 pub mod error;
 pub mod exit;
+pub mod io;
 pub mod layout;
 pub mod metadata;
 pub mod names;

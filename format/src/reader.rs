@@ -729,24 +729,9 @@ impl<'a> TensorView<'a> {
 
     /// Decode the whole tensor to f32 (a copy: for tests, reports and small tensors).
     pub fn to_f32_vec(&self) -> Vec<f32> {
-        let n = self.info.numel() as usize;
-        let mut out = vec![0f32; n];
-        match self.info.dtype {
-            // Collecting copies into a properly aligned buffer, whatever the source alignment.
-            DType::Q8_0 => crate::blocks::dequantize_row_q8_0(
-                &bytemuck::pod_collect_to_vec::<u8, BlockQ8_0>(self.bytes),
-                &mut out,
-            ),
-            DType::Q4_0 => crate::blocks::dequantize_row_q4_0(
-                &bytemuck::pod_collect_to_vec::<u8, BlockQ4_0>(self.bytes),
-                &mut out,
-            ),
-            DType::Q4_0x16 => crate::blocks::dequantize_row_q4_0(
-                &self.q4_0_rows().expect("checked dtype and length"),
-                &mut out,
-            ),
-            d => crate::convert::decode_to_f32(d, self.bytes, &mut out),
-        }
+        let mut out = vec![0f32; self.info.numel() as usize];
+        let cols = self.shape().last().copied().unwrap_or(1) as usize;
+        crate::convert::decode_rows_f32(self.info.dtype, cols, self.bytes, &mut out);
         out
     }
 }

@@ -11,7 +11,6 @@
 //! writer dropped before `finish` (an error, a panic) deletes its temporary file, and
 //! [`crate::remove_pending_outputs`] lets a Ctrl-C handler do the same (see [`crate::atomic`]).
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -87,13 +86,10 @@ impl KilnWriter {
             return Err(FormatError::AlreadyExists { file: label });
         }
         if tensors.len() > MAX_TENSORS as usize {
-            return Err(FormatError::Write {
+            return Err(FormatError::TooManyTensors {
                 file: label,
-                tensor: String::new(),
-                reason: format!(
-                    "{} tensors exceed the limit of {MAX_TENSORS}",
-                    tensors.len()
-                ),
+                count: tensors.len(),
+                limit: MAX_TENSORS,
             });
         }
         let metadata_bytes =
@@ -107,32 +103,38 @@ impl KilnWriter {
         let mut offset = 0u64;
         let mut index_len = 0u64;
         for spec in tensors {
-            let err = |reason: String| FormatError::Write {
+            let bad_shape = |reason: String| FormatError::BadShape {
                 file: label.clone(),
                 tensor: spec.name.clone(),
+                dtype: spec.dtype,
+                shape: spec.shape.clone(),
                 reason,
             };
             if spec.name.is_empty()
                 || spec.name.len() > MAX_NAME_LEN as usize
                 || spec.name.chars().any(char::is_control)
             {
-                return Err(err(
-                    "the name must be 1 to 1024 bytes without control characters".into(),
-                ));
+                return Err(FormatError::BadTensorName {
+                    file: label,
+                    tensor: spec.name,
+                    max: MAX_NAME_LEN,
+                });
             }
             if !seen.insert(spec.name.clone()) {
-                return Err(err("the name is declared twice".into()));
+                return Err(FormatError::DuplicateTensor {
+                    file: label,
+                    tensor: spec.name,
+                });
             }
             if spec.shape.is_empty()
                 || spec.shape.len() > MAX_DIMS as usize
                 || spec.shape.iter().any(|&d| d == 0 || d > MAX_DIM)
             {
-                return Err(err(format!(
-                    "shape {:?} must have 1 to {MAX_DIMS} dimensions of 1..={MAX_DIM}",
-                    spec.shape
+                return Err(bad_shape(format!(
+                    "a shape must have 1 to {MAX_DIMS} dimensions of 1..={MAX_DIM}"
                 )));
             }
-            let len = spec.dtype.byte_len(&spec.shape).map_err(err)?;
+            let len = spec.dtype.byte_len(&spec.shape).map_err(bad_shape)?;
             index_len += IndexRecord::encoded_len(spec.name.len(), spec.shape.len()) as u64;
             slots.push(Slot {
                 spec,
@@ -160,12 +162,10 @@ impl KilnWriter {
             });
         }
         if index_len > MAX_INDEX_LEN {
-            return Err(FormatError::Write {
+            return Err(FormatError::IndexTooLarge {
                 file: label,
-                tensor: String::new(),
-                reason: format!(
-                    "the tensor index needs {index_len} bytes, over the limit of {MAX_INDEX_LEN}"
-                ),
+                bytes: index_len,
+                limit: MAX_INDEX_LEN,
             });
         }
         let index_end = HEADER_LEN + metadata_bytes.len() as u64 + index_len;
@@ -250,10 +250,10 @@ impl KilnWriter {
 
     /// A sink that takes tensor `i`'s bytes in consecutive chunks and hashes them as they pass.
     pub fn tensor_sink(&self, i: usize) -> Result<TensorSink<'_>> {
-        let slot = self.slots.get(i).ok_or_else(|| FormatError::Write {
+        let slot = self.slots.get(i).ok_or_else(|| FormatError::NoSuchTensor {
             file: self.dest.display().to_string(),
-            tensor: format!("#{i}"),
-            reason: format!("only {} tensors were declared", self.slots.len()),
+            index: i,
+            declared: self.slots.len(),
         })?;
         if slot
             .sha256
@@ -261,7 +261,10 @@ impl KilnWriter {
             .unwrap_or_else(|e| e.into_inner())
             .is_some()
         {
-            return Err(self.slot_err(slot, "written twice".into()));
+            return Err(FormatError::WrittenTwice {
+                file: self.dest.display().to_string(),
+                tensor: slot.spec.name.clone(),
+            });
         }
         Ok(TensorSink {
             writer: self,
@@ -271,16 +274,17 @@ impl KilnWriter {
         })
     }
 
-    fn slot_err(&self, slot: &Slot, reason: String) -> FormatError {
-        FormatError::Write {
+    fn wrong_length(&self, slot: &Slot, written: u64) -> FormatError {
+        FormatError::WrongLength {
             file: self.dest.display().to_string(),
             tensor: slot.spec.name.clone(),
-            reason,
+            written,
+            expected: slot.len,
         }
     }
 
     fn write_at(&self, bytes: &[u8], at: u64) -> Result<()> {
-        write_all_at(self.out.file(), bytes, at)
+        crate::io::write_all_at(self.out.file(), bytes, at)
             .map_err(|e| FormatError::io(&self.tmp, "cannot write", e))
     }
 
@@ -304,7 +308,10 @@ impl KilnWriter {
                 .sha256
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .ok_or_else(|| self.slot_err(slot, "declared but never written".into()))?;
+                .ok_or_else(|| FormatError::NeverWritten {
+                    file: self.dest.display().to_string(),
+                    tensor: slot.spec.name.clone(),
+                })?;
             IndexRecord {
                 name: slot.spec.name.clone(),
                 dtype: slot.spec.dtype,
@@ -366,13 +373,7 @@ impl TensorSink<'_> {
     pub fn write(&mut self, bytes: &[u8]) -> Result<()> {
         let end = self.pos + bytes.len() as u64;
         if end > self.slot.len {
-            return Err(self.writer.slot_err(
-                self.slot,
-                format!(
-                    "{end} bytes written but {} {:?} holds {}",
-                    self.slot.spec.dtype, self.slot.spec.shape, self.slot.len
-                ),
-            ));
+            return Err(self.writer.wrong_length(self.slot, end));
         }
         self.writer
             .write_at(bytes, self.writer.data_offset + self.slot.offset + self.pos)?;
@@ -384,14 +385,14 @@ impl TensorSink<'_> {
     /// Check the length and record the checksum.
     pub fn finish(self) -> Result<()> {
         if self.pos != self.slot.len {
-            return Err(self.writer.slot_err(
-                self.slot,
-                format!("{} bytes written, {} expected", self.pos, self.slot.len),
-            ));
+            return Err(self.writer.wrong_length(self.slot, self.pos));
         }
         let mut sha = self.slot.sha256.lock().unwrap_or_else(|e| e.into_inner());
         if sha.is_some() {
-            return Err(self.writer.slot_err(self.slot, "written twice".into()));
+            return Err(FormatError::WrittenTwice {
+                file: self.writer.dest.display().to_string(),
+                tensor: self.slot.spec.name.clone(),
+            });
         }
         *sha = Some(self.hasher.finalize().into());
         Ok(())
@@ -399,28 +400,7 @@ impl TensorSink<'_> {
 }
 
 fn overflow(label: &str) -> FormatError {
-    FormatError::Write {
+    FormatError::DataOverflow {
         file: label.to_string(),
-        tensor: String::new(),
-        reason: "the data section overflows 64 bits".into(),
     }
-}
-
-#[cfg(unix)]
-fn write_all_at(file: &File, bytes: &[u8], at: u64) -> std::io::Result<()> {
-    std::os::unix::fs::FileExt::write_all_at(file, bytes, at)
-}
-
-#[cfg(windows)]
-fn write_all_at(file: &File, mut bytes: &[u8], mut at: u64) -> std::io::Result<()> {
-    use std::os::windows::fs::FileExt;
-    while !bytes.is_empty() {
-        let n = file.seek_write(bytes, at)?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        bytes = &bytes[n..];
-        at += n as u64;
-    }
-    Ok(())
 }

@@ -21,20 +21,12 @@ fn entries(dir: &Path) -> Vec<String> {
     v
 }
 
-/// Expect a `Write` error about `tensor` whose reason contains `needle`.
+/// Expect an error naming a `.kiln` file and matching `want` (a writer-contract variant).
 #[track_caller]
-fn expect_write_err<T: std::fmt::Debug>(r: Result<T, FormatError>, tensor: &str, needle: &str) {
+fn expect_err<T: std::fmt::Debug>(r: Result<T, FormatError>, want: impl Fn(&FormatError) -> bool) {
     match r {
-        Err(FormatError::Write {
-            file,
-            tensor: t,
-            reason,
-        }) => {
-            assert_eq!(t, tensor, "{reason}");
-            assert!(reason.contains(needle), "expected {needle:?} in {reason:?}");
-            assert!(file.ends_with(".kiln"), "{file}");
-        }
-        other => panic!("expected Write {{ tensor: {tensor} }}, got {other:?}"),
+        Err(e) if want(&e) => assert!(e.to_string().contains(".kiln"), "{e}"),
+        other => panic!("unexpected: {other:?}"),
     }
 }
 
@@ -58,10 +50,9 @@ fn declared_tensor_never_written_fails_finish_and_leaves_no_file() {
         w.write_tensor(i, &tensor_bytes(i, w.tensor_len(i)))
             .unwrap();
     }
-    expect_write_err(
+    expect_err(
         w.finish(),
-        "layers.0.attn.q.weight",
-        "declared but never written",
+        |e| matches!(e, FormatError::NeverWritten { tensor, .. } if tensor == "layers.0.attn.q.weight"),
     );
     assert!(entries(dir.path()).is_empty(), "{:?}", entries(dir.path()));
 }
@@ -71,15 +62,23 @@ fn writing_more_bytes_than_declared_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let w = create(&dir.path().join("m.kiln"), false);
     let n = w.tensor_len(0) as usize;
-    expect_write_err(
-        w.write_tensor(0, &vec![1u8; n + 1]),
-        "embed.weight",
-        "holds 80",
-    );
+    expect_err(w.write_tensor(0, &vec![1u8; n + 1]), |e| {
+        matches!(e, FormatError::WrongLength { tensor, written: 81, expected: 80, .. }
+            if tensor == "embed.weight")
+    });
     // The same through a sink, across chunks.
     let mut sink = w.tensor_sink(0).unwrap();
     sink.write(&vec![1u8; n - 1]).unwrap();
-    expect_write_err(sink.write(&[1, 2]), "embed.weight", "81 bytes written");
+    expect_err(sink.write(&[1, 2]), |e| {
+        matches!(
+            e,
+            FormatError::WrongLength {
+                written: 81,
+                expected: 80,
+                ..
+            }
+        )
+    });
 }
 
 #[test]
@@ -88,11 +87,10 @@ fn finishing_a_tensor_short_of_its_length_is_refused() {
     let path = dir.path().join("m.kiln");
     let w = create(&path, false);
     let n = w.tensor_len(2) as usize;
-    expect_write_err(
-        w.write_tensor(2, &vec![1u8; n - 1]),
-        "layers.0.attn.q.weight",
-        "135 bytes written, 136 expected",
-    );
+    expect_err(w.write_tensor(2, &vec![1u8; n - 1]), |e| {
+        matches!(e, FormatError::WrongLength { tensor, written: 135, expected: 136, .. }
+            if tensor == "layers.0.attn.q.weight")
+    });
     // The failed attempt recorded nothing: the tensor can still be written, and the file is good.
     write_all(&w);
     w.finish().unwrap();
@@ -105,10 +103,9 @@ fn writing_a_tensor_twice_is_refused() {
     let w = create(&dir.path().join("m.kiln"), false);
     let b = tensor_bytes(1, w.tensor_len(1));
     w.write_tensor(1, &b).unwrap();
-    expect_write_err(
+    expect_err(
         w.write_tensor(1, &b),
-        "layers.0.attn_norm.weight",
-        "written twice",
+        |e| matches!(e, FormatError::WrittenTwice { tensor, .. } if tensor == "layers.0.attn_norm.weight"),
     );
     // Two sinks opened before either finished: the second to finish is refused.
     let b = tensor_bytes(3, w.tensor_len(3));
@@ -117,14 +114,26 @@ fn writing_a_tensor_twice_is_refused() {
     s1.write(&b).unwrap();
     s2.write(&b).unwrap();
     s1.finish().unwrap();
-    expect_write_err(s2.finish(), "layers.0.attn.k.weight", "written twice");
+    expect_err(
+        s2.finish(),
+        |e| matches!(e, FormatError::WrittenTwice { tensor, .. } if tensor == "layers.0.attn.k.weight"),
+    );
 }
 
 #[test]
 fn tensor_number_out_of_range_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let w = create(&dir.path().join("m.kiln"), false);
-    expect_write_err(w.write_tensor(5, &[]), "#5", "only 5 tensors were declared");
+    expect_err(w.write_tensor(5, &[]), |e| {
+        matches!(
+            e,
+            FormatError::NoSuchTensor {
+                index: 5,
+                declared: 5,
+                ..
+            }
+        )
+    });
 }
 
 #[test]
@@ -137,51 +146,56 @@ fn invalid_specs_are_refused_at_create_naming_the_tensor() {
         shape: shape.to_vec(),
     };
     let long = "x".repeat(MAX_NAME_LEN as usize + 1);
-    let cases: Vec<(Vec<TensorSpec>, &str, &str)> = vec![
-        (vec![spec("", DType::F32, &[1])], "", "1 to 1024 bytes"),
-        (
-            vec![spec(&long, DType::F32, &[1])],
-            &long,
-            "1 to 1024 bytes",
-        ),
-        (vec![spec("a\tb", DType::F32, &[1])], "a\tb", "control"),
+    let name = |t: &str| {
+        let t = t.to_string();
+        move |e: &FormatError| matches!(e, FormatError::BadTensorName { tensor, .. } if *tensor == t)
+    };
+    let shape = |needle: &'static str| {
+        move |e: &FormatError| {
+            matches!(e, FormatError::BadShape { tensor, reason, .. }
+                if tensor == "a" && reason.contains(needle))
+        }
+    };
+    type Want = Box<dyn Fn(&FormatError) -> bool>;
+    let cases: Vec<(Vec<TensorSpec>, Want)> = vec![
+        (vec![spec("", DType::F32, &[1])], Box::new(name(""))),
+        (vec![spec(&long, DType::F32, &[1])], Box::new(name(&long))),
+        (vec![spec("a\tb", DType::F32, &[1])], Box::new(name("a\tb"))),
         (
             vec![spec("a", DType::F32, &[1]), spec("a", DType::F16, &[2])],
-            "a",
-            "declared twice",
+            Box::new(
+                |e: &FormatError| matches!(e, FormatError::DuplicateTensor { tensor, .. } if tensor == "a"),
+            ),
         ),
-        (vec![spec("a", DType::F32, &[])], "a", "1 to 4 dimensions"),
+        (
+            vec![spec("a", DType::F32, &[])],
+            Box::new(shape("1 to 4 dimensions")),
+        ),
         (
             vec![spec("a", DType::F32, &[1; 5])],
-            "a",
-            "1 to 4 dimensions",
+            Box::new(shape("1 to 4 dimensions")),
         ),
         (
             vec![spec("a", DType::F32, &[4, 0])],
-            "a",
-            "1 to 4 dimensions",
+            Box::new(shape("1 to 4 dimensions")),
         ),
         (
             vec![spec("a", DType::F32, &[MAX_DIM + 1])],
-            "a",
-            "1 to 4 dimensions",
+            Box::new(shape("1 to 4 dimensions")),
         ),
         (
             vec![spec("a", DType::Q4_0, &[2, 33])],
-            "a",
-            "multiple of 32",
+            Box::new(shape("multiple of 32")),
         ),
         (
             vec![spec("a", DType::F32, &[MAX_DIM, MAX_DIM])],
-            "a",
-            "overflows 64 bits",
+            Box::new(shape("overflows 64 bits")),
         ),
     ];
-    for (specs, tensor, needle) in cases {
-        expect_write_err(
+    for (specs, want) in cases {
+        expect_err(
             KilnWriter::create(&path, &sample_metadata(), specs, false),
-            tensor,
-            needle,
+            want,
         );
         assert!(entries(dir.path()).is_empty());
     }
@@ -201,10 +215,9 @@ fn data_section_overflowing_64_bits_is_an_error_not_a_panic() {
     };
     for n in [4, 5] {
         let specs = (0..n).map(huge).collect();
-        expect_write_err(
+        expect_err(
             KilnWriter::create(&path, &sample_metadata(), specs, false),
-            "",
-            "overflows 64 bits",
+            |e| matches!(e, FormatError::DataOverflow { .. }),
         );
     }
     // The data section fits in 64 bits (it ends 4 bytes short of 2^64), but not once it is
@@ -219,10 +232,9 @@ fn data_section_overflowing_64_bits_is_an_error_not_a_panic() {
             shape: vec![2, (1 << 30) - 1, (1 << 30) + 1], // 2^61 - 2 elements, 2^62 - 4 bytes
         },
     ];
-    expect_write_err(
+    expect_err(
         KilnWriter::create(&path, &sample_metadata(), specs, false),
-        "",
-        "overflows 64 bits",
+        |e| matches!(e, FormatError::DataOverflow { .. }),
     );
     assert!(entries(dir.path()).is_empty());
 }

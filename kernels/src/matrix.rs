@@ -1,7 +1,7 @@
 //! Borrowed weight matrices in any of Kiln's encodings.
 
 use half::{bf16, f16};
-use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
+use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, DType, GROUP_ROWS, QK};
 
 use crate::error::KernelError;
 
@@ -160,27 +160,19 @@ impl OwnedWeights {
 
     /// The values the weights stand for, as f32.
     pub fn dequantized(&self) -> Vec<f32> {
-        match self {
-            OwnedWeights::F32(d) => d.clone(),
-            OwnedWeights::F16(d) => d.iter().map(|v| v.to_f32()).collect(),
-            OwnedWeights::BF16(d) => d.iter().map(|v| v.to_f32()).collect(),
-            OwnedWeights::Q8_0(d) => {
-                let mut o = vec![0.0; d.len() * QK];
-                kiln_format::blocks::dequantize_row_q8_0(d, &mut o);
-                o
-            }
-            OwnedWeights::Q4_0(d) => {
-                let mut o = vec![0.0; d.len() * QK];
-                kiln_format::blocks::dequantize_row_q4_0(d, &mut o);
-                o
-            }
+        let (dtype, cols, bytes): (DType, usize, &[u8]) = match self {
+            OwnedWeights::F32(d) => return d.clone(),
+            OwnedWeights::F16(d) => (DType::F16, 1, bytemuck::cast_slice(d)),
+            OwnedWeights::BF16(d) => (DType::BF16, 1, bytemuck::cast_slice(d)),
+            OwnedWeights::Q8_0(d) => (DType::Q8_0, QK, bytemuck::cast_slice(d)),
+            OwnedWeights::Q4_0(d) => (DType::Q4_0, QK, bytemuck::cast_slice(d)),
             OwnedWeights::Q4_0x16 { groups, nb } => {
-                let d = kiln_format::blocks::deinterleave_q4_0x16(groups, *nb);
-                let mut o = vec![0.0; d.len() * QK];
-                kiln_format::blocks::dequantize_row_q4_0(&d, &mut o);
-                o
+                (DType::Q4_0x16, nb * QK, bytemuck::cast_slice(groups))
             }
-        }
+        };
+        let mut out = vec![0.0; bytes.len() / dtype.block_bytes() * dtype.block_len()];
+        kiln_format::convert::decode_rows_f32(dtype, cols, bytes, &mut out);
+        out
     }
 
     /// Q4_0 weights of a matrix of `cols` columns stored sixteen rows interleaved, as a

@@ -346,15 +346,8 @@ mod tests {
     }
 
     fn dequantize(dtype: DType, bytes: &[u8]) -> Vec<f32> {
-        let n = bytes.len() / dtype.block_bytes() * QK;
-        let mut out = vec![0.0f32; n];
-        if dtype == DType::Q4_0 {
-            let blocks: Vec<BlockQ4_0> = bytemuck::pod_collect_to_vec(bytes);
-            kiln_format::blocks::dequantize_row_q4_0(&blocks, &mut out);
-        } else {
-            let blocks: Vec<BlockQ8_0> = bytemuck::pod_collect_to_vec(bytes);
-            kiln_format::blocks::dequantize_row_q8_0(&blocks, &mut out);
-        }
+        let mut out = vec![0.0f32; bytes.len() / dtype.block_bytes() * QK];
+        kiln_format::convert::decode_rows_f32(dtype, QK, bytes, &mut out);
         out
     }
 

@@ -30,6 +30,7 @@ use std::time::Instant;
 
 use kiln_format::blocks::{interleave_q4_0_bytes, GROUP_ROWS, QK};
 use kiln_format::convert::decode_to_f32;
+use kiln_format::io::{read_exact_at, sha256_range};
 use kiln_format::metadata::now_rfc3339;
 use kiln_format::{
     hex, DType, FormatError, KilnFile, KilnWriter, ProvenanceStep, SourceFile, TensorInfo,
@@ -50,11 +51,6 @@ use crate::report::{Report, TensorReport};
 /// Target number of values per chunk: 64 Ki values = 256 KiB of f32, large enough to amortise
 /// the per-chunk work, small enough that a wave per thread stays in the L2/L3 caches.
 pub const CHUNK_ELEMENTS: usize = 64 * 1024;
-
-/// Bytes per positioned read when hashing the whole input or re-checking one tensor: large
-/// enough to amortise the system call, small enough that the copy is still in the L2 cache
-/// when the hash reads it back.
-const HASH_READ_BYTES: usize = 512 << 10;
 
 /// Chunks per worker thread in one wave of a tensor. More than one, so that a thread that is
 /// slow to finish its chunk (descheduled on a busy machine) does not hold the others at the
@@ -282,16 +278,8 @@ fn with_writeback<T: Send>(writer: &KilnWriter, work: impl FnOnce() -> T + Send)
 }
 
 fn hash_file(file: &File, label: &str, len: u64) -> Result<String> {
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; HASH_READ_BYTES.min(len as usize)];
-    let mut pos = 0u64;
-    while pos < len {
-        let n = (len - pos).min(buf.len() as u64) as usize;
-        read_exact_at(file, &mut buf[..n], pos).map_err(|e| read_err(label, e))?;
-        h.update(&buf[..n]);
-        pos += n as u64;
-    }
-    Ok(hex(&h.finalize()))
+    let sha = sha256_range(file, 0, len).map_err(|e| read_err(label, e))?;
+    Ok(hex(&sha))
 }
 
 fn read_err(label: &str, e: std::io::Error) -> QuantizeError {
@@ -321,16 +309,8 @@ fn check_tensor_sha(label: &str, info: &TensorInfo, computed: [u8; 32]) -> Resul
 /// Only used when a conversion stops early on a bad value, to tell a corrupt tensor (reported
 /// as a checksum mismatch) from a genuine bad value.
 fn verify_tensor(file: &File, label: &str, info: &TensorInfo) -> Result<()> {
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; HASH_READ_BYTES.min(info.len as usize)];
-    let mut pos = 0u64;
-    while pos < info.len {
-        let n = (info.len - pos).min(buf.len() as u64) as usize;
-        read_exact_at(file, &mut buf[..n], info.offset + pos).map_err(|e| read_err(label, e))?;
-        h.update(&buf[..n]);
-        pos += n as u64;
-    }
-    check_tensor_sha(label, info, h.finalize().into())
+    let sha = sha256_range(file, info.offset, info.len).map_err(|e| read_err(label, e))?;
+    check_tensor_sha(label, info, sha)
 }
 
 fn provenance_step(
@@ -656,23 +636,4 @@ pub fn bits_per_weight(bytes: u64, elements: u64) -> f64 {
     } else {
         bytes as f64 * 8.0 / elements as f64
     }
-}
-
-#[cfg(unix)]
-fn read_exact_at(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<()> {
-    std::os::unix::fs::FileExt::read_exact_at(file, buf, at)
-}
-
-#[cfg(windows)]
-fn read_exact_at(file: &File, mut buf: &mut [u8], mut at: u64) -> std::io::Result<()> {
-    use std::os::windows::fs::FileExt;
-    while !buf.is_empty() {
-        let n = file.seek_read(buf, at)?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        buf = &mut buf[n..];
-        at += n as u64;
-    }
-    Ok(())
 }
