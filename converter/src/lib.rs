@@ -6,7 +6,7 @@
 //! - [`checkpoint`] maps the safetensors files (single or sharded) and resolves every tensor's
 //!   canonical name through the one spelling table in [`names`];
 //! - [`tokenizer_files`] carries `tokenizer.json`, the chat template and special tokens;
-//! - [`convert`] checks the tensors against the config and writes the file in parallel through
+//! - [`hf`] checks the tensors against the config and writes the file in parallel through
 //!   [`kiln_format::KilnWriter`];
 //! - [`inspect`] reports on (and verifies) a `.kiln` file;
 //! - [`gguf`] exports a `.kiln` file to llama.cpp's GGUF and imports GGUF files.
@@ -14,16 +14,16 @@
 //! Progress is reported through the [`Progress`] trait; the binary draws the bar.
 
 pub mod checkpoint;
-pub mod convert;
 pub mod error;
 pub mod gguf;
+pub mod hf;
 pub mod hf_config;
 pub mod inspect;
 pub mod names;
 pub mod tokenizer_files;
 
-pub use convert::{convert_hf, ConvertOptions, ConvertSummary};
 pub use error::{ConvertError, Result};
+pub use hf::{convert_hf, ConvertOptions, ConvertSummary};
 pub use inspect::{inspect, Inspection};
 
 /// Progress of a long operation, reported from worker threads.

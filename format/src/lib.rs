@@ -19,7 +19,6 @@
 
 pub mod atomic;
 pub mod blocks;
-pub mod convert;
 pub mod dtype;
 pub mod error;
 pub mod exit;
@@ -29,6 +28,7 @@ pub mod metadata;
 pub mod names;
 pub mod reader;
 pub mod shapes;
+pub mod values;
 pub mod writer;
 
 pub use atomic::{

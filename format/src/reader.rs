@@ -476,7 +476,7 @@ impl KilnFile {
             .tensors
             .par_iter()
             .filter_map(|t| {
-                let (count, first) = crate::convert::count_non_finite(t.dtype, self.view(t).bytes);
+                let (count, first) = crate::values::count_non_finite(t.dtype, self.view(t).bytes);
                 first.map(|first| NonFiniteTensor {
                     tensor: t.name.clone(),
                     count,
@@ -731,7 +731,7 @@ impl<'a> TensorView<'a> {
     pub fn to_f32_vec(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.info.numel() as usize];
         let cols = self.shape().last().copied().unwrap_or(1) as usize;
-        crate::convert::decode_rows_f32(self.info.dtype, cols, self.bytes, &mut out);
+        crate::values::decode_rows_f32(self.info.dtype, cols, self.bytes, &mut out);
         out
     }
 }

@@ -171,7 +171,7 @@ impl OwnedWeights {
             }
         };
         let mut out = vec![0.0; bytes.len() / dtype.block_bytes() * dtype.block_len()];
-        kiln_format::convert::decode_rows_f32(dtype, cols, bytes, &mut out);
+        kiln_format::values::decode_rows_f32(dtype, cols, bytes, &mut out);
         out
     }
 

@@ -347,7 +347,7 @@ mod tests {
 
     fn dequantize(dtype: DType, bytes: &[u8]) -> Vec<f32> {
         let mut out = vec![0.0f32; bytes.len() / dtype.block_bytes() * QK];
-        kiln_format::convert::decode_rows_f32(dtype, QK, bytes, &mut out);
+        kiln_format::values::decode_rows_f32(dtype, QK, bytes, &mut out);
         out
     }
 
@@ -383,7 +383,7 @@ mod tests {
             // Against GGML's reference rounding of the same matrix.
             let mut ref_out = Vec::new();
             let mut stats = crate::metrics::ErrorStats::default();
-            crate::convert::convert_rows(
+            crate::rows::convert_rows(
                 &w,
                 n,
                 dtype,

@@ -9,7 +9,7 @@
 //! - [`Method`] ([`method`]) turns one block of 32 values into GGML's Q8_0/Q4_0 layout: the
 //!   bit-exact GGML reference rule or a least-squares scale search, both taking optional
 //!   per-column importance weights.
-//! - [`convert::convert_rows`] converts whole rows to any dtype (`q4_0x16` for whole
+//! - [`rows::convert_rows`] converts whole rows to any dtype (`q4_0x16` for whole
 //!   sixteen-row groups), rejecting NaN/Inf, and
 //!   accumulates the round-trip [`ErrorStats`] ([`metrics`]) in the same pass.
 //! - [`quantize_file`] ([`pipeline`]) streams a file through them: positioned reads of chunks of
@@ -22,7 +22,6 @@
 //! report. The policy is documented in `docs/QUANTIZE.md`.
 
 pub mod calibrate;
-pub mod convert;
 pub mod error;
 pub mod gptq;
 pub mod importance;
@@ -31,6 +30,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod policy;
 pub mod report;
+pub mod rows;
 
 pub use error::{QuantizeError, Result};
 pub use method::Method;

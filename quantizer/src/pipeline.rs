@@ -29,9 +29,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use kiln_format::blocks::{interleave_q4_0_bytes, GROUP_ROWS, QK};
-use kiln_format::convert::decode_to_f32;
 use kiln_format::io::{read_exact_at, sha256_range};
 use kiln_format::metadata::now_rfc3339;
+use kiln_format::values::decode_to_f32;
 use kiln_format::{
     hex, DType, FormatError, KilnFile, KilnWriter, ProvenanceStep, SourceFile, TensorInfo,
     TensorSpec,
@@ -39,7 +39,6 @@ use kiln_format::{
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-use crate::convert::{convert_rows, decode_bf16, ValueError};
 use crate::error::{QuantizeError, Result};
 use crate::gptq::{self, Factor};
 use crate::importance::Importance;
@@ -47,6 +46,7 @@ use crate::method::Method;
 use crate::metrics::ErrorStats;
 use crate::policy::{Action, Decision, Policy, POLICY_DESCRIPTION};
 use crate::report::{Report, TensorReport};
+use crate::rows::{convert_rows, decode_bf16, ValueError};
 
 /// Target number of values per chunk: 64 Ki values = 256 KiB of f32, large enough to amortise
 /// the per-chunk work, small enough that a wave per thread stays in the L2/L3 caches.

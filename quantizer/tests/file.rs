@@ -136,7 +136,7 @@ fn q4_0_matrices_of_whole_row_groups_are_stored_interleaved() {
             let cols = shape[1] as usize;
             let mut plain = Vec::new();
             let mut stats = kiln_quantize::metrics::ErrorStats::default();
-            kiln_quantize::convert::convert_rows(
+            kiln_quantize::rows::convert_rows(
                 &x,
                 cols,
                 DType::Q4_0,

@@ -12,8 +12,8 @@
 //! The cost is one process start per rendering (a few milliseconds, once per chat turn).
 //! Library callers that render trusted templates keep the in-process path.
 //!
-//! The exchange is one JSON request on the child's stdin ([`Request`]) and one JSON reply on
-//! its stdout ([`Reply`]).
+//! The exchange is one JSON request on the child's stdin (`Request`) and one JSON reply on
+//! its stdout (`Reply`).
 
 use std::io::{Read, Write};
 use std::path::Path;

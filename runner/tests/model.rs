@@ -121,7 +121,7 @@ fn reencode(src: &Path, dst: &Path, pick: impl Fn(&str) -> Option<DType>) {
                     .to_vec(),
                     d => {
                         let mut out = Vec::new();
-                        kiln_format::convert::encode_from_f32(d, &x, &mut out);
+                        kiln_format::values::encode_from_f32(d, &x, &mut out);
                         out
                     }
                 };

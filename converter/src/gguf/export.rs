@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use kiln_format::blocks::BlockQ4_0;
-use kiln_format::convert::cast_bytes;
+use kiln_format::values::cast_bytes;
 use kiln_format::{Architecture, DType, KilnFile, ModelConfig, Role, RopeScaling, TensorName};
 
 use super::rope::{self, Direction};

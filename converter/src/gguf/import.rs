@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kiln_format::blocks::{interleave_q4_0_bytes, QK};
-use kiln_format::convert::{cast_bytes, count_non_finite};
 use kiln_format::metadata::now_rfc3339;
+use kiln_format::values::{cast_bytes, count_non_finite};
 use kiln_format::{
     expected_tensors, Architecture, DType, KilnWriter, Metadata, ModelConfig, ProvenanceStep, Role,
     RopeScaling, TensorName, TensorSpec,
@@ -29,8 +29,8 @@ use super::read::{GgufFile, GgufHeader, GgufTensor};
 use super::rope::{self, Direction};
 use super::tokenizer;
 use super::value::Value;
-use crate::convert::sha256_file;
 use crate::error::{ConvertError, Result};
+use crate::hf::sha256_file;
 use crate::names::{self, Source};
 use crate::Progress;
 

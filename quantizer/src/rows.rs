@@ -309,7 +309,7 @@ fn scale_overflow(out: &mut Vec<u8>, position: usize, xb: &[f32]) -> ValueError 
     }
 }
 
-/// The fused AVX2 reference kernels (`convert/fused.rs`).
+/// The fused AVX2 reference kernels (`rows/fused.rs`).
 #[cfg(target_arch = "x86_64")]
 mod fused;
 
@@ -340,7 +340,7 @@ mod tests {
     fn decode_bf16_tiers_equal_format_decode() {
         let bytes: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
         let mut want = vec![0.0f32; 1 << 16];
-        kiln_format::convert::decode_to_f32(DType::BF16, &bytes, &mut want);
+        kiln_format::values::decode_to_f32(DType::BF16, &bytes, &mut want);
         let mut reference = vec![0.0f32; 1 << 16];
         decode_bf16_ref(&bytes, &mut reference);
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();

@@ -1,4 +1,5 @@
-//! Element conversions between the plain float dtypes.
+//! Tensor values: element conversions between the plain float dtypes, decoding whole rows of
+//! any dtype to f32, and finding non-finite values.
 //!
 //! All narrowing conversions round to nearest, ties to even (IEEE 754's default, and what
 //! PyTorch's `.to(torch.float16/bfloat16)` does), so a Kiln cast equals the reference cast.

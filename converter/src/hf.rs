@@ -9,8 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use kiln_format::convert::{cast_bytes, count_non_finite};
 use kiln_format::metadata::now_rfc3339;
+use kiln_format::values::{cast_bytes, count_non_finite};
 use kiln_format::{
     DType, KilnWriter, Metadata, ModelConfig, ProvenanceStep, Role, SourceFile, TensorName,
     TensorSpec,

@@ -7,7 +7,7 @@
 //! Q8_0 goes block by block; Q4_0 computes the scales of eight blocks at a time
 //! ([`group_q4_0`]), which shortens the scalar dependency chain of each block. Blocks whose
 //! `1/d` overflows go through the scalar reference. The tests `fused_reference_equals_scalar`
-//! and `fused_reference_matches_scalar_on_random_blocks` (in `convert.rs`) hold it to the
+//! and `fused_reference_matches_scalar_on_random_blocks` (in `rows.rs`) hold it to the
 //! scalar path.
 
 use std::arch::x86_64::*;
