@@ -64,8 +64,7 @@ impl Tokenizer {
                     .into(),
             )
         })?;
-        let inner = tokenizers::Tokenizer::from_str(json)
-            .map_err(|e| err(format!("cannot parse the embedded tokenizer.json: {e}")))?;
+        let inner = parse_tokenizer_json(json).map_err(err)?;
         let special = &files.special_tokens;
         let bos_token = special.get("bos_token").cloned();
         let eos_token = special.get("eos_token").cloned();
@@ -222,6 +221,26 @@ impl TextStream<'_> {
     }
 }
 
+/// Load a `tokenizer.json` that may be crafted.
+///
+/// The `tokenizers` crate panics on some malformed documents instead of returning an error
+/// (0.22: a JSON syntax error inside `"decoder"` reaches an `expect`), so the text's JSON syntax
+/// is checked first (cheaply: nothing is built), and any panic left is caught and reported as
+/// an error rather than ending the program.
+fn parse_tokenizer_json(json: &str) -> std::result::Result<tokenizers::Tokenizer, String> {
+    serde_json::from_str::<serde::de::IgnoredAny>(json)
+        .map_err(|e| format!("the embedded tokenizer.json is not valid JSON: {e}"))?;
+    match std::panic::catch_unwind(|| tokenizers::Tokenizer::from_str(json)) {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => Err(format!("cannot parse the embedded tokenizer.json: {e}")),
+        Err(_) => Err(
+            "the embedded tokenizer.json crashed the tokenizer library's parser; \
+                       the file is damaged or crafted"
+                .into(),
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,6 +283,17 @@ mod tests {
                 "{json}: {e}"
             );
         }
+        // Regression (found by the fuzz target): a syntax error inside "decoder" made the
+        // tokenizers crate panic ("Helper: Error(\"expected ident\" …)").
+        let seed = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fuzz/corpus/tokenizer/bpe.json"
+        ))
+        .unwrap();
+        let broken = seed.replacen("\"decoder\": {\"type\"", "\"decoder\": {tru, \"type\"", 1);
+        assert_ne!(broken, seed);
+        let e = Tokenizer::from_parts("m.kiln", &files(&broken), None, &[]).unwrap_err();
+        assert!(e.to_string().contains("not valid JSON"), "{e}");
         let e = Tokenizer::from_parts("m.kiln", &TokenizerFiles::default(), None, &[]).unwrap_err();
         assert!(e.to_string().contains("no embedded tokenizer.json"), "{e}");
     }
