@@ -116,6 +116,43 @@ impl DType {
         }
     }
 
+    /// Rows one storage unit spans: 16 for [`DType::Q4_0x16`] (a unit interleaves sixteen
+    /// rows' blocks), 1 otherwise. A writer that works in chunks of rows cuts them at
+    /// multiples of this.
+    pub const fn rows_per_unit(self) -> usize {
+        match self {
+            DType::Q4_0x16 => GROUP_ROWS,
+            _ => 1,
+        }
+    }
+
+    /// `bytes` (whole rows of `cols` values in the logical dtype's row-major layout, as GGML
+    /// and the quantizers produce them) laid out the way this storage dtype keeps them: the
+    /// one place a layout's arrangement is applied. Borrowed unchanged for plain layouts.
+    pub fn to_storage(self, cols: usize, bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+        match self {
+            DType::Q4_0x16 => {
+                let mut out = Vec::with_capacity(bytes.len());
+                crate::blocks::interleave_q4_0_bytes(bytes, cols / QK, &mut out);
+                out.into()
+            }
+            _ => bytes.into(),
+        }
+    }
+
+    /// The reverse of [`DType::to_storage`]: stored bytes back to the logical dtype's
+    /// row-major layout (for export to GGUF, which knows only that).
+    pub fn from_storage(self, cols: usize, bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+        match self {
+            DType::Q4_0x16 => {
+                let groups: Vec<BlockQ4_0x16> = bytemuck::pod_collect_to_vec(bytes);
+                let rows = crate::blocks::deinterleave_q4_0x16(&groups, (cols / QK).max(1));
+                bytemuck::cast_slice::<BlockQ4_0, u8>(&rows).to_vec().into()
+            }
+            _ => bytes.into(),
+        }
+    }
+
     /// Bytes of one storage unit.
     pub const fn block_bytes(self) -> usize {
         match self {
@@ -223,5 +260,38 @@ mod tests {
         assert_eq!(DType::Q4_0x16.logical(), DType::Q4_0);
         assert_eq!(DType::F16.logical(), DType::F16);
         assert_eq!(DType::Q4_0x16.id(), 1002);
+    }
+
+    #[test]
+    fn storage_layouts_round_trip_and_plain_ones_are_untouched() {
+        let cols = 64;
+        let rows = 2 * crate::blocks::GROUP_ROWS;
+        let blocks: Vec<u8> = (0..rows * cols / QK * 18)
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        let stored = DType::Q4_0x16.to_storage(cols, &blocks);
+        assert_ne!(stored.as_ref(), blocks.as_slice());
+        assert_eq!(
+            DType::Q4_0x16.from_storage(cols, &stored).as_ref(),
+            blocks.as_slice()
+        );
+        for d in [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Q8_0,
+            DType::Q4_0,
+        ] {
+            assert!(matches!(
+                d.to_storage(cols, &blocks),
+                std::borrow::Cow::Borrowed(_)
+            ));
+            assert!(matches!(
+                d.from_storage(cols, &blocks),
+                std::borrow::Cow::Borrowed(_)
+            ));
+            assert_eq!(d.rows_per_unit(), 1);
+        }
+        assert_eq!(DType::Q4_0x16.rows_per_unit(), crate::blocks::GROUP_ROWS);
     }
 }

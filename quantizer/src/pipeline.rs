@@ -28,7 +28,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use kiln_format::blocks::{interleave_q4_0_bytes, GROUP_ROWS, QK};
 use kiln_format::io::{read_exact_at, sha256_range};
 use kiln_format::metadata::now_rfc3339;
 use kiln_format::values::decode_to_f32;
@@ -428,12 +427,11 @@ impl Ctx<'_> {
             Action::Convert => {
                 let cols = info.shape.last().copied().unwrap_or(1) as usize;
                 let rows = (numel / cols as u64) as usize;
-                let mut rows_per_chunk = (CHUNK_ELEMENTS / cols).max(1);
-                if decision.storage == DType::Q4_0x16 {
-                    // Interleaved groups span sixteen rows: a chunk holds whole groups (the
-                    // row count is a multiple of sixteen, so the last chunk does too).
-                    rows_per_chunk = rows_per_chunk.next_multiple_of(GROUP_ROWS);
-                }
+                // A chunk holds whole storage units (sixteen rows for q4_0x16; the row count
+                // is a multiple of it, so the last chunk does too).
+                let rows_per_chunk = (CHUNK_ELEMENTS / cols)
+                    .max(1)
+                    .next_multiple_of(decision.storage.rows_per_unit());
                 let chunks = rows.div_ceil(rows_per_chunk);
                 let wave = WAVE_PER_THREAD * rayon::current_num_threads().max(1);
                 for first in (0..chunks).step_by(wave) {
@@ -574,11 +572,9 @@ impl Ctx<'_> {
         let deq = gptq::quantize_matrix(&x, cols, decision.dtype, f, &mut out);
         let mut stats = ErrorStats::default();
         stats.add(&x, &deq);
-        if decision.storage == DType::Q4_0x16 {
-            // The compensation runs over plain rows; the file stores them interleaved.
-            let mut interleaved = Vec::with_capacity(out.len());
-            interleave_q4_0_bytes(&out, cols / QK, &mut interleaved);
-            out = interleaved;
+        // The compensation runs over plain rows; the file stores them in its layout.
+        if decision.storage != decision.storage.logical() {
+            out = decision.storage.to_storage(cols, &out).into_owned();
         }
         Ok((out, stats))
     }

@@ -6,7 +6,7 @@
 //! quantizes, and accumulates [`ErrorStats`] of `x` against what a reader will decode.
 
 use half::{bf16, f16};
-use kiln_format::blocks::{interleave_q4_0_bytes, GROUP_ROWS, QK};
+use kiln_format::blocks::{GROUP_ROWS, QK};
 use kiln_format::DType;
 
 use crate::method::{quantize_block_q4_0, quantize_block_q8_0, Method};
@@ -111,8 +111,7 @@ pub fn convert_rows(
             // reaches `out` when a block fails.
             let mut plain = Vec::with_capacity(x.len() / QK * DType::Q4_0.block_bytes());
             quantize_rows(x, cols, DType::Q4_0, method, importance, &mut plain, stats)?;
-            out.reserve(plain.len());
-            interleave_q4_0_bytes(&plain, cols / QK, out);
+            out.extend_from_slice(&dtype.to_storage(cols, &plain));
         }
     }
     Ok(())
@@ -461,7 +460,7 @@ mod tests {
             convert_rows(&x, cols, DType::Q4_0, method, None, &mut plain, &mut sp).unwrap();
             convert_rows(&x, cols, DType::Q4_0x16, method, None, &mut inter, &mut si).unwrap();
             let mut want = Vec::new();
-            interleave_q4_0_bytes(&plain, cols / QK, &mut want);
+            kiln_format::blocks::interleave_q4_0_bytes(&plain, cols / QK, &mut want);
             assert_eq!(inter, want, "{method}");
             assert_eq!(si, sp, "{method}");
         }

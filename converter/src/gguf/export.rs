@@ -14,7 +14,6 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use kiln_format::blocks::BlockQ4_0;
 use kiln_format::values::cast_bytes;
 use kiln_format::{Architecture, DType, KilnFile, ModelConfig, Role, RopeScaling, TensorName};
 
@@ -78,16 +77,6 @@ fn file_type(d: DType) -> u32 {
         DType::Q8_0 => 7,
         DType::BF16 => 32,
     }
-}
-
-/// Row-major Q4_0 blocks as GGML stores them (little-endian scale, then the nibbles).
-fn q4_0_bytes(blocks: &[BlockQ4_0]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(std::mem::size_of_val(blocks));
-    for b in blocks {
-        out.extend_from_slice(&b.d.to_le_bytes());
-        out.extend_from_slice(&b.qs);
-    }
-    out
 }
 
 /// The hyperparameter keys of `config` under the architecture prefix `arch`.
@@ -268,8 +257,9 @@ pub fn export_gguf(opts: &ExportOptions, progress: &dyn Progress) -> Result<Expo
         let view = f.view(info);
         let mut bytes = Cow::Borrowed(view.bytes());
         if info.dtype != info.dtype.logical() {
-            // A Kiln-only layout: back to GGML's row-major blocks (the only one is q4_0x16).
-            bytes = Cow::Owned(q4_0_bytes(&view.q4_0_rows()?));
+            // A Kiln-only layout: back to GGML's row-major blocks.
+            let cols = info.shape.last().copied().unwrap_or(1) as usize;
+            bytes = Cow::Owned(info.dtype.from_storage(cols, &bytes).into_owned());
         }
         if p.widen {
             let mut out = Vec::new();

@@ -14,7 +14,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use kiln_format::blocks::{interleave_q4_0_bytes, QK};
 use kiln_format::metadata::now_rfc3339;
 use kiln_format::values::{cast_bytes, count_non_finite};
 use kiln_format::{
@@ -495,14 +494,11 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
                     )
                 }
             };
-            if dtype == p.dtype {
-                writer.write_tensor(i, &bytes)?;
-            } else if p.dtype == DType::Q4_0x16 {
-                // GGML's row-major Q4_0 blocks (rows already in Kiln's order), interleaved.
+            if dtype == p.dtype.logical() {
+                // GGML's row-major blocks (rows already in Kiln's order), in the storage
+                // layout the writer chose (interleaved for q4_0x16).
                 let cols = t.dims.first().copied().unwrap_or(0) as usize;
-                let mut out = Vec::with_capacity(bytes.len());
-                interleave_q4_0_bytes(&bytes, cols / QK, &mut out);
-                writer.write_tensor(i, &out)?;
+                writer.write_tensor(i, &p.dtype.to_storage(cols, &bytes))?;
             } else {
                 let mut out = Vec::new();
                 cast_bytes(dtype, p.dtype, &bytes, &mut out);
