@@ -1,6 +1,11 @@
 //! Throughput measurement in the manner of `llama-bench`: `ppN` runs an N-token prompt as one
-//! batch from an empty cache, `tgN` generates N tokens one forward pass at a time from an empty
-//! cache; each test repeated, reported as median and spread of tokens per second.
+//! batch, `tgN` generates N tokens one forward pass at a time; each test repeated, reported as
+//! median and spread of tokens per second. By default both start from an empty cache; with a
+//! depth D (`llama-bench -d`) they start with D tokens already in the cache (`pp512 @ d4096`),
+//! which is what a long conversation or document costs: attention reads the whole cache.
+//!
+//! The D context tokens are run once, unmeasured, and each repetition rewinds the cache to
+//! them, so a deep test costs its own tokens only.
 
 use std::time::Instant;
 
@@ -20,6 +25,8 @@ pub struct BenchOptions {
     pub reps: usize,
     /// Run each test once, unmeasured, first (page in the weights, warm the caches).
     pub warmup: bool,
+    /// Tokens already in the cache when each test starts (0: an empty cache).
+    pub depth: usize,
 }
 
 /// One test's result.
@@ -29,6 +36,8 @@ pub struct BenchResult {
     pub test: String,
     /// Tokens per repetition.
     pub n_tokens: usize,
+    /// Tokens in the cache before each repetition (`llama-bench`'s `n_depth`).
+    pub n_depth: usize,
     /// Compute threads.
     pub threads: usize,
     /// Median tokens per second.
@@ -56,7 +65,7 @@ pub fn bench(session: &mut Session<'_>, opts: &BenchOptions) -> Result<Vec<Bench
             reason: "at least one repetition is needed".into(),
         });
     }
-    let need = opts.prompt_tokens.max(opts.gen_tokens);
+    let need = opts.depth + opts.prompt_tokens.max(opts.gen_tokens);
     if need > session.ctx() {
         return Err(RunnerError::ContextOverflow {
             tokens: need,
@@ -65,18 +74,24 @@ pub fn bench(session: &mut Session<'_>, opts: &BenchOptions) -> Result<Vec<Bench
         });
     }
     let vocab = session.model().config.vocab;
+    let context = bench_tokens(opts.depth, vocab);
+    let suffix = if opts.depth > 0 {
+        format!(" @ d{}", opts.depth)
+    } else {
+        String::new()
+    };
     let mut results = Vec::new();
     if opts.prompt_tokens > 0 {
         let tokens = bench_tokens(opts.prompt_tokens, vocab);
         let run = |s: &mut Session<'_>| -> Result<f64> {
-            s.reset();
+            at_depth(s, &context)?;
             let t = Instant::now();
             s.forward(&tokens, Logits::Last, None)?;
             Ok(t.elapsed().as_secs_f64())
         };
         results.push(measure(
             session,
-            format!("pp{}", opts.prompt_tokens),
+            format!("pp{}{suffix}", opts.prompt_tokens),
             opts,
             opts.prompt_tokens,
             run,
@@ -85,7 +100,7 @@ pub fn bench(session: &mut Session<'_>, opts: &BenchOptions) -> Result<Vec<Bench
     if opts.gen_tokens > 0 {
         let tokens = bench_tokens(opts.gen_tokens, vocab);
         let run = |s: &mut Session<'_>| -> Result<f64> {
-            s.reset();
+            at_depth(s, &context)?;
             let t = Instant::now();
             for &id in &tokens {
                 s.forward(&[id], Logits::Last, None)?;
@@ -94,7 +109,7 @@ pub fn bench(session: &mut Session<'_>, opts: &BenchOptions) -> Result<Vec<Bench
         };
         results.push(measure(
             session,
-            format!("tg{}", opts.gen_tokens),
+            format!("tg{}{suffix}", opts.gen_tokens),
             opts,
             opts.gen_tokens,
             run,
@@ -102,6 +117,24 @@ pub fn bench(session: &mut Session<'_>, opts: &BenchOptions) -> Result<Vec<Bench
     }
     session.reset();
     Ok(results)
+}
+
+/// Tokens per forward pass when filling the cache to a depth.
+const DEPTH_BATCH: usize = 512;
+
+/// Leave exactly `context` in the session's cache: rewind to it when the cache starts with it
+/// (every repetition after the first), otherwise run it as one unmeasured batch.
+fn at_depth(s: &mut Session<'_>, context: &[u32]) -> Result<()> {
+    if s.tokens().starts_with(context) {
+        s.rewind(context.len());
+        return Ok(());
+    }
+    s.reset();
+    // In batches, so that a deep context costs the memory of a normal prompt.
+    for batch in context.chunks(DEPTH_BATCH) {
+        s.forward(batch, Logits::None, None)?;
+    }
+    Ok(())
 }
 
 fn measure(
@@ -121,6 +154,7 @@ fn measure(
     Ok(BenchResult {
         test,
         n_tokens: n,
+        n_depth: opts.depth,
         threads: session.threads(),
         tok_s: median,
         tok_s_min: min,

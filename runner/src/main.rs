@@ -147,6 +147,10 @@ struct BenchArgs {
     /// Thread counts to test, comma-separated [default: physical cores].
     #[arg(short = 't', long, value_delimiter = ',')]
     threads: Vec<usize>,
+    /// Tokens already in the KV cache when each test starts, comma-separated (like
+    /// llama-bench -d): `pp512 @ d4096` is a 512-token prompt after 4096 cached tokens.
+    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
+    depth: Vec<usize>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -499,17 +503,26 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     let file = open_model_verified(&a.model, !a.no_verify)?;
     let model = Model::load(&file)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let opts = BenchOptions {
-        prompt_tokens: a.n_prompt,
-        gen_tokens: a.n_gen,
-        reps: a.repetitions,
-        warmup: true,
-    };
-    let ctx = a.n_prompt.max(a.n_gen).max(1);
+    let depth_max = a.depth.iter().copied().max().unwrap_or(0);
+    let ctx = depth_max
+        .checked_add(a.n_prompt.max(a.n_gen).max(1))
+        .ok_or(RunnerError::InvalidArgument {
+            arg: "--depth",
+            reason: "too large".into(),
+        })?;
     let mut results: Vec<BenchResult> = Vec::new();
     for &t in &threads {
         let mut sess = model.session(ctx, t)?;
-        results.extend(bench(&mut sess, &opts)?);
+        for &depth in &a.depth {
+            let opts = BenchOptions {
+                prompt_tokens: a.n_prompt,
+                gen_tokens: a.n_gen,
+                reps: a.repetitions,
+                warmup: true,
+                depth,
+            };
+            results.extend(bench(&mut sess, &opts)?);
+        }
     }
     let weights = weight_summary(&file);
     let mut out = std::io::stdout();

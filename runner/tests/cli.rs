@@ -201,6 +201,41 @@ fn bench_json_names_tests_like_llama_bench() {
 }
 
 #[test]
+fn bench_depth_starts_each_test_with_that_many_cached_tokens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let o = kiln_run(&[
+        "bench",
+        m.to_str().unwrap(),
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "2",
+        "-t",
+        "1",
+        "-d",
+        "0,20",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let results = v["results"].as_array().unwrap();
+    let names: Vec<(&str, u64)> = results
+        .iter()
+        .map(|r| (r["test"].as_str().unwrap(), r["n_depth"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        names,
+        [("pp8", 0), ("tg4", 0), ("pp8 @ d20", 20), ("tg4 @ d20", 20)]
+    );
+    // A depth past what the model can hold is refused before anything runs.
+    let o = kiln_run(&["bench", m.to_str().unwrap(), "-d", "100000000", "-r", "1"]);
+    assert_fails(&o, USAGE, &["context"]);
+}
+
+#[test]
 fn rejects_a_newer_major_version() {
     let tmp = tempfile::tempdir().unwrap();
     let m = tiny(tmp.path());
