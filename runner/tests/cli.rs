@@ -161,26 +161,22 @@ fn chat_keeps_the_cache_between_turns() {
     );
 }
 
+/// `kiln-run bench MODEL ARGS --json`'s results, after checking it succeeded.
+fn bench_json(m: &Path, args: &[&str]) -> Vec<serde_json::Value> {
+    let mut all = vec!["bench", m.to_str().unwrap()];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let o = kiln_run(&all);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["results"].as_array().unwrap().clone()
+}
+
 #[test]
 fn bench_json_names_tests_like_llama_bench() {
     let tmp = tempfile::tempdir().unwrap();
     let m = tiny(tmp.path());
-    let o = kiln_run(&[
-        "bench",
-        m.to_str().unwrap(),
-        "-p",
-        "16",
-        "-n",
-        "8",
-        "-r",
-        "2",
-        "-t",
-        "1,2",
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let results = v["results"].as_array().unwrap();
+    let results = bench_json(&m, &["-p", "16", "-n", "8", "-r", "2", "-t", "1,2"]);
     let names: Vec<(&str, u64)> = results
         .iter()
         .map(|r| (r["test"].as_str().unwrap(), r["threads"].as_u64().unwrap()))
@@ -204,24 +200,10 @@ fn bench_json_names_tests_like_llama_bench() {
 fn bench_depth_starts_each_test_with_that_many_cached_tokens() {
     let tmp = tempfile::tempdir().unwrap();
     let m = tiny(tmp.path());
-    let o = kiln_run(&[
-        "bench",
-        m.to_str().unwrap(),
-        "-p",
-        "8",
-        "-n",
-        "4",
-        "-r",
-        "2",
-        "-t",
-        "1",
-        "-d",
-        "0,20",
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let results = v["results"].as_array().unwrap();
+    let results = bench_json(
+        &m,
+        &["-p", "8", "-n", "4", "-r", "2", "-t", "1", "-d", "0,20"],
+    );
     let names: Vec<(&str, u64)> = results
         .iter()
         .map(|r| (r["test"].as_str().unwrap(), r["n_depth"].as_u64().unwrap()))
