@@ -54,15 +54,16 @@ mkdir -p "$scratch"
 
 # The first corpus directory receives new inputs; the second (the seeds) is only read.
 # -max_len keeps inputs near the size of the seeds, where the interesting structure is.
-# -timeout flags a single input that takes over 10 s (a hang) as a failure.
+# -timeout flags a single input that takes over 10 s (a hang) as a failure (30 s for templates).
 mkdir -p "$scratch/reader" "$scratch/gguf" "$scratch/template" "$scratch/tokenizer"
 cargo fuzz run reader "$scratch/reader" fuzz/corpus/reader -- \
     -max_total_time="$duration" -max_len=4096 -timeout=10 -print_final_stats=1
 cargo fuzz run gguf "$scratch/gguf" fuzz/corpus/gguf -- \
     -max_total_time="$gguf_duration" -max_len=4096 -timeout=10 -print_final_stats=1
-# The template target's renderer child is the release kiln-run, as users run it.
+# The template target's renderer child is the release kiln-run, as users run it. Its timeout
+# is above the child's own 20 s CPU limit, which ends a slow rendering as a reported error.
 cargo build --release -p kiln-runner --bin kiln-run
 KILN_RUN="$PWD/target/release/kiln-run" cargo fuzz run template "$scratch/template" fuzz/corpus/template -- \
-    -max_total_time="$gguf_duration" -max_len=4096 -timeout=10 -print_final_stats=1
+    -max_total_time="$gguf_duration" -max_len=4096 -timeout=30 -print_final_stats=1
 cargo fuzz run tokenizer "$scratch/tokenizer" fuzz/corpus/tokenizer -- \
     -max_total_time="$gguf_duration" -max_len=4096 -timeout=10 -print_final_stats=1
