@@ -65,6 +65,11 @@ impl Tokenizer {
             )
         })?;
         let inner = parse_tokenizer_json(json).map_err(err)?;
+        // A post-processor or decoder that crashes on every input is found here, naming the
+        // file, rather than at the first prompt.
+        guarded("encoding a probe text", || inner.encode("Hello 12", true))
+            .and_then(|e| guarded("decoding it", || inner.decode(e.get_ids(), true)))
+            .map_err(|e| err(e.to_string()))?;
         let special = &files.special_tokens;
         let bos_token = special.get("bos_token").cloned();
         let eos_token = special.get("eos_token").cloned();
@@ -121,18 +126,13 @@ impl Tokenizer {
     }
 
     fn encode_raw(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, add_special)
-            .map_err(|e| RunnerError::Tokenize(e.to_string()))?;
+        let enc = guarded("encoding", || self.inner.encode(text, add_special))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Decode ids to text, leaving out special tokens.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner
-            .decode(ids, true)
-            .map_err(|e| RunnerError::Tokenize(e.to_string()))
+        guarded("decoding", || self.inner.decode(ids, true))
     }
 
     /// Tokens that end generation (EOS ids and end-of-turn markers).
@@ -221,6 +221,20 @@ impl TextStream<'_> {
     }
 }
 
+/// Run a call into the `tokenizers` crate, turning a panic inside it into an error: the crate
+/// panics on some crafted `tokenizer.json` files while encoding (0.22: a `TemplateProcessing`
+/// post-processor that names a special token it does not define), and the file is untrusted.
+fn guarded<T>(what: &str, f: impl FnOnce() -> tokenizers::Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(RunnerError::Tokenize(e.to_string())),
+        Err(_) => Err(RunnerError::Tokenize(format!(
+            "the model's tokenizer.json crashed the tokenizer library while {what}; the file \
+             is damaged or crafted"
+        ))),
+    }
+}
+
 /// Load a `tokenizer.json` that may be crafted.
 ///
 /// The `tokenizers` crate panics on some malformed documents instead of returning an error
@@ -294,6 +308,24 @@ mod tests {
         assert_ne!(broken, seed);
         let e = Tokenizer::from_parts("m.kiln", &files(&broken), None, &[]).unwrap_err();
         assert!(e.to_string().contains("not valid JSON"), "{e}");
+        // Regression (found by the fuzz target): a TemplateProcessing post-processor naming a
+        // special token it does not define panicked inside `encode` ("no entry found for key").
+        let seed = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fuzz/corpus/tokenizer/wordlevel.json"
+        ))
+        .unwrap();
+        let broken = seed.replacen(
+            "{\"SpecialToken\": {\"id\": \"[UNK]\"",
+            "{\"SpecialToken\": {\"id\": \"ZUNK]\"",
+            1,
+        );
+        assert_ne!(broken, seed);
+        let e = Tokenizer::from_parts("m.kiln", &files(&broken), None, &[]).unwrap_err();
+        assert!(
+            matches!(&e, RunnerError::Tokenizer { file, reason } if file == "m.kiln" && reason.contains("crashed")),
+            "{e}"
+        );
         let e = Tokenizer::from_parts("m.kiln", &TokenizerFiles::default(), None, &[]).unwrap_err();
         assert!(e.to_string().contains("no embedded tokenizer.json"), "{e}");
     }
