@@ -149,10 +149,19 @@ pub fn read(dir: &Path) -> Result<TokenizerFiles> {
 /// `source`, instead of converting fine and failing at the first run.
 pub fn validate(files: &TokenizerFiles, source: &str) -> Result<()> {
     if let Some(json) = &files.tokenizer_json {
-        tokenizers::Tokenizer::from_str(json).map_err(|e| ConvertError::UnsupportedTokenizer {
-            file: source.to_string(),
-            reason: format!("tokenizer.json does not load: {e}"),
-        })?;
+        // The tokenizers crate panics on some malformed documents: a panic is a refusal too.
+        let loaded = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_str(json));
+        let reason = match loaded {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(format!("tokenizer.json does not load: {e}")),
+            Err(_) => Some("tokenizer.json crashed the tokenizer library's parser".into()),
+        };
+        if let Some(reason) = reason {
+            return Err(ConvertError::UnsupportedTokenizer {
+                file: source.to_string(),
+                reason,
+            });
+        }
     }
     if let Some(template) = &files.chat_template {
         let syntax = minijinja::syntax::SyntaxConfig::builder()
