@@ -48,7 +48,7 @@ for t in f32 bf16 f16 q8_0 q4_0 q4_0-cal; do
     done
 done
 
-"$bin/kiln-verify" perplexity "$out/f32.kiln" --text "$text" -c 512 --chunks "$chunks" --save-logits "$out/f32.logits" --json > "$out/ppl-f32.json"
+"$bin/kiln-verify" perplexity "$out/f32.kiln" --text "$text" -c 512 --chunks "$chunks" --save-logits "$out/f32.logits" --force --json > "$out/ppl-f32.json"
 for t in bf16 f16 q8_0 q4_0 q4_0-cal; do
     "$bin/kiln-verify" perplexity "$out/$t.kiln" --text "$text" -c 512 --chunks "$chunks" --kl-base "$out/f32.logits" --json > "$out/ppl-$t.json"
 done
