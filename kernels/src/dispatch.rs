@@ -8,10 +8,16 @@
 use std::sync::OnceLock;
 
 use half::{bf16, f16};
-use kiln_format::{BlockQ4_0, BlockQ8_0, QK};
+use kiln_format::{BlockQ4_0, BlockQ8_0, DType, QK};
 
 use crate::isa::{isa, Isa};
 use crate::reference as r;
+use crate::stats::ErrorStats;
+
+/// A weight quantizer: GGML's reference rule over whole blocks, with round-trip statistics
+/// ([`Kernels::quantize_blocks`]).
+pub(crate) type QuantizeBlocksFn =
+    fn(DType, &[f32], &mut Vec<u8>, &mut ErrorStats) -> Result<(), usize>;
 
 /// Output rows computed together by one tile kernel call (they share the activation loads).
 pub const TILE_ROWS: usize = 4;
@@ -98,6 +104,8 @@ pub struct Kernels {
     pub(crate) rmsnorm: fn(&[f32], &[f32], f32, &mut [f32]),
     pub(crate) softmax_inplace: fn(&mut [f32]),
     pub(crate) silu_mul: fn(&[f32], &[f32], &mut [f32]),
+    pub(crate) decode_bf16: fn(&[u8], &mut [f32]),
+    pub(crate) quantize_blocks: QuantizeBlocksFn,
     pub(crate) tile_f32: Tile<f32, f32>,
     pub(crate) tile_f16: Tile<f16, f32>,
     pub(crate) tile_bf16: Tile<bf16, f32>,
@@ -165,6 +173,20 @@ pub(crate) fn weighted_sum_shape(
     );
 }
 
+/// Check the arguments of a [`Kernels::quantize_blocks`] call: a block dtype it covers and
+/// whole blocks. Every tier's entry point calls this first.
+pub(crate) fn quantize_blocks_shape(dtype: DType, x: &[f32]) {
+    assert!(
+        matches!(dtype, DType::Q8_0 | DType::Q4_0),
+        "quantize_blocks: {dtype} is not Q8_0 or Q4_0"
+    );
+    assert!(
+        x.len().is_multiple_of(QK),
+        "quantize_blocks: {} values are not whole blocks of {QK}",
+        x.len()
+    );
+}
+
 /// The scalar tier: the reference kernels.
 pub(crate) static SCALAR: Kernels = SCALAR_TABLE;
 
@@ -182,6 +204,8 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     rmsnorm: r::rmsnorm_ref,
     softmax_inplace: r::softmax_inplace_ref,
     silu_mul: r::silu_mul_ref,
+    decode_bf16: r::decode_bf16_ref,
+    quantize_blocks: r::quantize_blocks_ref,
     tile_f32: Tile::new(
         |w, x, o| tile_ref(w, x, o, r::dot_f32_ref),
         1,
@@ -323,5 +347,27 @@ impl Kernels {
         assert_eq!(gate.len(), up.len(), "silu_mul: length mismatch");
         assert_eq!(gate.len(), out.len(), "silu_mul: output length mismatch");
         (self.silu_mul)(gate, up, out)
+    }
+
+    /// Little-endian bf16 bytes to f32 (NaNs quieted, as the format crate decodes them); a
+    /// trailing odd byte is ignored. Panics unless `out.len() == bytes.len() / 2`.
+    pub fn decode_bf16(&self, bytes: &[u8], out: &mut [f32]) {
+        (self.decode_bf16)(bytes, out)
+    }
+
+    /// Quantize `x` (whole 32-value blocks) to Q8_0 or Q4_0 with GGML's reference rule,
+    /// appending the blocks to `out` and their round-trip error to `stats`: exactly
+    /// [`reference::quantize_blocks_ref`](crate::reference::quantize_blocks_ref), bytes and
+    /// statistics, in every tier. `Err(b)` when block `b`'s f16 scale overflows; `out` then
+    /// holds a partial result to discard. Panics if `dtype` is not Q8_0/Q4_0 or `x` is not
+    /// whole blocks.
+    pub fn quantize_blocks(
+        &self,
+        dtype: DType,
+        x: &[f32],
+        out: &mut Vec<u8>,
+        stats: &mut ErrorStats,
+    ) -> Result<(), usize> {
+        (self.quantize_blocks)(dtype, x, out, stats)
     }
 }

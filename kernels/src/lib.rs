@@ -6,6 +6,9 @@
 //! - The vector kernels ([`rmsnorm`], [`softmax_inplace`], [`silu_mul`], [`dot_f32`], [`axpy`],
 //!   [`weighted_sum`]) and the per-encoding dot products ([`dot_q8_0_q8_0`], [`dot_q4_0_q8_0`],
 //!   [`dot_f16_f32`], [`dot_bf16_f32`]) cover the rest of a Llama forward pass.
+//! - The weight-conversion kernels serve the quantizer: [`decode_bf16`], and
+//!   [`quantize_blocks`] (GGML's reference Q8_0/Q4_0 rule with the round trip's [`ErrorStats`]
+//!   computed in the same pass, the same bits in every tier).
 //! - [`isa`] is the instruction-set tier in use: the best the CPU has ([`Isa::Avx512`],
 //!   [`Isa::Avx2`], [`Isa::Scalar`]), lowered by the `KILN_ISA` environment variable. Each tier
 //!   is a [`Kernels`] table; [`kernels`] returns any supported tier's table so tests can compare
@@ -13,7 +16,8 @@
 //!
 //! Module map: `reference` (the scalar spec), `dispatch` (the table and the safe, length-checking
 //! entry points), `simd::{avx2, avx512}` (the `#[target_feature]` kernels), `matmul` (tiling and
-//! threading), `isa` (detection), `pool`, `matrix`, `error`.
+//! threading), `isa` (detection), `stats` ([`ErrorStats`], whose order of additions the
+//! quantization kernels share), `pool`, `matrix`, `error`.
 
 mod approx;
 mod dispatch;
@@ -26,6 +30,7 @@ mod matrix;
 mod pool;
 pub mod reference;
 mod simd;
+mod stats;
 
 pub use half::{bf16, f16};
 pub use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
@@ -39,6 +44,7 @@ pub use matmul::{
 };
 pub use matrix::{Matrix, OwnedWeights, WeightData};
 pub use pool::{cap_threads, max_threads, Pool};
+pub use stats::ErrorStats;
 
 /// HF `LlamaRMSNorm` of one row in f32: `out = x / sqrt(mean(x²) + eps) · weight`.
 pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
@@ -73,6 +79,22 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
 /// whole rows, or `probs` is too short for the rows at `stride`.
 pub fn weighted_sum(probs: &[f32], stride: usize, v: &[f32], width: usize, out: &mut [f32]) {
     active().weighted_sum(probs, stride, v, width, out)
+}
+
+/// Little-endian bf16 bytes to f32, NaNs quieted. Panics unless `out.len() == bytes.len() / 2`.
+pub fn decode_bf16(bytes: &[u8], out: &mut [f32]) {
+    active().decode_bf16(bytes, out)
+}
+
+/// Quantize weights (whole 32-value blocks) to Q8_0 or Q4_0 with GGML's reference rule and
+/// accumulate their round-trip error; see [`Kernels::quantize_blocks`].
+pub fn quantize_blocks(
+    dtype: kiln_format::DType,
+    x: &[f32],
+    out: &mut Vec<u8>,
+    stats: &mut ErrorStats,
+) -> Result<(), usize> {
+    active().quantize_blocks(dtype, x, out, stats)
 }
 
 /// Quantize activations to Q8_0 blocks with GGML's rule (`d = max|x|/127`, `q = round(x/d)`).

@@ -4,7 +4,9 @@
 //! tier of [`crate::Kernels`] runs exactly these.
 
 use half::{bf16, f16};
-use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
+use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, DType, GROUP_ROWS, QK};
+
+use crate::stats::ErrorStats;
 
 /// `Σ a[i]·b[i]`, summed left to right.
 pub fn dot_f32_ref(a: &[f32], b: &[f32]) -> f32 {
@@ -145,4 +147,59 @@ pub fn silu_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         *o = g / (1.0 + (-g).exp()) * u;
     }
+}
+
+/// Little-endian bf16 bytes to f32: `out[i]` from bytes `2i, 2i + 1` (`half`'s widening,
+/// which sets the quiet bit of a NaN, as the format crate's decoding does). A trailing odd
+/// byte is ignored. Panics unless `out.len() == bytes.len() / 2`.
+pub fn decode_bf16_ref(bytes: &[u8], out: &mut [f32]) {
+    assert_eq!(
+        out.len(),
+        bytes.len() / 2,
+        "decode_bf16: one output per two bytes"
+    );
+    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
+    }
+}
+
+/// Quantize `x` (whole 32-value blocks, rows laid end to end) to Q8_0 or Q4_0 blocks with
+/// GGML's reference rule ([`kiln_format::blocks::quantize_block_q8_0_ref`],
+/// [`kiln_format::blocks::quantize_block_q4_0_ref`]), appending the blocks' bytes to `out`
+/// and the round trip of each block (`x` against its dequantized block) to `stats` with
+/// [`ErrorStats::add`], block by block.
+///
+/// `Err(b)` when block `b`'s scale is not finite in f16 (its largest magnitude is beyond
+/// what the format can scale); blocks before it have been written and counted, and callers
+/// discard the partial output.
+///
+/// # Panics
+/// If `dtype` is not Q8_0 or Q4_0, or `x.len()` is not a multiple of 32.
+pub fn quantize_blocks_ref(
+    dtype: DType,
+    x: &[f32],
+    out: &mut Vec<u8>,
+    stats: &mut ErrorStats,
+) -> Result<(), usize> {
+    crate::dispatch::quantize_blocks_shape(dtype, x);
+    let mut y = [0.0f32; QK];
+    for (b, xb) in x.chunks_exact(QK).enumerate() {
+        let xb: &[f32; QK] = xb.try_into().expect("QK chunk");
+        let d = if dtype == DType::Q8_0 {
+            let block = kiln_format::blocks::quantize_block_q8_0_ref(xb);
+            kiln_format::blocks::dequantize_block_q8_0(&block, &mut y);
+            out.extend_from_slice(bytemuck::bytes_of(&block));
+            block.d
+        } else {
+            let block = kiln_format::blocks::quantize_block_q4_0_ref(xb);
+            kiln_format::blocks::dequantize_block_q4_0(&block, &mut y);
+            out.extend_from_slice(bytemuck::bytes_of(&block));
+            block.d
+        };
+        if !d.is_finite() {
+            return Err(b);
+        }
+        stats.add(xb, &y);
+    }
+    Ok(())
 }

@@ -382,7 +382,7 @@ mod tests {
             assert_eq!(back, deq);
             // Against GGML's reference rounding of the same matrix.
             let mut ref_out = Vec::new();
-            let mut stats = crate::metrics::ErrorStats::default();
+            let mut stats = crate::ErrorStats::default();
             crate::rows::convert_rows(
                 &w,
                 n,

@@ -11,7 +11,9 @@
 //!   per-column importance weights.
 //! - [`rows::convert_rows`] converts whole rows to any dtype (`q4_0x16` for whole
 //!   sixteen-row groups), rejecting NaN/Inf, and
-//!   accumulates the round-trip [`ErrorStats`] ([`metrics`]) in the same pass.
+//!   accumulates the round-trip [`ErrorStats`] in the same pass. GGML's reference rule and bf16
+//!   decoding are the kernels crate's dispatched SIMD kernels (`kiln_kernels::quantize_blocks`,
+//!   `kiln_kernels::decode_bf16`, one `KILN_ISA` switch for every program).
 //! - [`quantize_file`] ([`pipeline`]) streams a file through them: positioned reads of chunks of
 //!   rows, rayon over tensors and chunks, the format crate's atomic checksumming `KilnWriter`,
 //!   and a provenance step recording what was done. It reports progress through the
@@ -26,15 +28,14 @@ pub mod error;
 pub mod gptq;
 pub mod importance;
 pub mod method;
-pub mod metrics;
 pub mod pipeline;
 pub mod policy;
 pub mod report;
 pub mod rows;
 
 pub use error::{QuantizeError, Result};
+pub use kiln_kernels::ErrorStats;
 pub use method::Method;
-pub use metrics::ErrorStats;
 pub use pipeline::{quantize_file, NoProgress, Progress, QuantizeOptions, CHUNK_ELEMENTS, TOOL};
 pub use policy::{Action, Decision, Override, Policy, Target};
 pub use report::{Report, TensorReport};

@@ -42,10 +42,10 @@ use crate::error::{QuantizeError, Result};
 use crate::gptq::{self, Factor};
 use crate::importance::Importance;
 use crate::method::Method;
-use crate::metrics::ErrorStats;
 use crate::policy::{Action, Decision, Policy, POLICY_DESCRIPTION};
 use crate::report::{Report, TensorReport};
-use crate::rows::{convert_rows, decode_bf16, ValueError};
+use crate::rows::{convert_rows, ValueError};
+use crate::ErrorStats;
 
 /// Target number of values per chunk: 64 Ki values = 256 KiB of f32, large enough to amortise
 /// the per-chunk work, small enough that a wave per thread stays in the L2/L3 caches.
@@ -490,13 +490,7 @@ impl Ctx<'_> {
         let mut input = vec![0u8; n * unit as usize];
         read_exact_at(self.file, &mut input, info.offset + start * unit)
             .map_err(|e| self.io_err(e))?;
-        let x = if info.dtype == DType::BF16 {
-            decode_bf16(&input)
-        } else {
-            let mut x = vec![0.0f32; n];
-            decode_to_f32(info.dtype, &input, &mut x);
-            x
-        };
+        let x = decode_values(info.dtype, &input, n);
         let mut output = Vec::new();
         let mut stats = ErrorStats::default();
         let importance = self.importance.get(&info.name).map(Vec::as_slice);
@@ -543,13 +537,7 @@ impl Ctx<'_> {
         let mut input = vec![0u8; numel * unit];
         read_exact_at(self.file, &mut input, info.offset).map_err(|e| self.io_err(e))?;
         input_sha.update(&input);
-        let x = if info.dtype == DType::BF16 {
-            decode_bf16(&input)
-        } else {
-            let mut x = vec![0.0f32; numel];
-            decode_to_f32(info.dtype, &input, &mut x);
-            x
-        };
+        let x = decode_values(info.dtype, &input, numel);
         drop(input);
         if let Some(p) = x.iter().position(|v| !v.is_finite()) {
             let e = ValueError::NonFinite {
@@ -632,4 +620,16 @@ pub fn bits_per_weight(bytes: u64, elements: u64) -> f64 {
     } else {
         bytes as f64 * 8.0 / elements as f64
     }
+}
+
+/// A float tensor's bytes as f32: bf16 (the usual source dtype, and the hot path) through the
+/// kernels crate's dispatched decoder, the other float dtypes through the format crate.
+fn decode_values(dtype: DType, input: &[u8], n: usize) -> Vec<f32> {
+    let mut x = vec![0.0f32; n];
+    if dtype == DType::BF16 {
+        kiln_kernels::decode_bf16(input, &mut x);
+    } else {
+        decode_to_f32(dtype, input, &mut x);
+    }
+    x
 }

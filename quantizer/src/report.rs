@@ -6,9 +6,9 @@ use std::fmt::Write;
 use kiln_format::{DType, TensorInfo};
 use serde::Serialize;
 
-use crate::metrics::ErrorStats;
 use crate::pipeline::{bits_per_weight, QuantizeOptions, TOOL};
 use crate::policy::{Action, Decision};
+use crate::ErrorStats;
 
 /// One tensor's conversion and its error against the source.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -10,7 +10,7 @@ use kiln_format::blocks::{GROUP_ROWS, QK};
 use kiln_format::DType;
 
 use crate::method::{quantize_block_q4_0, quantize_block_q8_0, Method};
-use crate::metrics::ErrorStats;
+use crate::ErrorStats;
 
 /// Why a run of values could not be converted; positions are relative to the run.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -117,99 +117,9 @@ pub fn convert_rows(
     Ok(())
 }
 
-/// Little-endian bf16 bytes to f32, dispatched to the widest vector ISA this CPU has.
-/// Equal to [`decode_bf16_ref`] (and to the format crate's `decode_to_f32`) on every bit
-/// pattern. A trailing odd byte is ignored.
-pub fn decode_bf16(bytes: &[u8]) -> Vec<f32> {
-    #[cfg(target_arch = "x86_64")]
-    if isa::avx2() {
-        // SAFETY: `isa::avx2` checked that this CPU supports AVX2.
-        return unsafe { bf16_simd::decode_bf16_avx2_vec(bytes) };
-    }
-    let mut x = vec![0.0f32; bytes.len() / 2];
-    decode_bf16_ref(bytes, &mut x);
-    x
-}
-
-/// The scalar reference of [`decode_bf16`]: `out[i]` from bytes `2i, 2i + 1`, for as many
-/// values as both hold. NaNs get their quiet bit set (`half`'s rule, which the format crate's
-/// `decode_to_f32` follows).
-pub fn decode_bf16_ref(bytes: &[u8], out: &mut [f32]) {
-    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-        *o = bf16_value(u16::from_le_bytes([c[0], c[1]]));
-    }
-}
-
-/// One bf16 bit pattern as f32, NaNs quieted.
-#[inline(always)]
-fn bf16_value(b: u16) -> f32 {
-    let b = u32::from(b);
-    let quiet = u32::from(b & 0x7fff > 0x7f80) << 6;
-    f32::from_bits((b | quiet) << 16)
-}
-
-/// The AVX2 bf16 decode: sixteen values per step (zero-extend to 32 bits, shift into the high
-/// half, set the quiet bit of NaNs), the tail one by one as [`decode_bf16_ref`] does.
-#[cfg(target_arch = "x86_64")]
-mod bf16_simd {
-    use std::arch::x86_64::*;
-
-    use super::bf16_value;
-
-    /// A new vector of the `bytes.len() / 2` values, written once (not zeroed first).
-    ///
-    /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn decode_bf16_avx2_vec(bytes: &[u8]) -> Vec<f32> {
-        let n = bytes.len() / 2;
-        let mut x: Vec<f32> = Vec::with_capacity(n);
-        // SAFETY: the capacity holds `n` values and `2n <= bytes.len()`; the caller
-        // guarantees AVX2.
-        unsafe { decode_into(bytes, x.as_mut_ptr(), n) };
-        // SAFETY: `decode_into` wrote all `n` values.
-        unsafe { x.set_len(n) };
-        x
-    }
-
-    /// Write `n` decoded values to `out` (which need not be initialized; it is only written).
-    ///
-    /// # Safety
-    /// The CPU must support AVX2, `out` must be valid for `n` writes of f32, and
-    /// `2n <= bytes.len()`.
-    #[target_feature(enable = "avx2")]
-    unsafe fn decode_into(bytes: &[u8], out: *mut f32, n: usize) {
-        debug_assert!(2 * n <= bytes.len());
-        let abs = _mm256_set1_epi32(0x7fff_ffff);
-        let inf = _mm256_set1_epi32(0x7f80_0000);
-        let quiet = _mm256_set1_epi32(0x0040_0000);
-        let mut i = 0;
-        while i + 16 <= n {
-            // SAFETY: `i + 16 <= n` and `2n <= bytes.len()`, so the 32 bytes at `2i` are in
-            // bounds; the load is unaligned.
-            let v = unsafe { _mm256_loadu_si256(bytes.as_ptr().add(2 * i).cast()) };
-            let halves = [_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v)];
-            for (k, h) in halves.into_iter().enumerate() {
-                let f = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
-                // (f & 0x7fffffff) > 0x7f800000 exactly when (b & 0x7fff) > 0x7f80: a NaN.
-                let nan = _mm256_cmpgt_epi32(_mm256_and_si256(f, abs), inf);
-                let f = _mm256_or_si256(f, _mm256_and_si256(nan, quiet));
-                // SAFETY: `i + 8k + 8 <= i + 16 <= n`, and `out` is valid for `n` writes; the
-                // store is unaligned.
-                unsafe { _mm256_storeu_si256(out.add(i + 8 * k).cast(), f) };
-            }
-            i += 16;
-        }
-        for j in i..n {
-            let v = bf16_value(u16::from_le_bytes([bytes[2 * j], bytes[2 * j + 1]]));
-            // SAFETY: `j < n`, and `out` is valid for `n` writes.
-            unsafe { out.add(j).write(v) };
-        }
-    }
-}
-
-/// The block loop, dispatched once per call to the widest vector ISA this CPU has. The code is
-/// the same for every tier (compiled twice), so every tier writes the same bytes.
+/// The block loop. GGML's reference rule goes to the kernels crate's dispatched
+/// [`kiln_kernels::quantize_blocks`] (SIMD where the CPU has it, the same bits in every tier);
+/// the other methods are per-block searches ([`crate::method`]) in plain code.
 fn quantize_rows(
     x: &[f32],
     cols: usize,
@@ -219,39 +129,15 @@ fn quantize_rows(
     out: &mut Vec<u8>,
     stats: &mut ErrorStats,
 ) -> Result<(), ValueError> {
-    #[cfg(target_arch = "x86_64")]
-    if isa::avx2() {
-        if method == Method::Reference {
-            // SAFETY: `isa::avx2` checked that this CPU supports AVX2 and F16C.
-            return unsafe { fused::quantize_rows_reference_avx2(x, cols, dtype, out, stats) };
-        }
-        // SAFETY: `isa::avx2` checked that this CPU supports AVX2.
-        return unsafe { quantize_rows_avx2(x, cols, dtype, method, importance, out, stats) };
+    if method == Method::Reference {
+        return kiln_kernels::quantize_blocks(dtype, x, out, stats)
+            .map_err(|b| scale_overflow(out, b * QK, &x[b * QK..(b + 1) * QK]));
     }
     quantize_rows_body(x, cols, dtype, method, importance, out, stats)
 }
 
-/// [`quantize_rows_body`] compiled for AVX2.
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn quantize_rows_avx2(
-    x: &[f32],
-    cols: usize,
-    dtype: DType,
-    method: Method,
-    importance: Option<&[f32]>,
-    out: &mut Vec<u8>,
-    stats: &mut ErrorStats,
-) -> Result<(), ValueError> {
-    quantize_rows_body(x, cols, dtype, method, importance, out, stats)
-}
-
-/// Quantize whole rows to Q8_0/Q4_0 blocks, dequantize each block in registers and accumulate
-/// the error (inlined into every ISA tier).
-#[inline(always)]
+/// Quantize whole rows to Q8_0/Q4_0 blocks with `method`, dequantize each block and
+/// accumulate the error.
 fn quantize_rows_body(
     x: &[f32],
     cols: usize,
@@ -308,60 +194,9 @@ fn scale_overflow(out: &mut Vec<u8>, position: usize, xb: &[f32]) -> ValueError 
     }
 }
 
-/// The fused AVX2 reference kernels (`rows/fused.rs`).
-#[cfg(target_arch = "x86_64")]
-mod fused;
-
-/// Run-time ISA selection, decided once. `KILN_QUANTIZE_ISA=baseline` forces the baseline
-/// tier (to test it, or to compare) on any machine.
-#[cfg(target_arch = "x86_64")]
-pub mod isa {
-    use std::sync::OnceLock;
-
-    /// Whether the AVX2 tier is used (AVX2 with F16C, which every AVX2 CPU has).
-    pub fn avx2() -> bool {
-        static AVX2: OnceLock<bool> = OnceLock::new();
-        *AVX2.get_or_init(|| {
-            std::env::var("KILN_QUANTIZE_ISA").as_deref() != Ok("baseline")
-                && std::is_x86_feature_detected!("avx2")
-                && std::is_x86_feature_detected!("f16c")
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Every bf16 bit pattern decodes as the format crate decodes it, in every tier, at
-    /// lengths that exercise the vector tail.
-    #[test]
-    fn decode_bf16_tiers_equal_format_decode() {
-        let bytes: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
-        let mut want = vec![0.0f32; 1 << 16];
-        kiln_format::values::decode_to_f32(DType::BF16, &bytes, &mut want);
-        let mut reference = vec![0.0f32; 1 << 16];
-        decode_bf16_ref(&bytes, &mut reference);
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&reference), bits(&want));
-        for len in [0usize, 1, 15, 16, 17, 33, 1000, 1 << 16] {
-            // Start one value in too, so the vector loads are not 32-byte aligned; pass a
-            // trailing odd byte where there is one (it must be ignored).
-            for skip in [0usize, 1] {
-                let src = &bytes[2 * skip..];
-                let len = len.min(src.len() / 2);
-                let got = decode_bf16(&src[..(2 * len + 1).min(src.len())]);
-                assert_eq!(got.len(), len);
-                assert_eq!(bits(&got), bits(&want[skip..skip + len]), "len {len}");
-                #[cfg(target_arch = "x86_64")]
-                if std::is_x86_feature_detected!("avx2") {
-                    // SAFETY: AVX2 was detected above.
-                    let simd = unsafe { bf16_simd::decode_bf16_avx2_vec(&src[..2 * len]) };
-                    assert_eq!(bits(&simd), bits(&want[skip..skip + len]), "len {len}");
-                }
-            }
-        }
-    }
 
     #[test]
     fn f16_overflow_is_reported_not_written() {
@@ -483,161 +318,27 @@ mod tests {
         assert!(out.is_empty());
     }
 
-    /// Every ISA tier writes the same bytes and the same statistics.
+    /// The method code's reference blocks ([`Method::Reference`] in [`crate::method`], the
+    /// start of every search) are the kernels' reference quantization in every ISA tier:
+    /// the same bytes and the same statistics.
     #[test]
-    fn baseline_tier_equals_dispatched_tier() {
-        let x: Vec<f32> = (0..4096)
+    fn method_reference_equals_kernels_in_every_tier() {
+        let mut x: Vec<f32> = (0..4096)
             .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
             .collect();
-        let w: Vec<f32> = (0..256).map(|i| 0.5 + (i % 7) as f32).collect();
+        x[64..96].fill(1e-39); // 1/d overflows
+        x[96..128].fill(-0.0);
         for dtype in [DType::Q8_0, DType::Q4_0] {
-            for method in [Method::Reference, Method::Search] {
-                for importance in [None, Some(w.as_slice())] {
-                    let (mut a, mut b) = (Vec::new(), Vec::new());
-                    let (mut sa, mut sb) = (ErrorStats::default(), ErrorStats::default());
-                    quantize_rows_body(&x, 256, dtype, method, importance, &mut a, &mut sa)
-                        .unwrap();
-                    quantize_rows(&x, 256, dtype, method, importance, &mut b, &mut sb).unwrap();
-                    assert_eq!(a, b, "{dtype} {method}");
-                    assert_eq!(sa, sb, "{dtype} {method}");
-                }
-            }
-        }
-    }
-
-    /// The fused AVX2 reference kernel writes the bytes and statistics of the scalar path,
-    /// including ties, all-zero and tiny blocks, repeated extremes of both signs and blocks
-    /// whose 1/d overflows (scalar fallback inside the kernel).
-    #[test]
-    #[allow(clippy::needless_range_loop)] // the test writes patterns by index
-    fn fused_reference_equals_scalar() {
-        #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
-            let mut x: Vec<f32> = (0..32 * 512)
-                .map(|i| {
-                    let h = (i as u32).wrapping_mul(2_654_435_761) >> 8;
-                    (h % 20001) as f32 / 10000.0 - 1.0
-                })
-                .collect();
-            // Ties of round-half-away: values k + 0.5 in units of d = 127/127.
-            for j in 0..32 {
-                x[j] = (j as f32 - 16.0) + 0.5;
-            }
-            x[0] = -127.0;
-            x[32..64].fill(0.0);
-            x[64..96].fill(-0.0);
-            for j in 96..128 {
-                x[j] = if j % 2 == 0 { 3.0 } else { -3.0 };
-            }
-            for j in 128..160 {
-                x[j] = if j % 2 == 0 { -3.0 } else { 3.0 };
-            }
-            x[160..192].fill(1e-39);
-            x[161] = -2e-39;
-            x[192..224].fill(1e-37);
-            x[225] = 0.5;
-            x[226] = -0.5;
-            for j in 256..288 {
-                x[j] = (j as f32 - 270.0) * 1e-3 + 1e-4;
-            }
-            // Whole runs, and runs of 1..=17 blocks from different starts (the statistics of
-            // eight blocks at a time are summed together; the rest one by one), some of them
-            // beginning or ending next to a fallback block.
-            let mut runs: Vec<(usize, usize, usize)> = vec![(0, x.len(), 32), (0, x.len(), 256)];
-            for start in [0usize, 3, 4, 5, 6, 100] {
-                for blocks in 1..=17 {
-                    runs.push((start * 32, (start + blocks) * 32, 32));
-                }
-            }
-            for dtype in [DType::Q8_0, DType::Q4_0] {
-                for &(lo, hi, cols) in &runs {
-                    let x = &x[lo..hi];
-                    let (mut a, mut b) = (Vec::new(), Vec::new());
-                    let (mut sa, mut sb) = (ErrorStats::default(), ErrorStats::default());
-                    quantize_rows_body(x, cols, dtype, Method::Reference, None, &mut a, &mut sa)
-                        .unwrap();
-                    // SAFETY: AVX2 and F16C were detected above.
-                    unsafe { fused::quantize_rows_reference_avx2(x, cols, dtype, &mut b, &mut sb) }
-                        .unwrap();
-                    assert_eq!(a, b, "{dtype} {lo}..{hi}");
-                    assert_eq!(sa, sb, "{dtype} {lo}..{hi}");
-                }
-            }
-            // Scale overflow: same error, nothing written.
-            let mut y = x.clone();
-            y[40] = 1.0e7;
-            let mut b = Vec::new();
-            let mut sb = ErrorStats::default();
-            // SAFETY: AVX2 and F16C were detected above.
-            let e = unsafe {
-                fused::quantize_rows_reference_avx2(&y, 64, DType::Q8_0, &mut b, &mut sb)
-            };
-            assert_eq!(
-                e,
-                Err(ValueError::ScaleOverflow {
-                    position: 32,
-                    value: 1.0e7
-                })
-            );
-            assert!(b.is_empty());
-        }
-    }
-
-    /// Block values for the fused-kernel property: each block gets its own magnitude (from
-    /// subnormal, where `1/d` overflows, to past the f16 scale limit), and some values are
-    /// zero, negated extremes or repeated.
-    #[cfg(target_arch = "x86_64")]
-    fn fused_input() -> impl proptest::strategy::Strategy<Value = Vec<f32>> {
-        use proptest::prelude::*;
-        let block = (
-            prop::sample::select(vec![0.0f32, 1e-39, 1e-30, 1e-3, 0.05, 1.0, 300.0, 6e5, 1e7]),
-            prop::collection::vec(-1.0f32..1.0, QK),
-            prop::collection::vec(0u8..8, QK),
-        )
-            .prop_map(|(scale, u, kind)| {
-                u.iter()
-                    .zip(&kind)
-                    .map(|(&u, &k)| match k {
-                        0 => 0.0,
-                        1 => scale,
-                        2 => -scale,
-                        _ => u * scale,
-                    })
-                    .collect::<Vec<f32>>()
-            });
-        prop::collection::vec(block, 1..40).prop_map(|b| b.concat())
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig {
-            cases: 512,
-            failure_persistence: None,
-            ..proptest::prelude::ProptestConfig::default()
-        })]
-        /// The fused kernel (eight-block groups and single blocks) equals the scalar reference:
-        /// bytes, statistics, and the error (position and value) when a scale overflows.
-        #[test]
-        fn fused_reference_matches_scalar_on_random_blocks(x in fused_input()) {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
-                for dtype in [DType::Q4_0, DType::Q8_0] {
-                    let (mut a, mut b) = (Vec::new(), Vec::new());
-                    let (mut sa, mut sb) = (ErrorStats::default(), ErrorStats::default());
-                    let ra = quantize_rows_body(
-                        &x, QK, dtype, Method::Reference, None, &mut a, &mut sa,
-                    );
-                    // SAFETY: AVX2 and F16C were detected above.
-                    let rb = unsafe {
-                        fused::quantize_rows_reference_avx2(&x, QK, dtype, &mut b, &mut sb)
-                    };
-                    proptest::prop_assert_eq!(ra, rb);
-                    if ra.is_ok() {
-                        proptest::prop_assert_eq!(&a, &b);
-                        proptest::prop_assert_eq!(sa, sb);
-                    } else {
-                        proptest::prop_assert!(b.is_empty());
-                    }
-                }
+            let mut a = Vec::new();
+            let mut sa = ErrorStats::default();
+            quantize_rows_body(&x, 256, dtype, Method::Reference, None, &mut a, &mut sa).unwrap();
+            for isa in kiln_kernels::supported_isas() {
+                let k = kiln_kernels::kernels(isa).expect("supported tier");
+                let mut b = Vec::new();
+                let mut sb = ErrorStats::default();
+                k.quantize_blocks(dtype, &x, &mut b, &mut sb).unwrap();
+                assert_eq!(a, b, "{dtype} {isa:?}");
+                assert_eq!(sa, sb, "{dtype} {isa:?}");
             }
         }
     }

@@ -135,7 +135,7 @@ fn q4_0_matrices_of_whole_row_groups_are_stored_interleaved() {
             let x = input.tensor(name).unwrap().to_f32_vec();
             let cols = shape[1] as usize;
             let mut plain = Vec::new();
-            let mut stats = kiln_quantize::metrics::ErrorStats::default();
+            let mut stats = kiln_quantize::ErrorStats::default();
             kiln_quantize::rows::convert_rows(
                 &x,
                 cols,

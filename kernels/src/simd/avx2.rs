@@ -322,6 +322,8 @@ macro_rules! isa_entry_points {
                 silu_mul,
                 softmax_inplace,
                 quantize_row_q8_0_act,
+                decode_bf16: crate::simd::avx2_convert::decode_bf16,
+                quantize_blocks: crate::simd::avx2_convert::quantize_blocks,
                 tile_f32: Tile::new(float_tile::<f32, 1>, $tf, float_tile::<f32, $tf>)
                     .with_rows(float_rows::<f32>),
                 tile_f16: Tile::new(float_tile::<f16, 1>, $tf, float_tile::<f16, $tf>)

@@ -11,6 +11,8 @@
 //! - [`avx512_pair`]: the AVX-512 tier's own Q8_0/Q4_0 tile, two blocks per 512-bit
 //!   `vpdpbusd` with the scales converted in registers (the generic block kernel spends more
 //!   on each block's scale than on its dot).
+//! - [`avx2_convert`]: weight conversion (bf16 decoding, GGML's reference Q8_0/Q4_0
+//!   quantization with its round-trip statistics), shared by both x86 tiers.
 //! - [`avx512_group`], [`avx2_group`]: the one-token kernels for sixteen interleaved Q4_0
 //!   rows ([`crate::interleaved`]), a row per 32-bit lane.
 //!
@@ -23,6 +25,8 @@
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_convert;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_group;
 #[cfg(target_arch = "x86_64")]

@@ -1,13 +1,14 @@
-//! Error statistics of a converted tensor against its source, accumulated on the fly.
+//! Error statistics of converted values against their source, accumulated on the fly.
 //!
-//! Each chunk of a tensor accumulates an [`ErrorStats`] while it is converted (partial sums per
-//! 32-element block in f32, then in f64); chunks are merged in row order, and chunk boundaries
-//! do not depend on the thread count, so the numbers are the same whatever `--threads` is.
-
-use serde::Serialize;
+//! They live beside the kernels because their order of additions is part of the weight
+//! quantization kernels' contract ([`crate::Kernels::quantize_blocks`]): every tier adds the
+//! partial sums of a 32-value block exactly as [`ErrorStats::add`] does, so a quantized file's
+//! error report has the same bits whatever the CPU. A tensor's chunks are merged in row order,
+//! and chunk boundaries do not depend on the thread count, so the numbers are also the same
+//! whatever the thread count is.
 
 /// Sums from which the per-tensor metrics are derived.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ErrorStats {
     /// Elements compared.
     pub count: u64,
@@ -54,7 +55,7 @@ impl ErrorStats {
 
     /// Fold the eight lane partials of one 32-value block (Σx², Σ(x − x̂)², max |x − x̂|, each
     /// lane `l` over elements `l, l + 8, l + 16, l + 24` in that order) into the sums; `count`
-    /// is not changed. Shared by [`ErrorStats::add`] and the fused SIMD kernels, so both reduce
+    /// is not changed. Shared by [`ErrorStats::add`] and the SIMD quantization kernels, so both reduce
     /// in the same order and give the same bits.
     #[inline(always)]
     pub(crate) fn add_lanes(&mut self, s: &[f32; 8], e: &[f32; 8], m: &[f32; 8]) {

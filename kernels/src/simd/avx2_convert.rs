@@ -1,47 +1,65 @@
-//! The reference method as hand-written AVX2 passes: largest magnitude, scale, codes,
-//! packing, dequantized values and error statistics, all in registers.
+//! Weight conversion on AVX2: bf16 decoding, and GGML's reference Q8_0/Q4_0 quantization
+//! with its round-trip statistics, all in registers (largest magnitude, scale, codes,
+//! packing, dequantized values and error sums).
 //!
-//! Bit-identical to [`quantize_rows_body`] with [`Method::Reference`]: the same f32 operations
-//! in the same order (no FMA contraction, the `round_away`/truncation rules restated lane-wise,
-//! the eight-lane statistics partials added exactly as [`ErrorStats::add_lanes`] adds them).
-//! Q8_0 goes block by block; Q4_0 computes the scales of eight blocks at a time
-//! ([`group_q4_0`]), which shortens the scalar dependency chain of each block. Blocks whose
-//! `1/d` overflows go through the scalar reference. The tests `fused_reference_equals_scalar`
-//! and `fused_reference_matches_scalar_on_random_blocks` (in `rows.rs`) hold it to the
-//! scalar path.
+//! Bit-identical to [`reference::quantize_blocks_ref`] and [`reference::decode_bf16_ref`]:
+//! the same f32 operations in the same order (no FMA contraction, GGML's rounding rules
+//! restated lane-wise, the eight-lane statistics partials added exactly as
+//! [`ErrorStats::add`] adds them). Q8_0 goes block by block; Q4_0 computes the scales of
+//! eight blocks at a time ([`group_q4_0`]), which shortens the scalar dependency chain of
+//! each block. Blocks whose `1/d` overflows go through the scalar reference. The tests in
+//! `tests/convert.rs` hold every tier to the references.
 
 use std::arch::x86_64::*;
 
 use half::f16;
-use kiln_format::blocks::QK;
-use kiln_format::DType;
+use kiln_format::{DType, QK};
 
-use super::{quantize_rows_body, scale_overflow, ValueError};
-use crate::method::Method;
-use crate::metrics::ErrorStats;
+use crate::reference;
+use crate::stats::ErrorStats;
 
-/// # Safety
-/// The CPU must support AVX2 and F16C.
-#[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn quantize_rows_reference_avx2(
-    x: &[f32],
-    cols: usize,
+/// [`reference::quantize_blocks_ref`] on AVX2 (the table entry of the x86 tiers).
+pub(crate) fn quantize_blocks(
     dtype: DType,
+    x: &[f32],
     out: &mut Vec<u8>,
     stats: &mut ErrorStats,
-) -> Result<(), ValueError> {
-    debug_assert!(cols.is_multiple_of(QK) && x.len().is_multiple_of(cols));
+) -> Result<(), usize> {
+    crate::dispatch::quantize_blocks_shape(dtype, x);
+    // SAFETY: this function is only in the tables of tiers that include AVX2 and F16C, which
+    // `crate::kernels` hands out only on CPUs that have them; the shape was checked above.
+    unsafe { quantize_blocks_avx2(dtype, x, out, stats) }
+}
+
+/// [`reference::decode_bf16_ref`] on AVX2 (the table entry of the x86 tiers).
+pub(crate) fn decode_bf16(bytes: &[u8], out: &mut [f32]) {
+    assert_eq!(
+        out.len(),
+        bytes.len() / 2,
+        "decode_bf16: one output per two bytes"
+    );
+    // SAFETY: as for `quantize_blocks`: only reachable on CPUs with AVX2; lengths checked.
+    unsafe { decode_bf16_avx2(bytes, out) }
+}
+
+/// # Safety
+/// The CPU must support AVX2 and F16C; `dtype` is Q8_0 or Q4_0 and `x` whole blocks.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn quantize_blocks_avx2(
+    dtype: DType,
+    x: &[f32],
+    out: &mut Vec<u8>,
+    stats: &mut ErrorStats,
+) -> Result<(), usize> {
     let q8 = dtype == DType::Q8_0;
+    out.reserve(x.len() / QK * dtype.block_bytes());
     let mut pending = Pending::new();
     // Q4_0: groups of eight blocks first (rows are contiguous, so groups may span rows).
     let grouped = if q8 { 0 } else { x.len() / (8 * QK) * (8 * QK) };
     for (g, xg) in x[..grouped].chunks_exact(8 * QK).enumerate() {
         let xg: &[f32; 8 * QK] = xg.try_into().expect("group of 8 blocks");
         // SAFETY: AVX2 and F16C are enabled on this function; `xg` holds 256 values.
-        if let Err(b) = unsafe { group_q4_0(xg, out, &mut pending, stats) } {
-            let i = g * 8 + b;
-            return Err(scale_overflow(out, i * QK, &x[i * QK..(i + 1) * QK]));
-        }
+        unsafe { group_q4_0(xg, out, &mut pending, stats) }.map_err(|b| g * 8 + b)?;
     }
     for (i, xb) in x[grouped..].chunks_exact(QK).enumerate() {
         let i = grouped / QK + i;
@@ -55,18 +73,48 @@ pub(super) unsafe fn quantize_rows_reference_avx2(
         };
         match ok {
             Some(true) => {}
-            Some(false) => return Err(scale_overflow(out, i * QK, xb)),
+            Some(false) => return Err(i),
             None => {
                 // 1/d overflows: the scalar reference handles the block, after the
                 // blocks before it have been added (the sums are added in block order).
                 pending.flush(stats);
-                quantize_rows_body(xb, QK, dtype, Method::Reference, None, out, stats)
-                    .map_err(|_| scale_overflow(out, i * QK, xb))?;
+                reference::quantize_blocks_ref(dtype, xb, out, stats).map_err(|_| i)?;
             }
         }
     }
     pending.finish(stats);
     Ok(())
+}
+
+/// Sixteen values per step (zero-extend to 32 bits, shift into the high half, set the quiet
+/// bit of NaNs), the tail as [`reference::decode_bf16_ref`] does.
+///
+/// # Safety
+/// The CPU must support AVX2, and `out.len() == bytes.len() / 2`.
+#[target_feature(enable = "avx2")]
+unsafe fn decode_bf16_avx2(bytes: &[u8], out: &mut [f32]) {
+    let n = out.len();
+    debug_assert!(2 * n <= bytes.len());
+    let abs = _mm256_set1_epi32(0x7fff_ffff);
+    let inf = _mm256_set1_epi32(0x7f80_0000);
+    let quiet = _mm256_set1_epi32(0x0040_0000);
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: `i + 16 <= n` and `2n <= bytes.len()`, so the 32 bytes at `2i` are in
+        // bounds; the load is unaligned.
+        let v = unsafe { _mm256_loadu_si256(bytes.as_ptr().add(2 * i).cast()) };
+        let halves = [_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v)];
+        for (k, h) in halves.into_iter().enumerate() {
+            let f = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
+            // (f & 0x7fffffff) > 0x7f800000 exactly when (b & 0x7fff) > 0x7f80: a NaN.
+            let nan = _mm256_cmpgt_epi32(_mm256_and_si256(f, abs), inf);
+            let f = _mm256_or_si256(f, _mm256_and_si256(nan, quiet));
+            // SAFETY: `i + 8k + 8 <= i + 16 <= n = out.len()`; the store is unaligned.
+            unsafe { _mm256_storeu_si256(out.as_mut_ptr().add(i + 8 * k).cast(), f) };
+        }
+        i += 16;
+    }
+    reference::decode_bf16_ref(&bytes[2 * i..2 * n], &mut out[i..]);
 }
 
 /// The error statistics of up to eight blocks, kept as vectors until eight are there and
@@ -215,6 +263,26 @@ fn load(xb: &[f32; QK]) -> [__m256; 4] {
     }
 }
 
+/// A block's values and their magnitudes (four vectors each), and its largest magnitude.
+#[inline(always)]
+fn load_abs_max(xb: &[f32; QK]) -> ([__m256; 4], [__m256; 4], f32) {
+    let v = load(xb);
+    // SAFETY: register-only AVX operations; callers enable AVX2. (No closures: they would
+    // not inherit the callers' target features.)
+    let (a, m) = unsafe {
+        let sign = _mm256_set1_ps(-0.0);
+        let a = [
+            _mm256_andnot_ps(sign, v[0]),
+            _mm256_andnot_ps(sign, v[1]),
+            _mm256_andnot_ps(sign, v[2]),
+            _mm256_andnot_ps(sign, v[3]),
+        ];
+        let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+        (a, m)
+    };
+    (v, a, hmax(m))
+}
+
 /// Horizontal max of eight non-negative, non-NaN lanes.
 #[inline(always)]
 fn hmax(m: __m256) -> f32 {
@@ -262,13 +330,7 @@ unsafe fn block_q8_0(
     pending: &mut Pending,
     stats: &mut ErrorStats,
 ) -> Option<bool> {
-    let v = load(xb);
-    let sign = _mm256_set1_ps(-0.0);
-    let a = v.map(|v| _mm256_andnot_ps(sign, v));
-    let amax = hmax(_mm256_max_ps(
-        _mm256_max_ps(a[0], a[1]),
-        _mm256_max_ps(a[2], a[3]),
-    ));
+    let (v, _, amax) = load_abs_max(xb);
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     if !id.is_finite() {
@@ -321,13 +383,7 @@ unsafe fn block_q4_0(
     pending: &mut Pending,
     stats: &mut ErrorStats,
 ) -> Option<bool> {
-    let v = load(xb);
-    let sign = _mm256_set1_ps(-0.0);
-    let a = v.map(|v| _mm256_andnot_ps(sign, v));
-    let amax = hmax(_mm256_max_ps(
-        _mm256_max_ps(a[0], a[1]),
-        _mm256_max_ps(a[2], a[3]),
-    ));
+    let (v, a, amax) = load_abs_max(xb);
     // GGML's extreme: the first value of largest magnitude, with its sign (+0 if all zero).
     let max = if amax == 0.0 {
         0.0
@@ -418,8 +474,7 @@ unsafe fn group_q4_0(
             // 1/d overflows: the scalar reference handles the block (after the blocks
             // before it have been added to the statistics, which are added in order).
             pending.flush(stats);
-            quantize_rows_body(xb, QK, DType::Q4_0, Method::Reference, None, out, stats)
-                .map_err(|_| b)?;
+            reference::quantize_blocks_ref(DType::Q4_0, xb, out, stats).map_err(|_| b)?;
         } else if dhs[b] & 0x7c00 == 0x7c00 {
             return Err(b);
         } else {
