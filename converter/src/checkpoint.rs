@@ -139,8 +139,9 @@ fn dtype_of(d: StDtype) -> Option<DType> {
 impl Checkpoint {
     /// Find and map the weight files of `dir` and resolve every tensor's canonical name.
     ///
-    /// `arch` is only used in messages.
-    pub fn open(dir: &Path, arch: &str) -> Result<Checkpoint> {
+    /// `config` names the family (whose spellings apply) and the class named in messages.
+    pub fn open(dir: &Path, config: &kiln_format::ModelConfig) -> Result<Checkpoint> {
+        let arch = config.source_architecture.as_str();
         let index_path = dir.join("model.safetensors.index.json");
         let (files, index_map, index_file) = if index_path.is_file() {
             let (files, map) = read_index(dir, &index_path)?;
@@ -205,13 +206,12 @@ impl Checkpoint {
                     skipped.push(name);
                     continue;
                 }
-                let canon = names::canonical(Source::HuggingFace, &name).ok_or_else(|| {
-                    ConvertError::UnknownTensor {
+                let canon = names::canonical(Source::HuggingFace, config.architecture, &name)
+                    .ok_or_else(|| ConvertError::UnknownTensor {
                         path: shard.path.display().to_string(),
                         tensor: name.clone(),
                         arch: arch.to_string(),
-                    }
-                })?;
+                    })?;
                 let dtype =
                     dtype_of(view.dtype()).ok_or_else(|| ConvertError::UnsupportedDtype {
                         path: shard.path.display().to_string(),

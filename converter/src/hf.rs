@@ -81,7 +81,11 @@ fn plan<'c>(
             .get(name)
             .ok_or_else(|| ConvertError::MissingTensor {
                 dir: ck.dir.display().to_string(),
-                tensor: crate::names::source_name(crate::names::Source::HuggingFace, *name),
+                tensor: crate::names::source_name(
+                    crate::names::Source::HuggingFace,
+                    config.architecture,
+                    *name,
+                ),
                 expected: shape.clone(),
             })?;
         if &t.shape != shape {
@@ -192,7 +196,7 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
     let config_text = read_text(&config_path)?;
     let config = hf_config::parse(&config_path, &config_text, generation.as_ref())?;
     let tokenizer = tokenizer_files::read(dir)?;
-    let ck = Checkpoint::open(dir, &config.source_architecture)?;
+    let ck = Checkpoint::open(dir, &config)?;
     let mut skipped = ck.skipped.clone();
     let planned = plan(&ck, &config, &mut skipped)?;
 

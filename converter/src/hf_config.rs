@@ -1,13 +1,16 @@
 //! `config.json` as transformers 4.x or 5.x writes it, resolved into a [`ModelConfig`].
 //!
 //! The raw file keeps Hugging Face's names and defaults; this module applies those defaults
-//! once (as `LlamaConfig`, `MistralConfig` and `Qwen2Config` do) so that nothing downstream
+//! once (as `LlamaConfig`, `MistralConfig`, `Qwen2Config`, `Qwen3Config` and
+//! `Gemma3TextConfig` do) so that nothing downstream
 //! deals with optional fields. Both spellings of the RoPE settings are accepted: 4.x's
 //! top-level `rope_theta` / `rope_scaling` and 5.x's `rope_parameters`.
 
 use std::path::Path;
 
-use kiln_format::{Architecture, ModelConfig, RopeScaling};
+use kiln_format::{
+    Architecture, FamilyOptions, LayerKind, MlpActivation, ModelConfig, NormStyle, RopeScaling,
+};
 use serde_json::{Map, Value};
 
 use crate::error::{ConvertError, Result};
@@ -17,6 +20,8 @@ pub const SUPPORTED: &[(&str, &str, Architecture)] = &[
     ("LlamaForCausalLM", "llama", Architecture::Llama),
     ("MistralForCausalLM", "mistral", Architecture::Mistral),
     ("Qwen2ForCausalLM", "qwen2", Architecture::Qwen2),
+    ("Qwen3ForCausalLM", "qwen3", Architecture::Qwen3),
+    ("Gemma3ForCausalLM", "gemma3_text", Architecture::Gemma3),
 ];
 
 /// Largest value accepted for any size field: the format's own cap, so that what converts
@@ -184,7 +189,8 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
         f.uint("max_position_embeddings")?
             .unwrap_or(match architecture {
                 Architecture::Mistral => 4096 * 32,
-                Architecture::Qwen2 => 32768,
+                Architecture::Qwen2 | Architecture::Qwen3 => 32768,
+                Architecture::Gemma3 => 131_072,
                 Architecture::Llama => 2048,
             });
     if num_heads % num_kv_heads != 0 {
@@ -194,9 +200,12 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
             format!("{num_kv_heads} does not divide num_attention_heads ({num_heads})"),
         ));
     }
-    let head_dim = match f.uint("head_dim")? {
-        Some(h) => h,
-        None => {
+    let head_dim = match (f.uint("head_dim")?, architecture) {
+        (Some(h), _) => h,
+        // The classes' own defaults, not hidden / heads.
+        (None, Architecture::Qwen3) => 128,
+        (None, Architecture::Gemma3) => 256,
+        (None, _) => {
             if hidden_size % num_heads != 0 {
                 return Err(ConvertError::field(
                     path,
@@ -216,15 +225,31 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
     }
     let rms_norm_eps = f.float(map, "rms_norm_eps", "")?.unwrap_or(1e-6);
 
-    if let Some(act) = f.get("hidden_act").or_else(|| f.get("hidden_activation")) {
-        if act.as_str() != Some("silu") {
+    let gemma = architecture == Architecture::Gemma3;
+    let act_key = if gemma {
+        "hidden_activation"
+    } else {
+        "hidden_act"
+    };
+    let mlp_activation = match (f.get(act_key).map(|v| v.as_str()), gemma) {
+        (None, false) | (Some(Some("silu")), false) => MlpActivation::Silu,
+        (None, true) | (Some(Some("gelu_pytorch_tanh")), true) => MlpActivation::GeluTanh,
+        (Some(_), _) => {
+            let act = f.get(act_key).expect("matched Some");
+            let (want, what) = if gemma {
+                ("gelu_pytorch_tanh", "GeGLU with tanh-approximated GELU")
+            } else {
+                ("silu", "SwiGLU with silu")
+            };
             return Err(ConvertError::field(
                 path,
-                "hidden_act",
-                format!("{act} is not supported; Kiln implements SwiGLU with silu"),
+                act_key,
+                format!(
+                    "{act} is not supported; Kiln implements {what} (`{want}`) for this family"
+                ),
             ));
         }
-    }
+    };
     if f.bool("mlp_bias", false)? {
         return Err(ConvertError::field(
             path,
@@ -237,11 +262,20 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
         Architecture::Qwen2 => true,
         _ => f.bool("attention_bias", false)?,
     };
-    let tie_word_embeddings = f.bool("tie_word_embeddings", false)?;
+    if gemma && attention_bias {
+        return Err(ConvertError::field(
+            path,
+            "attention_bias",
+            "Gemma 3 with q/k/v biases is not supported",
+        ));
+    }
+    // Gemma3TextConfig ties by default; the others do not.
+    let tie_word_embeddings = f.bool("tie_word_embeddings", gemma)?;
 
-    // RoPE: 5.x `rope_parameters`, else 4.x top-level `rope_theta` + `rope_scaling`.
-    let (rope_map, ctx): (Option<&Map<String, Value>>, &str) = match f.get("rope_parameters") {
-        Some(Value::Object(m)) => (Some(m), "rope_parameters."),
+    // RoPE: 5.x `rope_parameters` (per layer type for Gemma 3), else 4.x top-level
+    // `rope_theta` + `rope_scaling` (+ `rope_local_base_freq` for Gemma 3).
+    let rope_params = match f.get("rope_parameters") {
+        Some(Value::Object(m)) => Some(m),
         Some(v) => {
             return Err(ConvertError::field(
                 path,
@@ -249,87 +283,102 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
                 format!("expected an object, found {v}"),
             ))
         }
-        None => match f.get("rope_scaling") {
-            Some(Value::Object(m)) => (Some(m), "rope_scaling."),
-            Some(v) => {
-                return Err(ConvertError::field(
-                    path,
-                    "rope_scaling",
-                    format!("expected an object or null, found {v}"),
-                ))
-            }
-            None => (None, ""),
-        },
-    };
-    let default_theta = match architecture {
-        Architecture::Qwen2 | Architecture::Mistral => 10000.0,
-        Architecture::Llama => 10000.0,
-    };
-    let rope_theta = match rope_map.and_then(|m| m.get("rope_theta")) {
-        Some(_) => f.float(rope_map.expect("checked"), "rope_theta", ctx)?,
-        None => f.float(map, "rope_theta", "")?,
-    }
-    .unwrap_or(default_theta);
-    let rope_scaling = match rope_map {
         None => None,
-        Some(m) => {
-            let kind = m
-                .get("rope_type")
-                .or_else(|| m.get("type"))
-                .and_then(Value::as_str)
-                .unwrap_or("default");
-            let need = |key: &str| -> Result<f64> {
-                f.float(m, key, ctx)?
-                    .ok_or_else(|| ConvertError::field(path, &format!("{ctx}{key}"), "missing"))
-            };
-            match kind {
-                "default" => None,
-                "linear" => Some(RopeScaling::Linear {
-                    factor: need("factor")?,
-                }),
-                "llama3" => {
-                    let omp = m
-                        .get("original_max_position_embeddings")
-                        .and_then(Value::as_u64)
-                        .filter(|&n| n > 0)
-                        .ok_or_else(|| {
-                            ConvertError::field(
-                                path,
-                                &format!("{ctx}original_max_position_embeddings"),
-                                "missing or not a positive integer",
-                            )
-                        })?;
-                    Some(RopeScaling::Llama3 {
-                        factor: need("factor")?,
-                        low_freq_factor: need("low_freq_factor")?,
-                        high_freq_factor: need("high_freq_factor")?,
-                        original_max_position_embeddings: omp,
-                    })
-                }
-                other => {
-                    return Err(ConvertError::field(
-                        path,
-                        &format!("{ctx}rope_type"),
-                        format!("`{other}` is not supported (supported: default, linear, llama3)"),
-                    ))
-                }
-            }
+    };
+    let rope_scaling_4x = match f.get("rope_scaling") {
+        Some(Value::Object(m)) => Some(m),
+        Some(v) => {
+            return Err(ConvertError::field(
+                path,
+                "rope_scaling",
+                format!("expected an object or null, found {v}"),
+            ))
         }
+        None => None,
+    };
+    let (rope_theta, rope_scaling, rope_local_theta) = if gemma {
+        let layer_params = |kind: &str| -> Result<Option<&Map<String, Value>>> {
+            match rope_params
+                .and_then(|m| m.get(kind))
+                .filter(|v| !v.is_null())
+            {
+                None => Ok(None),
+                Some(Value::Object(m)) => Ok(Some(m)),
+                Some(v) => Err(ConvertError::field(
+                    path,
+                    &format!("rope_parameters.{kind}"),
+                    format!("expected an object, found {v}"),
+                )),
+            }
+        };
+        let full = layer_params("full_attention")?;
+        let local = layer_params("sliding_attention")?;
+        let (full_map, full_ctx) = match full {
+            Some(m) => (Some(m), "rope_parameters.full_attention."),
+            None => (rope_scaling_4x, "rope_scaling."),
+        };
+        let (theta, scaling) = rope_settings(&f, full_map, full_ctx)?;
+        let theta = theta
+            .or(f.float(map, "rope_theta", "")?)
+            .unwrap_or(1_000_000.0);
+        let (local_theta, local_scaling) =
+            rope_settings(&f, local, "rope_parameters.sliding_attention.")?;
+        if local_scaling.is_some() {
+            return Err(ConvertError::field(
+                path,
+                "rope_parameters.sliding_attention.rope_type",
+                "frequency scaling on sliding-window layers is not supported",
+            ));
+        }
+        let local_theta = local_theta
+            .or(f.float(map, "rope_local_base_freq", "")?)
+            .unwrap_or(10_000.0);
+        (theta, scaling, Some(local_theta))
+    } else {
+        let (rope_map, ctx) = match (rope_params, rope_scaling_4x) {
+            (Some(m), _) => (Some(m), "rope_parameters."),
+            (None, Some(m)) => (Some(m), "rope_scaling."),
+            (None, None) => (None, ""),
+        };
+        let (theta, scaling) = rope_settings(&f, rope_map, ctx)?;
+        let theta = match theta {
+            Some(t) => t,
+            None => f.float(map, "rope_theta", "")?.unwrap_or(10000.0),
+        };
+        (theta, scaling, None)
     };
 
     let sliding_window = match architecture {
         Architecture::Mistral => f.uint("sliding_window")?,
-        Architecture::Qwen2 => {
+        Architecture::Qwen2 | Architecture::Qwen3 => {
             if f.bool("use_sliding_window", false)? {
                 return Err(ConvertError::field(
                     path,
                     "use_sliding_window",
-                    "Qwen2's per-layer sliding window is not supported",
+                    "Qwen's per-layer sliding window is not supported",
                 ));
             }
             None
         }
+        Architecture::Gemma3 => Some(f.uint("sliding_window")?.unwrap_or(4096)),
         Architecture::Llama => None,
+    };
+    let family = match architecture {
+        Architecture::Qwen3 => FamilyOptions {
+            qk_norm: true,
+            ..FamilyOptions::default()
+        },
+        Architecture::Gemma3 => gemma3_options(&f, num_layers, hidden_size, rope_local_theta)?,
+        _ => FamilyOptions::default(),
+    };
+    let sliding_window = if gemma && !family.layer_kinds.contains(&LayerKind::Sliding) {
+        None
+    } else {
+        sliding_window
+    };
+    let family = FamilyOptions {
+        mlp_activation,
+        ..family
     };
 
     let bos_token_id = f.token_ids("bos_token_id")?.first().copied();
@@ -377,6 +426,150 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
         sliding_window,
         bos_token_id,
         eos_token_ids,
+        family,
+    })
+}
+
+/// A RoPE parameter object's base and frequency scaling (`ctx` prefixes field names in
+/// errors). `None` map: nothing set.
+fn rope_settings(
+    f: &Fields<'_>,
+    m: Option<&Map<String, Value>>,
+    ctx: &str,
+) -> Result<(Option<f64>, Option<RopeScaling>)> {
+    let path = f.path;
+    let Some(m) = m else {
+        return Ok((None, None));
+    };
+    let theta = f.float(m, "rope_theta", ctx)?;
+    let kind = m
+        .get("rope_type")
+        .or_else(|| m.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let need = |key: &str| -> Result<f64> {
+        f.float(m, key, ctx)?
+            .ok_or_else(|| ConvertError::field(path, &format!("{ctx}{key}"), "missing"))
+    };
+    let scaling = match kind {
+        "default" => None,
+        "linear" => Some(RopeScaling::Linear {
+            factor: need("factor")?,
+        }),
+        "llama3" => {
+            let omp = m
+                .get("original_max_position_embeddings")
+                .and_then(Value::as_u64)
+                .filter(|&n| n > 0)
+                .ok_or_else(|| {
+                    ConvertError::field(
+                        path,
+                        &format!("{ctx}original_max_position_embeddings"),
+                        "missing or not a positive integer",
+                    )
+                })?;
+            Some(RopeScaling::Llama3 {
+                factor: need("factor")?,
+                low_freq_factor: need("low_freq_factor")?,
+                high_freq_factor: need("high_freq_factor")?,
+                original_max_position_embeddings: omp,
+            })
+        }
+        other => {
+            return Err(ConvertError::field(
+                path,
+                &format!("{ctx}rope_type"),
+                format!("`{other}` is not supported (supported: default, linear, llama3)"),
+            ))
+        }
+    };
+    Ok((theta, scaling))
+}
+
+/// Gemma 3's additions, as `Gemma3TextConfig` defaults them: `(1 + w)` norms, q/k norms,
+/// post-attention and post-MLP norms, GeGLU, embeddings scaled by `√hidden`, scores scaled by
+/// `query_pre_attn_scalar^-½`, and the per-layer attention kinds (`layer_types`, or every
+/// `sliding_window_pattern`-th layer global). Features Kiln does not implement (logit
+/// soft-capping, bidirectional attention) are refused, naming the field.
+fn gemma3_options(
+    f: &Fields<'_>,
+    num_layers: u64,
+    hidden_size: u64,
+    rope_local_theta: Option<f64>,
+) -> Result<FamilyOptions> {
+    let path = f.path;
+    for key in ["final_logit_softcapping", "attn_logit_softcapping"] {
+        if let Some(v) = f.get(key) {
+            return Err(ConvertError::field(
+                path,
+                key,
+                format!("{v}: logit soft-capping is not supported"),
+            ));
+        }
+    }
+    if f.bool("use_bidirectional_attention", false)? {
+        return Err(ConvertError::field(
+            path,
+            "use_bidirectional_attention",
+            "bidirectional attention is not supported",
+        ));
+    }
+    let query_pre_attn_scalar = f
+        .float(f.map, "query_pre_attn_scalar", "")?
+        .unwrap_or(256.0);
+    let layer_kinds = match f.get("layer_types") {
+        Some(Value::Array(a)) => {
+            if a.len() as u64 != num_layers {
+                return Err(ConvertError::field(
+                    path,
+                    "layer_types",
+                    format!("{} entries for {num_layers} layers", a.len()),
+                ));
+            }
+            a.iter()
+                .map(|v| match v.as_str() {
+                    Some("full_attention") => Ok(LayerKind::Full),
+                    Some("sliding_attention") => Ok(LayerKind::Sliding),
+                    _ => Err(ConvertError::field(
+                        path,
+                        "layer_types",
+                        format!(
+                            "{v} is not supported (supported: full_attention, sliding_attention)"
+                        ),
+                    )),
+                })
+                .collect::<Result<Vec<_>>>()?
+        }
+        Some(v) => {
+            return Err(ConvertError::field(
+                path,
+                "layer_types",
+                format!("expected a list, found {v}"),
+            ))
+        }
+        None => {
+            let pattern = f.uint("sliding_window_pattern")?.unwrap_or(6);
+            (0..num_layers)
+                .map(|i| {
+                    if (i + 1) % pattern != 0 {
+                        LayerKind::Sliding
+                    } else {
+                        LayerKind::Full
+                    }
+                })
+                .collect()
+        }
+    };
+    Ok(FamilyOptions {
+        qk_norm: true,
+        post_norms: true,
+        norm_style: NormStyle::OnePlusWeight,
+        mlp_activation: MlpActivation::GeluTanh,
+        // Gemma3TextScaledWordEmbedding: the f32 value of hidden_size ** 0.5.
+        embed_scale: Some(f64::from((hidden_size as f64).sqrt() as f32)),
+        attn_scale: Some(query_pre_attn_scalar.powf(-0.5)),
+        layer_kinds,
+        rope_local_theta,
     })
 }
 

@@ -3,12 +3,12 @@
 //! Each row lists how a role is spelled by the formats Kiln reads. `{}` stands for the layer
 //! number. Adding a source spelling means adding a row here and nowhere else.
 
-use kiln_format::{Role, TensorName};
+use kiln_format::{Architecture, Role, TensorName};
 
 /// A spelling family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
-    /// Hugging Face transformers (`LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`).
+    /// Hugging Face transformers (`LlamaForCausalLM`, `Qwen3ForCausalLM`, `Gemma3ForCausalLM`…).
     HuggingFace,
     /// GGUF, as written by llama.cpp's converter.
     Gguf,
@@ -64,6 +64,16 @@ const TABLE: &[(Role, &str, &str)] = &[
         "blk.{}.attn_v.bias",
     ),
     (
+        Role::AttnQNorm,
+        "model.layers.{}.self_attn.q_norm.weight",
+        "blk.{}.attn_q_norm.weight",
+    ),
+    (
+        Role::AttnKNorm,
+        "model.layers.{}.self_attn.k_norm.weight",
+        "blk.{}.attn_k_norm.weight",
+    ),
+    (
         Role::MlpNorm,
         "model.layers.{}.post_attention_layernorm.weight",
         "blk.{}.ffn_norm.weight",
@@ -84,6 +94,41 @@ const TABLE: &[(Role, &str, &str)] = &[
         "blk.{}.ffn_down.weight",
     ),
 ];
+
+/// Gemma 3's rows, which take precedence over [`TABLE`]'s for the same role: its
+/// `post_attention_layernorm` is the norm on the attention output (Llama's name for the
+/// pre-MLP norm), its pre-MLP norm is `pre_feedforward_layernorm`, and it adds a norm on the
+/// MLP output.
+const GEMMA3: &[(Role, &str, &str)] = &[
+    (
+        Role::AttnPostNorm,
+        "model.layers.{}.post_attention_layernorm.weight",
+        "blk.{}.post_attention_norm.weight",
+    ),
+    (
+        Role::MlpNorm,
+        "model.layers.{}.pre_feedforward_layernorm.weight",
+        "blk.{}.ffn_norm.weight",
+    ),
+    (
+        Role::MlpPostNorm,
+        "model.layers.{}.post_feedforward_layernorm.weight",
+        "blk.{}.post_ffw_norm.weight",
+    ),
+];
+
+/// The rows that apply to `arch`: its own first, then the shared ones for other roles.
+fn rows(arch: Architecture) -> impl Iterator<Item = &'static (Role, &'static str, &'static str)> {
+    let own: &'static [(Role, &str, &str)] = match arch {
+        Architecture::Gemma3 => GEMMA3,
+        _ => &[],
+    };
+    own.iter().chain(
+        TABLE
+            .iter()
+            .filter(move |r| !own.iter().any(|o| o.0 == r.0)),
+    )
+}
 
 /// Buffers some checkpoints carry that are derived from the config, not weights.
 const IGNORED_HF: &[&str] = &["model.layers.{}.self_attn.rotary_emb.inv_freq"];
@@ -111,19 +156,21 @@ fn match_pattern(pat: &str, name: &str) -> Option<Option<u32>> {
     }
 }
 
-/// The canonical name of a source tensor, if the table knows its spelling.
-pub fn canonical(source: Source, name: &str) -> Option<TensorName> {
-    TABLE.iter().find_map(|row| {
+/// The canonical name of a source tensor of an `arch` model, if the table knows its spelling.
+pub fn canonical(source: Source, arch: Architecture, name: &str) -> Option<TensorName> {
+    rows(arch).find_map(|row| {
         match_pattern(pattern(row, source), name).map(|layer| TensorName { layer, role: row.0 })
     })
 }
 
-/// The source spelling of a canonical name.
-pub fn source_name(source: Source, name: TensorName) -> String {
-    let row = TABLE
-        .iter()
+/// The source spelling of a canonical name of an `arch` model.
+///
+/// # Panics
+/// If `arch` has no such role (callers name only roles from [`kiln_format::expected_tensors`]).
+pub fn source_name(source: Source, arch: Architecture, name: TensorName) -> String {
+    let row = rows(arch)
         .find(|r| r.0 == name.role)
-        .expect("every role has a row");
+        .expect("every role of the family has a row");
     let pat = pattern(row, source);
     match name.layer {
         Some(l) => pat.replace("{}", &l.to_string()),
@@ -144,25 +191,54 @@ mod tests {
     fn hf_and_gguf_spellings_meet_in_one_canonical_name() {
         let hf = canonical(
             Source::HuggingFace,
+            Architecture::Llama,
             "model.layers.3.self_attn.q_proj.weight",
         );
-        let gg = canonical(Source::Gguf, "blk.3.attn_q.weight");
+        let gg = canonical(Source::Gguf, Architecture::Llama, "blk.3.attn_q.weight");
         assert_eq!(hf, gg);
         assert_eq!(hf.unwrap().to_string(), "layers.3.attn.q.weight");
     }
 
     #[test]
     fn every_role_round_trips_through_both_spellings() {
-        for role in Role::ALL {
-            let name = if role.per_layer() {
-                TensorName::layer(12, role)
-            } else {
-                TensorName::global(role)
-            };
-            for src in [Source::HuggingFace, Source::Gguf] {
-                assert_eq!(canonical(src, &source_name(src, name)), Some(name));
+        for arch in Architecture::ALL {
+            for row in rows(arch) {
+                let role = row.0;
+                let name = if role.per_layer() {
+                    TensorName::layer(12, role)
+                } else {
+                    TensorName::global(role)
+                };
+                for src in [Source::HuggingFace, Source::Gguf] {
+                    let spelled = source_name(src, arch, name);
+                    assert_eq!(canonical(src, arch, &spelled), Some(name), "{arch:?}");
+                }
             }
         }
+    }
+
+    /// Every tensor a family's configuration implies has a spelling in both sources, and
+    /// Gemma 3's `post_attention_layernorm` is its attention-output norm, not the pre-MLP one.
+    #[test]
+    fn every_family_spells_every_expected_role() {
+        for arch in Architecture::ALL {
+            for role in Role::ALL {
+                let covered = rows(arch).any(|r| r.0 == role);
+                let needed = matches!(role, Role::AttnPostNorm | Role::MlpPostNorm)
+                    .then_some(arch == Architecture::Gemma3)
+                    .unwrap_or(true);
+                assert_eq!(covered, needed, "{arch:?} {role:?}");
+            }
+        }
+        let n = "model.layers.2.post_attention_layernorm.weight";
+        assert_eq!(
+            canonical(Source::HuggingFace, Architecture::Gemma3, n),
+            Some(TensorName::layer(2, Role::AttnPostNorm))
+        );
+        assert_eq!(
+            canonical(Source::HuggingFace, Architecture::Llama, n),
+            Some(TensorName::layer(2, Role::MlpNorm))
+        );
     }
 
     #[test]
@@ -174,7 +250,11 @@ mod tests {
             "model.layers.-1.mlp.up_proj.weight",
             "embed_tokens.weight",
         ] {
-            assert_eq!(canonical(Source::HuggingFace, n), None, "{n}");
+            assert_eq!(
+                canonical(Source::HuggingFace, Architecture::Llama, n),
+                None,
+                "{n}"
+            );
         }
         assert!(is_ignorable_hf(
             "model.layers.7.self_attn.rotary_emb.inv_freq"

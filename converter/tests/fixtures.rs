@@ -61,7 +61,10 @@ fn convert_and_compare(dir: &Path, dtype: Option<DType>) -> KilnFile {
         let bytes = std::fs::read(&file).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
         for (name, view) in st.tensors() {
-            let canon = canonical(Source::HuggingFace, &name).unwrap().to_string();
+            let arch = f.metadata().config.architecture;
+            let canon = canonical(Source::HuggingFace, arch, &name)
+                .unwrap()
+                .to_string();
             let Some(info) = f.info(&canon) else {
                 // Only a tied lm_head may be dropped.
                 assert!(

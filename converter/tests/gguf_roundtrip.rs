@@ -146,15 +146,31 @@ fn every_tiny_fixture_round_trips() {
         let tmp = tempfile::tempdir().unwrap();
         let kiln = tmp.path().join("m.kiln");
         convert(&repo().join("fixtures/tiny").join(name), &kiln);
+        if name.starts_with("gemma3") {
+            // Not mapped to GGUF yet: refused with the family named, nothing written.
+            let out = tmp.path().join("m.gguf");
+            let e = export_gguf(
+                &ExportOptions {
+                    input: kiln.clone(),
+                    output: out.clone(),
+                    overwrite: false,
+                },
+                &NoProgress,
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("gemma3") && e.contains("not implemented"), "{e}");
+            assert!(!out.exists());
+            continue;
+        }
         let t = round_trip(&kiln);
         assert_equivalent(&t, TEXTS);
         let h = GgufFile::open(&t.gguf).unwrap();
         let arch = h.header().get("general.architecture").unwrap().as_str();
-        let want = if name.starts_with("qwen2") {
-            "qwen2"
-        } else {
-            "llama"
-        };
+        let want = ["qwen2", "qwen3"]
+            .into_iter()
+            .find(|a| name.starts_with(a))
+            .unwrap_or("llama");
         assert_eq!(arch, Some(want), "{name}");
         assert_eq!(
             h.header().tensor("rope_freqs.weight").is_some(),

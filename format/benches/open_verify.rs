@@ -39,6 +39,7 @@ fn metadata() -> Metadata {
             sliding_window: None,
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
+            family: Default::default(),
         },
         tokenizer: Default::default(),
         generation: serde_json::Value::Null,

@@ -33,6 +33,7 @@ fn metadata(tokenizer: Option<&str>) -> Metadata {
             sliding_window: None,
             bos_token_id: Some(0),
             eos_token_ids: vec![1],
+            family: Default::default(),
         },
         tokenizer: TokenizerFiles {
             tokenizer_json: tokenizer.map(str::to_string),

@@ -40,7 +40,8 @@ pub use dtype::DType;
 pub use error::{FormatError, Result};
 pub use exit::{install_interrupt_handler, ExitStatus};
 pub use metadata::{
-    Architecture, Metadata, ModelConfig, ProvenanceStep, RopeScaling, SourceFile, TokenizerFiles,
+    Architecture, FamilyOptions, LayerKind, Metadata, MlpActivation, ModelConfig, NormStyle,
+    ProvenanceStep, RopeScaling, SourceFile, TokenizerFiles,
 };
 pub use names::{Role, TensorName};
 pub use reader::{hex, ChecksumFailure, KilnFile, NonFiniteTensor, TensorInfo, TensorView};

@@ -17,14 +17,21 @@ pub enum Architecture {
     Mistral,
     /// Qwen2/2.5 (Llama with q/k/v biases).
     Qwen2,
+    /// Qwen3 (per-head RMSNorm of queries and keys, an explicit head width).
+    Qwen3,
+    /// Gemma 3, text (sliding and global layers, four norms per block with `(1 + w)`
+    /// weights, q/k norms, GeGLU, scaled embeddings).
+    Gemma3,
 }
 
 impl Architecture {
     /// Every architecture this build implements, as the metadata spells them.
-    pub const ALL: [Architecture; 3] = [
+    pub const ALL: [Architecture; 5] = [
         Architecture::Llama,
         Architecture::Mistral,
         Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Gemma3,
     ];
 
     /// The name stored in the metadata (`config.architecture`).
@@ -33,6 +40,8 @@ impl Architecture {
             Architecture::Llama => "llama",
             Architecture::Mistral => "mistral",
             Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+            Architecture::Gemma3 => "gemma3",
         }
     }
 
@@ -41,7 +50,7 @@ impl Architecture {
         Architecture::ALL.into_iter().find(|a| a.name() == name)
     }
 
-    /// `llama, mistral, qwen2`: the supported list, for error messages.
+    /// `llama, mistral, qwen2, …`: the supported list, for error messages.
     pub fn supported() -> String {
         Architecture::ALL.map(Architecture::name).join(", ")
     }
@@ -60,6 +69,79 @@ pub enum RopeScaling {
     },
     /// Position interpolation: every inverse frequency divided by `factor`.
     Linear { factor: f64 },
+}
+
+/// How an RMSNorm weight scales the normalized values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormStyle {
+    /// `x̂ · w` (Llama, Qwen).
+    #[default]
+    Weight,
+    /// `x̂ · (1 + w)` (Gemma: the checkpoint stores the offset from one).
+    OnePlusWeight,
+}
+
+/// The MLP's gate activation (the MLP is `down(act(gate(x)) · up(x))`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MlpActivation {
+    /// SiLU: SwiGLU (Llama, Qwen).
+    #[default]
+    Silu,
+    /// GELU with the tanh approximation (`gelu_pytorch_tanh`): GeGLU (Gemma).
+    GeluTanh,
+}
+
+/// What kind of attention a layer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerKind {
+    /// Every earlier position, with the global RoPE settings.
+    Full,
+    /// Only the last `sliding_window` positions, with the local RoPE base.
+    Sliding,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+/// What the families beyond Llama add to its decoder block, stored in the config's JSON
+/// object beside the Llama fields. Each field is left out when it has its Llama value
+/// ([`Default`]), so a Llama-family file's metadata is the same as before these existed, and
+/// a reader that predates them refuses the new families by their architecture name.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FamilyOptions {
+    /// Per-head RMSNorm of queries and keys (weights `(head_dim)`) before RoPE (Qwen3, Gemma 3).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub qk_norm: bool,
+    /// Norms on the attention and MLP outputs before each residual add (Gemma 3).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub post_norms: bool,
+    /// How every RMSNorm weight applies.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub norm_style: NormStyle,
+    /// The MLP's gate activation.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub mlp_activation: MlpActivation,
+    /// Factor on the embedding rows (Gemma: `√hidden`); none means 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embed_scale: Option<f64>,
+    /// Factor on attention scores; none means `1/√head_dim` (Gemma: `query_pre_attn_scalar^-½`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_scale: Option<f64>,
+    /// Each layer's attention kind, when layers differ (Gemma 3); empty means every layer is
+    /// alike, windowed by `sliding_window` if that is set (Mistral).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layer_kinds: Vec<LayerKind>,
+    /// RoPE base of [`LayerKind::Sliding`] layers, which use no frequency scaling (Gemma 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_local_theta: Option<f64>,
 }
 
 /// The resolved model configuration.
@@ -101,6 +183,9 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// Every token id that ends generation.
     pub eos_token_ids: Vec<u32>,
+    /// What the newer families add to the Llama block (all off for the Llama family).
+    #[serde(flatten)]
+    pub family: FamilyOptions,
 }
 
 /// Largest single dimension accepted from a config (2^24: far above any supported model, small
@@ -199,6 +284,46 @@ impl ModelConfig {
                 );
             }
             _ => {}
+        }
+        if !self.family.layer_kinds.is_empty() {
+            if self.family.layer_kinds.len() as u64 != self.num_layers {
+                return bad(
+                    "layer_kinds",
+                    format!(
+                        "{} entries for {} layers",
+                        self.family.layer_kinds.len(),
+                        self.num_layers
+                    ),
+                );
+            }
+            let sliding = self.family.layer_kinds.contains(&LayerKind::Sliding);
+            if sliding && self.sliding_window.is_none() {
+                return bad(
+                    "sliding_window",
+                    "missing, but some layers use sliding-window attention".into(),
+                );
+            }
+            if sliding && self.family.rope_local_theta.is_none() {
+                return bad(
+                    "rope_local_theta",
+                    "missing, but some layers use sliding-window attention".into(),
+                );
+            }
+        }
+        for (field, v) in [
+            ("embed_scale", self.family.embed_scale),
+            ("attn_scale", self.family.attn_scale),
+        ] {
+            if let Some(v) = v {
+                if !(v > 0.0 && v.is_finite() && (v as f32).is_finite()) {
+                    return bad(field, format!("{v} must be a positive finite number"));
+                }
+            }
+        }
+        if let Some(t) = self.family.rope_local_theta {
+            if !(t > 1.0 && t.is_finite()) {
+                return bad("rope_local_theta", format!("{t} must exceed 1"));
+            }
         }
         let specials = self
             .eos_token_ids

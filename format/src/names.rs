@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-/// What a tensor is in a Llama-family decoder.
+/// What a tensor is in a decoder of one of the supported families.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Role {
     /// Token embedding matrix, `(vocab, hidden)`.
@@ -32,8 +32,16 @@ pub enum Role {
     AttnKBias,
     /// Value bias (Qwen2), `(kv_heads*head_dim)`.
     AttnVBias,
+    /// Per-head RMSNorm weight of the queries (Qwen3, Gemma 3), `(head_dim)`.
+    AttnQNorm,
+    /// Per-head RMSNorm weight of the keys (Qwen3, Gemma 3), `(head_dim)`.
+    AttnKNorm,
+    /// RMSNorm weight on the attention output before the residual add (Gemma 3), `(hidden)`.
+    AttnPostNorm,
     /// Pre-MLP RMSNorm weight, `(hidden)`.
     MlpNorm,
+    /// RMSNorm weight on the MLP output before the residual add (Gemma 3), `(hidden)`.
+    MlpPostNorm,
     /// SwiGLU gate projection, `(intermediate, hidden)`.
     MlpGate,
     /// SwiGLU up projection, `(intermediate, hidden)`.
@@ -44,7 +52,7 @@ pub enum Role {
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 15] = [
+    pub const ALL: [Role; 19] = [
         Role::Embed,
         Role::FinalNorm,
         Role::LmHead,
@@ -56,7 +64,11 @@ impl Role {
         Role::AttnQBias,
         Role::AttnKBias,
         Role::AttnVBias,
+        Role::AttnQNorm,
+        Role::AttnKNorm,
+        Role::AttnPostNorm,
         Role::MlpNorm,
+        Role::MlpPostNorm,
         Role::MlpGate,
         Role::MlpUp,
         Role::MlpDown,
@@ -81,7 +93,11 @@ impl Role {
             Role::AttnQBias => "attn.q.bias",
             Role::AttnKBias => "attn.k.bias",
             Role::AttnVBias => "attn.v.bias",
+            Role::AttnQNorm => "attn.q_norm.weight",
+            Role::AttnKNorm => "attn.k_norm.weight",
+            Role::AttnPostNorm => "attn_post_norm.weight",
             Role::MlpNorm => "mlp_norm.weight",
+            Role::MlpPostNorm => "mlp_post_norm.weight",
             Role::MlpGate => "mlp.gate.weight",
             Role::MlpUp => "mlp.up.weight",
             Role::MlpDown => "mlp.down.weight",

@@ -27,11 +27,21 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<(TensorName, Vec<u64>)> {
             push(Role::AttnKBias, vec![kv]);
             push(Role::AttnVBias, vec![kv]);
         }
+        if c.family.qk_norm {
+            push(Role::AttnQNorm, vec![c.head_dim]);
+            push(Role::AttnKNorm, vec![c.head_dim]);
+        }
         push(Role::AttnO, vec![h, q]);
+        if c.family.post_norms {
+            push(Role::AttnPostNorm, vec![h]);
+        }
         push(Role::MlpNorm, vec![h]);
         push(Role::MlpGate, vec![i, h]);
         push(Role::MlpUp, vec![i, h]);
         push(Role::MlpDown, vec![h, i]);
+        if c.family.post_norms {
+            push(Role::MlpPostNorm, vec![h]);
+        }
     }
     out.push((TensorName::global(Role::FinalNorm), vec![h]));
     if !c.tie_word_embeddings {

@@ -104,6 +104,9 @@ pub struct Kernels {
     pub(crate) rmsnorm: fn(&[f32], &[f32], f32, &mut [f32]),
     pub(crate) softmax_inplace: fn(&mut [f32]),
     pub(crate) silu_mul: fn(&[f32], &[f32], &mut [f32]),
+    /// The reference in every tier: GeGLU runs once per MLP, a small share of a Gemma
+    /// forward pass next to its matrix products.
+    pub(crate) gelu_tanh_mul: fn(&[f32], &[f32], &mut [f32]),
     pub(crate) decode_bf16: fn(&[u8], &mut [f32]),
     pub(crate) quantize_blocks: QuantizeBlocksFn,
     pub(crate) tile_f32: Tile<f32, f32>,
@@ -204,6 +207,7 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     rmsnorm: r::rmsnorm_ref,
     softmax_inplace: r::softmax_inplace_ref,
     silu_mul: r::silu_mul_ref,
+    gelu_tanh_mul: r::gelu_tanh_mul_ref,
     decode_bf16: r::decode_bf16_ref,
     quantize_blocks: r::quantize_blocks_ref,
     tile_f32: Tile::new(
@@ -347,6 +351,17 @@ impl Kernels {
         assert_eq!(gate.len(), up.len(), "silu_mul: length mismatch");
         assert_eq!(gate.len(), out.len(), "silu_mul: output length mismatch");
         (self.silu_mul)(gate, up, out)
+    }
+
+    /// `out = gelu_tanh(gate)·up` (GeGLU). Panics if the lengths differ.
+    pub fn gelu_tanh_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        assert_eq!(gate.len(), up.len(), "gelu_tanh_mul: length mismatch");
+        assert_eq!(
+            gate.len(),
+            out.len(),
+            "gelu_tanh_mul: output length mismatch"
+        );
+        (self.gelu_tanh_mul)(gate, up, out)
     }
 
     /// Little-endian bf16 bytes to f32 (NaNs quieted, as the format crate decodes them); a

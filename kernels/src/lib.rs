@@ -61,6 +61,11 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     active().silu_mul(gate, up, out)
 }
 
+/// `out = gelu_tanh(gate) · up` (GeGLU with PyTorch's tanh-approximated GELU), element-wise.
+pub fn gelu_tanh_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    active().gelu_tanh_mul(gate, up, out)
+}
+
 /// `Σ a[i]·b[i]`. Panics if the lengths differ.
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     active().dot_f32(a, b)

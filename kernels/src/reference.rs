@@ -149,6 +149,25 @@ pub fn silu_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `out = gelu_tanh(gate) · up`, PyTorch's `gelu(approximate="tanh")` (transformers'
+/// `gelu_pytorch_tanh`) in f32 as its CPU kernel computes it:
+/// `0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))`.
+pub fn gelu_tanh_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert_eq!(gate.len(), up.len(), "gelu_tanh_mul: length mismatch");
+    assert_eq!(
+        gate.len(),
+        out.len(),
+        "gelu_tanh_mul: output length mismatch"
+    );
+    // M_SQRT2 * M_2_SQRTPI * 0.5, rounded to f32 as PyTorch's `const float kBeta` is.
+    const BETA: f32 = (std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5) as f32;
+    const KAPPA: f32 = 0.044715;
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        let inner = BETA * (g + KAPPA * (g * g * g));
+        *o = 0.5 * g * (1.0 + inner.tanh()) * u;
+    }
+}
+
 /// Little-endian bf16 bytes to f32: `out[i]` from bytes `2i, 2i + 1` (`half`'s widening,
 /// which sets the quiet bit of a NaN, as the format crate's decoding does). A trailing odd
 /// byte is ignored. Panics unless `out.len() == bytes.len() / 2`.

@@ -63,6 +63,8 @@ impl Default for CalibrationOptions {
 pub fn matrix_sites(file: &KilnFile) -> BTreeMap<String, String> {
     let names: Vec<&str> = file.tensors().iter().map(|t| t.name.as_str()).collect();
     let tied = !names.contains(&Role::LmHead.suffix());
+    // Where the pre-MLP norm's output is reported: Gemma's `pre_feedforward_layernorm`.
+    let post_norms = file.metadata().config.family.post_norms;
     let mut sites = BTreeMap::new();
     for name in names {
         let Some(t) = TensorName::parse(name) else {
@@ -72,6 +74,7 @@ pub fn matrix_sites(file: &KilnFile) -> BTreeMap<String, String> {
         let site = match t.role {
             Role::AttnQ | Role::AttnK | Role::AttnV => Activation::AttnNorm(l),
             Role::AttnO => Activation::AttnOut(l),
+            Role::MlpGate | Role::MlpUp if post_norms => Activation::PreFfnNorm(l),
             Role::MlpGate | Role::MlpUp => Activation::MlpNorm(l),
             Role::MlpDown => Activation::DownIn(l),
             Role::LmHead => Activation::FinalNorm,

@@ -1,6 +1,7 @@
 //! Causal grouped-query attention of a batch of queries over the KV cache.
 //!
-//! Mirrors transformers' `eager_attention_forward`: `softmax(q·kᵀ / √head_dim + mask)·v`, with
+//! Mirrors transformers' `eager_attention_forward`: `softmax(q·kᵀ·scale + mask)·v` (`scale`
+//! is `1/√head_dim` except where a family sets its own), with
 //! query head `h` reading key/value head `h / (heads / kv_heads)` (`repeat_kv`), the causal mask
 //! letting position `p` see keys `0..=p`, and, with a sliding window `w`, only keys `j` with
 //! `p - j < w` (Mistral). Scores are f32, as in the reference.
@@ -14,7 +15,7 @@ use crate::kv_cache::KvCache;
 const PARALLEL_SOFTMAX_MIN: usize = 16 * 1024;
 
 /// The head layout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttnShape {
     /// Query heads.
     pub heads: usize,
@@ -24,6 +25,8 @@ pub struct AttnShape {
     pub head_dim: usize,
     /// Sliding-window span, if any.
     pub window: Option<usize>,
+    /// Factor on the scores (`1/√head_dim`, or the family's own).
+    pub scale: f32,
 }
 
 impl AttnShape {
@@ -77,7 +80,7 @@ pub fn attention(
     let group = shape.heads / shape.kv_heads;
     let keys = pos0 + n;
     let rows = n * group;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = shape.scale;
     assert_eq!(out.len(), q.len(), "attention: output length");
     let s = scratch;
     s.q.resize(rows * hd, 0.0);
@@ -196,6 +199,7 @@ mod tests {
                 kv_heads,
                 head_dim,
                 window,
+                scale: 1.0 / (head_dim as f32).sqrt(),
             }
         }
     }
@@ -204,7 +208,7 @@ mod tests {
         let (hd, keys) = (shape.head_dim, pos + 1);
         let group = shape.heads / shape.kv_heads;
         let first = shape.first_key(pos);
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = shape.scale;
         let pool = Pool::new(1).unwrap();
         let mut out = vec![0f32; q.len()];
         for g in 0..shape.kv_heads {

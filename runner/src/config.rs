@@ -8,7 +8,9 @@
 
 use std::path::Path;
 
-use kiln_format::{Architecture, KilnFile, ModelConfig, RopeScaling};
+use kiln_format::{
+    Architecture, KilnFile, LayerKind, MlpActivation, ModelConfig, NormStyle, RopeScaling,
+};
 use kiln_format::{Role, TensorName};
 
 use crate::error::{Result, RunnerError};
@@ -50,6 +52,23 @@ pub struct Config {
     pub bos_token_id: Option<u32>,
     /// Tokens that end generation.
     pub eos_token_ids: Vec<u32>,
+    /// Per-head RMSNorm of queries and keys before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// Norms on the attention and MLP outputs before the residual adds (Gemma 3).
+    pub post_norms: bool,
+    /// How norm weights apply (`(1 + w)` for Gemma, folded into the weights at load).
+    pub norm_style: NormStyle,
+    /// The MLP's gate activation.
+    pub mlp_activation: MlpActivation,
+    /// Factor on embedding rows, if any (Gemma: `√hidden`).
+    pub embed_scale: Option<f32>,
+    /// Factor on attention scores.
+    pub attn_scale: f32,
+    /// Each layer's attention kind (all [`LayerKind::Full`] unless the file says otherwise;
+    /// a model-wide `sliding_window` then windows every layer, as Mistral's does).
+    pub layer_kinds: Vec<LayerKind>,
+    /// RoPE base of sliding-window layers (no frequency scaling there), if they differ.
+    pub rope_local_theta: Option<f64>,
 }
 
 impl Config {
@@ -61,6 +80,19 @@ impl Config {
     /// Key/value projection width, `kv_heads × head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
+    }
+
+    /// The sliding window of layer `l`, if its attention is windowed.
+    pub fn window(&self, l: usize) -> Option<usize> {
+        match self.layer_kinds.get(l) {
+            Some(LayerKind::Full) => None,
+            Some(LayerKind::Sliding) | None => self.sliding_window,
+        }
+    }
+
+    /// Whether layer `l` uses the local RoPE base.
+    pub fn local_rope(&self, l: usize) -> bool {
+        self.rope_local_theta.is_some() && self.layer_kinds.get(l) == Some(&LayerKind::Sliding)
     }
 
     /// Resolve and check the configuration of an open file, then check its tensors.
@@ -98,6 +130,19 @@ impl Config {
             sliding_window: mc.sliding_window.map(|w| w as usize),
             bos_token_id: mc.bos_token_id,
             eos_token_ids: mc.eos_token_ids.clone(),
+            qk_norm: mc.family.qk_norm,
+            post_norms: mc.family.post_norms,
+            norm_style: mc.family.norm_style,
+            mlp_activation: mc.family.mlp_activation,
+            embed_scale: mc.family.embed_scale.map(|s| s as f32),
+            // transformers' `head_dim ** -0.5` for Llama, kept as the expression Kiln has
+            // always used (the same f32 for every even head width in use).
+            attn_scale: match mc.family.attn_scale {
+                Some(s) => s as f32,
+                None => 1.0 / (mc.head_dim as f32).sqrt(),
+            },
+            layer_kinds: mc.family.layer_kinds.clone(),
+            rope_local_theta: mc.family.rope_local_theta,
         };
         Ok(cfg)
     }
@@ -147,7 +192,15 @@ impl Config {
                     ..
                 }) => "attention_bias is false",
                 Some(TensorName { layer: Some(_), .. }) => "its layer is past num_layers",
-                _ => "it is not a canonical Llama-family tensor name",
+                Some(TensorName {
+                    role: Role::AttnQNorm | Role::AttnKNorm,
+                    ..
+                }) => "this family has no q/k norms",
+                Some(TensorName {
+                    role: Role::AttnPostNorm | Role::MlpPostNorm,
+                    ..
+                }) => "this family has no post-attention or post-MLP norms",
+                _ => "it is not a canonical tensor name of a supported family",
             };
             return Err(RunnerError::UnexpectedTensor {
                 file: label.to_string(),

@@ -1,8 +1,10 @@
-//! The Llama-family decoder, written once over a handful of operations.
+//! The decoder, written once over a handful of operations.
 //!
-//! Llama, Mistral and Qwen2 differ only by [`Config`] (biases, sliding window, rope scaling,
-//! tied embeddings), and every weight encoding goes through the same [`matmul`]: there is one
-//! forward pass. A [`Model`] borrows its weights from the file; a [`Session`] owns what one
+//! Llama, Mistral, Qwen2, Qwen3 and Gemma 3 differ only by [`Config`] (biases, q/k norms,
+//! post-attention and post-MLP norms, per-layer sliding windows and RoPE bases, the MLP's
+//! activation, embedding and score scales, tied embeddings), and every weight encoding goes
+//! through the same [`matmul`]: there is one forward pass. A feature a family lacks costs a
+//! branch per layer. A [`Model`] borrows its weights from the file; a [`Session`] owns what one
 //! conversation needs (KV cache, rope tables, scratch buffers, thread pool), all allocated when
 //! it is created. [`Session::forward`] runs a batch of tokens (the whole prompt as a
 //! matrix–matrix product, or one token when decoding) and reports activations to an optional
@@ -11,7 +13,8 @@
 use std::sync::Arc;
 
 use kiln_format::KilnFile;
-use kiln_kernels::{axpy, matmul, matmul_many, rmsnorm, silu_mul, Matrix, Pool};
+use kiln_format::MlpActivation;
+use kiln_kernels::{axpy, gelu_tanh_mul, matmul, matmul_many, rmsnorm, silu_mul, Matrix, Pool};
 
 use crate::attention::{attention, AttnScratch, AttnShape};
 use crate::config::Config;
@@ -118,6 +121,8 @@ pub struct Session<'m> {
     pool: Arc<Pool>,
     cache: KvCache,
     rope: Rope,
+    /// The sliding-window layers' tables, where their RoPE base differs (Gemma 3).
+    rope_local: Option<Rope>,
     /// The tokens whose keys and values are in the cache, in order.
     tokens: Vec<u32>,
     scratch: Scratch,
@@ -154,6 +159,9 @@ impl<'m> Session<'m> {
             pool,
             cache: KvCache::new(c.layers, ctx, c.kv_heads, c.head_dim),
             rope: Rope::new(c.head_dim, c.rope_theta, c.rope_scaling.as_ref(), ctx),
+            rope_local: c
+                .rope_local_theta
+                .map(|theta| Rope::new(c.head_dim, theta, None, ctx)),
             tokens: Vec::with_capacity(ctx),
             scratch: Scratch::default(),
         })
@@ -253,12 +261,7 @@ impl<'m> Session<'m> {
             return Err(RunnerError::TokenOutOfRange { id, vocab: c.vocab });
         }
         let (h, qd, kvd, ff) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate);
-        let shape = AttnShape {
-            heads: c.heads,
-            kv_heads: c.kv_heads,
-            head_dim: c.head_dim,
-            window: c.sliding_window,
-        };
+        let hd = c.head_dim;
         let eps = c.rms_norm_eps;
         let pool = &self.pool;
         let s = &mut self.scratch;
@@ -267,6 +270,10 @@ impl<'m> Session<'m> {
         // inputs_embeds = self.embed_tokens(input_ids)
         for (&id, row) in tokens.iter().zip(s.x.chunks_exact_mut(h)) {
             dequantize_row(&w.embed, id as usize, row);
+            // Gemma: `embed_tokens(ids) * embed_scale`, in f32.
+            if let Some(scale) = c.embed_scale {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
         }
         emit(&mut observer, Activation::Embed, &s.x, h);
 
@@ -291,12 +298,30 @@ impl<'m> Session<'m> {
             emit(&mut observer, Activation::Q(l), &s.q, qd);
             emit(&mut observer, Activation::K(l), &s.k, kvd);
             emit(&mut observer, Activation::V(l), &s.v, kvd);
-
-            // q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            for t in 0..n {
-                self.rope.apply(&mut s.q[t * qd..(t + 1) * qd], pos0 + t);
-                self.rope.apply(&mut s.k[t * kvd..(t + 1) * kvd], pos0 + t);
+            // q = self.q_norm(q.view(hidden_shape)); k = self.k_norm(...)  (per head)
+            if let Some([qn, kn]) = &lw.qk_norm {
+                norm_rows_inplace(&mut s.q, qn, eps, hd);
+                norm_rows_inplace(&mut s.k, kn, eps, hd);
+                emit(&mut observer, Activation::QNorm(l), &s.q, qd);
+                emit(&mut observer, Activation::KNorm(l), &s.k, kvd);
             }
+
+            // q, k = apply_rotary_pos_emb(q, k, cos, sin)  (the layer type's tables)
+            let rope = match &self.rope_local {
+                Some(local) if c.local_rope(l) => local,
+                _ => &self.rope,
+            };
+            for t in 0..n {
+                rope.apply(&mut s.q[t * qd..(t + 1) * qd], pos0 + t);
+                rope.apply(&mut s.k[t * kvd..(t + 1) * kvd], pos0 + t);
+            }
+            let shape = AttnShape {
+                heads: c.heads,
+                kv_heads: c.kv_heads,
+                head_dim: hd,
+                window: c.window(l),
+                scale: c.attn_scale,
+            };
             // key_states, value_states = past_key_values.update(...)
             self.cache.write(l, pos0, &s.k, &s.v);
             // attn_output = eager_attention_forward(...)
@@ -314,12 +339,23 @@ impl<'m> Session<'m> {
             emit(&mut observer, Activation::AttnOut(l), &s.att, qd);
             matmul(&lw.o, &s.att, n, &mut s.proj, pool);
             emit(&mut observer, Activation::O(l), &s.proj, h);
+            // Gemma: hidden_states = self.post_attention_layernorm(hidden_states)
+            if let Some(post) = &lw.attn_post_norm {
+                norm_rows_inplace(&mut s.proj, post, eps, h);
+                emit(&mut observer, Activation::AttnPostNorm(l), &s.proj, h);
+            }
             // hidden_states = residual + hidden_states
             axpy(1.0, &s.proj, &mut s.x);
 
             // hidden_states = self.post_attention_layernorm(hidden_states)
+            //   (Gemma: self.pre_feedforward_layernorm)
             norm_rows(&s.x, &lw.mlp_norm, eps, &mut s.xn, h);
-            emit(&mut observer, Activation::MlpNorm(l), &s.xn, h);
+            let mlp_norm = if c.post_norms {
+                Activation::PreFfnNorm(l)
+            } else {
+                Activation::MlpNorm(l)
+            };
+            emit(&mut observer, mlp_norm, &s.xn, h);
             // down_proj(act_fn(gate_proj(x)) * up_proj(x))
             matmul_many(
                 &[&lw.gate, &lw.up],
@@ -331,17 +367,26 @@ impl<'m> Session<'m> {
             emit(&mut observer, Activation::Gate(l), &s.gate, ff);
             emit(&mut observer, Activation::Up(l), &s.up, ff);
             // Element-wise, so over the pool for a prompt (one token: microseconds, kept here).
+            let act: fn(&[f32], &[f32], &mut [f32]) = match c.mlp_activation {
+                MlpActivation::Silu => silu_mul,
+                MlpActivation::GeluTanh => gelu_tanh_mul,
+            };
             if n > 1 {
                 pool.for_each_chunk(&mut s.act, ff, |t, a| {
                     let r = t * ff..(t + 1) * ff;
-                    silu_mul(&s.gate[r.clone()], &s.up[r], a)
+                    act(&s.gate[r.clone()], &s.up[r], a)
                 });
             } else {
-                silu_mul(&s.gate, &s.up, &mut s.act);
+                act(&s.gate, &s.up, &mut s.act);
             }
             emit(&mut observer, Activation::DownIn(l), &s.act, ff);
             matmul(&lw.down, &s.act, n, &mut s.proj, pool);
             emit(&mut observer, Activation::Mlp(l), &s.proj, h);
+            // Gemma: hidden_states = self.post_feedforward_layernorm(hidden_states)
+            if let Some(post) = &lw.mlp_post_norm {
+                norm_rows_inplace(&mut s.proj, post, eps, h);
+                emit(&mut observer, Activation::PostFfnNorm(l), &s.proj, h);
+            }
             // hidden_states = residual + hidden_states
             axpy(1.0, &s.proj, &mut s.x);
             emit(&mut observer, Activation::Layer(l), &s.x, h);
@@ -381,6 +426,16 @@ impl<'m> Session<'m> {
 fn norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], width: usize) {
     for (xr, or) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
         rmsnorm(xr, weight, eps, or);
+    }
+}
+
+/// RMSNorm of each `width`-wide row of `x` in place (per head for q/k norms). A row is
+/// copied out first, since the kernel reads its input while writing its output.
+fn norm_rows_inplace(x: &mut [f32], weight: &[f32], eps: f32, width: usize) {
+    let mut row = vec![0.0f32; width];
+    for xr in x.chunks_exact_mut(width) {
+        row.copy_from_slice(xr);
+        rmsnorm(&row, weight, eps, xr);
     }
 }
 

@@ -29,14 +29,28 @@ pub enum Activation {
     K(usize),
     /// `model.layers.N.self_attn.v_proj.output`, `(T, kv_heads*head_dim)`.
     V(usize),
+    /// `model.layers.N.self_attn.q_norm.output` (Qwen3, Gemma 3: queries after the per-head
+    /// norm, before rope), `(T, heads*head_dim)`.
+    QNorm(usize),
+    /// `model.layers.N.self_attn.k_norm.output`, `(T, kv_heads*head_dim)`.
+    KNorm(usize),
     /// `model.layers.N.self_attn.o_proj.input`: the attention output, `(T, heads*head_dim)`.
     /// (An input, not an output: calibration needs what the o_proj matrix multiplies, and no
     /// module of the reference outputs exactly that.)
     AttnOut(usize),
     /// `model.layers.N.self_attn.o_proj.output` (before the residual add), `(T, hidden)`.
     O(usize),
-    /// `model.layers.N.post_attention_layernorm.output`, `(T, hidden)`.
+    /// `model.layers.N.post_attention_layernorm.output`: the pre-MLP norm of the Llama
+    /// family, `(T, hidden)`.
     MlpNorm(usize),
+    /// `model.layers.N.post_attention_layernorm.output` of Gemma 3: the norm of the attention
+    /// output (the same module name as [`Activation::MlpNorm`] in the Llama family, where it
+    /// is the pre-MLP norm), `(T, hidden)`.
+    AttnPostNorm(usize),
+    /// `model.layers.N.pre_feedforward_layernorm.output` (Gemma 3's pre-MLP norm), `(T, hidden)`.
+    PreFfnNorm(usize),
+    /// `model.layers.N.post_feedforward_layernorm.output` (Gemma 3), `(T, hidden)`.
+    PostFfnNorm(usize),
     /// `model.layers.N.mlp.gate_proj.output` (before SiLU), `(T, intermediate)`.
     Gate(usize),
     /// `model.layers.N.mlp.up_proj.output`, `(T, intermediate)`.
@@ -65,9 +79,13 @@ impl fmt::Display for Activation {
             Q(l) => layer(f, l, "self_attn.q_proj"),
             K(l) => layer(f, l, "self_attn.k_proj"),
             V(l) => layer(f, l, "self_attn.v_proj"),
+            QNorm(l) => layer(f, l, "self_attn.q_norm"),
+            KNorm(l) => layer(f, l, "self_attn.k_norm"),
             AttnOut(l) => write!(f, "model.layers.{l}.self_attn.o_proj.input"),
             O(l) => layer(f, l, "self_attn.o_proj"),
-            MlpNorm(l) => layer(f, l, "post_attention_layernorm"),
+            MlpNorm(l) | AttnPostNorm(l) => layer(f, l, "post_attention_layernorm"),
+            PreFfnNorm(l) => layer(f, l, "pre_feedforward_layernorm"),
+            PostFfnNorm(l) => layer(f, l, "post_feedforward_layernorm"),
             Gate(l) => layer(f, l, "mlp.gate_proj"),
             Up(l) => layer(f, l, "mlp.up_proj"),
             DownIn(l) => write!(f, "model.layers.{l}.mlp.down_proj.input"),
@@ -148,6 +166,26 @@ mod tests {
             (
                 Activation::MlpNorm(1),
                 "model.layers.1.post_attention_layernorm.output",
+            ),
+            (
+                Activation::QNorm(2),
+                "model.layers.2.self_attn.q_norm.output",
+            ),
+            (
+                Activation::KNorm(2),
+                "model.layers.2.self_attn.k_norm.output",
+            ),
+            (
+                Activation::AttnPostNorm(1),
+                "model.layers.1.post_attention_layernorm.output",
+            ),
+            (
+                Activation::PreFfnNorm(1),
+                "model.layers.1.pre_feedforward_layernorm.output",
+            ),
+            (
+                Activation::PostFfnNorm(4),
+                "model.layers.4.post_feedforward_layernorm.output",
             ),
             (Activation::Gate(29), "model.layers.29.mlp.gate_proj.output"),
             (Activation::Up(29), "model.layers.29.mlp.up_proj.output"),

@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 
-use kiln_format::{DType, KilnFile, Role, TensorName, GROUP_ROWS, QK};
+use kiln_format::{DType, KilnFile, NormStyle, Role, TensorName, GROUP_ROWS, QK};
 use kiln_kernels::{Matrix, WeightData};
 
 use crate::config::Config;
@@ -31,8 +31,14 @@ pub struct LayerWeights<'a> {
     pub o: Matrix<'a>,
     /// q/k/v biases (Qwen2): `(heads*head_dim)`, `(kv_heads*head_dim)`, `(kv_heads*head_dim)`.
     pub qkv_bias: Option<[Vector<'a>; 3]>,
+    /// Per-head query and key RMSNorm weights, `(head_dim)` each (Qwen3, Gemma 3).
+    pub qk_norm: Option<[Vector<'a>; 2]>,
+    /// RMSNorm weight on the attention output (Gemma 3), `(hidden)`.
+    pub attn_post_norm: Option<Vector<'a>>,
     /// Pre-MLP RMSNorm weight, `(hidden)`.
     pub mlp_norm: Vector<'a>,
+    /// RMSNorm weight on the MLP output (Gemma 3), `(hidden)`.
+    pub mlp_post_norm: Option<Vector<'a>>,
     /// SwiGLU gate projection, `(intermediate, hidden)`.
     pub gate: Matrix<'a>,
     /// SwiGLU up projection, `(intermediate, hidden)`.
@@ -62,8 +68,10 @@ impl<'a> Weights<'a> {
         let layers = (0..config.layers as u32)
             .map(|l| {
                 let t = |role| TensorName::layer(l, role);
+                let norm = |role| norm(file, t(role), config.norm_style);
+                let post = |role| config.post_norms.then(|| norm(role)).transpose();
                 Ok(LayerWeights {
-                    attn_norm: vector(file, t(Role::AttnNorm))?,
+                    attn_norm: norm(Role::AttnNorm)?,
                     q: matrix(file, t(Role::AttnQ))?,
                     k: matrix(file, t(Role::AttnK))?,
                     v: matrix(file, t(Role::AttnV))?,
@@ -77,7 +85,14 @@ impl<'a> Weights<'a> {
                     } else {
                         None
                     },
-                    mlp_norm: vector(file, t(Role::MlpNorm))?,
+                    qk_norm: if config.qk_norm {
+                        Some([norm(Role::AttnQNorm)?, norm(Role::AttnKNorm)?])
+                    } else {
+                        None
+                    },
+                    attn_post_norm: post(Role::AttnPostNorm)?,
+                    mlp_norm: norm(Role::MlpNorm)?,
+                    mlp_post_norm: post(Role::MlpPostNorm)?,
                     gate: matrix(file, t(Role::MlpGate))?,
                     up: matrix(file, t(Role::MlpUp))?,
                     down: matrix(file, t(Role::MlpDown))?,
@@ -87,7 +102,7 @@ impl<'a> Weights<'a> {
         Ok(Weights {
             embed: matrix(file, g(Role::Embed))?,
             layers,
-            final_norm: vector(file, g(Role::FinalNorm))?,
+            final_norm: norm(file, g(Role::FinalNorm), config.norm_style)?,
             lm_head: if config.tie_word_embeddings {
                 None
             } else {
@@ -159,6 +174,16 @@ fn vector<'a>(file: &'a KilnFile, name: TensorName) -> Result<Vector<'a>> {
                 reason: "norm weights and biases must be f32, f16 or bf16",
             })
         }
+    })
+}
+
+/// A norm weight as the plain RMSNorm kernel applies it: `(1 + w)` computed once here for
+/// [`NormStyle::OnePlusWeight`] (Gemma's `output * (1.0 + weight.float())`, the same f32 sum).
+fn norm<'a>(file: &'a KilnFile, name: TensorName, style: NormStyle) -> Result<Vector<'a>> {
+    let w = vector(file, name)?;
+    Ok(match style {
+        NormStyle::Weight => w,
+        NormStyle::OnePlusWeight => Cow::Owned(w.iter().map(|x| 1.0 + x).collect()),
     })
 }
 

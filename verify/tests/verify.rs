@@ -21,6 +21,8 @@ const TINY: &[&str] = &[
     "llama3-rope-f32",
     "mistral-f32",
     "llama-sharded-f16",
+    "qwen3-f32",
+    "gemma3-f32",
 ];
 
 fn convert(name: &str, dtype: Option<DType>, dir: &Path) -> PathBuf {

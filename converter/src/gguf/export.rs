@@ -59,12 +59,16 @@ pub struct ExportSummary {
 }
 
 /// llama.cpp's architecture name for a Kiln architecture, and whether its graph needs the
-/// q/k rows reordered (`llama` uses adjacent-pair rope, `qwen2` the Hugging Face halves).
-pub fn gguf_architecture(a: Architecture) -> (&'static str, bool) {
+/// q/k rows reordered (`llama` uses adjacent-pair rope, `qwen2`/`qwen3` the Hugging Face
+/// halves); `None` for a family whose GGUF mapping Kiln does not write yet (Gemma 3: its
+/// norm weights, layer pattern and rope bases have llama.cpp conventions of their own).
+pub fn gguf_architecture(a: Architecture) -> Option<(&'static str, bool)> {
     match a {
         // llama.cpp runs Mistral checkpoints as `llama`, as its converter writes them.
-        Architecture::Llama | Architecture::Mistral => ("llama", true),
-        Architecture::Qwen2 => ("qwen2", false),
+        Architecture::Llama | Architecture::Mistral => Some(("llama", true)),
+        Architecture::Qwen2 => Some(("qwen2", false)),
+        Architecture::Qwen3 => Some(("qwen3", false)),
+        Architecture::Gemma3 => None,
     }
 }
 
@@ -153,7 +157,13 @@ pub fn export_gguf(opts: &ExportOptions, progress: &dyn Progress) -> Result<Expo
     }
     let meta = f.metadata();
     let c = &meta.config;
-    let (arch, permute) = gguf_architecture(c.architecture);
+    let (arch, permute) = gguf_architecture(c.architecture).ok_or_else(|| {
+        export_error(
+            &label,
+            format!("a {} model", c.architecture.name()),
+            "GGUF export of this family is not implemented yet",
+        )
+    })?;
     let mut notices = Vec::new();
 
     let mut b = GgufBuilder::new();
@@ -210,7 +220,7 @@ pub fn export_gguf(opts: &ExportOptions, progress: &dyn Progress) -> Result<Expo
         };
         plans.push(Plan {
             source: Some(i),
-            gguf_name: names::source_name(Source::Gguf, tn),
+            gguf_name: names::source_name(Source::Gguf, c.architecture, tn),
             ggml_type: GgmlType::of(if widen { DType::F32 } else { info.dtype }),
             dims: info.shape.iter().rev().copied().collect(),
             permute_heads,

@@ -17,8 +17,8 @@ use std::time::Instant;
 use kiln_format::metadata::now_rfc3339;
 use kiln_format::values::{cast_bytes, count_non_finite};
 use kiln_format::{
-    expected_tensors, Architecture, DType, KilnWriter, Metadata, ModelConfig, ProvenanceStep, Role,
-    RopeScaling, TensorName, TensorSpec,
+    expected_tensors, Architecture, DType, FamilyOptions, KilnWriter, Metadata, ModelConfig,
+    ProvenanceStep, Role, RopeScaling, TensorName, TensorSpec,
 };
 use rayon::prelude::*;
 use serde_json::json;
@@ -76,6 +76,7 @@ pub struct ImportSummary {
 pub const SUPPORTED: &[(&str, Architecture)] = &[
     ("llama", Architecture::Llama),
     ("qwen2", Architecture::Qwen2),
+    ("qwen3", Architecture::Qwen3),
 ];
 
 struct Keys<'h> {
@@ -237,6 +238,10 @@ fn resolve_config(file: &str, h: &GgufHeader) -> Result<ModelConfig> {
         sliding_window: None,
         bos_token_id: id("tokenizer.ggml.bos_token_id"),
         eos_token_ids,
+        family: FamilyOptions {
+            qk_norm: architecture == Architecture::Qwen3,
+            ..FamilyOptions::default()
+        },
     })
 }
 
@@ -331,7 +336,9 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
     let context = config.max_position_embeddings;
     let tokenizer = tokenizer::from_gguf(&file, &|k| h.get(k), context)?;
     crate::tokenizer_files::validate(&tokenizer, &file)?;
-    let permute = super::export::gguf_architecture(config.architecture).1;
+    let permute = super::export::gguf_architecture(config.architecture)
+        .expect("every imported family exports")
+        .1;
 
     // Every GGUF tensor resolved, then matched against what the configuration implies.
     let mut by_name = BTreeMap::new();
@@ -340,10 +347,12 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
             continue; // folded into the configuration above
         }
         let name =
-            names::canonical(Source::Gguf, &t.name).ok_or_else(|| ConvertError::UnknownTensor {
-                path: file.clone(),
-                tensor: t.name.clone(),
-                arch: config.source_architecture.clone(),
+            names::canonical(Source::Gguf, config.architecture, &t.name).ok_or_else(|| {
+                ConvertError::UnknownTensor {
+                    path: file.clone(),
+                    tensor: t.name.clone(),
+                    arch: config.source_architecture.clone(),
+                }
             })?;
         by_name.insert(name, t);
     }
@@ -355,7 +364,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
             .remove(name)
             .ok_or_else(|| ConvertError::MissingTensor {
                 dir: file.clone(),
-                tensor: names::source_name(Source::Gguf, *name),
+                tensor: names::source_name(Source::Gguf, config.architecture, *name),
                 expected: shape.clone(),
             })?;
         let dtype = match t.ggml_type.kiln_dtype() {
@@ -537,14 +546,17 @@ mod tests {
     #[test]
     fn every_architecture_exports_under_a_name_that_imports() {
         for a in Architecture::ALL {
-            let (name, permuted) = super::super::export::gguf_architecture(a);
+            let Some((name, permuted)) = super::super::export::gguf_architecture(a) else {
+                assert!(SUPPORTED.iter().all(|(_, b)| *b != a), "{a:?}");
+                continue;
+            };
             let (_, back) = SUPPORTED
                 .iter()
                 .find(|(n, _)| *n == name)
                 .unwrap_or_else(|| panic!("{a:?} exports as `{name}`, which import refuses"));
             assert_eq!(
                 super::super::export::gguf_architecture(*back),
-                (name, permuted),
+                Some((name, permuted)),
                 "{a:?}"
             );
         }

@@ -15,4 +15,6 @@ pub const TINY: &[&str] = &[
     "llama3-rope-f32",
     "mistral-f32",
     "llama-sharded-f16",
+    "qwen3-f32",
+    "gemma3-f32",
 ];

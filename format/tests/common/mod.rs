@@ -43,6 +43,7 @@ pub fn sample_metadata() -> Metadata {
             sliding_window: None,
             bos_token_id: Some(0),
             eos_token_ids: vec![1],
+            family: Default::default(),
         },
         tokenizer: TokenizerFiles {
             tokenizer_json: Some(TOKENIZER_JSON.into()),

@@ -37,6 +37,7 @@ pub fn metadata() -> Metadata {
             sliding_window: None,
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
+            family: Default::default(),
         },
         tokenizer: Default::default(),
         generation: serde_json::Value::Null,

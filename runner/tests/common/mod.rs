@@ -18,13 +18,15 @@ pub fn root() -> PathBuf {
 }
 
 /// The tiny fixture variants.
-pub const TINY: [&str; 6] = [
+pub const TINY: [&str; 8] = [
     "llama-tied-f32",
     "llama-untied-bf16",
     "qwen2-bias-f32",
     "llama3-rope-f32",
     "mistral-f32",
     "llama-sharded-f16",
+    "qwen3-f32",
+    "gemma3-f32",
 ];
 
 /// The real SmolLM2 checkpoint, built by `ci/smollm2.sh` (not committed).
