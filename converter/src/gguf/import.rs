@@ -150,8 +150,15 @@ fn resolve_config(file: &str, h: &GgufHeader) -> Result<ModelConfig> {
             path: file.into(),
             found: arch.into(),
             supported: format!(
-                "GGUF general.architecture {}",
-                SUPPORTED.iter().map(|s| s.0).collect::<Vec<_>>().join(", ")
+                "GGUF general.architecture {}{}",
+                SUPPORTED.iter().map(|s| s.0).collect::<Vec<_>>().join(", "),
+                if arch == "gemma3" {
+                    "; Gemma 3 converts from its Hugging Face checkpoint (`kiln-convert hf`): \
+                     its GGUF files carry a SentencePiece tokenizer, which GGUF import does \
+                     not rebuild yet"
+                } else {
+                    ""
+                }
             ),
         })?;
     let k = Keys {
