@@ -206,12 +206,6 @@ impl Checkpoint {
                     skipped.push(name);
                     continue;
                 }
-                let canon = names::canonical(Source::HuggingFace, config.architecture, &name)
-                    .ok_or_else(|| ConvertError::UnknownTensor {
-                        path: shard.path.display().to_string(),
-                        tensor: name.clone(),
-                        arch: arch.to_string(),
-                    })?;
                 let dtype =
                     dtype_of(view.dtype()).ok_or_else(|| ConvertError::UnsupportedDtype {
                         path: shard.path.display().to_string(),
@@ -220,17 +214,45 @@ impl Checkpoint {
                     })?;
                 let data = view.data();
                 let start = data.as_ptr() as usize - base;
-                tensors.insert(
-                    canon,
-                    SourceTensor {
-                        name: canon,
-                        source_name: name,
-                        shard: si,
-                        dtype,
-                        shape: view.shape().iter().map(|&d| d as u64).collect(),
-                        range: start..start + data.len(),
-                    },
-                );
+                let whole = SourceTensor {
+                    name: TensorName::global(kiln_format::Role::Embed),
+                    source_name: name.clone(),
+                    shard: si,
+                    dtype,
+                    shape: view.shape().iter().map(|&d| d as u64).collect(),
+                    range: start..start + data.len(),
+                };
+                let resolved =
+                    match names::canonical(Source::HuggingFace, config.architecture, &name) {
+                        Some(canon) => vec![SourceTensor {
+                            name: canon,
+                            ..whole
+                        }],
+                        None => match names::fused_parts(config.architecture, &name) {
+                            Some(parts) => split_rows(&whole, &parts, config, &shard.path)?,
+                            None => {
+                                return Err(ConvertError::UnknownTensor {
+                                    path: shard.path.display().to_string(),
+                                    tensor: name.clone(),
+                                    arch: arch.to_string(),
+                                })
+                            }
+                        },
+                    };
+                for t in resolved {
+                    if let Some(prev) = tensors.get(&t.name) {
+                        return Err(ConvertError::DuplicateTensor {
+                            tensor: t.name.to_string(),
+                            first: format!(
+                                "`{}` in {}",
+                                prev.source_name,
+                                shards[prev.shard].path.display()
+                            ),
+                            second: format!("`{}` in {}", t.source_name, shard.path.display()),
+                        });
+                    }
+                    tensors.insert(t.name, t);
+                }
             }
         }
         if let Some(map) = &index_map {
@@ -257,6 +279,78 @@ impl Checkpoint {
     pub fn bytes(&self, t: &SourceTensor) -> &[u8] {
         &self.shards[t.shard].bytes()[t.range.clone()]
     }
+}
+
+/// The parts of a fused tensor (`[part; part; …]` by rows): each part's rows are its expected
+/// shape's first dimension, the columns shared. A fused tensor of the wrong shape is refused
+/// here, naming it, rather than as a mis-shaped part later.
+fn split_rows(
+    whole: &SourceTensor,
+    parts: &[TensorName],
+    config: &kiln_format::ModelConfig,
+    path: &Path,
+) -> Result<Vec<SourceTensor>> {
+    let expected = kiln_format::expected_tensors(config);
+    let shapes: Vec<&Vec<u64>> = parts
+        .iter()
+        .map(|p| {
+            expected
+                .iter()
+                .find(|(n, _)| n == p)
+                .map(|(_, s)| s)
+                .ok_or_else(|| ConvertError::UnknownTensor {
+                    path: path.display().to_string(),
+                    tensor: whole.source_name.clone(),
+                    arch: format!(
+                        "{} ({} layers)",
+                        config.source_architecture, config.num_layers
+                    ),
+                })
+        })
+        .collect::<Result<_>>()?;
+    let cols = shapes[0][1];
+    let rows: u64 = shapes.iter().map(|s| s[0]).sum();
+    if whole.shape != [rows, cols] {
+        return Err(ConvertError::ShapeMismatch {
+            path: path.display().to_string(),
+            tensor: format!(
+                "{} (fused {})",
+                whole.source_name,
+                parts
+                    .iter()
+                    .map(|p| p.role.suffix())
+                    .collect::<Vec<_>>()
+                    .join(" + ")
+            ),
+            found: whole.shape.clone(),
+            expected: vec![rows, cols],
+        });
+    }
+    // Row-major: each part is a contiguous byte range of the fused tensor.
+    let row_bytes = cols as usize * whole.dtype.block_bytes() / whole.dtype.block_len();
+    let mut start = whole.range.start;
+    Ok(parts
+        .iter()
+        .zip(shapes)
+        .map(|(&name, shape)| {
+            let len = shape[0] as usize * row_bytes;
+            let first_row = (start - whole.range.start) / row_bytes;
+            let t = SourceTensor {
+                name,
+                source_name: format!(
+                    "{} (rows {first_row}..{})",
+                    whole.source_name,
+                    first_row + shape[0] as usize
+                ),
+                shard: whole.shard,
+                dtype: whole.dtype,
+                shape: shape.clone(),
+                range: start..start + len,
+            };
+            start += len;
+            t
+        })
+        .collect())
 }
 
 fn read_index(dir: &Path, index_path: &Path) -> Result<(Vec<String>, HashMap<String, String>)> {

@@ -1,15 +1,16 @@
 //! `config.json` as transformers 4.x or 5.x writes it, resolved into a [`ModelConfig`].
 //!
 //! The raw file keeps Hugging Face's names and defaults; this module applies those defaults
-//! once (as `LlamaConfig`, `MistralConfig`, `Qwen2Config`, `Qwen3Config` and
-//! `Gemma3TextConfig` do) so that nothing downstream
+//! once (as `LlamaConfig`, `MistralConfig`, `Qwen2Config`, `Qwen3Config`,
+//! `Gemma3TextConfig`, `Phi3Config`, `Glm4Config` and `GlmConfig` do) so that nothing downstream
 //! deals with optional fields. Both spellings of the RoPE settings are accepted: 4.x's
 //! top-level `rope_theta` / `rope_scaling` and 5.x's `rope_parameters`.
 
 use std::path::Path;
 
 use kiln_format::{
-    Architecture, FamilyOptions, LayerKind, MlpActivation, ModelConfig, NormStyle, RopeScaling,
+    Architecture, FamilyOptions, LayerKind, MlpActivation, ModelConfig, NormStyle, RopePairing,
+    RopeScaling,
 };
 use serde_json::{Map, Value};
 
@@ -22,6 +23,9 @@ pub const SUPPORTED: &[(&str, &str, Architecture)] = &[
     ("Qwen2ForCausalLM", "qwen2", Architecture::Qwen2),
     ("Qwen3ForCausalLM", "qwen3", Architecture::Qwen3),
     ("Gemma3ForCausalLM", "gemma3_text", Architecture::Gemma3),
+    ("Phi3ForCausalLM", "phi3", Architecture::Phi3),
+    ("Glm4ForCausalLM", "glm4", Architecture::Glm4),
+    ("GlmForCausalLM", "glm", Architecture::Glm),
 ];
 
 /// Largest value accepted for any size field: the format's own cap, so that what converts
@@ -190,7 +194,8 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
             .unwrap_or(match architecture {
                 Architecture::Mistral => 4096 * 32,
                 Architecture::Qwen2 | Architecture::Qwen3 => 32768,
-                Architecture::Gemma3 => 131_072,
+                Architecture::Gemma3 | Architecture::Glm4 | Architecture::Glm => 131_072,
+                Architecture::Phi3 => 4096,
                 Architecture::Llama => 2048,
             });
     if num_heads % num_kv_heads != 0 {
@@ -203,7 +208,7 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
     let head_dim = match (f.uint("head_dim")?, architecture) {
         (Some(h), _) => h,
         // The classes' own defaults, not hidden / heads.
-        (None, Architecture::Qwen3) => 128,
+        (None, Architecture::Qwen3 | Architecture::Glm4 | Architecture::Glm) => 128,
         (None, Architecture::Gemma3) => 256,
         (None, _) => {
             if hidden_size % num_heads != 0 {
@@ -223,7 +228,14 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
             format!("{head_dim} must be even for rotary embeddings"),
         ));
     }
-    let rms_norm_eps = f.float(map, "rms_norm_eps", "")?.unwrap_or(1e-6);
+    let glm = matches!(architecture, Architecture::Glm4 | Architecture::Glm);
+    let rms_norm_eps = f
+        .float(map, "rms_norm_eps", "")?
+        .unwrap_or(match architecture {
+            Architecture::Phi3 => 1e-5,
+            _ if glm => 1.5625e-7,
+            _ => 1e-6,
+        });
 
     let gemma = architecture == Architecture::Gemma3;
     let act_key = if gemma {
@@ -260,7 +272,9 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
     let attention_bias = match architecture {
         // Qwen2 always has q/k/v biases (hard-wired in transformers' Qwen2Attention).
         Architecture::Qwen2 => true,
-        _ => f.bool("attention_bias", false)?,
+        // Phi-3's fused qkv_proj never has one (Phi3Config has no such field).
+        Architecture::Phi3 => false,
+        _ => f.bool("attention_bias", glm)?,
     };
     if gemma && attention_bias {
         return Err(ConvertError::field(
@@ -340,7 +354,11 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
             (None, Some(m)) => (Some(m), "rope_scaling."),
             (None, None) => (None, ""),
         };
-        let (theta, scaling) = rope_settings(&f, rope_map, ctx)?;
+        let (theta, scaling) = if architecture == Architecture::Phi3 {
+            phi3_rope_settings(&f, rope_map, ctx, max_position_embeddings)?
+        } else {
+            rope_settings(&f, rope_map, ctx)?
+        };
         let theta = match theta {
             Some(t) => t,
             None => f.float(map, "rope_theta", "")?.unwrap_or(10000.0),
@@ -361,7 +379,9 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
             None
         }
         Architecture::Gemma3 => Some(f.uint("sliding_window")?.unwrap_or(4096)),
-        Architecture::Llama => None,
+        // Phi3Config: every layer windowed when set (create_sliding_window_causal_mask).
+        Architecture::Phi3 => f.uint("sliding_window")?,
+        Architecture::Llama | Architecture::Glm4 | Architecture::Glm => None,
     };
     let family = match architecture {
         Architecture::Qwen3 => FamilyOptions {
@@ -369,8 +389,40 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
             ..FamilyOptions::default()
         },
         Architecture::Gemma3 => gemma3_options(&f, num_layers, hidden_size, rope_local_theta)?,
+        // GLM-4: norms on the attention and MLP outputs (post_self_attn_layernorm,
+        // post_mlp_layernorm); GLM's rotary pairs are interleaved.
+        Architecture::Glm4 => FamilyOptions {
+            post_norms: true,
+            rope_pairing: RopePairing::Interleaved,
+            ..FamilyOptions::default()
+        },
+        Architecture::Glm => FamilyOptions {
+            rope_pairing: RopePairing::Interleaved,
+            ..FamilyOptions::default()
+        },
         _ => FamilyOptions::default(),
     };
+    let rotary_dim = rotary_dim(&f, rope_params, architecture, head_dim)?;
+    if let Some(RopeScaling::LongRope {
+        short_factor,
+        long_factor,
+        ..
+    }) = &rope_scaling
+    {
+        let pairs = rotary_dim / 2;
+        for (key, v) in [("short_factor", short_factor), ("long_factor", long_factor)] {
+            if v.len() as u64 != pairs {
+                return Err(ConvertError::field(
+                    path,
+                    &format!("rope_scaling.{key}"),
+                    format!(
+                        "{} factors, but {pairs} rotated pairs (rotary dimension {rotary_dim})",
+                        v.len()
+                    ),
+                ));
+            }
+        }
+    }
     let sliding_window = if gemma && !family.layer_kinds.contains(&LayerKind::Sliding) {
         None
     } else {
@@ -378,6 +430,7 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
     };
     let family = FamilyOptions {
         mlp_activation,
+        rotary_dim: (rotary_dim != head_dim).then_some(rotary_dim),
         ..family
     };
 
@@ -570,7 +623,117 @@ fn gemma3_options(
         attn_scale: Some(query_pre_attn_scalar.powf(-0.5)),
         layer_kinds,
         rope_local_theta,
+        ..FamilyOptions::default()
     })
+}
+
+/// How many leading elements of each head rotate: `int(head_dim * partial_rotary_factor)`,
+/// the factor read from `rope_parameters` (5.x) or the top level (4.x), defaulting as the
+/// family's config class does (GLM: 0.5).
+fn rotary_dim(
+    f: &Fields<'_>,
+    rope_params: Option<&Map<String, Value>>,
+    arch: Architecture,
+    head_dim: u64,
+) -> Result<u64> {
+    let key = "partial_rotary_factor";
+    let in_params = match rope_params {
+        Some(m) if m.contains_key(key) => f.float(m, key, "rope_parameters.")?,
+        _ => None,
+    };
+    let factor = match in_params.or(f.float(f.map, key, "")?) {
+        Some(x) => x,
+        None if matches!(arch, Architecture::Glm4 | Architecture::Glm) => 0.5,
+        None => 1.0,
+    };
+    if !matches!(
+        arch,
+        Architecture::Phi3 | Architecture::Glm4 | Architecture::Glm
+    ) {
+        if factor != 1.0 {
+            return Err(ConvertError::field(
+                f.path,
+                key,
+                format!("{factor}: partial rotary is not supported for this family"),
+            ));
+        }
+        return Ok(head_dim);
+    }
+    // int(head_dim * partial_rotary_factor), as transformers truncates it.
+    let dim = (head_dim as f64 * factor) as u64;
+    if factor > 1.0 || dim < 2 || !dim.is_multiple_of(2) {
+        return Err(ConvertError::field(
+            f.path,
+            key,
+            format!(
+                "{factor} of head_dim {head_dim} gives {dim} rotated elements; an even number \
+                 from 2 to head_dim is needed"
+            ),
+        ));
+    }
+    Ok(dim)
+}
+
+/// Phi-3's RoPE settings: the default type or LongRoPE (`longrope`; transformers also reads
+/// the old names `su` and `yarn` as it), whose attention factor defaults, as
+/// `_compute_longrope_parameters` does, to `√(1 + ln s / ln original)` for the context
+/// stretch `s = factor`, or `max_position_embeddings / original` without one.
+fn phi3_rope_settings(
+    f: &Fields<'_>,
+    m: Option<&Map<String, Value>>,
+    ctx: &str,
+    max_position_embeddings: u64,
+) -> Result<(Option<f64>, Option<RopeScaling>)> {
+    let path = f.path;
+    let kind = m
+        .and_then(|m| m.get("rope_type").or_else(|| m.get("type")))
+        .and_then(Value::as_str);
+    let (Some(m), Some("longrope" | "su" | "yarn")) = (m, kind) else {
+        return rope_settings(f, m, ctx);
+    };
+    let factors = |key: &str| -> Result<Vec<f64>> {
+        let bad = |why: String| ConvertError::field(path, &format!("{ctx}{key}"), why);
+        match m.get(key) {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.as_f64()
+                        .filter(|x| x.is_finite() && *x > 0.0)
+                        .ok_or_else(|| bad(format!("{v} is not a positive number")))
+                })
+                .collect(),
+            Some(v) => Err(bad(format!("expected a list of numbers, found {v}"))),
+            None => Err(bad("missing".into())),
+        }
+    };
+    let omp_key = "original_max_position_embeddings";
+    let original = match m.get(omp_key).filter(|v| !v.is_null()) {
+        Some(v) => v.as_u64().filter(|&n| n > 1).ok_or_else(|| {
+            ConvertError::field(
+                path,
+                &format!("{ctx}{omp_key}"),
+                format!("{v} is not an integer above 1"),
+            )
+        })?,
+        None => f.uint(omp_key)?.filter(|&n| n > 1).ok_or_else(|| {
+            ConvertError::field(path, omp_key, "missing (LongRoPE needs it) or not above 1")
+        })?,
+    };
+    let stretch = f
+        .float(m, "factor", ctx)?
+        .unwrap_or(max_position_embeddings as f64 / original as f64);
+    let attention_factor = match f.float(m, "attention_factor", ctx)? {
+        Some(a) => a,
+        None if stretch <= 1.0 => 1.0,
+        None => (1.0 + stretch.ln() / (original as f64).ln()).sqrt(),
+    };
+    let scaling = RopeScaling::LongRope {
+        short_factor: factors("short_factor")?,
+        long_factor: factors("long_factor")?,
+        original_max_position_embeddings: original,
+        attention_factor,
+    };
+    Ok((f.float(m, "rope_theta", ctx)?, Some(scaling)))
 }
 
 #[cfg(test)]
@@ -685,6 +848,76 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("c.json"));
+    }
+
+    fn tiny_config(name: &str) -> Value {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures/tiny")
+            .join(name)
+            .join("config.json");
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    }
+
+    /// transformers 4.x saved Phi-3's LongRoPE as `rope_scaling` (type `longrope`, or the
+    /// older `su`) with `rope_theta`, `partial_rotary_factor` and
+    /// `original_max_position_embeddings` at the top level; both spellings resolve alike.
+    #[test]
+    fn phi3_longrope_in_both_spellings() {
+        let v5 = tiny_config("phi3-f32");
+        let c5 = parse_value(&v5).unwrap();
+        let mut v4 = v5.clone();
+        let rp = v4
+            .as_object_mut()
+            .unwrap()
+            .remove("rope_parameters")
+            .unwrap();
+        v4["rope_theta"] = rp["rope_theta"].clone();
+        v4["partial_rotary_factor"] = rp["partial_rotary_factor"].clone();
+        for kind in ["longrope", "su"] {
+            v4["rope_scaling"] = serde_json::json!({
+                "type": kind,
+                "short_factor": rp["short_factor"],
+                "long_factor": rp["long_factor"],
+            });
+            assert_eq!(parse_value(&v4).unwrap(), c5, "{kind}");
+        }
+        assert_eq!(c5.family.rotary_dim, Some(12));
+        assert_eq!(c5.sliding_window, Some(8));
+        assert!(!c5.attention_bias);
+        match c5.rope_scaling {
+            Some(RopeScaling::LongRope {
+                original_max_position_embeddings: 16,
+                attention_factor,
+                ref long_factor,
+                ..
+            }) => {
+                // √(1 + ln(256/16) / ln 16)
+                assert!((attention_factor - 2f64.sqrt()).abs() < 1e-12);
+                assert_eq!(long_factor[5], 16.5);
+            }
+            ref other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn glm_defaults_follow_its_config_classes() {
+        let mut v = base();
+        v["architectures"] = serde_json::json!(["Glm4ForCausalLM"]);
+        v.as_object_mut().unwrap().remove("rms_norm_eps");
+        let c = parse_value(&v).unwrap();
+        // Glm4Config: head_dim 128, partial_rotary_factor 0.5, attention_bias true.
+        assert_eq!(c.head_dim, 128);
+        assert_eq!(c.family.rotary_dim, Some(64));
+        assert_eq!(c.family.rope_pairing, RopePairing::Interleaved);
+        assert!(c.attention_bias && c.family.post_norms);
+        assert_eq!(c.rms_norm_eps, 1.5625e-7);
+        v["architectures"] = serde_json::json!(["GlmForCausalLM"]);
+        assert!(!parse_value(&v).unwrap().family.post_norms);
+        // Partial rotary is refused where the family has none.
+        let mut l = base();
+        l["partial_rotary_factor"] = serde_json::json!(0.5);
+        let e = parse_value(&l).unwrap_err().to_string();
+        assert!(e.contains("partial_rotary_factor"), "{e}");
     }
 
     #[test]

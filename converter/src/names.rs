@@ -117,10 +117,66 @@ const GEMMA3: &[(Role, &str, &str)] = &[
     ),
 ];
 
+/// GLM-4's norms on the attention and MLP outputs (its pre-MLP norm keeps Llama's name).
+const GLM4: &[(Role, &str, &str)] = &[
+    (
+        Role::AttnPostNorm,
+        "model.layers.{}.post_self_attn_layernorm.weight",
+        "blk.{}.post_attention_norm.weight",
+    ),
+    (
+        Role::MlpPostNorm,
+        "model.layers.{}.post_mlp_layernorm.weight",
+        "blk.{}.post_ffw_norm.weight",
+    ),
+];
+
+/// Hugging Face tensors that hold several canonical ones stacked by rows, in this order
+/// (Phi-3's `qkv_proj` is `[q; k; v]`, `gate_up_proj` is `[gate; up]`: the model's forward
+/// slices its output so). Conversion stores the parts; the rows of each are its expected shape.
+const FUSED_HF: &[(&[Architecture], &str, &[Role])] = &[
+    (
+        &[Architecture::Phi3],
+        "model.layers.{}.self_attn.qkv_proj.weight",
+        &[Role::AttnQ, Role::AttnK, Role::AttnV],
+    ),
+    (
+        &[Architecture::Phi3, Architecture::Glm4, Architecture::Glm],
+        "model.layers.{}.mlp.gate_up_proj.weight",
+        &[Role::MlpGate, Role::MlpUp],
+    ),
+];
+
+/// The canonical parts of a fused Hugging Face tensor of an `arch` model, in row order, if
+/// `name` is one.
+pub fn fused_parts(arch: Architecture, name: &str) -> Option<Vec<TensorName>> {
+    FUSED_HF.iter().find_map(|(archs, pat, roles)| {
+        if !archs.contains(&arch) {
+            return None;
+        }
+        let layer = match_pattern(pat, name)?;
+        Some(
+            roles
+                .iter()
+                .map(|&role| TensorName { layer, role })
+                .collect(),
+        )
+    })
+}
+
+/// The fused Hugging Face tensor that holds `name` in an `arch` model, if any.
+fn fused_source(arch: Architecture, name: TensorName) -> Option<String> {
+    FUSED_HF.iter().find_map(|(archs, pat, roles)| {
+        (archs.contains(&arch) && roles.contains(&name.role))
+            .then(|| pat.replace("{}", &name.layer.unwrap_or(0).to_string()))
+    })
+}
+
 /// The rows that apply to `arch`: its own first, then the shared ones for other roles.
 fn rows(arch: Architecture) -> impl Iterator<Item = &'static (Role, &'static str, &'static str)> {
     let own: &'static [(Role, &str, &str)] = match arch {
         Architecture::Gemma3 => GEMMA3,
+        Architecture::Glm4 => GLM4,
         _ => &[],
     };
     own.iter().chain(
@@ -163,11 +219,17 @@ pub fn canonical(source: Source, arch: Architecture, name: &str) -> Option<Tenso
     })
 }
 
-/// The source spelling of a canonical name of an `arch` model.
+/// The source spelling of a canonical name of an `arch` model (for a part of a fused Hugging
+/// Face tensor, the fused tensor's name).
 ///
 /// # Panics
 /// If `arch` has no such role (callers name only roles from [`kiln_format::expected_tensors`]).
 pub fn source_name(source: Source, arch: Architecture, name: TensorName) -> String {
+    if source == Source::HuggingFace {
+        if let Some(fused) = fused_source(arch, name) {
+            return fused;
+        }
+    }
     let row = rows(arch)
         .find(|r| r.0 == name.role)
         .expect("every role of the family has a row");
@@ -211,7 +273,12 @@ mod tests {
                 };
                 for src in [Source::HuggingFace, Source::Gguf] {
                     let spelled = source_name(src, arch, name);
-                    assert_eq!(canonical(src, arch, &spelled), Some(name), "{arch:?}");
+                    match fused_parts(arch, &spelled) {
+                        Some(parts) if src == Source::HuggingFace => {
+                            assert!(parts.contains(&name), "{arch:?} {spelled}")
+                        }
+                        _ => assert_eq!(canonical(src, arch, &spelled), Some(name), "{arch:?}"),
+                    }
                 }
             }
         }
@@ -225,7 +292,7 @@ mod tests {
             for role in Role::ALL {
                 let covered = rows(arch).any(|r| r.0 == role);
                 let needed = matches!(role, Role::AttnPostNorm | Role::MlpPostNorm)
-                    .then_some(arch == Architecture::Gemma3)
+                    .then_some(matches!(arch, Architecture::Gemma3 | Architecture::Glm4))
                     .unwrap_or(true);
                 assert_eq!(covered, needed, "{arch:?} {role:?}");
             }
@@ -238,6 +305,41 @@ mod tests {
         assert_eq!(
             canonical(Source::HuggingFace, Architecture::Llama, n),
             Some(TensorName::layer(2, Role::MlpNorm))
+        );
+    }
+
+    #[test]
+    fn fused_tensors_split_in_row_order_for_their_families_only() {
+        let qkv = "model.layers.3.self_attn.qkv_proj.weight";
+        let parts = fused_parts(Architecture::Phi3, qkv).unwrap();
+        assert_eq!(
+            parts,
+            [Role::AttnQ, Role::AttnK, Role::AttnV].map(|r| TensorName::layer(3, r))
+        );
+        assert_eq!(fused_parts(Architecture::Glm4, qkv), None);
+        assert_eq!(fused_parts(Architecture::Llama, qkv), None);
+        let gu = "model.layers.0.mlp.gate_up_proj.weight";
+        for arch in [Architecture::Phi3, Architecture::Glm4, Architecture::Glm] {
+            assert_eq!(
+                fused_parts(arch, gu).unwrap(),
+                [Role::MlpGate, Role::MlpUp].map(|r| TensorName::layer(0, r))
+            );
+        }
+        assert_eq!(
+            source_name(
+                Source::HuggingFace,
+                Architecture::Phi3,
+                TensorName::layer(3, Role::AttnV)
+            ),
+            qkv
+        );
+        assert_eq!(
+            canonical(
+                Source::HuggingFace,
+                Architecture::Glm4,
+                "model.layers.1.post_self_attn_layernorm.weight"
+            ),
+            Some(TensorName::layer(1, Role::AttnPostNorm))
         );
     }
 

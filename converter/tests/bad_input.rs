@@ -557,3 +557,75 @@ fn non_finite_weights_are_refused_naming_the_tensor_and_the_element() {
         );
     }
 }
+
+#[test]
+fn fused_tensor_of_the_wrong_shape_is_named() {
+    let d = copy_of("phi3-f32");
+    edit_tensors(d.path(), |m| {
+        let t = m
+            .get_mut("model.layers.1.self_attn.qkv_proj.weight")
+            .unwrap();
+        // One row short of [q; k; v] (64 + 2·32 rows of 64 f32).
+        t.1 = vec![127, 64];
+        t.2.truncate(127 * 64 * 4);
+    });
+    expect_error(
+        d.path(),
+        &[
+            "model.layers.1.self_attn.qkv_proj.weight",
+            "fused",
+            "[127, 64]",
+            "[128, 64]",
+        ],
+    );
+}
+
+#[test]
+fn a_part_stored_both_fused_and_unfused_is_refused() {
+    let d = copy_of("glm4-f32");
+    edit_tensors(d.path(), |m| {
+        let gu = m["model.layers.0.mlp.gate_up_proj.weight"].clone();
+        let half = gu.2.len() / 2;
+        m.insert(
+            "model.layers.0.mlp.up_proj.weight".into(),
+            (gu.0, vec![gu.1[0] / 2, gu.1[1]], gu.2[half..].to_vec()),
+        );
+    });
+    expect_error(
+        d.path(),
+        &["layers.0.mlp.up.weight", "appears twice", "gate_up_proj"],
+    );
+}
+
+#[test]
+fn bad_partial_rotary_and_longrope_fields_are_named() {
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit, &[&str]); 3] = [
+        (
+            "phi3-f32",
+            |c| c["rope_parameters"]["short_factor"] = serde_json::json!([1.0, 2.0]),
+            &["short_factor", "2 factors", "6 rotated pairs"],
+        ),
+        (
+            "phi3-f32",
+            |c| c["rope_parameters"]["long_factor"][3] = serde_json::json!(-1.0),
+            &["long_factor", "-1"],
+        ),
+        (
+            "glm4-f32",
+            |c| c["rope_parameters"]["partial_rotary_factor"] = serde_json::json!(0.3),
+            &["partial_rotary_factor", "0.3", "head_dim 24"],
+        ),
+    ];
+    for (name, edit, needles) in cases {
+        let d = copy_of(name);
+        let p = d.path().join("config.json");
+        let mut c: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        edit(&mut c);
+        std::fs::write(&p, c.to_string()).unwrap();
+        let mut n = vec!["config.json"];
+        n.extend_from_slice(needles);
+        expect_error(d.path(), &n);
+    }
+}

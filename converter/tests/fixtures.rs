@@ -6,7 +6,7 @@ use common::{repo, TINY};
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
-use kiln_convert::names::{canonical, Source};
+use kiln_convert::names::{canonical, fused_parts, Source};
 use kiln_convert::{convert_hf, ConvertOptions, NoProgress};
 use kiln_format::{DType, KilnFile};
 use safetensors::SafeTensors;
@@ -62,46 +62,57 @@ fn convert_and_compare(dir: &Path, dtype: Option<DType>) -> KilnFile {
         let st = SafeTensors::deserialize(&bytes).unwrap();
         for (name, view) in st.tensors() {
             let arch = f.metadata().config.architecture;
-            let canon = canonical(Source::HuggingFace, arch, &name)
-                .unwrap()
-                .to_string();
-            let Some(info) = f.info(&canon) else {
-                // Only a tied lm_head may be dropped.
-                assert!(
-                    name == "lm_head.weight" && f.metadata().config.tie_word_embeddings,
-                    "{name} missing"
-                );
-                continue;
+            // A fused tensor (Phi-3's qkv_proj, gate_up_proj) is stored as its parts: each is
+            // the next block of rows.
+            let parts = match canonical(Source::HuggingFace, arch, &name) {
+                Some(c) => vec![c],
+                None => fused_parts(arch, &name).unwrap_or_else(|| panic!("{name} unknown")),
             };
-            let out_view = f.view(info);
-            assert_eq!(
-                info.shape,
-                view.shape().iter().map(|&d| d as u64).collect::<Vec<_>>(),
-                "{name}"
-            );
-            match dtype {
-                None => assert_eq!(
-                    out_view.bytes(),
-                    view.data(),
-                    "{name} is not byte-identical"
-                ),
-                Some(d) => {
-                    assert_eq!(info.dtype, d);
-                    let src = to_f32(view.dtype(), view.data());
-                    let got = out_view.to_f32_vec();
-                    for (k, (a, b)) in src.iter().zip(&got).enumerate() {
-                        // Round to nearest even, as torch's .to(dtype) does.
-                        let want = match d {
-                            DType::F32 => *a,
-                            DType::F16 => f16::from_f32(*a).to_f32(),
-                            DType::BF16 => bf16::from_f32(*a).to_f32(),
-                            _ => unreachable!(),
-                        };
-                        assert_eq!(want.to_bits(), b.to_bits(), "{name}[{k}]");
+            let source_shape: Vec<u64> = view.shape().iter().map(|&d| d as u64).collect();
+            let row_bytes = view.data().len() / view.shape()[0];
+            let mut first_row = 0usize;
+            for part in parts {
+                let canon = part.to_string();
+                let Some(info) = f.info(&canon) else {
+                    // Only a tied lm_head may be dropped.
+                    assert!(
+                        name == "lm_head.weight" && f.metadata().config.tie_word_embeddings,
+                        "{name} missing"
+                    );
+                    continue;
+                };
+                let out_view = f.view(info);
+                let rows = info.shape[0] as usize;
+                let data = &view.data()[first_row * row_bytes..(first_row + rows) * row_bytes];
+                let mut want_shape = source_shape.clone();
+                want_shape[0] = rows as u64;
+                first_row += rows;
+                assert_eq!(info.shape, want_shape, "{name} ({canon})");
+                match dtype {
+                    None => assert_eq!(out_view.bytes(), data, "{canon} is not byte-identical"),
+                    Some(d) => {
+                        assert_eq!(info.dtype, d);
+                        let src = to_f32(view.dtype(), data);
+                        let got = out_view.to_f32_vec();
+                        for (k, (a, b)) in src.iter().zip(&got).enumerate() {
+                            // Round to nearest even, as torch's .to(dtype) does.
+                            let want = match d {
+                                DType::F32 => *a,
+                                DType::F16 => f16::from_f32(*a).to_f32(),
+                                DType::BF16 => bf16::from_f32(*a).to_f32(),
+                                _ => unreachable!(),
+                            };
+                            assert_eq!(want.to_bits(), b.to_bits(), "{name}[{k}]");
+                        }
                     }
                 }
+                compared += 1;
             }
-            compared += 1;
+            assert_eq!(
+                first_row,
+                view.shape()[0],
+                "{name}: every row goes to a part"
+            );
         }
     }
     assert_eq!(

@@ -41,7 +41,7 @@ pub use error::{FormatError, Result};
 pub use exit::{install_interrupt_handler, ExitStatus};
 pub use metadata::{
     Architecture, FamilyOptions, LayerKind, Metadata, MlpActivation, ModelConfig, NormStyle,
-    ProvenanceStep, RopeScaling, SourceFile, TokenizerFiles,
+    ProvenanceStep, RopePairing, RopeScaling, SourceFile, TokenizerFiles,
 };
 pub use names::{Role, TensorName};
 pub use reader::{hex, ChecksumFailure, KilnFile, NonFiniteTensor, TensorInfo, TensorView};

@@ -22,16 +22,27 @@ pub enum Architecture {
     /// Gemma 3, text (sliding and global layers, four norms per block with `(1 + w)`
     /// weights, q/k norms, GeGLU, scaled embeddings).
     Gemma3,
+    /// Phi-3 / Phi-4-mini (partial rotary, LongRoPE; the checkpoint's fused projections are
+    /// stored split).
+    Phi3,
+    /// GLM-4 (q/k/v biases, partial rotary on interleaved pairs, norms on the attention and
+    /// MLP outputs).
+    Glm4,
+    /// GLM (`GlmForCausalLM`): GLM-4's attention and MLP without the output norms.
+    Glm,
 }
 
 impl Architecture {
     /// Every architecture this build implements, as the metadata spells them.
-    pub const ALL: [Architecture; 5] = [
+    pub const ALL: [Architecture; 8] = [
         Architecture::Llama,
         Architecture::Mistral,
         Architecture::Qwen2,
         Architecture::Qwen3,
         Architecture::Gemma3,
+        Architecture::Phi3,
+        Architecture::Glm4,
+        Architecture::Glm,
     ];
 
     /// The name stored in the metadata (`config.architecture`).
@@ -42,6 +53,9 @@ impl Architecture {
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
             Architecture::Gemma3 => "gemma3",
+            Architecture::Phi3 => "phi3",
+            Architecture::Glm4 => "glm4",
+            Architecture::Glm => "glm",
         }
     }
 
@@ -69,6 +83,17 @@ pub enum RopeScaling {
     },
     /// Position interpolation: every inverse frequency divided by `factor`.
     Linear { factor: f64 },
+    /// LongRoPE (Phi-3): inverse frequency `i` divided by `short_factor[i]` while a forward
+    /// call's last position is below `original_max_position_embeddings`, by `long_factor[i]`
+    /// from there on, and `cos`/`sin` multiplied by `attention_factor`. One factor per rotated
+    /// pair.
+    #[serde(rename = "longrope")]
+    LongRope {
+        short_factor: Vec<f64>,
+        long_factor: Vec<f64>,
+        original_max_position_embeddings: u64,
+        attention_factor: f64,
+    },
 }
 
 /// How an RMSNorm weight scales the normalized values.
@@ -91,6 +116,17 @@ pub enum MlpActivation {
     Silu,
     /// GELU with the tanh approximation (`gelu_pytorch_tanh`): GeGLU (Gemma).
     GeluTanh,
+}
+
+/// Which elements of a head a rotary pair couples.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RopePairing {
+    /// `i` with `i + rotary_dim/2` (transformers' `rotate_half`: Llama, Qwen, Gemma, Phi-3).
+    #[default]
+    Half,
+    /// `2i` with `2i + 1` (GLM's `rotate_half` over interleaved elements).
+    Interleaved,
 }
 
 /// What kind of attention a layer runs.
@@ -142,6 +178,20 @@ pub struct FamilyOptions {
     /// RoPE base of [`LayerKind::Sliding`] layers, which use no frequency scaling (Gemma 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_local_theta: Option<f64>,
+    /// How many leading elements of each head rotate (partial rotary: Phi-4-mini, GLM); the
+    /// rest pass through. None means all `head_dim`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotary_dim: Option<u64>,
+    /// Which elements a rotary pair couples.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub rope_pairing: RopePairing,
+}
+
+impl ModelConfig {
+    /// The number of leading elements of each head that RoPE rotates.
+    pub fn rotary_dim(&self) -> u64 {
+        self.family.rotary_dim.unwrap_or(self.head_dim)
+    }
 }
 
 /// The resolved model configuration.
@@ -283,7 +333,56 @@ impl ModelConfig {
                     ),
                 );
             }
+            Some(RopeScaling::LongRope {
+                short_factor,
+                long_factor,
+                original_max_position_embeddings,
+                attention_factor,
+            }) => {
+                let pairs = (self.rotary_dim() / 2) as usize;
+                for (field, f) in [
+                    ("rope_scaling.short_factor", short_factor),
+                    ("rope_scaling.long_factor", long_factor),
+                ] {
+                    if f.len() != pairs {
+                        return bad(
+                            field,
+                            format!(
+                                "{} factors for {pairs} rotated pairs (rotary_dim {})",
+                                f.len(),
+                                self.rotary_dim()
+                            ),
+                        );
+                    }
+                    if let Some(x) = f.iter().find(|x| !(x.is_finite() && **x > 0.0)) {
+                        return bad(field, format!("{x} must be a positive number"));
+                    }
+                }
+                if *original_max_position_embeddings == 0 {
+                    return bad(
+                        "rope_scaling.original_max_position_embeddings",
+                        "0 must be positive".into(),
+                    );
+                }
+                if !(attention_factor.is_finite() && *attention_factor > 0.0) {
+                    return bad(
+                        "rope_scaling.attention_factor",
+                        format!("{attention_factor} must be positive"),
+                    );
+                }
+            }
             _ => {}
+        }
+        if let Some(r) = self.family.rotary_dim {
+            if r == 0 || r > self.head_dim || !r.is_multiple_of(2) {
+                return bad(
+                    "rotary_dim",
+                    format!(
+                        "{r} must be even and within 2..=head_dim ({})",
+                        self.head_dim
+                    ),
+                );
+            }
         }
         if !self.family.layer_kinds.is_empty() {
             if self.family.layer_kinds.len() as u64 != self.num_layers {

@@ -65,6 +65,7 @@ pub fn matrix_sites(file: &KilnFile) -> BTreeMap<String, String> {
     let tied = !names.contains(&Role::LmHead.suffix());
     // Where the pre-MLP norm's output is reported: Gemma's `pre_feedforward_layernorm`.
     let post_norms = file.metadata().config.family.post_norms;
+    let arch = file.metadata().config.architecture;
     let mut sites = BTreeMap::new();
     for name in names {
         let Some(t) = TensorName::parse(name) else {
@@ -81,7 +82,7 @@ pub fn matrix_sites(file: &KilnFile) -> BTreeMap<String, String> {
             Role::Embed if tied => Activation::FinalNorm,
             _ => continue,
         };
-        sites.insert(name.to_string(), site.to_string());
+        sites.insert(name.to_string(), site.name(arch));
     }
     sites
 }

@@ -9,7 +9,8 @@
 use std::path::Path;
 
 use kiln_format::{
-    Architecture, KilnFile, LayerKind, MlpActivation, ModelConfig, NormStyle, RopeScaling,
+    Architecture, KilnFile, LayerKind, MlpActivation, ModelConfig, NormStyle, RopePairing,
+    RopeScaling,
 };
 use kiln_format::{Role, TensorName};
 
@@ -69,6 +70,10 @@ pub struct Config {
     pub layer_kinds: Vec<LayerKind>,
     /// RoPE base of sliding-window layers (no frequency scaling there), if they differ.
     pub rope_local_theta: Option<f64>,
+    /// Leading elements of each head that RoPE rotates (`head_dim` unless partial).
+    pub rotary_dim: usize,
+    /// Which elements a rotary pair couples.
+    pub rope_pairing: RopePairing,
 }
 
 impl Config {
@@ -87,6 +92,27 @@ impl Config {
         match self.layer_kinds.get(l) {
             Some(LayerKind::Full) => None,
             Some(LayerKind::Sliding) | None => self.sliding_window,
+        }
+    }
+
+    /// Where RoPE applies within a head.
+    pub fn rope_geometry(&self) -> crate::rope::RopeGeometry {
+        crate::rope::RopeGeometry {
+            head_dim: self.head_dim,
+            rotary_dim: self.rotary_dim,
+            pairing: self.rope_pairing,
+        }
+    }
+
+    /// LongRoPE's original context: a forward call whose last position reaches past it uses
+    /// the long factors. None without LongRoPE.
+    pub fn long_rope_from(&self) -> Option<usize> {
+        match &self.rope_scaling {
+            Some(RopeScaling::LongRope {
+                original_max_position_embeddings,
+                ..
+            }) => Some(usize::try_from(*original_max_position_embeddings).unwrap_or(usize::MAX)),
+            _ => None,
         }
     }
 
@@ -143,6 +169,8 @@ impl Config {
             },
             layer_kinds: mc.family.layer_kinds.clone(),
             rope_local_theta: mc.family.rope_local_theta,
+            rotary_dim: mc.rotary_dim() as usize,
+            rope_pairing: mc.family.rope_pairing,
         };
         Ok(cfg)
     }

@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::error::{Result, RunnerError};
 use crate::kv_cache::KvCache;
 use crate::observer::{emit, wants, Activation, Observer};
-use crate::rope::Rope;
+use crate::rope::{FactorSet, Rope};
 use crate::weights::{dequantize_row, Weights};
 
 /// The context used when none is asked for, at most: the model's trained context can be far
@@ -121,6 +121,9 @@ pub struct Session<'m> {
     pool: Arc<Pool>,
     cache: KvCache,
     rope: Rope,
+    /// LongRoPE's long-factor tables, used by a forward call that reaches past the original
+    /// context (`rope` then holds the short-factor ones).
+    rope_long: Option<Rope>,
     /// The sliding-window layers' tables, where their RoPE base differs (Gemma 3).
     rope_local: Option<Rope>,
     /// The tokens whose keys and values are in the cache, in order.
@@ -158,10 +161,25 @@ impl<'m> Session<'m> {
             model,
             pool,
             cache: KvCache::new(c.layers, ctx, c.kv_heads, c.head_dim),
-            rope: Rope::new(c.head_dim, c.rope_theta, c.rope_scaling.as_ref(), ctx),
+            rope: Rope::new(
+                c.rope_geometry(),
+                c.rope_theta,
+                c.rope_scaling.as_ref(),
+                FactorSet::Short,
+                ctx,
+            ),
+            rope_long: c.long_rope_from().filter(|&from| from < ctx).map(|_| {
+                Rope::new(
+                    c.rope_geometry(),
+                    c.rope_theta,
+                    c.rope_scaling.as_ref(),
+                    FactorSet::Long,
+                    ctx,
+                )
+            }),
             rope_local: c
                 .rope_local_theta
-                .map(|theta| Rope::new(c.head_dim, theta, None, ctx)),
+                .map(|theta| Rope::new(c.rope_geometry(), theta, None, FactorSet::Short, ctx)),
             tokens: Vec::with_capacity(ctx),
             scratch: Scratch::default(),
         })
@@ -263,6 +281,7 @@ impl<'m> Session<'m> {
         let (h, qd, kvd, ff) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate);
         let hd = c.head_dim;
         let eps = c.rms_norm_eps;
+        let arch = c.architecture;
         let pool = &self.pool;
         let s = &mut self.scratch;
         s.fit(c, n);
@@ -275,12 +294,12 @@ impl<'m> Session<'m> {
                 row.iter_mut().for_each(|v| *v *= scale);
             }
         }
-        emit(&mut observer, Activation::Embed, &s.x, h);
+        emit(&mut observer, arch, Activation::Embed, &s.x, h);
 
         for (l, lw) in w.layers.iter().enumerate() {
             // hidden_states = self.input_layernorm(hidden_states)
             norm_rows(&s.x, &lw.attn_norm, eps, &mut s.xn, h);
-            emit(&mut observer, Activation::AttnNorm(l), &s.xn, h);
+            emit(&mut observer, arch, Activation::AttnNorm(l), &s.xn, h);
 
             // q/k/v = self.{q,k,v}_proj(hidden_states)  (+ bias for Qwen2)
             matmul_many(
@@ -295,20 +314,23 @@ impl<'m> Session<'m> {
                 add_rows(&mut s.k, bk);
                 add_rows(&mut s.v, bv);
             }
-            emit(&mut observer, Activation::Q(l), &s.q, qd);
-            emit(&mut observer, Activation::K(l), &s.k, kvd);
-            emit(&mut observer, Activation::V(l), &s.v, kvd);
+            emit(&mut observer, arch, Activation::Q(l), &s.q, qd);
+            emit(&mut observer, arch, Activation::K(l), &s.k, kvd);
+            emit(&mut observer, arch, Activation::V(l), &s.v, kvd);
             // q = self.q_norm(q.view(hidden_shape)); k = self.k_norm(...)  (per head)
             if let Some([qn, kn]) = &lw.qk_norm {
                 norm_rows_inplace(&mut s.q, qn, eps, hd);
                 norm_rows_inplace(&mut s.k, kn, eps, hd);
-                emit(&mut observer, Activation::QNorm(l), &s.q, qd);
-                emit(&mut observer, Activation::KNorm(l), &s.k, kvd);
+                emit(&mut observer, arch, Activation::QNorm(l), &s.q, qd);
+                emit(&mut observer, arch, Activation::KNorm(l), &s.k, kvd);
             }
 
-            // q, k = apply_rotary_pos_emb(q, k, cos, sin)  (the layer type's tables)
-            let rope = match &self.rope_local {
-                Some(local) if c.local_rope(l) => local,
+            // q, k = apply_rotary_pos_emb(q, k, cos, sin)  (the layer type's tables; LongRoPE:
+            // the long factors when this call's last position + 1 > the original context, as
+            // transformers chooses per forward call)
+            let rope = match (&self.rope_local, &self.rope_long) {
+                (Some(local), _) if c.local_rope(l) => local,
+                (_, Some(long)) if c.long_rope_from().is_some_and(|from| pos0 + n > from) => long,
                 _ => &self.rope,
             };
             for t in 0..n {
@@ -336,13 +358,13 @@ impl<'m> Session<'m> {
                 pool,
             );
             // attn_output = self.o_proj(attn_output)
-            emit(&mut observer, Activation::AttnOut(l), &s.att, qd);
+            emit(&mut observer, arch, Activation::AttnOut(l), &s.att, qd);
             matmul(&lw.o, &s.att, n, &mut s.proj, pool);
-            emit(&mut observer, Activation::O(l), &s.proj, h);
+            emit(&mut observer, arch, Activation::O(l), &s.proj, h);
             // Gemma: hidden_states = self.post_attention_layernorm(hidden_states)
             if let Some(post) = &lw.attn_post_norm {
                 norm_rows_inplace(&mut s.proj, post, eps, h);
-                emit(&mut observer, Activation::AttnPostNorm(l), &s.proj, h);
+                emit(&mut observer, arch, Activation::AttnPostNorm(l), &s.proj, h);
             }
             // hidden_states = residual + hidden_states
             axpy(1.0, &s.proj, &mut s.x);
@@ -355,7 +377,7 @@ impl<'m> Session<'m> {
             } else {
                 Activation::MlpNorm(l)
             };
-            emit(&mut observer, mlp_norm, &s.xn, h);
+            emit(&mut observer, arch, mlp_norm, &s.xn, h);
             // down_proj(act_fn(gate_proj(x)) * up_proj(x))
             matmul_many(
                 &[&lw.gate, &lw.up],
@@ -364,8 +386,8 @@ impl<'m> Session<'m> {
                 &mut [&mut s.gate, &mut s.up],
                 pool,
             );
-            emit(&mut observer, Activation::Gate(l), &s.gate, ff);
-            emit(&mut observer, Activation::Up(l), &s.up, ff);
+            emit(&mut observer, arch, Activation::Gate(l), &s.gate, ff);
+            emit(&mut observer, arch, Activation::Up(l), &s.up, ff);
             // Element-wise, so over the pool for a prompt (one token: microseconds, kept here).
             let act: fn(&[f32], &[f32], &mut [f32]) = match c.mlp_activation {
                 MlpActivation::Silu => silu_mul,
@@ -379,23 +401,23 @@ impl<'m> Session<'m> {
             } else {
                 act(&s.gate, &s.up, &mut s.act);
             }
-            emit(&mut observer, Activation::DownIn(l), &s.act, ff);
+            emit(&mut observer, arch, Activation::DownIn(l), &s.act, ff);
             matmul(&lw.down, &s.act, n, &mut s.proj, pool);
-            emit(&mut observer, Activation::Mlp(l), &s.proj, h);
+            emit(&mut observer, arch, Activation::Mlp(l), &s.proj, h);
             // Gemma: hidden_states = self.post_feedforward_layernorm(hidden_states)
             if let Some(post) = &lw.mlp_post_norm {
                 norm_rows_inplace(&mut s.proj, post, eps, h);
-                emit(&mut observer, Activation::PostFfnNorm(l), &s.proj, h);
+                emit(&mut observer, arch, Activation::PostFfnNorm(l), &s.proj, h);
             }
             // hidden_states = residual + hidden_states
             axpy(1.0, &s.proj, &mut s.x);
-            emit(&mut observer, Activation::Layer(l), &s.x, h);
+            emit(&mut observer, arch, Activation::Layer(l), &s.x, h);
         }
         self.cache.set_len(pos0 + n);
         self.tokens.extend_from_slice(tokens);
 
         // hidden_states = self.norm(hidden_states); logits = self.lm_head(hidden_states)
-        let all = which == Logits::All || wants(&observer, Activation::FinalNorm);
+        let all = which == Logits::All || wants(&observer, arch, Activation::FinalNorm);
         let first = if all { 0 } else { n - 1 };
         let rows = n - first;
         norm_rows(
@@ -406,7 +428,7 @@ impl<'m> Session<'m> {
             h,
         );
         if all {
-            emit(&mut observer, Activation::FinalNorm, &s.xn, h);
+            emit(&mut observer, arch, Activation::FinalNorm, &s.xn, h);
         }
         if which == Logits::None {
             return Ok(&[]);
@@ -414,7 +436,7 @@ impl<'m> Session<'m> {
         let out: &Matrix = w.output();
         s.logits.resize(rows * c.vocab, 0.0);
         matmul(out, &s.xn[..rows * h], rows, &mut s.logits, pool);
-        emit(&mut observer, Activation::Logits, &s.logits, c.vocab);
+        emit(&mut observer, arch, Activation::Logits, &s.logits, c.vocab);
         Ok(match which {
             Logits::All => &s.logits,
             Logits::Last | Logits::None => &s.logits[(rows - 1) * c.vocab..],

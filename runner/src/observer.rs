@@ -2,10 +2,13 @@
 //!
 //! The names are transformers' module paths plus `.output`, exactly as the reference dumps
 //! (`fixtures/reference/`) spell them, so `kiln-verify` can compare layer by layer. They come
-//! from one table, [`Activation`]. The forward pass takes `Option<&mut dyn Observer>`: with
+//! from one table, [`Activation::name`], where a family that names a site differently (GLM-4's
+//! norms) has its own spelling. The forward pass takes `Option<&mut dyn Observer>`: with
 //! `None` the only cost is one branch per site (no names are formatted, nothing is copied).
 
 use std::fmt;
+
+use kiln_format::Architecture;
 
 /// Receives activations during a forward pass (on one of the session's compute threads, hence
 /// `Send`).
@@ -67,6 +70,24 @@ pub enum Activation {
     Logits,
 }
 
+impl Activation {
+    /// The name of this site in an `arch` model: its transformers module path plus `.output`.
+    pub fn name(self, arch: Architecture) -> String {
+        use Activation::*;
+        let layer = |l: usize, s: &str| format!("model.layers.{l}.{s}.output");
+        match (arch, self) {
+            // GLM-4: the norm on the attention output is `post_self_attn_layernorm`, the pre-MLP
+            // norm keeps Llama's `post_attention_layernorm`, the MLP output's is
+            // `post_mlp_layernorm`.
+            (Architecture::Glm4, AttnPostNorm(l)) => layer(l, "post_self_attn_layernorm"),
+            (Architecture::Glm4, PreFfnNorm(l)) => layer(l, "post_attention_layernorm"),
+            (Architecture::Glm4, PostFfnNorm(l)) => layer(l, "post_mlp_layernorm"),
+            _ => self.to_string(),
+        }
+    }
+}
+
+/// The Llama family's and Gemma 3's names (see [`Activation::name`] for the others).
 impl fmt::Display for Activation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use Activation::*;
@@ -97,25 +118,31 @@ impl fmt::Display for Activation {
     }
 }
 
-/// Report `data` (`rows × cols`) as `act` if an observer is attached and wants it.
+/// Report `data` (`rows × cols`) as `act` of an `arch` model if an observer is attached and
+/// wants it.
 #[inline]
 pub(crate) fn emit(
     observer: &mut Option<&mut dyn Observer>,
+    arch: Architecture,
     act: Activation,
     data: &[f32],
     cols: usize,
 ) {
     if let Some(o) = observer {
-        let name = act.to_string();
+        let name = act.name(arch);
         if o.wants(&name) {
             o.record(&name, data, [data.len() / cols.max(1), cols]);
         }
     }
 }
 
-/// Whether an attached observer wants `act` (false without one).
-pub(crate) fn wants(observer: &Option<&mut dyn Observer>, act: Activation) -> bool {
-    observer.as_ref().is_some_and(|o| o.wants(&act.to_string()))
+/// Whether an attached observer wants `act` of an `arch` model (false without one).
+pub(crate) fn wants(
+    observer: &Option<&mut dyn Observer>,
+    arch: Architecture,
+    act: Activation,
+) -> bool {
+    observer.as_ref().is_some_and(|o| o.wants(&act.name(arch)))
 }
 
 /// An observer that keeps copies of everything it is offered (or of the listed names).
@@ -196,5 +223,31 @@ mod tests {
         ] {
             assert_eq!(a.to_string(), want);
         }
+    }
+
+    #[test]
+    fn glm4_names_its_norms_its_own_way() {
+        let g = Architecture::Glm4;
+        for (a, want) in [
+            (
+                Activation::AttnPostNorm(1),
+                "model.layers.1.post_self_attn_layernorm.output",
+            ),
+            (
+                Activation::PreFfnNorm(1),
+                "model.layers.1.post_attention_layernorm.output",
+            ),
+            (
+                Activation::PostFfnNorm(1),
+                "model.layers.1.post_mlp_layernorm.output",
+            ),
+            (Activation::Q(0), "model.layers.0.self_attn.q_proj.output"),
+        ] {
+            assert_eq!(a.name(g), want);
+        }
+        assert_eq!(
+            Activation::PreFfnNorm(1).name(Architecture::Gemma3),
+            "model.layers.1.pre_feedforward_layernorm.output"
+        );
     }
 }

@@ -23,6 +23,9 @@ const TINY: &[&str] = &[
     "llama-sharded-f16",
     "qwen3-f32",
     "gemma3-f32",
+    "phi3-f32",
+    "glm4-f32",
+    "glm-f32",
 ];
 
 fn convert(name: &str, dtype: Option<DType>, dir: &Path) -> PathBuf {

@@ -61,14 +61,16 @@ pub struct ExportSummary {
 /// llama.cpp's architecture name for a Kiln architecture, and whether its graph needs the
 /// q/k rows reordered (`llama` uses adjacent-pair rope, `qwen2`/`qwen3` the Hugging Face
 /// halves); `None` for a family whose GGUF mapping Kiln does not write yet (Gemma 3: its
-/// norm weights, layer pattern and rope bases have llama.cpp conventions of their own).
+/// norm weights, layer pattern and rope bases have llama.cpp conventions of their own; Phi-3
+/// and GLM: llama.cpp wants their projections fused again, LongRoPE's factors as tensors and
+/// GLM's rotary pairs in its own order).
 pub fn gguf_architecture(a: Architecture) -> Option<(&'static str, bool)> {
     match a {
         // llama.cpp runs Mistral checkpoints as `llama`, as its converter writes them.
         Architecture::Llama | Architecture::Mistral => Some(("llama", true)),
         Architecture::Qwen2 => Some(("qwen2", false)),
         Architecture::Qwen3 => Some(("qwen3", false)),
-        Architecture::Gemma3 => None,
+        Architecture::Gemma3 | Architecture::Phi3 | Architecture::Glm4 | Architecture::Glm => None,
     }
 }
 
@@ -109,7 +111,7 @@ pub fn config_metadata(arch: &str, c: &ModelConfig) -> Vec<(String, Value)> {
             kv.push((k("rope.scaling.type"), Value::Str("linear".into())));
             kv.push((k("rope.scaling.factor"), Value::F32(*factor as f32)));
         }
-        Some(s @ RopeScaling::Llama3 { .. }) => {
+        Some(s @ (RopeScaling::Llama3 { .. } | RopeScaling::LongRope { .. })) => {
             // llama.cpp reads the rope_freqs tensor; the parameters themselves go under Kiln's
             // own key so that an import can restore the configuration exactly.
             kv.push((

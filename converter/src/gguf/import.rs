@@ -152,12 +152,18 @@ fn resolve_config(file: &str, h: &GgufHeader) -> Result<ModelConfig> {
             supported: format!(
                 "GGUF general.architecture {}{}",
                 SUPPORTED.iter().map(|s| s.0).collect::<Vec<_>>().join(", "),
-                if arch == "gemma3" {
-                    "; Gemma 3 converts from its Hugging Face checkpoint (`kiln-convert hf`): \
-                     its GGUF files carry a SentencePiece tokenizer, which GGUF import does \
-                     not rebuild yet"
-                } else {
-                    ""
+                match arch {
+                    "gemma3" => {
+                        "; Gemma 3 converts from its Hugging Face checkpoint (`kiln-convert hf`): \
+                         its GGUF files carry a SentencePiece tokenizer, which GGUF import does \
+                         not rebuild yet"
+                    }
+                    "phi3" | "glm4" | "chatglm" => {
+                        "; Phi-3 and GLM convert from their Hugging Face checkpoints \
+                         (`kiln-convert hf`): GGUF import of their fused projections and rope \
+                         layout is not implemented yet"
+                    }
+                    _ => "",
                 }
             ),
         })?;

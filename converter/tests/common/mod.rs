@@ -17,4 +17,7 @@ pub const TINY: &[&str] = &[
     "llama-sharded-f16",
     "qwen3-f32",
     "gemma3-f32",
+    "phi3-f32",
+    "glm4-f32",
+    "glm-f32",
 ];

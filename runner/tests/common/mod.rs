@@ -18,7 +18,7 @@ pub fn root() -> PathBuf {
 }
 
 /// The tiny fixture variants.
-pub const TINY: [&str; 8] = [
+pub const TINY: [&str; 11] = [
     "llama-tied-f32",
     "llama-untied-bf16",
     "qwen2-bias-f32",
@@ -27,6 +27,9 @@ pub const TINY: [&str; 8] = [
     "llama-sharded-f16",
     "qwen3-f32",
     "gemma3-f32",
+    "phi3-f32",
+    "glm4-f32",
+    "glm-f32",
 ];
 
 /// The real SmolLM2 checkpoint, built by `ci/smollm2.sh` (not committed).
