@@ -310,6 +310,17 @@ impl ModelConfig {
         if !(self.rope_theta > 1.0 && self.rope_theta.is_finite()) {
             return bad("rope_theta", format!("{} must exceed 1", self.rope_theta));
         }
+        if let Some(r) = self.family.rotary_dim {
+            if r == 0 || r > self.head_dim || !r.is_multiple_of(2) {
+                return bad(
+                    "rotary_dim",
+                    format!(
+                        "{r} must be even and within 2..=head_dim ({})",
+                        self.head_dim
+                    ),
+                );
+            }
+        }
         match &self.rope_scaling {
             Some(RopeScaling::Linear { factor }) if !factor.is_finite() || *factor <= 0.0 => {
                 return bad("rope_scaling.factor", format!("{factor} must be positive"));
@@ -372,17 +383,6 @@ impl ModelConfig {
                 }
             }
             _ => {}
-        }
-        if let Some(r) = self.family.rotary_dim {
-            if r == 0 || r > self.head_dim || !r.is_multiple_of(2) {
-                return bad(
-                    "rotary_dim",
-                    format!(
-                        "{r} must be even and within 2..=head_dim ({})",
-                        self.head_dim
-                    ),
-                );
-            }
         }
         if !self.family.layer_kinds.is_empty() {
             if self.family.layer_kinds.len() as u64 != self.num_layers {
@@ -591,6 +591,90 @@ pub fn rfc3339_from_unix(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn phi_like() -> ModelConfig {
+        ModelConfig {
+            architecture: Architecture::Phi3,
+            source_architecture: "Phi3ForCausalLM".into(),
+            hidden_size: 64,
+            intermediate_size: 128,
+            num_layers: 2,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 16,
+            vocab_size: 320,
+            max_position_embeddings: 256,
+            rms_norm_eps: 1e-5,
+            rope_theta: 1e4,
+            rope_scaling: Some(RopeScaling::LongRope {
+                short_factor: vec![1.0; 6],
+                long_factor: vec![2.0; 6],
+                original_max_position_embeddings: 16,
+                attention_factor: 1.4,
+            }),
+            tie_word_embeddings: false,
+            attention_bias: false,
+            sliding_window: None,
+            bos_token_id: None,
+            eos_token_ids: vec![2],
+            family: FamilyOptions {
+                rotary_dim: Some(12),
+                ..FamilyOptions::default()
+            },
+        }
+    }
+
+    /// The new fields round-trip through JSON under their documented names, and `check`
+    /// names the field of each inconsistency a file could carry.
+    #[test]
+    fn partial_rotary_and_longrope_are_checked() {
+        let c = phi_like();
+        assert_eq!(c.check(), Ok(()));
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(json["rotary_dim"], 12);
+        assert_eq!(json["rope_scaling"]["type"], "longrope");
+        assert!(
+            json.get("rope_pairing").is_none(),
+            "default pairing is omitted"
+        );
+        let back: ModelConfig = serde_json::from_value(json).unwrap();
+        assert_eq!(back, c);
+
+        type Edit = fn(&mut ModelConfig);
+        let cases: [(Edit, &str); 6] = [
+            (|c| c.family.rotary_dim = Some(11), "rotary_dim"),
+            (|c| c.family.rotary_dim = Some(18), "rotary_dim"),
+            (|c| c.family.rotary_dim = Some(0), "rotary_dim"),
+            (
+                |c| c.family.rotary_dim = Some(16),
+                "rope_scaling.short_factor",
+            ),
+            (
+                |c| {
+                    if let Some(RopeScaling::LongRope { long_factor, .. }) = &mut c.rope_scaling {
+                        long_factor[2] = f64::NAN;
+                    }
+                },
+                "rope_scaling.long_factor",
+            ),
+            (
+                |c| {
+                    if let Some(RopeScaling::LongRope {
+                        attention_factor, ..
+                    }) = &mut c.rope_scaling
+                    {
+                        *attention_factor = 0.0;
+                    }
+                },
+                "rope_scaling.attention_factor",
+            ),
+        ];
+        for (edit, field) in cases {
+            let mut c = phi_like();
+            edit(&mut c);
+            assert_eq!(c.check().unwrap_err().field, field);
+        }
+    }
 
     #[test]
     fn json_depth_is_counted_outside_strings() {
