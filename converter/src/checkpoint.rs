@@ -214,8 +214,8 @@ impl Checkpoint {
                     })?;
                 let data = view.data();
                 let start = data.as_ptr() as usize - base;
-                let whole = SourceTensor {
-                    name: TensorName::global(kiln_format::Role::Embed),
+                let source = |canon: TensorName| SourceTensor {
+                    name: canon,
                     source_name: name.clone(),
                     shard: si,
                     dtype,
@@ -224,12 +224,11 @@ impl Checkpoint {
                 };
                 let resolved =
                     match names::canonical(Source::HuggingFace, config.architecture, &name) {
-                        Some(canon) => vec![SourceTensor {
-                            name: canon,
-                            ..whole
-                        }],
+                        Some(canon) => vec![source(canon)],
                         None => match names::fused_parts(config.architecture, &name) {
-                            Some(parts) => split_rows(&whole, &parts, config, &shard.path)?,
+                            Some(parts) => {
+                                split_rows(&source(parts[0]), &parts, config, &shard.path)?
+                            }
                             None => {
                                 return Err(ConvertError::UnknownTensor {
                                     path: shard.path.display().to_string(),
@@ -281,7 +280,8 @@ impl Checkpoint {
     }
 }
 
-/// The parts of a fused tensor (`[part; part; …]` by rows): each part's rows are its expected
+/// The parts of a fused tensor `whole` (named as its first part; `[part; part; …]` by rows):
+/// each part's rows are its expected
 /// shape's first dimension, the columns shared. A fused tensor of the wrong shape is refused
 /// here, naming it, rather than as a mis-shaped part later.
 fn split_rows(

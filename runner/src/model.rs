@@ -296,6 +296,13 @@ impl<'m> Session<'m> {
         }
         emit(&mut observer, arch, Activation::Embed, &s.x, h);
 
+        // The full-attention layers' RoPE tables for this call: LongRoPE's long factors when
+        // its last position + 1 exceeds the original context, as transformers chooses per
+        // forward call.
+        let rope_global = match &self.rope_long {
+            Some(long) if c.long_rope_from().is_some_and(|from| pos0 + n > from) => long,
+            _ => &self.rope,
+        };
         for (l, lw) in w.layers.iter().enumerate() {
             // hidden_states = self.input_layernorm(hidden_states)
             norm_rows(&s.x, &lw.attn_norm, eps, &mut s.xn, h);
@@ -325,13 +332,10 @@ impl<'m> Session<'m> {
                 emit(&mut observer, arch, Activation::KNorm(l), &s.k, kvd);
             }
 
-            // q, k = apply_rotary_pos_emb(q, k, cos, sin)  (the layer type's tables; LongRoPE:
-            // the long factors when this call's last position + 1 > the original context, as
-            // transformers chooses per forward call)
-            let rope = match (&self.rope_local, &self.rope_long) {
-                (Some(local), _) if c.local_rope(l) => local,
-                (_, Some(long)) if c.long_rope_from().is_some_and(|from| pos0 + n > from) => long,
-                _ => &self.rope,
+            // q, k = apply_rotary_pos_emb(q, k, cos, sin)  (the layer type's tables)
+            let rope = match &self.rope_local {
+                Some(local) if c.local_rope(l) => local,
+                _ => rope_global,
             };
             for t in 0..n {
                 rope.apply(&mut s.q[t * qd..(t + 1) * qd], pos0 + t);
