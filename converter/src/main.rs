@@ -70,7 +70,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Convert a GGUF file (llama, qwen2) to .kiln; F32/F16/BF16/Q8_0/Q4_0 tensors are kept,
+    /// Convert a GGUF file (llama, qwen2, qwen3, gemma3) to .kiln; F32/F16/BF16/Q8_0/Q4_0 tensors are kept,
     /// Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K tensors are dequantized (see --dequantize-to).
     #[command(
         after_help = "Example:\n  kiln-convert gguf SmolLM2-135M-Instruct.Q4_1.gguf -o smollm2.kiln"
@@ -84,6 +84,10 @@ enum Command {
         /// Dtype for tensors of GGML types Kiln does not store.
         #[arg(long, value_enum, default_value = "f16")]
         dequantize_to: FloatType,
+        /// Dequantize Q8_0 and Q4_0 tensors too, so that every matrix is in --dequantize-to
+        /// (to compare the model with a float runtime given the same dequantized weights).
+        #[arg(long)]
+        dequantize_all: bool,
         /// Overwrite the output file if it exists.
         #[arg(long)]
         force: bool,
@@ -247,6 +251,7 @@ fn run(cli: Cli) -> Result<ExitStatus, kiln_convert::ConvertError> {
             file,
             output,
             dequantize_to,
+            dequantize_all,
             force,
             allow_non_finite,
             json,
@@ -256,6 +261,7 @@ fn run(cli: Cli) -> Result<ExitStatus, kiln_convert::ConvertError> {
                 output,
                 overwrite: force,
                 dequantize_to: dequantize_to.into(),
+                dequantize_all,
                 allow_non_finite,
             };
             let s = import_gguf(&opts, &Bar::new("importing"))?;
@@ -271,8 +277,13 @@ fn run(cli: Cli) -> Result<ExitStatus, kiln_convert::ConvertError> {
             );
             if !s.dequantized.is_empty() {
                 eprintln!(
-                    "note: Kiln does not store these GGML types; dequantized to {}: {} tensor(s)",
+                    "note: dequantized to {} ({}): {} tensor(s)",
                     opts.dequantize_to,
+                    if opts.dequantize_all {
+                        "--dequantize-all"
+                    } else {
+                        "GGML types Kiln does not store"
+                    },
                     counts(&s.dequantized)
                 );
             }

@@ -334,6 +334,7 @@ fn import_err(b: GgufBuilder, data: Vec<Vec<u8>>) -> ConvertError {
             output: out.clone(),
             overwrite: false,
             dequantize_to: DType::F16,
+            dequantize_all: false,
             allow_non_finite: false,
         },
         &NoProgress,
@@ -368,13 +369,50 @@ fn llama_keys(b: &mut GgufBuilder, arch: &str) {
 #[test]
 fn unsupported_architecture_is_named() {
     let mut b = GgufBuilder::new();
-    llama_keys(&mut b, "gemma3");
+    llama_keys(&mut b, "gemma2");
     let e = import_err(b, vec![]);
     assert!(
         matches!(e, ConvertError::UnsupportedArchitecture { .. }),
         "{e}"
     );
-    assert!(e.to_string().contains("`gemma3`"), "{e}");
+    let m = e.to_string();
+    assert!(m.contains("`gemma2`") && m.contains("gemma3"), "{m}");
+}
+
+/// Gemma 3 metadata that Kiln cannot run as llama.cpp would is refused, naming the key: logit
+/// soft-capping (not implemented), and a file without its attention window.
+#[test]
+fn gemma3_keys_kiln_cannot_honour_are_named() {
+    let gemma = || {
+        let mut b = GgufBuilder::new();
+        llama_keys(&mut b, "gemma3");
+        b.set("gemma3.attention.sliding_window", Value::U32(8));
+        b
+    };
+    let mut b = gemma();
+    b.set("gemma3.final_logit_softcapping", Value::F32(30.0));
+    let e = import_err(b, vec![]);
+    assert!(
+        matches!(&e, ConvertError::GgufKey { key, .. } if key == "gemma3.final_logit_softcapping"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("soft-capping"), "{e}");
+
+    let mut b = GgufBuilder::new();
+    llama_keys(&mut b, "gemma3");
+    let e = import_err(b, vec![]);
+    assert!(
+        matches!(&e, ConvertError::GgufKey { key, .. } if key == "gemma3.attention.sliding_window"),
+        "{e}"
+    );
+
+    let mut b = gemma();
+    b.set("gemma3.attention.sliding_window_pattern", Value::U32(0));
+    let e = import_err(b, vec![]);
+    assert!(
+        matches!(&e, ConvertError::GgufKey { key, .. } if key == "gemma3.attention.sliding_window_pattern"),
+        "{e}"
+    );
 }
 
 #[test]

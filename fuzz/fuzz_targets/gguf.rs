@@ -27,5 +27,8 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    let _ = tokenizer::from_gguf("fuzz.gguf", &|k| h.get(k), 0);
+    let arch = h.get("general.architecture").and_then(|v| v.as_str()).unwrap_or("");
+    let _ = tokenizer::from_gguf("fuzz.gguf", &|k| h.get(k), arch, 0);
+    // The SentencePiece path too, whatever the file claims to be.
+    let _ = tokenizer::from_gguf("fuzz.gguf", &|k| h.get(k), "gemma3", 0);
 });

@@ -22,7 +22,7 @@ use kiln_runner::{
 #[command(
     name = "kiln-run",
     version,
-    about = "Run Llama-family .kiln models on the CPU"
+    about = "Run .kiln models (Llama, Mistral, Qwen2/3, Gemma 3, Phi-3, GLM families) on the CPU"
 )]
 struct Cli {
     #[command(subcommand)]

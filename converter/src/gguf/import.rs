@@ -17,8 +17,9 @@ use std::time::Instant;
 use kiln_format::metadata::now_rfc3339;
 use kiln_format::values::{cast_bytes, count_non_finite};
 use kiln_format::{
-    expected_tensors, Architecture, DType, FamilyOptions, KilnWriter, Metadata, ModelConfig,
-    ProvenanceStep, Role, RopeScaling, TensorName, TensorSpec,
+    expected_tensors, Architecture, DType, FamilyOptions, KilnWriter, LayerKind, Metadata,
+    MlpActivation, ModelConfig, NormStyle, ProvenanceStep, Role, RopeScaling, TensorName,
+    TensorSpec,
 };
 use rayon::prelude::*;
 use serde_json::json;
@@ -44,6 +45,10 @@ pub struct ImportOptions {
     pub overwrite: bool,
     /// Float dtype for tensors whose GGML type Kiln does not store (Q4_1, K-quants…).
     pub dequantize_to: DType,
+    /// Dequantize the block types Kiln does store (Q8_0, Q4_0) too, so that the whole model is
+    /// in `dequantize_to`: the file then computes exactly what a float runtime given the
+    /// GGUF's dequantized weights computes, which is how it is checked against transformers.
+    pub dequantize_all: bool,
     /// Import tensors holding NaN or infinity (listed in the summary) instead of refusing.
     pub allow_non_finite: bool,
 }
@@ -77,6 +82,7 @@ pub const SUPPORTED: &[(&str, Architecture)] = &[
     ("llama", Architecture::Llama),
     ("qwen2", Architecture::Qwen2),
     ("qwen3", Architecture::Qwen3),
+    ("gemma3", Architecture::Gemma3),
 ];
 
 struct Keys<'h> {
@@ -153,11 +159,6 @@ fn resolve_config(file: &str, h: &GgufHeader) -> Result<ModelConfig> {
                 "GGUF general.architecture {}{}",
                 SUPPORTED.iter().map(|s| s.0).collect::<Vec<_>>().join(", "),
                 match arch {
-                    "gemma3" => {
-                        "; Gemma 3 converts from its Hugging Face checkpoint (`kiln-convert hf`): \
-                         its GGUF files carry a SentencePiece tokenizer, which GGUF import does \
-                         not rebuild yet"
-                    }
                     "phi3" | "glm4" | "chatglm" => {
                         "; Phi-3 and GLM convert from their Hugging Face checkpoints \
                          (`kiln-convert hf`): GGUF import of their fused projections and rope \
@@ -225,12 +226,40 @@ fn resolve_config(file: &str, h: &GgufHeader) -> Result<ModelConfig> {
             }
         }
     }
+    let gemma = architecture == Architecture::Gemma3;
+    if gemma && h.get("tokenizer.ggml.eot_token_id").is_none() {
+        // A Gemma turn ends with `<end_of_turn>`, which the file does not name as the end of
+        // text; llama.cpp recognises it by its spelling, and so does Kiln.
+        if let Some(Value::Array(super::value::Array::Str(tokens))) = h.get("tokenizer.ggml.tokens")
+        {
+            if let Some(i) = tokens.iter().position(|t| t == "<end_of_turn>") {
+                if !eos_token_ids.contains(&(i as u32)) {
+                    eos_token_ids.push(i as u32);
+                }
+            }
+        }
+    }
+    let num_layers = k.u64("block_count")?;
+    let (family, sliding_window) = if gemma {
+        (
+            gemma3_family(&k, num_layers, hidden, heads, head_dim)?,
+            Some(k.u64("attention.sliding_window")?),
+        )
+    } else {
+        (
+            FamilyOptions {
+                qk_norm: architecture == Architecture::Qwen3,
+                ..FamilyOptions::default()
+            },
+            None,
+        )
+    };
     Ok(ModelConfig {
         architecture,
         source_architecture: format!("GGUF {arch}"),
         hidden_size: hidden,
         intermediate_size: k.u64("feed_forward_length")?,
-        num_layers: k.u64("block_count")?,
+        num_layers,
         num_heads: heads,
         num_kv_heads: k.u64_opt("attention.head_count_kv")?.unwrap_or(heads),
         head_dim,
@@ -248,13 +277,57 @@ fn resolve_config(file: &str, h: &GgufHeader) -> Result<ModelConfig> {
         rope_scaling,
         tie_word_embeddings: h.tensor("output.weight").is_none(),
         attention_bias: h.tensor("blk.0.attn_q.bias").is_some(),
-        sliding_window: None,
+        sliding_window,
         bos_token_id: id("tokenizer.ggml.bos_token_id"),
         eos_token_ids,
-        family: FamilyOptions {
-            qk_norm: architecture == Architecture::Qwen3,
-            ..FamilyOptions::default()
-        },
+        family,
+    })
+}
+
+/// Gemma 3 as llama.cpp runs a `gemma3` file, whose metadata states only the window: every
+/// sixth layer attends globally (unless `attention.sliding_window_pattern` says otherwise),
+/// sliding layers use RoPE base 10 000 without scaling, scores are scaled by `1/√head_dim`
+/// (by `1/√(hidden/heads)` for the 62-layer 27B, as llama.cpp does), embeddings by `√hidden`,
+/// norms are `(1 + w)`, the MLP is GeGLU with tanh-GELU, and q/k and output norms are present.
+/// Logit soft-capping, which Kiln does not implement, is refused by its key.
+fn gemma3_family(
+    k: &Keys,
+    num_layers: u64,
+    hidden: u64,
+    heads: u64,
+    head_dim: u64,
+) -> Result<FamilyOptions> {
+    for suffix in ["final_logit_softcapping", "attn_logit_softcapping"] {
+        if let Some((key, v)) = k.get(suffix) {
+            return Err(k.err(&key, format!("{v:?}: logit soft-capping is not supported")));
+        }
+    }
+    let pattern = k.u64_opt("attention.sliding_window_pattern")?.unwrap_or(6);
+    let layer_kinds = (0..num_layers)
+        .map(|i| {
+            if (i + 1) % pattern == 0 {
+                LayerKind::Full
+            } else {
+                LayerKind::Sliding
+            }
+        })
+        .collect();
+    let scalar = if num_layers == 62 {
+        hidden as f64 / heads as f64
+    } else {
+        head_dim as f64
+    };
+    Ok(FamilyOptions {
+        qk_norm: true,
+        post_norms: true,
+        norm_style: NormStyle::OnePlusWeight,
+        mlp_activation: MlpActivation::GeluTanh,
+        // As Gemma3TextScaledWordEmbedding computes it: the f32 value of hidden ** 0.5.
+        embed_scale: Some(f64::from((hidden as f64).sqrt() as f32)),
+        attn_scale: Some(scalar.powf(-0.5)),
+        layer_kinds,
+        rope_local_theta: Some(10_000.0),
+        ..FamilyOptions::default()
     })
 }
 
@@ -329,6 +402,8 @@ struct Planned<'h> {
     name: TensorName,
     dtype: DType,
     permute_heads: Option<usize>,
+    /// A Gemma norm weight stored as `1 + w`: written as `w`, in f32.
+    minus_one: bool,
 }
 
 /// Import a GGUF file as a `.kiln` file.
@@ -347,11 +422,16 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
     let h = g.header();
     let config = resolve_config(&file, h)?;
     let context = config.max_position_embeddings;
-    let tokenizer = tokenizer::from_gguf(&file, &|k| h.get(k), context)?;
+    let arch = h
+        .get("general.architecture")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let tokenizer = tokenizer::from_gguf(&file, &|k| h.get(k), arch, context)?;
     crate::tokenizer_files::validate(&tokenizer, &file)?;
-    let permute = super::export::gguf_architecture(config.architecture)
-        .expect("every imported family exports")
-        .1;
+    // llama.cpp's converter reorders q/k rows for the `llama` architecture only.
+    let permute = super::export::gguf_architecture(config.architecture).is_some_and(|(_, p)| p);
+    // llama.cpp's converter stores Gemma's `(1 + w)` norm weights with the 1 added.
+    let plus_one_norms = config.architecture == Architecture::Gemma3;
 
     // Every GGUF tensor resolved, then matched against what the configuration implies.
     let mut by_name = BTreeMap::new();
@@ -380,7 +460,13 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
                 tensor: names::source_name(Source::Gguf, config.architecture, *name),
                 expected: shape.clone(),
             })?;
+        let minus_one = plus_one_norms && name.role.is_norm();
         let dtype = match t.ggml_type.kiln_dtype() {
+            _ if minus_one => DType::F32,
+            Some(d) if opts.dequantize_all && d.is_quantized() => {
+                *dequantized.entry(t.ggml_type.name.to_string()).or_default() += 1;
+                opts.dequantize_to
+            }
             Some(d) => d.storage_for(&t.shape()),
             None if DEQUANTIZED.contains(&t.ggml_type.name) => {
                 *dequantized.entry(t.ggml_type.name.to_string()).or_default() += 1;
@@ -413,6 +499,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
             name: *name,
             dtype,
             permute_heads,
+            minus_one,
         });
     }
     if let Some((name, t)) = by_name.into_iter().next() {
@@ -478,15 +565,20 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
                 tensor: t.name.clone(),
                 reason,
             };
-            let (bytes, dtype) = if t.ggml_type.kiln_dtype() == Some(p.dtype.logical()) {
-                (std::borrow::Cow::Borrowed(raw), p.dtype.logical())
-            } else {
-                let mut x = Vec::new();
-                dequantize(t.ggml_type, raw, &mut x)
-                    .ok_or_else(|| bad("cannot dequantize".into()))?;
-                let f32s: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-                (std::borrow::Cow::Owned(f32s), DType::F32)
-            };
+            let (bytes, dtype) =
+                if t.ggml_type.kiln_dtype() == Some(p.dtype.logical()) && !p.minus_one {
+                    (std::borrow::Cow::Borrowed(raw), p.dtype.logical())
+                } else {
+                    let mut x = Vec::new();
+                    dequantize(t.ggml_type, raw, &mut x)
+                        .ok_or_else(|| bad("cannot dequantize".into()))?;
+                    if p.minus_one {
+                        // In f32, as transformers' GGUF loader subtracts it.
+                        x.iter_mut().for_each(|v| *v -= 1.0);
+                    }
+                    let f32s: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    (std::borrow::Cow::Owned(f32s), DType::F32)
+                };
             // The values as the file holds them (dequantized where they were), before any
             // row reordering: the element index is the GGUF tensor's own.
             if let (count @ 1.., Some(index)) = count_non_finite(dtype, &bytes) {
@@ -556,11 +648,18 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
 mod tests {
     use super::*;
 
+    /// Families GGUF import reads but export does not write (Gemma 3: its SentencePiece
+    /// tokenizer would have to be written back as scored tokens).
+    const IMPORT_ONLY: &[Architecture] = &[Architecture::Gemma3];
+
     #[test]
     fn every_architecture_exports_under_a_name_that_imports() {
         for a in Architecture::ALL {
             let Some((name, permuted)) = super::super::export::gguf_architecture(a) else {
-                assert!(SUPPORTED.iter().all(|(_, b)| *b != a), "{a:?}");
+                assert!(
+                    IMPORT_ONLY.contains(&a) || SUPPORTED.iter().all(|(_, b)| *b != a),
+                    "{a:?}"
+                );
                 continue;
             };
             let (_, back) = SUPPORTED

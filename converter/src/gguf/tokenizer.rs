@@ -5,6 +5,11 @@
 //! Qwen2). The vocabulary, merges and special tokens map one to one; the pre-tokenizer, which
 //! GGUF names instead of describing (`tokenizer.ggml.pre`), is recognised from its structure on
 //! export and rebuilt from [`PRE_TOKENIZERS`] on import.
+//!
+//! Import also rebuilds the SentencePiece vocabulary of a `gemma3` file (GGUF model `llama`:
+//! scored tokens, no merges) as the BPE-with-byte-fallback `tokenizer.json` transformers builds
+//! from the same file: merges recovered from the vocabulary in token order, blanks respelled.
+//! Export writes byte-level tokenizers only.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -308,12 +313,82 @@ fn wrong(file: &str, k: &str, v: &Value, want: &str) -> ConvertError {
     }
 }
 
+/// The two tokenizer families GGUF import rebuilds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flavour {
+    /// `tokenizer.ggml.model = gpt2`: byte-level BPE, merges in the file.
+    ByteLevel,
+    /// `tokenizer.ggml.model = llama` in a `gemma3` file: SentencePiece BPE with byte fallback,
+    /// rebuilt as transformers' `GemmaTokenizer` is from the same file.
+    Gemma,
+}
+
+/// The flavour of tokenizer a file describes, or why it cannot be rebuilt.
+fn flavour(file: &str, model: &str, arch: &str) -> Result<Flavour> {
+    match (model, arch) {
+        ("gpt2", _) => Ok(Flavour::ByteLevel),
+        ("llama", "gemma3") => Ok(Flavour::Gemma),
+        ("llama", _) => Err(unsupported(
+            file,
+            format!(
+                "GGUF tokenizer model `llama` (SentencePiece) is rebuilt for `gemma3` files only; \
+                 this file's architecture is `{arch}` (convert its Hugging Face checkpoint instead)"
+            ),
+        )),
+        _ => Err(unsupported(
+            file,
+            format!(
+                "GGUF tokenizer model `{model}` is not supported; Kiln imports byte-level BPE \
+                 (`gpt2`) tokenizers, and SentencePiece (`llama`) ones of `gemma3` files"
+            ),
+        )),
+    }
+}
+
+/// Python's `str.isspace`, which decides what Gemma's respelling touches: Unicode white space
+/// plus the four ASCII separators `\x1c`..`\x1f`, which Rust's `char::is_whitespace` leaves out.
+fn python_isspace(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// Gemma's GGUF spells a token of two or more blanks with real spaces (`"  "`), where its BPE
+/// vocabulary (spaces normalized to `▁`) needs `"▁▁"`: a token that holds a space and nothing
+/// but white space becomes that many `▁`, as transformers' GGUF loader respells it.
+fn gemma_spelling(t: &str) -> std::borrow::Cow<'_, str> {
+    if t.contains(' ') && t.chars().all(python_isspace) {
+        std::borrow::Cow::Owned("\u{2581}".repeat(t.chars().count()))
+    } else {
+        std::borrow::Cow::Borrowed(t)
+    }
+}
+
+/// The merges a SentencePiece vocabulary implies when the file lists none: every split of a
+/// token into two pieces that are both tokens, best first. Gemma's scores do not follow its
+/// merge order, but the order of the tokens in the file does, so tokens rank by id and, within
+/// a token, the longer left piece comes first: the order transformers' `generate_merges`
+/// gives for the same file, so that both tokenize alike.
+fn merges_from_vocab(tokens: &[String], vocab: &HashMap<&str, usize>) -> Vec<(String, String)> {
+    let mut merges = Vec::new();
+    for t in tokens {
+        let cuts: Vec<usize> = t.char_indices().map(|(i, _)| i).skip(1).collect();
+        for &cut in cuts.iter().rev() {
+            let (l, r) = t.split_at(cut);
+            if vocab.contains_key(l) && vocab.contains_key(r) {
+                merges.push((l.to_string(), r.to_string()));
+            }
+        }
+    }
+    merges
+}
+
 /// Rebuild `tokenizer.json` and `tokenizer_config.json` from GGUF tokenizer metadata.
 ///
-/// `get` looks a metadata key up; `context_length` goes into `model_max_length`.
+/// `get` looks a metadata key up; `arch` is the file's `general.architecture`, which decides
+/// how a SentencePiece vocabulary is read; `context_length` goes into `model_max_length`.
 pub fn from_gguf<'h>(
     file: &str,
     get: &dyn Fn(&str) -> Option<&'h Value>,
+    arch: &str,
     context_length: u64,
 ) -> Result<TokenizerFiles> {
     let model_key = "tokenizer.ggml.model";
@@ -321,15 +396,7 @@ pub fn from_gguf<'h>(
     let model = model
         .as_str()
         .ok_or_else(|| wrong(file, model_key, model, "a string"))?;
-    if model != "gpt2" {
-        return Err(unsupported(
-            file,
-            format!(
-                "GGUF tokenizer model `{model}` is not supported; Kiln imports byte-level BPE \
-                 (`gpt2`) tokenizers"
-            ),
-        ));
-    }
+    let flavour = flavour(file, model, arch)?;
     let pre_key = "tokenizer.ggml.pre";
     let pre = match get(pre_key) {
         None => "default",
@@ -337,15 +404,21 @@ pub fn from_gguf<'h>(
             .as_str()
             .ok_or_else(|| wrong(file, pre_key, v, "a string"))?,
     };
-    let pre_json = pre_tokenizer_json(pre).ok_or_else(|| {
-        unsupported(
-            file,
-            format!(
-                "pre-tokenizer `{pre}` ({pre_key}) is not supported; Kiln knows {}",
-                PRE_TOKENIZERS.join(", ")
-            ),
-        )
-    })?;
+    let pre_json = match flavour {
+        // SentencePiece splits nothing before its merges; `pre` names the vocabulary's origin.
+        Flavour::Gemma => {
+            json!({"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": false})
+        }
+        Flavour::ByteLevel => pre_tokenizer_json(pre).ok_or_else(|| {
+            unsupported(
+                file,
+                format!(
+                    "pre-tokenizer `{pre}` ({pre_key}) is not supported; Kiln knows {}",
+                    PRE_TOKENIZERS.join(", ")
+                ),
+            )
+        })?,
+    };
     let tokens_key = "tokenizer.ggml.tokens";
     let tokens = match key(file, get, tokens_key)? {
         Value::Array(Array::Str(t)) => t,
@@ -381,23 +454,34 @@ pub fn from_gguf<'h>(
         });
     }
     let merges_key = "tokenizer.ggml.merges";
-    let merges = match get(merges_key) {
-        None => &[][..],
-        Some(Value::Array(Array::Str(m))) => m.as_slice(),
+    let file_merges = match get(merges_key) {
+        None => None,
+        Some(Value::Array(Array::Str(m))) => Some(m.as_slice()),
         Some(v) => return Err(wrong(file, merges_key, v, "an array of strings")),
     };
-    for m in merges {
-        if m.split(' ').count() != 2 {
-            return Err(ConvertError::GgufKey {
-                file: file.to_string(),
-                key: merges_key.into(),
-                reason: format!("merge `{m}` is not two tokens separated by one space"),
-            });
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for m in file_merges.unwrap_or(&[]) {
+        match m.split_once(' ') {
+            Some((a, b)) if !b.contains(' ') => pairs.push((a.to_string(), b.to_string())),
+            _ => {
+                return Err(ConvertError::GgufKey {
+                    file: file.to_string(),
+                    key: merges_key.into(),
+                    reason: format!("merge `{m}` is not two tokens separated by one space"),
+                })
+            }
         }
     }
+    let spelled: Vec<String> = match flavour {
+        Flavour::ByteLevel => tokens.clone(),
+        Flavour::Gemma => tokens
+            .iter()
+            .map(|t| gemma_spelling(t).into_owned())
+            .collect(),
+    };
     let mut vocab = Map::new();
     let mut seen: HashMap<&str, usize> = HashMap::new();
-    for (i, t) in tokens.iter().enumerate() {
+    for (i, t) in spelled.iter().enumerate() {
         if let Some(j) = seen.insert(t, i) {
             return Err(unsupported(
                 file,
@@ -405,6 +489,9 @@ pub fn from_gguf<'h>(
             ));
         }
         vocab.insert(t.clone(), json!(i));
+    }
+    if flavour == Flavour::Gemma && file_merges.is_none() {
+        pairs = merges_from_vocab(&spelled, &seen);
     }
     let id = |k: &str| -> Result<Option<u32>> {
         match get(k) {
@@ -424,7 +511,8 @@ pub fn from_gguf<'h>(
     let unk = id("tokenizer.ggml.unknown_token_id")?;
     let pad = id("tokenizer.ggml.padding_token_id")?;
     let add_bos = match get("tokenizer.ggml.add_bos_token") {
-        None => false,
+        // llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise.
+        None => flavour == Flavour::Gemma,
         Some(v) => v
             .as_bool()
             .ok_or_else(|| wrong(file, "tokenizer.ggml.add_bos_token", v, "a boolean"))?,
@@ -441,7 +529,11 @@ pub fn from_gguf<'h>(
     let mut added = Vec::new();
     let mut decoder = Map::new();
     for (i, (t, &ty)) in tokens.iter().zip(&types).enumerate() {
-        if ty == token_type::CONTROL || ty == token_type::USER_DEFINED {
+        // A user-defined token whose spelling the vocabulary respelled is not added whole,
+        // as transformers skips it: its respelled form is reached through the merges.
+        let kept = ty == token_type::CONTROL
+            || (ty == token_type::USER_DEFINED && seen.contains_key(t.as_str()));
+        if kept {
             let special = ty == token_type::CONTROL;
             let entry = json!({"id": i, "content": t, "single_word": false, "lstrip": false,
                 "rstrip": false, "normalized": false, "special": special});
@@ -453,19 +545,50 @@ pub fn from_gguf<'h>(
             );
         }
     }
-    let tokenizer_json = json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added,
-        "normalizer": null,
-        "pre_tokenizer": pre_json,
-        "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
-        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-            "vocab": vocab, "merges": merges},
-    });
+    let merges: Vec<Json> = pairs.into_iter().map(|(a, b)| json!([a, b])).collect();
+    let tokenizer_json = match flavour {
+        Flavour::ByteLevel => json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": null,
+            "pre_tokenizer": pre_json,
+            "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "vocab": vocab, "merges": merges},
+        }),
+        Flavour::Gemma => {
+            let post = match bos.filter(|_| add_bos) {
+                None => Json::Null,
+                Some(b) => {
+                    let s = &tokens[b as usize];
+                    json!({"type": "TemplateProcessing",
+                        "single": [{"SpecialToken": {"id": s, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                        "pair": [{"SpecialToken": {"id": s, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                                 {"SpecialToken": {"id": s, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                        "special_tokens": {s.clone(): {"id": s, "ids": [b], "tokens": [s]}}})
+                }
+            };
+            json!({
+                "version": "1.0",
+                "truncation": null,
+                "padding": null,
+                "added_tokens": added,
+                "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"},
+                "pre_tokenizer": pre_json,
+                "post_processor": post,
+                "decoder": {"type": "Sequence", "decoders": [
+                    {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+                    {"type": "ByteFallback"}, {"type": "Fuse"}]},
+                "model": {"type": "BPE", "dropout": null, "unk_token": unk.map(|u| tokens[u as usize].clone()),
+                    "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": true,
+                    "byte_fallback": true, "ignore_merges": false, "vocab": vocab, "merges": merges},
+            })
+        }
+    };
     let mut special_tokens = BTreeMap::new();
     let name = |i: Option<u32>| i.map(|i| tokens[i as usize].clone());
     for (role, i) in [
@@ -485,7 +608,10 @@ pub fn from_gguf<'h>(
         "added_tokens_decoder": decoder,
         "clean_up_tokenization_spaces": false,
         "model_max_length": context_length,
-        "tokenizer_class": "GPT2Tokenizer",
+        "tokenizer_class": match flavour {
+            Flavour::ByteLevel => "GPT2Tokenizer",
+            Flavour::Gemma => "GemmaTokenizer",
+        },
     });
     for (role, s) in &special_tokens {
         config[role] = json!(s);
@@ -507,6 +633,106 @@ pub fn from_gguf<'h>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn strs(v: &[&str]) -> Value {
+        Value::Array(Array::Str(v.iter().map(|s| s.to_string()).collect()))
+    }
+
+    /// A SentencePiece vocabulary as a `gemma3` GGUF stores it: no merges, blanks as spaces.
+    fn gemma_keys(tokens: &[&str], types: &[i32]) -> HashMap<String, Value> {
+        HashMap::from([
+            (
+                "tokenizer.ggml.model".to_string(),
+                Value::Str("llama".into()),
+            ),
+            ("tokenizer.ggml.tokens".to_string(), strs(tokens)),
+            (
+                "tokenizer.ggml.token_type".to_string(),
+                Value::Array(Array::I32(types.to_vec())),
+            ),
+            ("tokenizer.ggml.bos_token_id".to_string(), Value::U32(1)),
+            ("tokenizer.ggml.unknown_token_id".to_string(), Value::U32(0)),
+        ])
+    }
+
+    #[test]
+    fn gemma_vocabulary_becomes_bpe_with_merges_in_token_order() {
+        use token_type::{CONTROL, NORMAL, USER_DEFINED};
+        let tokens = [
+            "<unk>", "<bos>", "a", "b", "c", "ab", "abc", "bc", "  ", "\u{2581}", "\n",
+        ];
+        let types = [
+            CONTROL,
+            CONTROL,
+            NORMAL,
+            NORMAL,
+            NORMAL,
+            NORMAL,
+            NORMAL,
+            NORMAL,
+            USER_DEFINED,
+            NORMAL,
+            USER_DEFINED,
+        ];
+        let kv = gemma_keys(&tokens, &types);
+        let t = from_gguf("g.gguf", &|k| kv.get(k), "gemma3", 64).unwrap();
+        let j: Json = serde_json::from_str(t.tokenizer_json.as_deref().unwrap()).unwrap();
+        // "  " is respelled "▁▁", so it merges from two "▁" and is not an added token.
+        assert_eq!(j["model"]["vocab"]["\u{2581}\u{2581}"], json!(8));
+        assert_eq!(
+            j["model"]["merges"],
+            json!([
+                ["a", "b"],
+                ["ab", "c"],
+                ["a", "bc"],
+                ["b", "c"],
+                ["\u{2581}", "\u{2581}"]
+            ])
+        );
+        let added: Vec<(&str, bool)> = j["added_tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                (
+                    a["content"].as_str().unwrap(),
+                    a["special"].as_bool().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(added, [("<unk>", true), ("<bos>", true), ("\n", false)]);
+        assert_eq!(j["model"]["byte_fallback"], json!(true));
+        assert_eq!(
+            j["post_processor"]["single"][0]["SpecialToken"]["id"],
+            json!("<bos>")
+        );
+        assert_eq!(
+            t.add_bos_token,
+            Some(true),
+            "SentencePiece adds BOS unless told not to"
+        );
+        let tok: tokenizers::Tokenizer = t.tokenizer_json.unwrap().parse().unwrap();
+        let ids = tok.encode("abc  ab\n", true).unwrap().get_ids().to_vec();
+        assert_eq!(ids, [1, 6, 8, 5, 10]);
+    }
+
+    #[test]
+    fn sentencepiece_outside_gemma_is_refused_naming_the_architecture() {
+        let kv = gemma_keys(&["<unk>", "<bos>"], &[3, 3]);
+        let e = from_gguf("l.gguf", &|k| kv.get(k), "llama", 64).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("l.gguf") && msg.contains("`llama`"), "{msg}");
+        assert!(msg.contains("gemma3"), "{msg}");
+    }
+
+    #[test]
+    fn gemma_respelling_follows_python_isspace() {
+        assert_eq!(gemma_spelling("   "), "\u{2581}\u{2581}\u{2581}");
+        assert_eq!(gemma_spelling(" \n"), "\u{2581}\u{2581}");
+        assert_eq!(gemma_spelling(" \u{1f}"), "\u{2581}\u{2581}");
+        assert_eq!(gemma_spelling("\n\n"), "\n\n", "no space: unchanged");
+        assert_eq!(gemma_spelling(" a"), " a", "not all blank: unchanged");
+    }
 
     #[test]
     fn every_pre_tokenizer_is_recognised_from_its_own_json() {
