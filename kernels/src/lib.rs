@@ -3,9 +3,10 @@
 //!
 //! - [`Matrix`] borrows a weight matrix in one of the [`WeightData`] encodings (F32, F16, BF16,
 //!   Q8_0, Q4_0); [`matmul`] multiplies it by a batch of activation rows on a [`Pool`].
-//! - The vector kernels ([`rmsnorm`], [`softmax_inplace`], [`silu_mul`], [`dot_f32`], [`axpy`],
-//!   [`weighted_sum`]) and the per-encoding dot products ([`dot_q8_0_q8_0`], [`dot_q4_0_q8_0`],
-//!   [`dot_f16_f32`], [`dot_bf16_f32`]) cover the rest of a Llama forward pass.
+//! - The vector kernels ([`rmsnorm`], [`softmax_inplace`], [`silu_mul`], [`gelu_tanh_mul`],
+//!   [`dot_f32`], [`axpy`], [`weighted_sum`]) and the per-encoding dot products
+//!   ([`dot_q8_0_q8_0`], [`dot_q4_0_q8_0`], [`dot_f16_f32`], [`dot_bf16_f32`]) cover the rest of
+//!   a forward pass.
 //! - The weight-conversion kernels serve the quantizer: [`decode_bf16`], and
 //!   [`quantize_blocks`] (GGML's reference Q8_0/Q4_0 rule with the round trip's [`ErrorStats`]
 //!   computed in the same pass, the same bits in every tier).

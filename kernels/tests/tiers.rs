@@ -221,7 +221,7 @@ proptest! {
     }
 
     #[test]
-    fn axpy_rmsnorm_softmax_silu_match_reference(x in vecf(200), alpha in -2.0f32..2.0) {
+    fn axpy_rmsnorm_softmax_silu_gelu_match_reference(x in vecf(200), alpha in -2.0f32..2.0) {
         let y0: Vec<f32> = x.iter().map(|v| v * 0.5 + 0.25).collect();
         let mut want = y0.clone();
         r::axpy_ref(alpha, &x, &mut want);
@@ -232,6 +232,8 @@ proptest! {
         r::softmax_inplace_ref(&mut want_sm);
         let mut want_silu = vec![0.0; x.len()];
         r::silu_mul_ref(&x, &y0, &mut want_silu);
+        let mut want_gelu = vec![0.0; x.len()];
+        r::gelu_tanh_mul_ref(&x, &y0, &mut want_gelu);
         for k in tiers() {
             let mut got = y0.clone();
             k.axpy(alpha, &x, &mut got);
@@ -254,6 +256,12 @@ proptest! {
             k.silu_mul(&x, &y0, &mut got);
             for (g, w) in got.iter().zip(&want_silu) {
                 within(*g, *w, w.abs(), 8.0, "silu_mul", k.isa());
+            }
+            // Relative to |gate·up|: where tanh is near -1 the reference's `1 + tanh` cancels.
+            let mut got = vec![0.0; x.len()];
+            k.gelu_tanh_mul(&x, &y0, &mut got);
+            for ((g, w), (xi, yi)) in got.iter().zip(&want_gelu).zip(x.iter().zip(&y0)) {
+                within(*g, *w, (xi * yi).abs(), 8.0, "gelu_tanh_mul", k.isa());
             }
         }
     }

@@ -215,6 +215,11 @@ macro_rules! isa_entry_points {
         }
 
         #[target_feature(enable = $features)]
+        fn gelu_tanh_mul_impl(gate: &[f32], up: &[f32], out: &mut [f32]) {
+            crate::approx::gelu_tanh_mul(gate, up, out)
+        }
+
+        #[target_feature(enable = $features)]
         fn softmax_impl(x: &mut [f32]) {
             crate::approx::softmax_inplace(x)
         }
@@ -303,6 +308,15 @@ macro_rules! isa_entry_points {
             unsafe { silu_mul_impl(gate, up, out) }
         }
 
+        fn gelu_tanh_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+            assert!(
+                up.len() == gate.len() && out.len() == gate.len(),
+                "gelu_tanh_mul: length mismatch"
+            );
+            // SAFETY: features supported (see above); a safe function with no length contract.
+            unsafe { gelu_tanh_mul_impl(gate, up, out) }
+        }
+
         fn softmax_inplace(x: &mut [f32]) {
             // SAFETY: features supported (see above); a safe function with no length contract.
             unsafe { softmax_impl(x) }
@@ -320,6 +334,7 @@ macro_rules! isa_entry_points {
                 dot_q4_0_q8_0: quant_dot::<BlockQ4_0>,
                 rmsnorm,
                 silu_mul,
+                gelu_tanh_mul,
                 softmax_inplace,
                 quantize_row_q8_0_act,
                 decode_bf16: crate::simd::avx2_convert::decode_bf16,

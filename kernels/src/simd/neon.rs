@@ -366,6 +366,7 @@ pub(crate) fn table() -> &'static Kernels {
         ),
         // NEON is baseline on aarch64, so the compiler vectorizes these as they stand.
         silu_mul: crate::approx::silu_mul,
+        gelu_tanh_mul: crate::approx::gelu_tanh_mul,
         softmax_inplace: crate::approx::softmax_inplace,
         ..SCALAR_TABLE
     };
