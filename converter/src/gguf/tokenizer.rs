@@ -6,10 +6,12 @@
 //! GGUF names instead of describing (`tokenizer.ggml.pre`), is recognised from its structure on
 //! export and rebuilt from [`PRE_TOKENIZERS`] on import.
 //!
-//! Import also rebuilds the SentencePiece vocabulary of a `gemma3` file (GGUF model `llama`:
-//! scored tokens, no merges) as the BPE-with-byte-fallback `tokenizer.json` transformers builds
-//! from the same file: merges recovered from the vocabulary in token order, blanks respelled.
-//! Export writes byte-level tokenizers only.
+//! Gemma 3's tokenizer travels as a SentencePiece vocabulary (GGUF model `llama`: scored
+//! tokens, no merges). Import rebuilds it as the BPE-with-byte-fallback `tokenizer.json`
+//! transformers builds from the same file (merges recovered from the vocabulary in token order,
+//! blanks respelled); export writes a Gemma `tokenizer.json` back as scored tokens, each scoring
+//! minus the rank of the first merge that makes it, which llama.cpp's SentencePiece tokenizer
+//! joins in the same order.
 
 use std::collections::{BTreeMap, HashMap};
 
