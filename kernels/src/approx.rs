@@ -68,6 +68,16 @@ pub(crate) fn softmax_inplace(x: &mut [f32]) {
     }
 }
 
+/// `x[i] = e^(x[i] - shift)` through [`exp`], returning the sum taken left to right as the
+/// reference does.
+#[inline(always)]
+pub(crate) fn exp_sum(x: &mut [f32], shift: f32) -> f32 {
+    for v in x.iter_mut() {
+        *v = exp(*v - shift);
+    }
+    x.iter().sum::<f32>()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -103,6 +103,7 @@ pub struct Kernels {
     pub(crate) quantize_row_q8_0_act: fn(&[f32], &mut [BlockQ8_0]),
     pub(crate) rmsnorm: fn(&[f32], &[f32], f32, &mut [f32]),
     pub(crate) softmax_inplace: fn(&mut [f32]),
+    pub(crate) exp_sum: fn(&mut [f32], f32) -> f32,
     pub(crate) silu_mul: fn(&[f32], &[f32], &mut [f32]),
     /// The reference in every tier: GeGLU runs once per MLP, a small share of a Gemma
     /// forward pass next to its matrix products.
@@ -206,6 +207,7 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     quantize_row_q8_0_act: r::quantize_row_q8_0_act_ref,
     rmsnorm: r::rmsnorm_ref,
     softmax_inplace: r::softmax_inplace_ref,
+    exp_sum: r::exp_sum_ref,
     silu_mul: r::silu_mul_ref,
     gelu_tanh_mul: r::gelu_tanh_mul_ref,
     decode_bf16: r::decode_bf16_ref,
@@ -344,6 +346,11 @@ impl Kernels {
     /// Softmax in place.
     pub fn softmax_inplace(&self, x: &mut [f32]) {
         (self.softmax_inplace)(x)
+    }
+
+    /// `x[i] = e^(x[i] - shift)` in place; returns their sum.
+    pub fn exp_sum(&self, x: &mut [f32], shift: f32) -> f32 {
+        (self.exp_sum)(x, shift)
     }
 
     /// `out = silu(gate)·up`. Panics if the lengths differ.

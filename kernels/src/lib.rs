@@ -3,7 +3,7 @@
 //!
 //! - [`Matrix`] borrows a weight matrix in one of the [`WeightData`] encodings (F32, F16, BF16,
 //!   Q8_0, Q4_0); [`matmul`] multiplies it by a batch of activation rows on a [`Pool`].
-//! - The vector kernels ([`rmsnorm`], [`softmax_inplace`], [`silu_mul`], [`gelu_tanh_mul`],
+//! - The vector kernels ([`rmsnorm`], [`softmax_inplace`], [`exp_sum`], [`silu_mul`], [`gelu_tanh_mul`],
 //!   [`dot_f32`], [`axpy`], [`weighted_sum`]) and the per-encoding dot products
 //!   ([`dot_q8_0_q8_0`], [`dot_q4_0_q8_0`], [`dot_f16_f32`], [`dot_bf16_f32`]) cover the rest of
 //!   a forward pass.
@@ -55,6 +55,12 @@ pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 /// Numerically stable softmax in place.
 pub fn softmax_inplace(x: &mut [f32]) {
     active().softmax_inplace(x)
+}
+
+/// `x[i] = e^(x[i] - shift)` in place, returning their sum: one block of an online softmax
+/// (attention over the KV cache a block of keys at a time).
+pub fn exp_sum(x: &mut [f32], shift: f32) -> f32 {
+    active().exp_sum(x, shift)
 }
 
 /// `out = silu(gate) · up`, element-wise.

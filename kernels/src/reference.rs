@@ -140,6 +140,18 @@ pub fn softmax_inplace_ref(x: &mut [f32]) {
     }
 }
 
+/// `x[i] = e^(x[i] - shift)` in place, returning `Σ x[i]` (left to right): the exponentials
+/// of one block of attention scores against a running maximum, and their sum, which is what
+/// an online (flash-attention) softmax needs instead of a normalized row.
+pub fn exp_sum_ref(x: &mut [f32], shift: f32) -> f32 {
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - shift).exp();
+        sum += *v;
+    }
+    sum
+}
+
 /// `out = silu(gate) · up` with `silu(g) = g / (1 + e^-g)`.
 pub fn silu_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
     assert_eq!(gate.len(), up.len(), "silu_mul: length mismatch");

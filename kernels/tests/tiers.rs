@@ -252,6 +252,19 @@ proptest! {
             for (g, w) in got.iter().zip(&want_sm) {
                 within(*g, *w, 1.0, x.len() as f32 + 8.0, "softmax", k.isa());
             }
+            // Against a shift at, above and below the maximum (an online softmax's running
+            // maximum can be any of these); each term within a few ulp, the sum within n.
+            let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            for shift in [max, max + 3.0 * alpha.abs(), max - 1.5 * alpha.abs()] {
+                let mut want_e = x.clone();
+                let want_sum = r::exp_sum_ref(&mut want_e, shift);
+                let mut got = x.clone();
+                let sum = k.exp_sum(&mut got, shift);
+                for (g, w) in got.iter().zip(&want_e) {
+                    within(*g, *w, w.abs(), 8.0, "exp_sum", k.isa());
+                }
+                within(sum, want_sum, want_sum, x.len() as f32 + 8.0, "exp_sum total", k.isa());
+            }
             let mut got = vec![0.0; x.len()];
             k.silu_mul(&x, &y0, &mut got);
             for (g, w) in got.iter().zip(&want_silu) {

@@ -1,18 +1,55 @@
-//! Causal grouped-query attention of a batch of queries over the KV cache.
+//! Causal grouped-query attention of a batch of queries over the KV cache, a block of keys at
+//! a time (flash attention on the CPU).
 //!
 //! Mirrors transformers' `eager_attention_forward`: `softmax(q·kᵀ·scale + mask)·v` (`scale`
-//! is `1/√head_dim` except where a family sets its own), with
-//! query head `h` reading key/value head `h / (heads / kv_heads)` (`repeat_kv`), the causal mask
-//! letting position `p` see keys `0..=p`, and, with a sliding window `w`, only keys `j` with
-//! `p - j < w` (Mistral). Scores are f32, as in the reference.
+//! is `1/√head_dim` except where a family sets its own), with query head `h` reading
+//! key/value head `h / (heads / kv_heads)` (`repeat_kv`), the causal mask letting position `p`
+//! see keys `0..=p`, and, with a sliding window `w`, only keys `j` with `p - j < w` (Mistral).
+//! Scores are f32, as in the reference.
+//!
+//! No `(queries × keys)` score matrix is ever formed. The work is cut into items of one
+//! key/value head, a tile of [`QUERY_TILE`] query tokens (with all the query heads that share
+//! the key/value head: their rows read the same keys) and a span of keys; an item walks its
+//! span [`KEY_BLOCK`] keys at a time, keeping per query row a running maximum `m`, a running
+//! sum `l` of `e^(s - m)` and an unnormalized output `o`, rescaled by `e^(m_old - m_new)`
+//! whenever the maximum grows (the online softmax). Blocks a whole tile cannot see (above the
+//! causal diagonal, or before a sliding window) are never computed. Keys are multiplied in the
+//! cache's own encoding (f16 or Q8_0 keys are never widened to memory); values are widened a
+//! block at a time into a buffer that stays in L1.
+//!
+//! Items are independent and spread over the pool. A call with few of them (decoding one
+//! token, or a short batch, over a deep cache) splits each tile's keys into spans of
+//! [`KEY_SPAN`], whose partial results are merged afterwards in a fixed order: many threads
+//! then share one token's attention, and since the cut depends only on the shapes, never on
+//! the thread count, the result is the same bits on any number of threads.
 
-use kiln_kernels::{matmul, softmax_inplace, weighted_sum, Matrix, Pool, WeightData};
+use std::cell::RefCell;
 
-use crate::kv_cache::KvCache;
+use kiln_kernels::{axpy, exp_sum, matmul, weighted_sum, Matrix, Pool, WeightData};
 
-/// Scores (query rows × keys) from which the masking and softmax go over the pool: about
-/// 20 µs of work, well above what handing it to the other threads costs.
-const PARALLEL_SOFTMAX_MIN: usize = 16 * 1024;
+use crate::kv_cache::{KvCache, KvRows};
+
+/// Keys per block: a block of f16 keys (or values) of a 128-wide head is 32 KiB, its widened
+/// values and the tile's scores stay within L1/L2.
+const KEY_BLOCK: usize = 128;
+
+/// Query tokens per tile. With four query heads per key/value head this is 64 rows: enough
+/// to run the score and value products as matrix–matrix products.
+const QUERY_TILE: usize = 16;
+
+/// Keys per span when a call's (head, tile) items are fewer than [`SPLIT_BELOW`].
+const KEY_SPAN: usize = 1024;
+
+/// Items below which keys are split into spans (one token over 8 key/value heads is 8 items).
+const SPLIT_BELOW: usize = 64;
+
+/// Rows (tile tokens × group) from which `P·V` goes through [`matmul`] over the block's
+/// transposed values; below it, [`weighted_sum`] (the rows share every load of a value row).
+const PV_MATMUL_ROWS: usize = 16;
+
+/// Multiply–adds (query rows × visible keys × head width, over the call) below which the
+/// items run on the calling thread: handing them to the pool costs more.
+const PARALLEL_MIN_WORK: usize = 256 * 1024;
 
 /// The head layout.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -37,32 +74,61 @@ impl AttnShape {
             None => 0,
         }
     }
+
+    /// Query heads per key/value head.
+    fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
 }
 
-/// Buffers reused across calls.
+/// One unit of work: a key/value head, query tokens `t0..t1` of the batch, keys `k0..k1`.
+/// Holds its partial result: per row (`(t - t0)·group + i` for query head `g·group + i` of
+/// token `t`), the running maximum, the running sum and the unnormalized output.
+#[derive(Debug, Default)]
+struct Item {
+    g: usize,
+    t0: usize,
+    t1: usize,
+    k0: usize,
+    k1: usize,
+    /// `(rows,)`
+    m: Vec<f32>,
+    /// `(rows,)`
+    l: Vec<f32>,
+    /// `(rows, head_dim)`
+    o: Vec<f32>,
+}
+
+/// Buffers reused across calls: the items (their partial results are the only per-call
+/// memory that grows with the batch, `spans × (n, heads·head_dim)`).
 #[derive(Debug, Default)]
 pub struct AttnScratch {
-    /// One key/value head's queries, `(n*group, head_dim)`.
+    items: Vec<Item>,
+}
+
+/// Per-thread buffers of an item's walk over its keys.
+#[derive(Debug, Default)]
+struct Block {
+    /// The tile's queries, `(rows, head_dim)`.
     q: Vec<f32>,
-    /// Their scores, then probabilities, `(n*group, keys)`.
-    scores: Vec<f32>,
-    /// The head's values transposed, `(head_dim, keys)`.
+    /// Scores, then unnormalized probabilities, `(rows, keys in the block)`.
+    s: Vec<f32>,
+    /// The block's values widened to f32, `(keys, head_dim)`.
+    v: Vec<f32>,
+    /// The same transposed, `(head_dim, keys)`.
     vt: Vec<f32>,
-    /// Their outputs, `(n*group, head_dim)`.
-    o: Vec<f32>,
+    /// `P·V` of the block, `(rows, head_dim)`.
+    pv: Vec<f32>,
+}
+
+thread_local! {
+    static BLOCK: RefCell<Block> = RefCell::new(Block::default());
 }
 
 /// Attention of `n` queries at positions `pos0..pos0+n` over `layer` of `cache` (which already
 /// holds this batch's keys and values).
 ///
-/// `q`: `(n, heads*head_dim)`, already rotated; `out`: `(n, heads*head_dim)`. Per key/value
-/// head, the queries of its group form one matrix: scores are `K·qᵀ` by [`matmul`] (keys as
-/// the weight matrix), masked and softmaxed per row; the output is `P·V`, by [`matmul`] over
-/// the transposed values for batches, and for a single token by [`weighted_sum`] over the
-/// visible keys, which the group's rows share (the bits of one `axpy` per key, without
-/// loading and storing the output rows for every key).
-/// Positions a row may not see are computed and then zeroed (at most twice the causal work,
-/// in exchange for matrix–matrix products).
+/// `q`: `(n, heads*head_dim)`, already rotated; `out`: `(n, heads*head_dim)`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     shape: AttnShape,
@@ -77,71 +143,179 @@ pub fn attention(
     let hd = shape.head_dim;
     let q_dim = shape.heads * hd;
     let n = q.len() / q_dim;
-    let group = shape.heads / shape.kv_heads;
-    let keys = pos0 + n;
-    let rows = n * group;
-    let scale = shape.scale;
+    let group = shape.group();
     assert_eq!(out.len(), q.len(), "attention: output length");
-    let s = scratch;
-    s.q.resize(rows * hd, 0.0);
-    s.scores.resize(rows * keys, 0.0);
-    s.o.resize(rows * hd, 0.0);
+
+    // Cut the work: (head, tile) in order, each tile's keys in spans when items are few.
+    let tiles = n.div_ceil(QUERY_TILE);
+    let split = shape.kv_heads * tiles < SPLIT_BELOW;
+    let items = &mut scratch.items;
+    let mut count = 0;
+    let mut work = 0usize;
     for g in 0..shape.kv_heads {
-        let (k, v) = cache.head(layer, g, keys);
-        // Row r = t*group + i holds query head g*group + i of token t.
-        for (r, row) in s.q.chunks_exact_mut(hd).enumerate() {
-            let (t, h) = (r / group, g * group + r % group);
-            row.copy_from_slice(&q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]);
-        }
-        // attn_weights = q·kᵀ
-        let km = Matrix::new(keys, hd, WeightData::F32(k)).expect("cache slice is keys × hd");
-        matmul(&km, &s.q, rows, &mut s.scores, pool);
-        // · scaling, causal (and sliding-window) mask, softmax
-        let mask_softmax = |r: usize, row: &mut [f32]| {
-            let p = pos0 + r / group;
-            let first = shape.first_key(p);
-            let visible = &mut row[first..=p];
-            visible.iter_mut().for_each(|x| *x *= scale);
-            softmax_inplace(visible);
-            row[..first].fill(0.0);
-            row[p + 1..].fill(0.0);
-        };
-        // Row by row: over the pool when there is enough of it (a prompt), else right here.
-        if rows * keys >= PARALLEL_SOFTMAX_MIN {
-            pool.for_each_chunk(&mut s.scores, keys, mask_softmax);
-        } else {
-            for (r, row) in s.scores.chunks_exact_mut(keys).enumerate() {
-                mask_softmax(r, row);
+        for t0 in (0..n).step_by(QUERY_TILE) {
+            let t1 = (t0 + QUERY_TILE).min(n);
+            let (lo, hi) = (shape.first_key(pos0 + t0), pos0 + t1);
+            let span = if split { KEY_SPAN } else { hi - lo };
+            for k0 in (lo..hi).step_by(span.max(1)) {
+                if count == items.len() {
+                    items.push(Item::default());
+                }
+                let it = &mut items[count];
+                (it.g, it.t0, it.t1, it.k0, it.k1) = (g, t0, t1, k0, (k0 + span).min(hi));
+                work += (t1 - t0) * group * (it.k1 - k0) * hd;
+                count += 1;
             }
         }
-        // attn_output = attn_weights · v
-        if n > 1 {
-            s.vt.resize(hd * keys, 0.0);
-            for (j, vj) in v.chunks_exact(hd).enumerate() {
+    }
+    let items = &mut items[..count];
+    let run = |_: usize, its: &mut [Item]| {
+        let one = Pool::new(1).expect("one thread");
+        BLOCK.with_borrow_mut(|b| {
+            for it in its {
+                run_item(shape, q, cache, layer, pos0, it, b, &one);
+            }
+        })
+    };
+    if work >= PARALLEL_MIN_WORK && pool.threads() > 1 {
+        pool.for_each_chunk(items, 1, run);
+    } else {
+        run(0, items);
+    }
+
+    // Merge each (head, tile)'s spans in order and normalize: o = Σ o_s·e^(m_s - M) over
+    // Σ l_s·e^(m_s - M), M the largest m_s. One span: o / l.
+    let mut i = 0;
+    while i < items.len() {
+        let first = &items[i];
+        let spans = items[i..]
+            .iter()
+            .take_while(|it| (it.g, it.t0) == (first.g, first.t0))
+            .count();
+        let part = &items[i..i + spans];
+        let (g, t0, t1) = (first.g, first.t0, first.t1);
+        for r in 0..(t1 - t0) * group {
+            let (t, h) = (t0 + r / group, g * group + r % group);
+            let dst = &mut out[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
+            if spans == 1 {
+                let inv = 1.0 / first.l[r];
+                for (d, &o) in dst.iter_mut().zip(&first.o[r * hd..(r + 1) * hd]) {
+                    *d = o * inv;
+                }
+                continue;
+            }
+            let big = part.iter().fold(f32::NEG_INFINITY, |a, it| a.max(it.m[r]));
+            dst.fill(0.0);
+            let mut l = 0.0f32;
+            for it in part.iter().filter(|it| it.m[r] > f32::NEG_INFINITY) {
+                let w = (it.m[r] - big).exp();
+                l += it.l[r] * w;
+                axpy(w, &it.o[r * hd..(r + 1) * hd], dst);
+            }
+            let inv = 1.0 / l;
+            dst.iter_mut().for_each(|d| *d *= inv);
+        }
+        i += spans;
+    }
+}
+
+/// Walk one item's keys a block at a time, leaving its `m`, `l` and unnormalized `o`.
+#[allow(clippy::too_many_arguments)]
+fn run_item(
+    shape: AttnShape,
+    q: &[f32],
+    cache: &KvCache,
+    layer: usize,
+    pos0: usize,
+    it: &mut Item,
+    b: &mut Block,
+    one: &Pool,
+) {
+    let hd = shape.head_dim;
+    let q_dim = shape.heads * hd;
+    let group = shape.group();
+    let rows = (it.t1 - it.t0) * group;
+    // Row r = (t - t0)·group + i holds query head g·group + i of token t.
+    b.q.resize(rows * hd, 0.0);
+    for (r, row) in b.q.chunks_exact_mut(hd).enumerate() {
+        let (t, h) = (it.t0 + r / group, it.g * group + r % group);
+        row.copy_from_slice(&q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]);
+    }
+    it.m.clear();
+    it.m.resize(rows, f32::NEG_INFINITY);
+    it.l.clear();
+    it.l.resize(rows, 0.0);
+    it.o.clear();
+    it.o.resize(rows * hd, 0.0);
+    let (k, v) = cache.head(layer, it.g, it.k1);
+    for j0 in (it.k0..it.k1).step_by(KEY_BLOCK) {
+        let j1 = (j0 + KEY_BLOCK).min(it.k1);
+        let kb = j1 - j0;
+        // attn_weights = q·kᵀ, in the cache's encoding
+        b.s.resize(rows * kb, 0.0);
+        matmul(&k.slice(j0, j1, hd).matrix(hd), &b.q, rows, &mut b.s, one);
+        // · scaling, causal (and sliding-window) mask, then the online softmax's update
+        let mut seen = false;
+        for (r, row) in b.s.chunks_exact_mut(kb).enumerate() {
+            let p = pos0 + it.t0 + r / group;
+            let (a, z) = (shape.first_key(p).max(j0), (p + 1).min(j1));
+            if a >= z {
+                row.fill(0.0);
+                continue;
+            }
+            seen = true;
+            let visible = &mut row[a - j0..z - j0];
+            visible.iter_mut().for_each(|x| *x *= shape.scale);
+            let block_max = visible.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let m_old = it.m[r];
+            let m_new = m_old.max(block_max);
+            let sum = exp_sum(visible, m_new);
+            row[..a - j0].fill(0.0);
+            row[z - j0..].fill(0.0);
+            if m_new > m_old && m_old > f32::NEG_INFINITY {
+                let c = (m_old - m_new).exp();
+                it.l[r] *= c;
+                it.o[r * hd..(r + 1) * hd].iter_mut().for_each(|o| *o *= c);
+            }
+            it.l[r] += sum;
+            it.m[r] = m_new;
+        }
+        if !seen {
+            continue;
+        }
+        // o += P·V
+        let vs = v.slice(j0, j1, hd);
+        let vals: &[f32] = match vs {
+            KvRows::F32(d) => d,
+            _ => {
+                b.v.resize(kb * hd, 0.0);
+                vs.to_f32(&mut b.v);
+                &b.v
+            }
+        };
+        b.pv.resize(rows * hd, 0.0);
+        if rows >= PV_MATMUL_ROWS {
+            b.vt.resize(hd * kb, 0.0);
+            for (j, vj) in vals.chunks_exact(hd).enumerate() {
                 for (c, &x) in vj.iter().enumerate() {
-                    s.vt[c * keys + j] = x;
+                    b.vt[c * kb + j] = x;
                 }
             }
-            let vm = Matrix::new(hd, keys, WeightData::F32(&s.vt)).expect("hd × keys");
-            matmul(&vm, &s.scores, rows, &mut s.o, pool);
+            let vm = Matrix::new(hd, kb, WeightData::F32(&b.vt)).expect("hd × keys");
+            matmul(&vm, &b.s, rows, &mut b.pv, one);
         } else {
-            // One token at p = pos0 = keys - 1: row r's probabilities start at r·keys.
-            let first = shape.first_key(pos0);
-            let visible = &v[first * hd..keys * hd];
-            weighted_sum(&s.scores[first..], keys, visible, hd, &mut s.o);
+            weighted_sum(&b.s, kb, vals, hd, &mut b.pv);
         }
-        for (r, row) in s.o.chunks_exact(hd).enumerate() {
-            let (t, h) = (r / group, g * group + r % group);
-            out[t * q_dim + h * hd..t * q_dim + (h + 1) * hd].copy_from_slice(row);
-        }
+        axpy(1.0, &b.pv, &mut it.o);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv_cache::CacheType;
 
-    /// A direct transcription of the reference for one query head, in f64.
+    /// A direct transcription of the reference, in f64.
     fn naive(shape: AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize) -> Vec<f32> {
         let hd = shape.head_dim;
         let kv_dim = shape.kv_heads * hd;
@@ -163,7 +337,7 @@ mod tests {
                                     * f64::from(k[j * kv_dim + kvh * hd + i])
                             })
                             .sum::<f64>()
-                            / (hd as f64).sqrt()
+                            * f64::from(shape.scale)
                     })
                     .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -189,9 +363,6 @@ mod tests {
             .collect()
     }
 
-    /// The single-token path as it was before [`weighted_sum`]: the group's scores by
-    /// [`matmul`], scaled and softmaxed over the visible keys, then one `axpy` per visible
-    /// key into a zeroed output row.
     impl AttnShape {
         fn new(heads: usize, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Self {
             AttnShape {
@@ -204,106 +375,141 @@ mod tests {
         }
     }
 
-    fn decode_by_axpy(shape: AttnShape, q: &[f32], cache: &KvCache, pos: usize) -> Vec<f32> {
-        let (hd, keys) = (shape.head_dim, pos + 1);
-        let group = shape.heads / shape.kv_heads;
-        let first = shape.first_key(pos);
-        let scale = shape.scale;
-        let pool = Pool::new(1).unwrap();
-        let mut out = vec![0f32; q.len()];
-        for g in 0..shape.kv_heads {
-            let (k, v) = cache.head(1, g, keys);
-            let km = Matrix::new(keys, hd, WeightData::F32(k)).unwrap();
-            let mut scores = vec![0f32; group * keys];
-            matmul(
-                &km,
-                &q[g * group * hd..(g + 1) * group * hd],
-                group,
-                &mut scores,
-                &pool,
-            );
-            let rows = out[g * group * hd..(g + 1) * group * hd].chunks_exact_mut(hd);
-            for (o, row) in rows.zip(scores.chunks_exact_mut(keys)) {
-                let visible = &mut row[first..];
-                visible.iter_mut().for_each(|x| *x *= scale);
-                softmax_inplace(visible);
-                for (j, &p) in (first..keys).zip(visible.iter()) {
-                    kiln_kernels::axpy(p, &v[j * hd..(j + 1) * hd], o);
+    /// The keys and values as the cache holds them, `(positions, kv_dim)` in f32: what the
+    /// naive reference must read for a lossy cache type.
+    fn stored(
+        cache: &KvCache,
+        layer: usize,
+        kv_heads: usize,
+        hd: usize,
+        len: usize,
+    ) -> [Vec<f32>; 2] {
+        let mut kv = [
+            vec![0f32; len * kv_heads * hd],
+            vec![0f32; len * kv_heads * hd],
+        ];
+        for g in 0..kv_heads {
+            let (k, v) = cache.head(layer, g, len);
+            for (rows, dst) in [k, v].into_iter().zip(kv.iter_mut()) {
+                let mut f = vec![0f32; len * hd];
+                rows.to_f32(&mut f);
+                for (t, row) in f.chunks_exact(hd).enumerate() {
+                    dst[t * kv_heads * hd + g * hd..][..hd].copy_from_slice(row);
                 }
             }
         }
+        kv
+    }
+
+    fn run(shape: AttnShape, q: &[f32], cache: &KvCache, pos0: usize, threads: usize) -> Vec<f32> {
+        let pool = Pool::new(threads).unwrap();
+        let mut out = vec![0f32; q.len()];
+        let mut scratch = AttnScratch::default();
+        attention(shape, q, cache, 1, pos0, &mut out, &mut scratch, &pool);
         out
     }
 
-    #[test]
-    fn decode_has_the_bits_of_the_axpy_loop() {
-        // Groups of 1 to 4 rows, widths with and without vector tails, windows.
-        for (heads, kv_heads, hd, window, pos) in [
-            (9, 3, 64, None, 0),
-            (9, 3, 64, None, 200),
-            (8, 2, 64, Some(16), 100),
-            (4, 4, 8, None, 37),
-            (6, 2, 20, Some(5), 3),
-            (5, 1, 36, None, 70),
-        ] {
-            let shape = AttnShape::new(heads, kv_heads, hd, window);
-            let kv_dim = kv_heads * hd;
-            let q = data(heads * hd, 4);
-            let (k, v) = (data((pos + 1) * kv_dim, 5), data((pos + 1) * kv_dim, 6));
-            let mut cache = KvCache::new(2, pos + 1, kv_heads, hd);
-            cache.write(1, 0, &k, &v);
-            cache.set_len(pos + 1);
-            let pool = Pool::new(2).unwrap();
-            let mut out = vec![0f32; q.len()];
-            attention(
-                shape,
-                &q,
-                &cache,
-                1,
-                pos,
-                &mut out,
-                &mut AttnScratch::default(),
-                &pool,
-            );
-            let want = decode_by_axpy(shape, &q, &cache, pos);
-            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&out), bits(&want), "{shape:?} pos {pos}");
-        }
-    }
+    /// Shapes that cover: one tile and many, tiles that straddle key blocks and the diagonal,
+    /// windows shorter and longer than a block, decode over a deep cache (split into spans),
+    /// a short batch over a deep cache (also split), group sizes 1 to 4.
+    const CASES: [(usize, usize, usize, Option<usize>, usize, usize); 9] = [
+        (4, 2, 16, None, 0, 7),
+        (4, 4, 8, None, 5, 1),
+        (6, 2, 4, Some(3), 0, 9),
+        (2, 1, 16, Some(4), 6, 5),
+        (8, 2, 32, None, 30, 80),
+        (8, 2, 64, None, 5000, 1),
+        (4, 1, 32, Some(200), 300, 40),
+        (3, 3, 64, None, 2100, 3),
+        (8, 2, 64, None, 0, 300),
+    ];
 
     #[test]
     fn matches_naive_attention_across_shapes_windows_and_threads() {
-        for (heads, kv_heads, hd, window, pos0, n) in [
-            (4, 2, 16, None, 0, 7),
-            (4, 4, 8, None, 5, 1),
-            (6, 2, 4, Some(3), 0, 9),
-            (2, 1, 16, Some(4), 6, 5),
-            (8, 2, 32, None, 30, 80),
-            (8, 2, 64, None, 5000, 1),
-        ] {
+        for (heads, kv_heads, hd, window, pos0, n) in CASES {
             let shape = AttnShape::new(heads, kv_heads, hd, window);
             let kv_dim = kv_heads * hd;
             let q = data(n * heads * hd, 1);
             let k = data((pos0 + n) * kv_dim, 2);
             let v = data((pos0 + n) * kv_dim, 3);
             let want = naive(shape, &q, &k, &v, pos0);
-            let mut cache = KvCache::new(2, pos0 + n + 3, kv_heads, hd);
+            let mut cache = KvCache::new(2, pos0 + n + 3, kv_heads, hd, CacheType::F32).unwrap();
             cache.write(1, 0, &k, &v);
             cache.set_len(pos0 + n);
-            for threads in [1, 3] {
-                let pool = Pool::new(threads).unwrap();
-                let mut out = vec![0f32; q.len()];
-                let mut scratch = AttnScratch::default();
-                attention(shape, &q, &cache, 1, pos0, &mut out, &mut scratch, &pool);
-                let err = out
+            let one = run(shape, &q, &cache, pos0, 1);
+            let err = one
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(err < 1e-5, "{shape:?} pos0 {pos0} n {n}: {err}");
+            // The cut into items does not depend on the threads: the same bits.
+            let three = run(shape, &q, &cache, pos0, 3);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&one), bits(&three), "{shape:?} pos0 {pos0} n {n}");
+        }
+    }
+
+    /// f16 and Q8_0 caches: attention over what the cache holds equals the reference over the
+    /// same (rounded) keys and values, so the cache's only error is its rounding.
+    #[test]
+    fn lossy_caches_attend_over_exactly_what_they_store() {
+        for ty in [CacheType::F16, CacheType::Q8_0] {
+            for (heads, kv_heads, hd, window, pos0, n) in CASES {
+                if ty == CacheType::Q8_0 && hd % 32 != 0 {
+                    continue;
+                }
+                let shape = AttnShape::new(heads, kv_heads, hd, window);
+                let kv_dim = kv_heads * hd;
+                let q = data(n * heads * hd, 11);
+                let k = data((pos0 + n) * kv_dim, 12);
+                let v = data((pos0 + n) * kv_dim, 13);
+                let mut cache = KvCache::new(2, pos0 + n, kv_heads, hd, ty).unwrap();
+                cache.write(1, 0, &k, &v);
+                cache.set_len(pos0 + n);
+                let [ks, vs] = stored(&cache, 1, kv_heads, hd, pos0 + n);
+                let want = naive(shape, &q, &ks, &vs, pos0);
+                let got = run(shape, &q, &cache, pos0, 2);
+                // Q8_0 keys meet Q8_0-quantized queries (as llama.cpp's do): that rounding
+                // moves the scores by up to ~1% of |q|·|k|.
+                let tol = if ty == CacheType::Q8_0 { 2e-2 } else { 1e-5 };
+                let err = got
                     .iter()
                     .zip(&want)
                     .map(|(a, b)| (a - b).abs())
                     .fold(0f32, f32::max);
+                assert!(err < tol, "{ty} {shape:?} pos0 {pos0} n {n}: {err}");
+                // And the rounding itself is small against the exact values.
+                let exact = naive(shape, &q, &k, &v, pos0);
+                let err = got
+                    .iter()
+                    .zip(&exact)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
                 assert!(
-                    err < 1e-5,
-                    "{shape:?} pos0 {pos0} n {n} threads {threads}: {err}"
+                    err < 3e-2,
+                    "{ty} vs exact {shape:?} pos0 {pos0} n {n}: {err}"
                 );
+            }
+        }
+    }
+
+    /// A batch gives what the same tokens give one at a time (the cut differs, the math not).
+    #[test]
+    fn a_batch_equals_its_tokens_one_by_one() {
+        let shape = AttnShape::new(8, 2, 32, Some(50));
+        let (pos0, n, kv_dim) = (100, 40, 64);
+        let q = data(n * 8 * 32, 21);
+        let k = data((pos0 + n) * kv_dim, 22);
+        let v = data((pos0 + n) * kv_dim, 23);
+        let mut cache = KvCache::new(2, pos0 + n, 2, 32, CacheType::F16).unwrap();
+        cache.write(1, 0, &k, &v);
+        cache.set_len(pos0 + n);
+        let batch = run(shape, &q, &cache, pos0, 2);
+        for t in 0..n {
+            let one = run(shape, &q[t * 256..(t + 1) * 256], &cache, pos0 + t, 2);
+            for (a, b) in one.iter().zip(&batch[t * 256..(t + 1) * 256]) {
+                assert!((a - b).abs() < 1e-5, "token {t}: {a} vs {b}");
             }
         }
     }

@@ -3,6 +3,186 @@
 //! Allocated once for the whole context window; generation never reallocates. Rewinding (to
 //! reuse a shared prefix between chat turns) only moves the length: positions past it are
 //! overwritten by the next forward pass.
+//!
+//! The cache is stored in one of three [`CacheType`]s. At long contexts it is the largest thing
+//! a decode step reads besides the weights (a Llama-3.2-1B-shaped model at 4096 tokens holds
+//! 128 MiB of f16 keys and values, which every token's attention reads once), so its encoding
+//! sets the cost of depth: f16 (the default in `kiln-run`, as in llama.cpp) halves what f32
+//! reads, Q8_0 (GGML's blocks, 34 bytes per 32 values) nearly halves it again. f32 keeps the
+//! projections' values exactly, which is what verification against a reference compares.
+
+use std::fmt;
+use std::str::FromStr;
+
+use half::f16;
+use kiln_kernels::{quantize_row_q8_0_act, BlockQ8_0, Matrix, WeightData, QK};
+
+use crate::error::{Result, RunnerError};
+
+/// How the cache stores keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheType {
+    /// f32: the values the projections produced, exactly.
+    F32,
+    /// f16 (round to nearest even): half the bytes of f32, about 3 significant digits.
+    #[default]
+    F16,
+    /// Q8_0: blocks of 32 values along a head with one f16 scale (GGML's rule, as llama.cpp's
+    /// `--cache-type-k q8_0`); the head width must be a multiple of 32.
+    Q8_0,
+}
+
+impl CacheType {
+    /// Every type, in the order the help text lists them.
+    pub const ALL: [CacheType; 3] = [CacheType::F32, CacheType::F16, CacheType::Q8_0];
+
+    /// The name `--cache-type` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheType::F32 => "f32",
+            CacheType::F16 => "f16",
+            CacheType::Q8_0 => "q8_0",
+        }
+    }
+
+    /// Bytes for `values` values (a whole number of blocks for Q8_0).
+    pub fn bytes(self, values: usize) -> usize {
+        match self {
+            CacheType::F32 => values * 4,
+            CacheType::F16 => values * 2,
+            CacheType::Q8_0 => values / QK * std::mem::size_of::<BlockQ8_0>(),
+        }
+    }
+}
+
+impl fmt::Display for CacheType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for CacheType {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        CacheType::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("unknown cache type {s:?}: expected one of f32, f16, q8_0"))
+    }
+}
+
+/// One stored tensor (all keys, or all values), `(layers, kv_heads, ctx, head_dim)`.
+#[derive(Debug)]
+enum Store {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    /// `head_dim / 32` blocks per position.
+    Q8_0(Vec<BlockQ8_0>),
+}
+
+impl Store {
+    fn new(ty: CacheType, values: usize) -> Store {
+        match ty {
+            CacheType::F32 => Store::F32(vec![0.0; values]),
+            CacheType::F16 => Store::F16(vec![f16::ZERO; values]),
+            CacheType::Q8_0 => Store::Q8_0(vec![
+                BlockQ8_0 {
+                    d: f16::ZERO,
+                    qs: [0; QK]
+                };
+                values / QK
+            ]),
+        }
+    }
+
+    /// Store `src` at value offset `at` (a whole number of blocks for Q8_0).
+    fn put(&mut self, at: usize, src: &[f32]) {
+        match self {
+            Store::F32(d) => d[at..at + src.len()].copy_from_slice(src),
+            Store::F16(d) => {
+                for (o, &x) in d[at..at + src.len()].iter_mut().zip(src) {
+                    *o = f16::from_f32(x);
+                }
+            }
+            Store::Q8_0(d) => quantize_row_q8_0_act(src, &mut d[at / QK..(at + src.len()) / QK]),
+        }
+    }
+
+    /// The values `range` (whole blocks for Q8_0).
+    fn rows(&self, range: std::ops::Range<usize>) -> KvRows<'_> {
+        match self {
+            Store::F32(d) => KvRows::F32(&d[range]),
+            Store::F16(d) => KvRows::F16(&d[range]),
+            Store::Q8_0(d) => KvRows::Q8_0(&d[range.start / QK..range.end / QK]),
+        }
+    }
+}
+
+/// Consecutive positions of one key/value head, `(positions, head_dim)`, in the cache's type.
+#[derive(Debug, Clone, Copy)]
+pub enum KvRows<'a> {
+    /// f32 values.
+    F32(&'a [f32]),
+    /// f16 values.
+    F16(&'a [f16]),
+    /// Q8_0 blocks, `head_dim / 32` per position.
+    Q8_0(&'a [BlockQ8_0]),
+}
+
+impl<'a> KvRows<'a> {
+    /// Values (not blocks) held.
+    fn values(&self) -> usize {
+        match self {
+            KvRows::F32(d) => d.len(),
+            KvRows::F16(d) => d.len(),
+            KvRows::Q8_0(d) => d.len() * QK,
+        }
+    }
+
+    /// Positions `from..to` of rows `width` wide.
+    pub fn slice(&self, from: usize, to: usize, width: usize) -> KvRows<'a> {
+        let r = from * width..to * width;
+        match *self {
+            KvRows::F32(d) => KvRows::F32(&d[r]),
+            KvRows::F16(d) => KvRows::F16(&d[r]),
+            KvRows::Q8_0(d) => KvRows::Q8_0(&d[r.start / QK..r.end / QK]),
+        }
+    }
+
+    /// The rows as a matrix of `width` columns, for [`kiln_kernels::matmul`] (a Q8_0 matrix
+    /// is multiplied by Q8_0-quantized activations, as llama.cpp multiplies a Q8_0 cache).
+    pub fn matrix(&self, width: usize) -> Matrix<'a> {
+        let rows = self.values() / width;
+        let data = match *self {
+            KvRows::F32(d) => WeightData::F32(d),
+            KvRows::F16(d) => WeightData::F16(d),
+            KvRows::Q8_0(d) => WeightData::Q8_0(d),
+        };
+        Matrix::new(rows, width, data).expect("cache rows are whole rows of the head width")
+    }
+
+    /// The values as f32 into `out` (`out.len()` values).
+    pub fn to_f32(&self, out: &mut [f32]) {
+        assert_eq!(out.len(), self.values(), "kv rows: output length");
+        match *self {
+            KvRows::F32(d) => out.copy_from_slice(d),
+            KvRows::F16(d) => {
+                for (o, x) in out.iter_mut().zip(d) {
+                    *o = x.to_f32();
+                }
+            }
+            KvRows::Q8_0(d) => {
+                for (o, b) in out.chunks_exact_mut(QK).zip(d) {
+                    let s = b.d.to_f32();
+                    for (o, &q) in o.iter_mut().zip(&b.qs) {
+                        *o = s * f32::from(q);
+                    }
+                }
+            }
+        }
+    }
+}
 
 /// Keys and values of `layers` layers for up to `ctx` positions.
 ///
@@ -14,27 +194,61 @@ pub struct KvCache {
     ctx: usize,
     kv_heads: usize,
     head_dim: usize,
+    ty: CacheType,
     /// `(layers, kv_heads, ctx, head_dim)`, keys after rope.
-    k: Vec<f32>,
+    k: Store,
     /// `(layers, kv_heads, ctx, head_dim)`
-    v: Vec<f32>,
+    v: Store,
     /// Positions filled.
     len: usize,
 }
 
 impl KvCache {
-    /// Allocate (zeroed) for `ctx` positions.
-    pub fn new(layers: usize, ctx: usize, kv_heads: usize, head_dim: usize) -> KvCache {
-        let n = layers * kv_heads * ctx * head_dim;
-        KvCache {
+    /// Allocate (zeroed) for `ctx` positions. A Q8_0 cache needs a head width that is a
+    /// multiple of 32; the size must fit in memory's address range.
+    pub fn new(
+        layers: usize,
+        ctx: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        ty: CacheType,
+    ) -> Result<KvCache> {
+        if ty == CacheType::Q8_0 && !head_dim.is_multiple_of(QK) {
+            return Err(RunnerError::InvalidArgument {
+                arg: "--cache-type",
+                reason: format!(
+                    "a q8_0 cache stores blocks of {QK} values along a head, and this model's \
+                     heads are {head_dim} wide: use f16 or f32"
+                ),
+            });
+        }
+        let n = [layers, kv_heads, ctx, head_dim]
+            .into_iter()
+            .try_fold(1usize, usize::checked_mul)
+            .filter(|&n| {
+                ty.bytes(n)
+                    .checked_mul(2)
+                    .is_some_and(|b| b <= isize::MAX as usize)
+            })
+            .ok_or_else(|| RunnerError::InvalidArgument {
+                arg: "--ctx",
+                reason: format!("a KV cache of {ctx} positions does not fit in memory"),
+            })?;
+        Ok(KvCache {
             layers,
             ctx,
             kv_heads,
             head_dim,
-            k: vec![0.0; n],
-            v: vec![0.0; n],
+            ty,
+            k: Store::new(ty, n),
+            v: Store::new(ty, n),
             len: 0,
-        }
+        })
+    }
+
+    /// How keys and values are stored.
+    pub fn cache_type(&self) -> CacheType {
+        self.ty
     }
 
     /// Capacity in positions.
@@ -69,10 +283,12 @@ impl KvCache {
 
     /// Bytes allocated.
     pub fn bytes(&self) -> usize {
-        (self.k.len() + self.v.len()) * std::mem::size_of::<f32>()
+        2 * self
+            .ty
+            .bytes(self.layers * self.kv_heads * self.ctx * self.head_dim)
     }
 
-    /// Element range of positions `from..to` of one head of one layer.
+    /// Value range of positions `from..to` of one head of one layer.
     fn range(&self, layer: usize, head: usize, from: usize, to: usize) -> std::ops::Range<usize> {
         assert!(layer < self.layers && head < self.kv_heads && from <= to && to <= self.ctx);
         let base = (layer * self.kv_heads + head) * self.ctx * self.head_dim;
@@ -80,7 +296,7 @@ impl KvCache {
     }
 
     /// Store `n` positions of keys and values (`(n, kv_heads*head_dim)` each, as the
-    /// projections produce them) at `pos..pos+n` of `layer`.
+    /// projections produce them) at `pos..pos+n` of `layer`, converted to the cache's type.
     pub fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
         let (hd, kv_dim) = (self.head_dim, self.kv_heads * self.head_dim);
         debug_assert_eq!(k.len(), v.len());
@@ -90,16 +306,79 @@ impl KvCache {
             .enumerate()
         {
             for h in 0..self.kv_heads {
-                let r = self.range(layer, h, pos + t, pos + t + 1);
-                self.k[r.clone()].copy_from_slice(&kt[h * hd..(h + 1) * hd]);
-                self.v[r].copy_from_slice(&vt[h * hd..(h + 1) * hd]);
+                let at = self.range(layer, h, pos + t, pos + t + 1).start;
+                self.k.put(at, &kt[h * hd..(h + 1) * hd]);
+                self.v.put(at, &vt[h * hd..(h + 1) * hd]);
             }
         }
     }
 
     /// Keys and values of positions `0..to` of one head of `layer`, `(to, head_dim)` each.
-    pub fn head(&self, layer: usize, head: usize, to: usize) -> (&[f32], &[f32]) {
+    pub fn head(&self, layer: usize, head: usize, to: usize) -> (KvRows<'_>, KvRows<'_>) {
         let r = self.range(layer, head, 0, to);
-        (&self.k[r.clone()], &self.v[r])
+        (self.k.rows(r.clone()), self.v.rows(r))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_type_round_trips_within_its_precision() {
+        let (layers, ctx, heads, hd) = (2, 5, 2, 64);
+        let k: Vec<f32> = (0..3 * heads * hd)
+            .map(|i| (i as f32 * 0.37).sin())
+            .collect();
+        let v: Vec<f32> = k.iter().map(|x| -2.0 * x).collect();
+        for (ty, tol) in [
+            (CacheType::F32, 0.0),
+            (CacheType::F16, 1e-3),
+            (CacheType::Q8_0, 2.0 / 127.0),
+        ] {
+            let mut c = KvCache::new(layers, ctx, heads, hd, ty).unwrap();
+            c.write(1, 2, &k, &v);
+            assert_eq!(c.bytes(), 2 * ty.bytes(layers * ctx * heads * hd));
+            for h in 0..heads {
+                let (kr, vr) = c.head(1, h, 5);
+                let (mut kf, mut vf) = (vec![0.0; 5 * hd], vec![0.0; 5 * hd]);
+                kr.to_f32(&mut kf);
+                vr.to_f32(&mut vf);
+                assert!(kf[..2 * hd].iter().all(|&x| x == 0.0));
+                for t in 0..3 {
+                    for i in 0..hd {
+                        let (want_k, want_v) = (
+                            k[t * heads * hd + h * hd + i],
+                            v[t * heads * hd + h * hd + i],
+                        );
+                        let (got_k, got_v) = (kf[(2 + t) * hd + i], vf[(2 + t) * hd + i]);
+                        assert!((got_k - want_k).abs() <= tol, "{ty} k {got_k} vs {want_k}");
+                        assert!(
+                            (got_v - want_v).abs() <= 2.0 * tol,
+                            "{ty} v {got_v} vs {want_v}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q8_0_needs_heads_of_whole_blocks() {
+        let err = KvCache::new(1, 4, 1, 24, CacheType::Q8_0).unwrap_err();
+        assert!(err.to_string().contains("24 wide"), "{err}");
+        assert!(KvCache::new(1, 4, 1, 24, CacheType::F16).is_ok());
+    }
+
+    #[test]
+    fn names_parse_back() {
+        for t in CacheType::ALL {
+            assert_eq!(t.name().parse::<CacheType>(), Ok(t));
+        }
+        assert_eq!("Q8_0".parse::<CacheType>(), Ok(CacheType::Q8_0));
+        assert!("q4_0"
+            .parse::<CacheType>()
+            .unwrap_err()
+            .contains("f32, f16, q8_0"));
     }
 }

@@ -14,8 +14,8 @@ use kiln_format::{ExitStatus, KilnFile};
 use kiln_runner::bench::{bench, BenchOptions, BenchResult};
 use kiln_runner::threads::{cap_notice, cap_threads, physical_cores};
 use kiln_runner::{
-    generate, open_model_verified, ChatTemplate, Conversation, GenerateOptions, Generation, Model,
-    Result, RunnerError, Sampler, SamplerConfig, Session, Tokenizer,
+    generate, open_model_verified, CacheType, ChatTemplate, Conversation, GenerateOptions,
+    Generation, Model, Result, RunnerError, Sampler, SamplerConfig, Session, Tokenizer,
 };
 
 #[derive(Debug, Parser)]
@@ -49,6 +49,10 @@ struct RunArgs {
     /// Compute threads [default: physical cores; at most the CPUs available].
     #[arg(short = 't', long)]
     threads: Option<usize>,
+    /// How the KV cache stores keys and values: f16 (half of f32's memory and reads), q8_0
+    /// (GGML's blocks, about a quarter; heads must be a multiple of 32 wide) or f32 (exact).
+    #[arg(long = "cache-type", default_value_t = CacheType::F16)]
+    cache_type: CacheType,
     /// Skip checking every tensor's sha256 before running (for a file already verified, e.g.
     /// with `kiln-convert inspect --verify`).
     #[arg(long)]
@@ -151,6 +155,10 @@ struct BenchArgs {
     /// llama-bench -d): `pp512 @ d4096` is a 512-token prompt after 4096 cached tokens.
     #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
     depth: Vec<usize>,
+    /// How the KV cache stores keys and values: f16 (half of f32's memory and reads), q8_0
+    /// (GGML's blocks, about a quarter; heads must be a multiple of 32 wide) or f32 (exact).
+    #[arg(long = "cache-type", default_value_t = CacheType::F16)]
+    cache_type: CacheType,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -316,7 +324,7 @@ fn load(file: &KilnFile) -> Result<Loaded<'_>> {
 
 fn session<'m>(model: &'m Model<'m>, run: &RunArgs, threads: usize) -> Result<Session<'m>> {
     let ctx = run.ctx.unwrap_or_else(|| model.default_ctx());
-    model.session(ctx, threads)
+    model.session_with(ctx, threads, run.cache_type)
 }
 
 fn stdout_writer() -> impl FnMut(&str) -> Result<()> {
@@ -395,6 +403,8 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             "seed": seed,
             "threads": sess.threads(),
             "ctx": sess.ctx(),
+            "cache_type": sess.cache_type().name(),
+            "cache_bytes": sess.cache_bytes(),
         });
         println!("{out}");
     } else {
@@ -429,11 +439,13 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
         ..GenerateOptions::default()
     };
     eprintln!(
-        "[loaded {} in {:.0} ms: {} layers, ctx {}, {} threads; /reset clears, /exit or EOF quits]",
+        "[loaded {} in {:.0} ms: {} layers, ctx {} ({} KV cache, {:.0} MiB), {} threads; /reset clears, /exit or EOF quits]",
         a.run.model.display(),
         t0.elapsed().as_secs_f64() * 1e3,
         m.model.config.layers,
         sess.ctx(),
+        sess.cache_type(),
+        sess.cache_bytes() as f64 / (1 << 20) as f64,
         sess.threads()
     );
     let mut conv = Conversation::new(&template, a.system.as_deref());
@@ -512,7 +524,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         })?;
     let mut results: Vec<BenchResult> = Vec::new();
     for &t in &threads {
-        let mut sess = model.session(ctx, t)?;
+        let mut sess = model.session_with(ctx, t, a.cache_type)?;
         for &depth in &a.depth {
             let opts = BenchOptions {
                 prompt_tokens: a.n_prompt,
@@ -534,16 +546,17 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
             "size_bytes": file.file_len(),
             "load_ms": load_ms,
             "isa": format!("{:?}", kiln_kernels::isa()),
+            "cache_type": a.cache_type.name(),
             "results": results,
         });
         writeln!(out, "{v}").map_err(w)?;
     } else {
         writeln!(
             out,
-            "| model | weights | size | isa | threads | test | tok/s | min | max |"
+            "| model | weights | size | isa | kv | threads | test | tok/s | min | max |"
         )
         .map_err(w)?;
-        writeln!(out, "|---|---|--:|---|--:|---|--:|--:|--:|").map_err(w)?;
+        writeln!(out, "|---|---|--:|---|---|--:|---|--:|--:|--:|").map_err(w)?;
         let name = a
             .model
             .file_name()
@@ -551,9 +564,10 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         for r in &results {
             writeln!(
                 out,
-                "| {name} | {weights} | {:.1} MiB | {:?} | {} | {} | {:.2} ± {:.2} | {:.2} | {:.2} |",
+                "| {name} | {weights} | {:.1} MiB | {:?} | {} | {} | {} | {:.2} ± {:.2} | {:.2} | {:.2} |",
                 file.file_len() as f64 / (1 << 20) as f64,
                 kiln_kernels::isa(),
+                a.cache_type,
                 r.threads,
                 r.test,
                 r.tok_s,

@@ -19,7 +19,7 @@ use kiln_kernels::{axpy, gelu_tanh_mul, matmul, matmul_many, rmsnorm, silu_mul, 
 use crate::attention::{attention, AttnScratch, AttnShape};
 use crate::config::Config;
 use crate::error::{Result, RunnerError};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{CacheType, KvCache};
 use crate::observer::{emit, wants, Activation, Observer};
 use crate::rope::{FactorSet, Rope};
 use crate::weights::{dequantize_row, Weights};
@@ -50,9 +50,22 @@ impl<'a> Model<'a> {
         self.config.max_position_embeddings.min(DEFAULT_CTX_CAP)
     }
 
-    /// Start a session with room for `ctx` positions, computing on `threads` threads.
+    /// Start a session with room for `ctx` positions, computing on `threads` threads, with
+    /// an f32 KV cache: the values the projections produced, as a reference comparison or a
+    /// calibration needs them.
     pub fn session(&self, ctx: usize, threads: usize) -> Result<Session<'_>> {
-        Session::new(self, ctx, threads)
+        Session::new(self, ctx, threads, CacheType::F32)
+    }
+
+    /// [`Model::session`] with the KV cache stored as `cache` (`kiln-run` uses f16 unless
+    /// told otherwise).
+    pub fn session_with(
+        &self,
+        ctx: usize,
+        threads: usize,
+        cache: CacheType,
+    ) -> Result<Session<'_>> {
+        Session::new(self, ctx, threads, cache)
     }
 }
 
@@ -132,8 +145,14 @@ pub struct Session<'m> {
 }
 
 impl<'m> Session<'m> {
-    /// Allocate a session for `ctx` positions on `threads` threads.
-    pub fn new(model: &'m Model<'m>, ctx: usize, threads: usize) -> Result<Session<'m>> {
+    /// Allocate a session for `ctx` positions on `threads` threads, its KV cache stored as
+    /// `cache`.
+    pub fn new(
+        model: &'m Model<'m>,
+        ctx: usize,
+        threads: usize,
+        cache: CacheType,
+    ) -> Result<Session<'m>> {
         let c = &model.config;
         if ctx == 0 {
             return Err(RunnerError::InvalidArgument {
@@ -160,7 +179,7 @@ impl<'m> Session<'m> {
         Ok(Session {
             model,
             pool,
-            cache: KvCache::new(c.layers, ctx, c.kv_heads, c.head_dim),
+            cache: KvCache::new(c.layers, ctx, c.kv_heads, c.head_dim, cache)?,
             rope: Rope::new(
                 c.rope_geometry(),
                 c.rope_theta,
@@ -198,6 +217,11 @@ impl<'m> Session<'m> {
     /// Compute threads.
     pub fn threads(&self) -> usize {
         self.pool.threads()
+    }
+
+    /// How the KV cache stores keys and values.
+    pub fn cache_type(&self) -> CacheType {
+        self.cache.cache_type()
     }
 
     /// Bytes held by the KV cache.

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_format::{ExitStatus, KilnFile};
+use kiln_runner::CacheType;
 use kiln_verify::perplexity::{PerplexityOptions, PerplexityProgress, ScoredLogits};
 use kiln_verify::tolerance::Tolerance;
 use kiln_verify::{diff, dump, layers, perplexity, Result, VerifyError};
@@ -84,6 +85,10 @@ enum Command {
         /// Base model's saved log-probabilities: report mean KL-divergence and top-token agreement.
         #[arg(long)]
         kl_base: Option<PathBuf>,
+        /// How the KV cache stores keys and values: f32 (exact, the default here, so that the
+        /// figures measure the weights), or f16 / q8_0 as `kiln-run --cache-type` runs them.
+        #[arg(long = "cache-type", default_value_t = CacheType::F32)]
+        cache_type: CacheType,
         #[arg(short, long)]
         threads: Option<usize>,
         #[arg(long)]
@@ -238,6 +243,7 @@ fn run(cli: Cli) -> Result<bool> {
             force,
             no_verify,
             kl_base,
+            cache_type,
             threads: t,
             json: j,
         } => {
@@ -272,6 +278,7 @@ fn run(cli: Cli) -> Result<bool> {
                 ctx,
                 chunks,
                 threads: threads(t)?,
+                cache_type,
             };
             let (r, kept) = perplexity::perplexity(
                 &f,
@@ -290,8 +297,8 @@ fn run(cli: Cli) -> Result<bool> {
                 json(&r);
             } else {
                 let mut s = format!(
-                    "{}: perplexity {:.4} ± {:.4} over {} chunks of {} ({} tokens scored, {:.0} tok/s)\n",
-                    r.model, r.ppl, r.ppl_stderr, r.chunks, r.ctx, r.tokens_scored, r.tok_s
+                    "{}: perplexity {:.4} ± {:.4} over {} chunks of {} ({} tokens scored, {} KV cache, {:.0} tok/s)\n",
+                    r.model, r.ppl, r.ppl_stderr, r.chunks, r.ctx, r.tokens_scored, r.cache_type, r.tok_s
                 );
                 if let (Some(k), Some(p)) = (r.kld_mean, r.same_top_p) {
                     s += &format!(

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use half::f16;
 use kiln_format::KilnFile;
-use kiln_runner::{Logits, Model, Tokenizer};
+use kiln_runner::{CacheType, Logits, Model, Tokenizer};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde::Serialize;
@@ -30,6 +30,8 @@ pub struct PerplexityOptions {
     pub chunks: Option<usize>,
     /// Worker threads.
     pub threads: usize,
+    /// How the KV cache stores keys and values (f32 unless measuring a cache type's cost).
+    pub cache_type: CacheType,
 }
 
 /// Running figures, reported after every chunk.
@@ -59,6 +61,8 @@ pub struct PerplexityReport {
     pub model: String,
     pub text: String,
     pub ctx: usize,
+    /// The KV cache's encoding.
+    pub cache_type: &'static str,
     pub chunks: usize,
     pub tokens_scored: usize,
     /// exp(mean NLL).
@@ -135,7 +139,7 @@ pub fn perplexity(
             });
         }
     }
-    let mut session = model.session(ctx, opts.threads)?;
+    let mut session = model.session_with(ctx, opts.threads, opts.cache_type)?;
     let start = Instant::now();
     let (mut nll_sum, mut nll2_sum, mut count) = (0f64, 0f64, 0usize);
     let (mut kl_sum, mut same) = (0f64, 0usize);
@@ -181,6 +185,7 @@ pub fn perplexity(
         model: file.label().to_string(),
         text: text_path.display().to_string(),
         ctx,
+        cache_type: opts.cache_type.name(),
         chunks: n_chunks,
         tokens_scored: count,
         ppl,

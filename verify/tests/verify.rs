@@ -6,6 +6,7 @@ use std::process::Command;
 
 use kiln_convert::{convert_hf, ConvertOptions, NoProgress};
 use kiln_format::{DType, KilnFile, KilnWriter, TensorSpec};
+use kiln_runner::CacheType;
 use kiln_verify::dump::Dump;
 use kiln_verify::layers::verify_layers;
 use kiln_verify::perplexity::{perplexity, PerplexityOptions};
@@ -171,6 +172,7 @@ fn perplexity_against_itself_has_zero_kl_and_full_agreement() {
         ctx: 64,
         chunks: Some(3),
         threads: 2,
+        cache_type: CacheType::F32,
     };
     let (r, kept) = perplexity(&f, &text_path, &text, &opts, None, true, &()).unwrap();
     assert_eq!(r.chunks, 3);
@@ -206,6 +208,43 @@ fn perplexity_against_itself_has_zero_kl_and_full_agreement() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("too short") && e.contains("corpus.txt"), "{e}");
+}
+
+/// An f16 KV cache costs a little against the f32 one; a Q8_0 cache on heads that are not
+/// whole blocks is refused, naming the option.
+#[test]
+fn perplexity_measures_the_cache_type() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = convert("llama-tied-f32", None, tmp.path());
+    let f = KilnFile::open(&path).unwrap();
+    let text_path = repo().join("fixtures/tiny/corpus.txt");
+    let text = std::fs::read_to_string(&text_path).unwrap();
+    let mut opts = PerplexityOptions {
+        ctx: 64,
+        chunks: Some(3),
+        threads: 2,
+        cache_type: CacheType::F32,
+    };
+    let (exact, kept) = perplexity(&f, &text_path, &text, &opts, None, true, &()).unwrap();
+    let logits = tmp.path().join("base.logits");
+    kept.unwrap().save(&logits, false).unwrap();
+    let base = kiln_verify::perplexity::ScoredLogits::load(&logits).unwrap();
+    opts.cache_type = CacheType::F16;
+    let (half, _) = perplexity(&f, &text_path, &text, &opts, Some(&base), false, &()).unwrap();
+    assert_eq!((exact.cache_type, half.cache_type), ("f32", "f16"));
+    assert_ne!(half.ppl, exact.ppl, "an f16 cache rounds");
+    assert!(
+        (half.ppl / exact.ppl - 1.0).abs() < 1e-3,
+        "{} vs {}",
+        half.ppl,
+        exact.ppl
+    );
+    assert!(half.kld_mean.unwrap() < 1e-4, "{:?}", half.kld_mean);
+    opts.cache_type = CacheType::Q8_0;
+    let e = perplexity(&f, &text_path, &text, &opts, None, false, &())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--cache-type") && e.contains("16 wide"), "{e}");
 }
 
 fn cli() -> Command {

@@ -224,6 +224,11 @@ macro_rules! isa_entry_points {
             crate::approx::softmax_inplace(x)
         }
 
+        #[target_feature(enable = $features)]
+        fn exp_sum_impl(x: &mut [f32], shift: f32) -> f32 {
+            crate::approx::exp_sum(x, shift)
+        }
+
         // The safe wrappers below check every length the kernels rely on. Their `unsafe` calls
         // are sound because `table()` is only handed out when the CPU has this tier's features
         // (`Isa::is_supported`, checked by `crate::kernels`).
@@ -322,6 +327,11 @@ macro_rules! isa_entry_points {
             unsafe { softmax_impl(x) }
         }
 
+        fn exp_sum(x: &mut [f32], shift: f32) -> f32 {
+            // SAFETY: features supported (see above); a safe function with no length contract.
+            unsafe { exp_sum_impl(x, shift) }
+        }
+
         fn table_for(isa: Isa) -> Kernels {
             Kernels {
                 isa,
@@ -336,6 +346,7 @@ macro_rules! isa_entry_points {
                 silu_mul,
                 gelu_tanh_mul,
                 softmax_inplace,
+                exp_sum,
                 quantize_row_q8_0_act,
                 decode_bf16: crate::simd::avx2_convert::decode_bf16,
                 quantize_blocks: crate::simd::avx2_convert::quantize_blocks,

@@ -368,6 +368,7 @@ pub(crate) fn table() -> &'static Kernels {
         silu_mul: crate::approx::silu_mul,
         gelu_tanh_mul: crate::approx::gelu_tanh_mul,
         softmax_inplace: crate::approx::softmax_inplace,
+        exp_sum: crate::approx::exp_sum,
         ..SCALAR_TABLE
     };
     &TABLE
