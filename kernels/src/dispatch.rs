@@ -96,6 +96,7 @@ pub struct Kernels {
     pub(crate) dot_f32: fn(&[f32], &[f32]) -> f32,
     pub(crate) axpy: fn(f32, &[f32], &mut [f32]),
     pub(crate) weighted_sum: fn(&[f32], usize, &[f32], usize, &mut [f32]),
+    pub(crate) weighted_sum_f16: fn(&[f32], usize, &[f16], usize, &mut [f32]),
     pub(crate) dot_f16_f32: fn(&[f16], &[f32]) -> f32,
     pub(crate) dot_bf16_f32: fn(&[bf16], &[f32]) -> f32,
     pub(crate) dot_q8_0_q8_0: fn(&[BlockQ8_0], &[BlockQ8_0]) -> f32,
@@ -148,10 +149,10 @@ pub(crate) fn tile_ref<W, X>(
 /// `width` values, and every row's probabilities
 /// (`probs[r·stride..r·stride + keys]`) lie inside `probs`. Every tier's entry point calls
 /// this first, so the kernels may read those ranges unchecked.
-pub(crate) fn weighted_sum_shape(
+pub(crate) fn weighted_sum_shape<T>(
     probs: &[f32],
     stride: usize,
-    v: &[f32],
+    v: &[T],
     width: usize,
     out: &[f32],
 ) {
@@ -200,6 +201,7 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     dot_f32: r::dot_f32_ref,
     axpy: r::axpy_ref,
     weighted_sum: r::weighted_sum_ref,
+    weighted_sum_f16: r::weighted_sum_f16_ref,
     dot_f16_f32: r::dot_f16_f32_ref,
     dot_bf16_f32: r::dot_bf16_f32_ref,
     dot_q8_0_q8_0: r::dot_q8_0_q8_0_ref,
@@ -300,6 +302,20 @@ impl Kernels {
     ) {
         weighted_sum_shape(probs, stride, v, width, out);
         (self.weighted_sum)(probs, stride, v, width, out)
+    }
+
+    /// [`weighted_sum`](Self::weighted_sum) over f16 rows of `v` (an f16 KV cache's values),
+    /// each widened as it is loaded: the same bits as `weighted_sum` over the widened rows.
+    pub fn weighted_sum_f16(
+        &self,
+        probs: &[f32],
+        stride: usize,
+        v: &[f16],
+        width: usize,
+        out: &mut [f32],
+    ) {
+        weighted_sum_shape(probs, stride, v, width, out);
+        (self.weighted_sum_f16)(probs, stride, v, width, out)
     }
 
     /// `Σ w[i]·x[i]` for f16 weights. Panics if the lengths differ.

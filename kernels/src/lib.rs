@@ -4,7 +4,7 @@
 //! - [`Matrix`] borrows a weight matrix in one of the [`WeightData`] encodings (F32, F16, BF16,
 //!   Q8_0, Q4_0); [`matmul`] multiplies it by a batch of activation rows on a [`Pool`].
 //! - The vector kernels ([`rmsnorm`], [`softmax_inplace`], [`exp_sum`], [`silu_mul`], [`gelu_tanh_mul`],
-//!   [`dot_f32`], [`axpy`], [`weighted_sum`]) and the per-encoding dot products
+//!   [`dot_f32`], [`axpy`], [`weighted_sum`], [`weighted_sum_f16`]) and the per-encoding dot products
 //!   ([`dot_q8_0_q8_0`], [`dot_q4_0_q8_0`], [`dot_f16_f32`], [`dot_bf16_f32`]) cover the rest of
 //!   a forward pass.
 //! - The weight-conversion kernels serve the quantizer: [`decode_bf16`], and
@@ -91,6 +91,12 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
 /// whole rows, or `probs` is too short for the rows at `stride`.
 pub fn weighted_sum(probs: &[f32], stride: usize, v: &[f32], width: usize, out: &mut [f32]) {
     active().weighted_sum(probs, stride, v, width, out)
+}
+
+/// [`weighted_sum`] over f16 rows of `v` (an f16 KV cache's values), widened as they are
+/// loaded: the same bits as [`weighted_sum`] over the widened rows.
+pub fn weighted_sum_f16(probs: &[f32], stride: usize, v: &[f16], width: usize, out: &mut [f32]) {
+    active().weighted_sum_f16(probs, stride, v, width, out)
 }
 
 /// Little-endian bf16 bytes to f32, NaNs quieted. Panics unless `out.len() == bytes.len() / 2`.

@@ -34,6 +34,27 @@ pub fn weighted_sum_ref(probs: &[f32], stride: usize, v: &[f32], width: usize, o
     }
 }
 
+/// [`weighted_sum_ref`] over f16 rows of `v`, each widened to f32 first.
+pub fn weighted_sum_f16_ref(
+    probs: &[f32],
+    stride: usize,
+    v: &[f16],
+    width: usize,
+    out: &mut [f32],
+) {
+    crate::dispatch::weighted_sum_shape(probs, stride, v, width, out);
+    let mut row = vec![0f32; width];
+    for (r, o) in out.chunks_exact_mut(width).enumerate() {
+        o.fill(0.0);
+        for (j, vj) in v.chunks_exact(width).enumerate() {
+            for (x, h) in row.iter_mut().zip(vj) {
+                *x = h.to_f32();
+            }
+            axpy_ref(probs[r * stride + j], &row, o);
+        }
+    }
+}
+
 /// `Σ w[i]·x[i]` with f16 weights widened to f32.
 pub fn dot_f16_f32_ref(w: &[f16], x: &[f32]) -> f32 {
     assert_eq!(w.len(), x.len(), "dot_f16_f32: length mismatch");

@@ -337,6 +337,21 @@ proptest! {
             k.weighted_sum(probs, stride, v, width, got);
             prop_assert_eq!(bits(got), bits(&want), "{:?}", k.isa());
         }
+        // Over f16 values: the bits of the f32 kernel over the widened values, in each tier
+        // and the reference.
+        let v16: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+        let widened: Vec<f32> = v16.iter().map(|x| x.to_f32()).collect();
+        let mut want = vec![0f32; rows * width];
+        r::weighted_sum_ref(probs, stride, &widened, width, &mut want);
+        got.fill(f32::NAN);
+        r::weighted_sum_f16_ref(probs, stride, &v16, width, got);
+        prop_assert_eq!(bits(got), bits(&want), "f16 reference");
+        for k in tiers() {
+            k.weighted_sum(probs, stride, &widened, width, &mut want);
+            got.fill(f32::NAN);
+            k.weighted_sum_f16(probs, stride, &v16, width, got);
+            prop_assert_eq!(bits(got), bits(&want), "f16 {:?}", k.isa());
+        }
     }
 }
 

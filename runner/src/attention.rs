@@ -24,8 +24,9 @@
 //! the thread count, the result is the same bits on any number of threads.
 
 use std::cell::RefCell;
+use std::sync::OnceLock;
 
-use kiln_kernels::{axpy, exp_sum, matmul, weighted_sum, Matrix, Pool, WeightData};
+use kiln_kernels::{axpy, exp_sum, matmul, weighted_sum, weighted_sum_f16, Pool};
 
 use crate::kv_cache::{KvCache, KvRows};
 
@@ -42,10 +43,6 @@ const KEY_SPAN: usize = 1024;
 
 /// Items below which keys are split into spans (one token over 8 key/value heads is 8 items).
 const SPLIT_BELOW: usize = 64;
-
-/// Rows (tile tokens × group) from which `P·V` goes through [`matmul`] over the block's
-/// transposed values; below it, [`weighted_sum`] (the rows share every load of a value row).
-const PV_MATMUL_ROWS: usize = 16;
 
 /// Multiply–adds (query rows × visible keys × head width, over the call) below which the
 /// items run on the calling thread: handing them to the pool costs more.
@@ -113,16 +110,21 @@ struct Block {
     q: Vec<f32>,
     /// Scores, then unnormalized probabilities, `(rows, keys in the block)`.
     s: Vec<f32>,
-    /// The block's values widened to f32, `(keys, head_dim)`.
+    /// The block's values widened to f32, `(keys, head_dim)` (a Q8_0 cache).
     v: Vec<f32>,
-    /// The same transposed, `(head_dim, keys)`.
-    vt: Vec<f32>,
     /// `P·V` of the block, `(rows, head_dim)`.
     pv: Vec<f32>,
 }
 
 thread_local! {
     static BLOCK: RefCell<Block> = RefCell::new(Block::default());
+}
+
+/// The pool an item's products run on: none but the calling thread (an item is already one
+/// thread's share of the work). Made once: starting a pool asks the OS for the CPU count.
+fn one_thread() -> &'static Pool {
+    static ONE: OnceLock<Pool> = OnceLock::new();
+    ONE.get_or_init(|| Pool::new(1).expect("a one-thread pool starts no threads"))
 }
 
 /// Attention of `n` queries at positions `pos0..pos0+n` over `layer` of `cache` (which already
@@ -170,10 +172,10 @@ pub fn attention(
     }
     let items = &mut items[..count];
     let run = |_: usize, its: &mut [Item]| {
-        let one = Pool::new(1).expect("one thread");
+        let one = one_thread();
         BLOCK.with_borrow_mut(|b| {
             for it in its {
-                run_item(shape, q, cache, layer, pos0, it, b, &one);
+                run_item(shape, q, cache, layer, pos0, it, b, one);
             }
         })
     };
@@ -283,28 +285,17 @@ fn run_item(
         if !seen {
             continue;
         }
-        // o += P·V
-        let vs = v.slice(j0, j1, hd);
-        let vals: &[f32] = match vs {
-            KvRows::F32(d) => d,
-            _ => {
+        // o += P·V, the rows sharing every load of a value row (f16 values widened in
+        // registers, Q8_0 ones a block at a time into a buffer that stays in L1)
+        b.pv.resize(rows * hd, 0.0);
+        match v.slice(j0, j1, hd) {
+            KvRows::F32(d) => weighted_sum(&b.s, kb, d, hd, &mut b.pv),
+            KvRows::F16(d) => weighted_sum_f16(&b.s, kb, d, hd, &mut b.pv),
+            vs @ KvRows::Q8_0(_) => {
                 b.v.resize(kb * hd, 0.0);
                 vs.to_f32(&mut b.v);
-                &b.v
+                weighted_sum(&b.s, kb, &b.v, hd, &mut b.pv);
             }
-        };
-        b.pv.resize(rows * hd, 0.0);
-        if rows >= PV_MATMUL_ROWS {
-            b.vt.resize(hd * kb, 0.0);
-            for (j, vj) in vals.chunks_exact(hd).enumerate() {
-                for (c, &x) in vj.iter().enumerate() {
-                    b.vt[c * kb + j] = x;
-                }
-            }
-            let vm = Matrix::new(hd, kb, WeightData::F32(&b.vt)).expect("hd × keys");
-            matmul(&vm, &b.s, rows, &mut b.pv, one);
-        } else {
-            weighted_sum(&b.s, kb, vals, hd, &mut b.pv);
         }
         axpy(1.0, &b.pv, &mut it.o);
     }

@@ -200,7 +200,19 @@ macro_rules! isa_entry_points {
             out: &mut [f32],
         ) {
             // SAFETY: features enabled by this function's attribute; lengths checked by callers.
-            unsafe { float::weighted_sum::<$S, $wc>(probs, stride, v, width, out) }
+            unsafe { float::weighted_sum::<$S, $wc, f32>(probs, stride, v, width, out) }
+        }
+
+        #[target_feature(enable = $features)]
+        unsafe fn weighted_sum_f16_impl(
+            probs: &[f32],
+            stride: usize,
+            v: &[f16],
+            width: usize,
+            out: &mut [f32],
+        ) {
+            // SAFETY: features enabled by this function's attribute; lengths checked by callers.
+            unsafe { float::weighted_sum::<$S, $wc, f16>(probs, stride, v, width, out) }
         }
 
         #[target_feature(enable = $features)]
@@ -295,6 +307,18 @@ macro_rules! isa_entry_points {
             unsafe { weighted_sum_impl(probs, stride, v, width, out) }
         }
 
+        fn weighted_sum_f16(
+            probs: &[f32],
+            stride: usize,
+            v: &[f16],
+            width: usize,
+            out: &mut [f32],
+        ) {
+            crate::dispatch::weighted_sum_shape(probs, stride, v, width, out);
+            // SAFETY: features supported (see above); lengths checked.
+            unsafe { weighted_sum_f16_impl(probs, stride, v, width, out) }
+        }
+
         fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
             assert!(
                 weight.len() == x.len() && out.len() == x.len(),
@@ -338,6 +362,7 @@ macro_rules! isa_entry_points {
                 dot_f32: float_dot::<f32>,
                 axpy,
                 weighted_sum,
+                weighted_sum_f16,
                 dot_f16_f32: float_dot::<f16>,
                 dot_bf16_f32: float_dot::<bf16>,
                 dot_q8_0_q8_0: quant_dot::<BlockQ8_0>,

@@ -268,10 +268,10 @@ pub(crate) const WEIGHTED_ROWS: usize = 4;
 /// The ISA's features are enabled and the lengths are as
 /// [`crate::dispatch::weighted_sum_shape`] checks them.
 #[inline(always)]
-pub(crate) unsafe fn weighted_sum<S: F32Simd, const C: usize>(
+pub(crate) unsafe fn weighted_sum<S: F32Simd, const C: usize, W: Weight>(
     probs: &[f32],
     stride: usize,
-    v: &[f32],
+    v: &[W],
     width: usize,
     out: &mut [f32],
 ) {
@@ -284,10 +284,10 @@ pub(crate) unsafe fn weighted_sum<S: F32Simd, const C: usize>(
         // probabilities start at p.
         unsafe {
             match n {
-                1 => weighted_rows::<S, 1, C>(p, stride, v, width, o),
-                2 => weighted_rows::<S, 2, C>(p, stride, v, width, o),
-                3 => weighted_rows::<S, 3, C>(p, stride, v, width, o),
-                _ => weighted_rows::<S, WEIGHTED_ROWS, C>(p, stride, v, width, o),
+                1 => weighted_rows::<S, 1, C, W>(p, stride, v, width, o),
+                2 => weighted_rows::<S, 2, C, W>(p, stride, v, width, o),
+                3 => weighted_rows::<S, 3, C, W>(p, stride, v, width, o),
+                _ => weighted_rows::<S, WEIGHTED_ROWS, C, W>(p, stride, v, width, o),
             }
         }
         r += n;
@@ -300,10 +300,10 @@ pub(crate) unsafe fn weighted_sum<S: F32Simd, const C: usize>(
 /// # Safety
 /// As [`weighted_sum`], with `out` holding exactly `R` rows.
 #[inline(always)]
-unsafe fn weighted_rows<S: F32Simd, const R: usize, const C: usize>(
+unsafe fn weighted_rows<S: F32Simd, const R: usize, const C: usize, W: Weight>(
     probs: &[f32],
     stride: usize,
-    v: &[f32],
+    v: &[W],
     width: usize,
     out: &mut [f32],
 ) {
@@ -311,15 +311,15 @@ unsafe fn weighted_rows<S: F32Simd, const R: usize, const C: usize>(
     let mut c = 0;
     while c + C * S::LANES <= main {
         // SAFETY: forwarded contract; columns c..c + C·LANES lie within the row's full vectors.
-        unsafe { weighted_block::<S, R, C>(probs, stride, v, width, out, c) };
+        unsafe { weighted_block::<S, R, C, W>(probs, stride, v, width, out, c) };
         c += C * S::LANES;
     }
     while c < main {
         // SAFETY: forwarded contract; columns c..c + LANES lie within the row's full vectors.
-        unsafe { weighted_block::<S, R, 1>(probs, stride, v, width, out, c) };
+        unsafe { weighted_block::<S, R, 1, W>(probs, stride, v, width, out, c) };
         c += S::LANES;
     }
-    super::weighted_sum_tail(probs, stride, v, width, out, main);
+    super::weighted_sum_tail(probs, stride, v, width, out, main, W::to_f32);
 }
 
 /// Columns `c..c + C·LANES` of `R` rows of [`weighted_sum`]: `R × C` accumulators, starting at
@@ -328,10 +328,10 @@ unsafe fn weighted_rows<S: F32Simd, const R: usize, const C: usize>(
 /// # Safety
 /// As [`weighted_rows`], and `c + C·LANES <= width`.
 #[inline(always)]
-unsafe fn weighted_block<S: F32Simd, const R: usize, const C: usize>(
+unsafe fn weighted_block<S: F32Simd, const R: usize, const C: usize, W: Weight>(
     probs: &[f32],
     stride: usize,
-    v: &[f32],
+    v: &[W],
     width: usize,
     out: &mut [f32],
     c: usize,
@@ -346,7 +346,7 @@ unsafe fn weighted_block<S: F32Simd, const R: usize, const C: usize>(
             let vp = v.as_ptr().add(j * width + c);
             let mut x = [S::zero(); C];
             for (k, x) in x.iter_mut().enumerate() {
-                *x = S::load(vp.add(k * S::LANES));
+                *x = W::load::<S>(vp.add(k * S::LANES));
             }
             for (r, acc) in acc.iter_mut().enumerate() {
                 let alpha = S::splat(*probs.as_ptr().add(r * stride + j));

@@ -66,13 +66,14 @@ pub(crate) fn check_tile<'a, R, X, const T: usize>(
 /// Columns `from..width` of every row of a weighted sum (`out`, whole rows of `width`), in
 /// the reference's order: zero, then a multiply and an add per key, keys in order. The tiers
 /// finish the elements past their last full vector with this, as their `axpy` does.
-pub(crate) fn weighted_sum_tail(
+pub(crate) fn weighted_sum_tail<W: Copy>(
     probs: &[f32],
     stride: usize,
-    v: &[f32],
+    v: &[W],
     width: usize,
     out: &mut [f32],
     from: usize,
+    widen: impl Fn(W) -> f32,
 ) {
     if from == width {
         return;
@@ -82,8 +83,8 @@ pub(crate) fn weighted_sum_tail(
         o.fill(0.0);
         for (j, vj) in v.chunks_exact(width).enumerate() {
             let alpha = probs[r * stride + j];
-            for (y, x) in o.iter_mut().zip(&vj[from..]) {
-                *y += alpha * x;
+            for (y, &x) in o.iter_mut().zip(&vj[from..]) {
+                *y += alpha * widen(x);
             }
         }
     }

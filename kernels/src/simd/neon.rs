@@ -263,7 +263,7 @@ unsafe fn weighted_rows<const R: usize>(
         unsafe { weighted_block::<R, 1>(probs, stride, v, width, out, c) };
         c += LANES;
     }
-    crate::simd::weighted_sum_tail(probs, stride, v, width, out, main);
+    crate::simd::weighted_sum_tail(probs, stride, v, width, out, main, |x| x);
 }
 
 /// Columns `c..c + 4·C` of `R` rows of [`weighted_sum`]: `R × C` accumulators from zero, each
