@@ -6,7 +6,8 @@
 # every file: verifies every checksum, compares every activation with the committed
 # transformers references (fixtures/reference/smollm2/) at the tolerance of its weight
 # encoding, and measures perplexity on a committed text (fixtures/text/gpl-3.txt, 4 chunks of
-# 512) with KL-divergence against the f32 conversion. Fails if any check fails or a figure
+# 512) with KL-divergence against the f32 conversion, and the f32 conversion's perplexity with
+# an f16 and a q8_0 KV cache against its f32-cache logits. Fails if any check fails or a figure
 # regresses past the thresholds below (measured values in docs/ACCURACY.md, plus a margin).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -53,6 +54,11 @@ for t in bf16 f16 q8_0 q4_0 q4_0-cal; do
     "$bin/kiln-verify" perplexity "$out/$t.kiln" --text "$text" -c 512 --chunks "$chunks" --kl-base "$out/f32.logits" --json > "$out/ppl-$t.json"
 done
 
+# The KV cache's encodings, measured on the f32 model against its f32-cache logits.
+for c in f16 q8_0; do
+    "$bin/kiln-verify" perplexity "$out/f32.kiln" --text "$text" -c 512 --chunks "$chunks" --kl-base "$out/f32.logits" --cache-type "$c" --json > "$out/ppl-f32-kv-$c.json"
+done
+
 # Thresholds: name, max perplexity, max mean KLD, min same-top fraction.
 gate() {
     python3 - "$out" "$@" <<'PY'
@@ -75,6 +81,10 @@ check "q4_0 perplexity" gate q4_0 25.50 0.42   0.58
 # Calibrated q4_0 (embedding q8_0), measured 2026-11 on 4 chunks: ppl 19.88, KLD 0.120, same
 # top 78.6% (llama.cpp's Q4_0 with the same policy: KLD 0.29 on 14 chunks; docs/ACCURACY.md).
 check "q4_0-cal perplexity" gate q4_0-cal 20.80 0.145 0.74
+# KV cache encodings on the f32 model, measured 2026-11 on 4 chunks: f16 ppl 18.2056, KLD
+# 4.5e-5 (the storage floor above), same top 99.8%; q8_0 ppl 18.1817, KLD 0.00088, 97.6%.
+check "f32 with an f16 KV cache"  gate f32-kv-f16  18.25 0.0001 0.99
+check "f32 with a q8_0 KV cache"  gate f32-kv-q8_0 18.30 0.0015 0.96
 
 echo "accuracy: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

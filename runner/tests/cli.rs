@@ -44,32 +44,31 @@ fn assert_fails(o: &Output, code: i32, needles: &[&str]) {
     );
 }
 
-#[test]
-fn generate_json_reports_text_tokens_and_rates() {
-    let tmp = tempfile::tempdir().unwrap();
-    let m = tiny(tmp.path());
-    let o = kiln_run(&[
-        "generate",
-        m.to_str().unwrap(),
-        "-p",
-        "Once upon a time, 42 potters",
-        "-n",
-        "8",
-        "--greedy",
-        "--ignore-eos",
-        "--json",
-        "-t",
-        "1",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+/// `kiln-run generate MODEL` of the reference prompt, 8 greedy tokens, `--json`, plus `args`:
+/// the JSON and the generated ids, after checking it succeeded.
+fn greedy_json(m: &Path, args: &[&str]) -> (serde_json::Value, Vec<u32>) {
+    let prompt = "Once upon a time, 42 potters";
+    let mut all = vec!["generate", m.to_str().unwrap(), "-p", prompt, "-n", "8"];
+    all.extend_from_slice(&["--greedy", "--ignore-eos", "--json"]);
+    all.extend_from_slice(args);
+    let o = kiln_run(&all);
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let r = Reference::load(&root().join("fixtures/reference/tiny/llama-tied-f32/0.safetensors"));
-    let tokens: Vec<u32> = v["tokens"]
+    let tokens = v["tokens"]
         .as_array()
         .unwrap()
         .iter()
         .map(|t| t.as_u64().unwrap() as u32)
         .collect();
+    (v, tokens)
+}
+
+#[test]
+fn generate_json_reports_text_tokens_and_rates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let (v, tokens) = greedy_json(&m, &["-t", "1"]);
+    let r = Reference::load(&root().join("fixtures/reference/tiny/llama-tied-f32/0.safetensors"));
     assert_eq!(tokens, r.greedy_ids);
     assert_eq!(
         v["prompt_tokens"].as_u64().unwrap() as usize,
@@ -215,6 +214,55 @@ fn bench_depth_starts_each_test_with_that_many_cached_tokens() {
     // A depth past what the model can hold is refused before anything runs.
     let o = kiln_run(&["bench", m.to_str().unwrap(), "-d", "100000000", "-r", "1"]);
     assert_fails(&o, USAGE, &["context"]);
+}
+
+/// `--cache-type`: f32 and f16 give the reference's greedy tokens and report their size (f16
+/// half of f32's); a q8_0 cache on heads that are not whole blocks, or an unknown type, is bad
+/// input naming the option; bench reports the type.
+#[test]
+fn cache_types_run_report_their_size_and_refuse_what_cannot_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let r = Reference::load(&root().join("fixtures/reference/tiny/llama-tied-f32/0.safetensors"));
+    let mut bytes = Vec::new();
+    for ty in ["f32", "f16"] {
+        let (v, tokens) = greedy_json(&m, &["--cache-type", ty]);
+        assert_eq!(tokens, r.greedy_ids, "{ty}");
+        assert_eq!(v["cache_type"], ty);
+        bytes.push(v["cache_bytes"].as_u64().unwrap());
+    }
+    assert_eq!(bytes[0], 2 * bytes[1], "f32 cache bytes = 2 × f16");
+    let refused: [(&str, &[&str]); 2] = [
+        ("q8_0", &["--cache-type", "16 wide", "f16"]),
+        ("q4_0", &["q4_0", "f32, f16, q8_0"]),
+    ];
+    for (ty, needles) in refused {
+        let args = [
+            "generate",
+            m.to_str().unwrap(),
+            "-p",
+            "hi",
+            "--cache-type",
+            ty,
+        ];
+        assert_fails(&kiln_run(&args), USAGE, needles);
+    }
+    let o = kiln_run(&[
+        "bench",
+        m.to_str().unwrap(),
+        "-p",
+        "8",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--cache-type",
+        "f32",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["cache_type"], "f32");
 }
 
 #[test]
