@@ -82,18 +82,15 @@ enum Store {
 }
 
 impl Store {
-    fn new(ty: CacheType, values: usize) -> Store {
-        match ty {
-            CacheType::F32 => Store::F32(vec![0.0; values]),
-            CacheType::F16 => Store::F16(vec![f16::ZERO; values]),
-            CacheType::Q8_0 => Store::Q8_0(vec![
-                BlockQ8_0 {
-                    d: f16::ZERO,
-                    qs: [0; QK]
-                };
-                values / QK
-            ]),
-        }
+    /// Zeroed through the allocator's zeroed memory, so that the pages of positions never
+    /// written are never touched: a 4096-token cache costs memory as it fills, not up front.
+    /// `None` when the allocator refuses.
+    fn new(ty: CacheType, values: usize) -> Option<Store> {
+        Some(match ty {
+            CacheType::F32 => Store::F32(bytemuck::try_zeroed_vec(values).ok()?),
+            CacheType::F16 => Store::F16(bytemuck::try_zeroed_vec(values).ok()?),
+            CacheType::Q8_0 => Store::Q8_0(bytemuck::try_zeroed_vec(values / QK).ok()?),
+        })
     }
 
     /// Store `src` at value offset `at` (a whole number of blocks for Q8_0).
@@ -234,14 +231,22 @@ impl KvCache {
                 arg: "--ctx",
                 reason: format!("a KV cache of {ctx} positions does not fit in memory"),
             })?;
+        let refused = || RunnerError::InvalidArgument {
+            arg: "--ctx",
+            reason: format!(
+                "cannot allocate {} MiB for a {ty} KV cache of {ctx} positions: lower --ctx or \
+                 use a smaller --cache-type",
+                (2 * ty.bytes(n)) >> 20
+            ),
+        };
         Ok(KvCache {
             layers,
             ctx,
             kv_heads,
             head_dim,
             ty,
-            k: Store::new(ty, n),
-            v: Store::new(ty, n),
+            k: Store::new(ty, n).ok_or_else(refused)?,
+            v: Store::new(ty, n).ok_or_else(refused)?,
             len: 0,
         })
     }
