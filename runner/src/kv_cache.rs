@@ -222,11 +222,8 @@ impl KvCache {
         let n = [layers, kv_heads, ctx, head_dim]
             .into_iter()
             .try_fold(1usize, usize::checked_mul)
-            .filter(|&n| {
-                ty.bytes(n)
-                    .checked_mul(2)
-                    .is_some_and(|b| b <= isize::MAX as usize)
-            })
+            // Keys and values at f32's 4 bytes, the widest type: so that `bytes` cannot overflow.
+            .filter(|&n| n.checked_mul(8).is_some_and(|b| b <= isize::MAX as usize))
             .ok_or_else(|| RunnerError::InvalidArgument {
                 arg: "--ctx",
                 reason: format!("a KV cache of {ctx} positions does not fit in memory"),
@@ -373,6 +370,14 @@ mod tests {
         let err = KvCache::new(1, 4, 1, 24, CacheType::Q8_0).unwrap_err();
         assert!(err.to_string().contains("24 wide"), "{err}");
         assert!(KvCache::new(1, 4, 1, 24, CacheType::F16).is_ok());
+    }
+
+    #[test]
+    fn an_absurd_context_is_an_error_not_an_overflow() {
+        for ty in CacheType::ALL {
+            let err = KvCache::new(32, usize::MAX / 16, 8, 128, ty).unwrap_err();
+            assert!(err.to_string().contains("does not fit"), "{err}");
+        }
     }
 
     #[test]
