@@ -110,6 +110,8 @@ pub struct Kernels {
     /// forward pass next to its matrix products.
     pub(crate) gelu_tanh_mul: fn(&[f32], &[f32], &mut [f32]),
     pub(crate) decode_bf16: fn(&[u8], &mut [f32]),
+    /// f16 weights widened to f32 for the float lanes kernel.
+    pub(crate) widen_f16: fn(&[f16], &mut [f32]),
     pub(crate) quantize_blocks: QuantizeBlocksFn,
     pub(crate) tile_f32: Tile<f32, f32>,
     pub(crate) tile_f16: Tile<f16, f32>,
@@ -213,6 +215,7 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     silu_mul: r::silu_mul_ref,
     gelu_tanh_mul: r::gelu_tanh_mul_ref,
     decode_bf16: r::decode_bf16_ref,
+    widen_f16: r::widen_f16_ref,
     quantize_blocks: r::quantize_blocks_ref,
     tile_f32: Tile::new(
         |w, x, o| tile_ref(w, x, o, r::dot_f32_ref),
@@ -270,6 +273,13 @@ pub fn active() -> &'static Kernels {
 }
 
 impl Kernels {
+    /// Whether this tier multiplies float weights by batches of
+    /// [`crate::FLOAT_LANES_MIN_TOKENS`] tokens or more through its float lanes kernel, whose
+    /// every result is [`crate::reference::float_lanes_ref`]'s bits (AVX2 and AVX-512).
+    pub fn has_float_lanes(&self) -> bool {
+        self.float_lanes.is_some()
+    }
+
     /// The tier these kernels run at.
     pub fn isa(&self) -> Isa {
         self.isa
@@ -385,6 +395,12 @@ impl Kernels {
             "gelu_tanh_mul: output length mismatch"
         );
         (self.gelu_tanh_mul)(gate, up, out)
+    }
+
+    /// `out[i] = w[i]` as f32. Panics if the lengths differ.
+    pub fn widen_f16(&self, w: &[f16], out: &mut [f32]) {
+        assert_eq!(w.len(), out.len(), "widen_f16: length mismatch");
+        (self.widen_f16)(w, out)
     }
 
     /// Little-endian bf16 bytes to f32 (NaNs quieted, as the format crate decodes them); a

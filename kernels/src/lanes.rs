@@ -1,5 +1,5 @@
 //! Prefill with tokens in vector lanes: the layouts behind the lanes kernels of the tiers that
-//! have one (AVX-512).
+//! have one (AVX-512 for block weights; AVX-512 and AVX2 for float weights).
 //!
 //! A block-weight product for one token costs a horizontal layout: each integer dot leaves
 //! partial sums in lanes that must be scaled and added per block. With sixteen tokens side by
@@ -7,24 +7,28 @@
 //! meet four codes of sixteen tokens in one `vpdpbusd`, eight of those make a block's exact
 //! integer dot for all sixteen tokens, and one conversion and two multiplies and an add apply
 //! the scales. Nothing is ever reduced across lanes. Float weights work the same way with one
-//! broadcast FMA per column.
+//! broadcast FMA per column, in tiles of [`FLOAT_TILE`] tokens and [`FLOAT_ROWS`] rows: each
+//! column loads two vectors of tokens and eight broadcast weights for sixteen FMAs, so the
+//! kernel is bound by the FMA units, not by its loads.
 //!
 //! To make that possible the activations of a batch are transposed once per product: into
 //! [`LaneBlock`]s for block weights (`codes[g][t]`: codes `4g..4g+4` of token `t`), into
 //! `x[c][t]` rows for float weights. Each weight row is unpacked once per product, into
 //! unsigned bytes (`w + OFFSET`) and an f32 scale per block ([`LaneWeight`]), or widened to
-//! f32 ([`LaneFloat`]), and every token group of the batch then reads it.
+//! f32 ([`LaneFloat`]) a block of columns at a time, and every token group of the batch then
+//! reads it.
 //!
 //! For block weights each block's integer sum is exact and the float work per block is the
 //! scalar reference's (`s + isum·(d_w·d_x)`, block after block), so the lanes kernel gives the
-//! reference's bits. The one-token tiles sum in a different order (partial sums per lane,
+//! reference's bits. For float weights each sum is one chain of fused multiply-adds in column
+//! order ([`crate::reference::float_lanes_ref`]), in every tier that has the kernel. The one-token tiles sum in a different order (partial sums per lane,
 //! added at the end), so a token's result in a batch that takes the lanes kernels
 //! ([`crate::LANES_MIN_TOKENS`], [`crate::FLOAT_LANES_MIN_TOKENS`]) may differ from the same
 //! token alone in the last bits, as any two float summation orders do.
 
 use kiln_format::{BlockQ4_0, BlockQ8_0, QK};
 
-use crate::dispatch::TILE_ROWS;
+use crate::dispatch::{Kernels, TILE_ROWS};
 
 /// Tokens per lane group: one 512-bit vector of 32-bit lanes.
 pub(crate) const LANES: usize = 16;
@@ -50,50 +54,75 @@ impl LaneBlock {
     };
 }
 
+/// Running sums of a lanes kernel call: `[row][group][token]`, two groups of sixteen tokens.
+pub(crate) type LanesAcc = [[[f32; LANES]; 2]; TILE_ROWS];
+
 /// The lanes kernel of a tier: `TILE_ROWS` unpacked weight rows (`codes[r]` holds
-/// `32 · x.len()` bytes, `dw[r]` one scale per block) against one group of sixteen tokens,
-/// `out[r][t]`.
-pub(crate) type LanesFn = fn(&[&[u8]; TILE_ROWS], &[&[f32]; TILE_ROWS], &[LaneBlock]) -> Lanes;
+/// `32 · x0.len()` bytes, `dw[r]` one scale per block) against one group of sixteen tokens
+/// (`x0`), or two (`x1` too, the same blocks), adding each block's `isum·(d_w·d_x)` to the
+/// running sums `acc[r][g][t]` block after block. Sums carried from call to call through
+/// `acc` take no other rounding, so a product cut into blocks of columns gives the scalar
+/// reference's bits, as one call over all of them does.
+pub(crate) type LanesFn = fn(
+    &[&[u8]; TILE_ROWS],
+    &[&[f32]; TILE_ROWS],
+    &[LaneBlock],
+    Option<&[LaneBlock]>,
+    &mut LanesAcc,
+);
 
-/// A lanes kernel's result: `[row][token]`.
-pub(crate) type Lanes = [[f32; LANES]; TILE_ROWS];
+/// Tokens per float token tile: the float lanes kernel's activations are transposed in tiles
+/// of this many tokens (`x[c][t]`), two 512-bit vectors (or four 256-bit ones) per column.
+pub(crate) const FLOAT_TILE: usize = 32;
 
-/// The float lanes kernel of a tier: `TILE_ROWS` weight rows widened to f32 (`cols` each)
-/// against one group of sixteen tokens transposed (`x[c][t]`, `cols` of them), `out[r][t]`.
-pub(crate) type FloatLanesFn = fn(&[&[f32]; TILE_ROWS], &[[f32; LANES]]) -> Lanes;
+/// Weight rows per float lanes kernel call.
+pub(crate) const FLOAT_ROWS: usize = 8;
+
+/// Running sums of a float lanes call: `[row][token]`.
+pub(crate) type FloatAcc = [[f32; FLOAT_TILE]; FLOAT_ROWS];
+
+/// The float lanes kernel of a tier: `FLOAT_ROWS` weight rows widened to f32 (a block of
+/// `x.len()` columns each) against the same columns of one token tile (`x[c][t]`), added to
+/// the running sums `acc[r][t]` for the first `tokens` tokens (1..=[`FLOAT_TILE`]; lanes past
+/// them may be left as they were or get the padding's zeros).
+///
+/// Each (row, token) sum is one chain of fused multiply-adds over the columns in order,
+/// `acc = fma(w[c], x[c], acc)`, carried across calls through `acc` without any other
+/// rounding: the result is [`crate::reference::float_lanes_ref`]'s, bit for bit, however the
+/// columns are cut into blocks, the rows into chunks or the tokens into tiles, and in every
+/// tier that has the kernel.
+pub(crate) type FloatLanesFn =
+    fn(&[&[f32]; FLOAT_ROWS], &[[f32; FLOAT_TILE]], usize, &mut FloatAcc);
 
 /// A float encoding widened to f32 for the float lanes kernel (exact for f16 and bf16).
 pub(crate) trait LaneFloat: Copy {
-    /// `dst[i] = src[i]` as f32; the lengths are equal.
-    fn widen(src: &[Self], dst: &mut [f32]);
+    /// `dst[i] = src[i]` as f32 with `k`'s kernels; the lengths are equal.
+    fn widen(k: &Kernels, src: &[Self], dst: &mut [f32]);
 }
 
 impl LaneFloat for f32 {
-    fn widen(src: &[f32], dst: &mut [f32]) {
+    fn widen(_: &Kernels, src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
     }
 }
 
 impl LaneFloat for half::f16 {
-    /// `half`'s slice conversion, which uses F16C where the CPU has it.
-    fn widen(src: &[half::f16], dst: &mut [f32]) {
-        use half::slice::HalfFloatSliceExt;
-        src.convert_to_f32_slice(dst);
+    fn widen(k: &Kernels, src: &[half::f16], dst: &mut [f32]) {
+        k.widen_f16(src, dst)
     }
 }
 
 impl LaneFloat for half::bf16 {
-    fn widen(src: &[half::bf16], dst: &mut [f32]) {
-        use half::slice::HalfFloatSliceExt;
-        src.convert_to_f32_slice(dst);
+    fn widen(k: &Kernels, src: &[half::bf16], dst: &mut [f32]) {
+        k.decode_bf16(bytemuck::cast_slice(src), dst)
     }
 }
 
-/// Transpose up to sixteen tokens' rows (`x`, `cols` each) into `out[c][t]`; missing tokens
-/// are zero lanes.
-pub(crate) fn prepare_float_group(x: &[f32], cols: usize, out: &mut [[f32; LANES]]) {
-    debug_assert!(x.len() <= LANES * cols && out.len() == cols);
-    out.fill([0.0; LANES]);
+/// Transpose up to [`FLOAT_TILE`] tokens' rows (`x`, `cols` each) into `out[c][t]`; missing
+/// tokens are zero lanes.
+pub(crate) fn prepare_float_tile(x: &[f32], cols: usize, out: &mut [[f32; FLOAT_TILE]]) {
+    debug_assert!(x.len() <= FLOAT_TILE * cols && out.len() == cols);
+    out.fill([0.0; FLOAT_TILE]);
     for (t, row) in x.chunks_exact(cols).enumerate() {
         for (o, &v) in out.iter_mut().zip(row) {
             o[t] = v;
@@ -113,7 +142,7 @@ impl LaneWeight for BlockQ8_0 {
     const OFFSET: i32 = 128;
     fn unpack(&self, codes: &mut [u8; QK]) -> f32 {
         *codes = self.qs.map(|q| (q as u8) ^ 0x80);
-        self.d.to_f32()
+        self.d.to_f32_const()
     }
 }
 
@@ -124,7 +153,7 @@ impl LaneWeight for BlockQ4_0 {
         let (lo, hi) = codes.split_at_mut(QK / 2);
         lo.copy_from_slice(&self.qs.map(|q| q & 0x0f));
         hi.copy_from_slice(&self.qs.map(|q| q >> 4));
-        self.d.to_f32()
+        self.d.to_f32_const()
     }
 }
 

@@ -25,8 +25,8 @@ use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 use crate::dispatch::{active, Kernels, Prepared, PreparedPair, Tile, TILE_ROWS, WIDE_ROWS};
 use crate::interleaved::{deinterleave_chunk, prepare_group_x, unpack_interleaved_row, GroupX};
 use crate::lanes::{
-    prepare_float_group, prepare_group, unpack_row, LaneBlock, LaneFloat, LaneWeight, Lanes,
-    LanesFn, LANES,
+    prepare_float_tile, prepare_group, unpack_row, FloatAcc, FloatLanesFn, LaneBlock, LaneFloat,
+    LaneWeight, LanesAcc, LanesFn, FLOAT_ROWS, FLOAT_TILE, LANES,
 };
 use crate::matrix::{Matrix, WeightData};
 use crate::pool::Pool;
@@ -57,6 +57,22 @@ pub const FLOAT_LANES_MIN_TOKENS: usize = 16;
 
 /// Output rows per parallel task.
 pub const ROW_CHUNK: usize = 16;
+
+/// Output rows per parallel task of the float lanes kernel: the activations stream from memory
+/// once per chunk, so a larger chunk reads them less often (at 16 rows, 1B-shape F16 prefill
+/// was bound by that stream). 64 rows still make 32 tasks of a 2048-row matrix.
+const FLOAT_ROW_CHUNK: usize = 64;
+
+/// Columns per block of the float lanes product (see [`float_lanes_chunk`]).
+const FLOAT_COLS: usize = 128;
+
+/// Output rows per parallel task of the block lanes kernel, for the same reason as
+/// [`FLOAT_ROW_CHUNK`]; a multiple of sixteen, as interleaved Q4_0 needs.
+const LANES_ROW_CHUNK: usize = 64;
+const _: () = assert!(LANES_ROW_CHUNK.is_multiple_of(GROUP_ROWS));
+
+/// Blocks (of 32 columns) per column block of the block lanes product (see [`lanes_chunk`]).
+const LANES_BLOCKS: usize = 8;
 const _: () = assert!(
     ROW_CHUNK == WIDE_ROWS,
     "a full chunk is one sixteen-row kernel call"
@@ -203,7 +219,7 @@ impl Kernels {
                     per_token(pool, gx, nb, |t, o| {
                         prepare_group_x(&xq[t * nb..(t + 1) * nb], o)
                     });
-                    run_chunks(ws, n_tokens, outs, pool, |w, r0, _, outs| {
+                    run_chunks(ws, n_tokens, outs, pool, ROW_CHUNK, |w, r0, _, outs| {
                         let chunk = &w[r0 / GROUP_ROWS * nb..][..nb];
                         for (t, o) in outs.iter_mut().enumerate() {
                             let o: &mut [f32; GROUP_ROWS] =
@@ -213,32 +229,43 @@ impl Kernels {
                     })
                 });
             }
-            ACT_LANES.with_borrow_mut(|xl| {
-                if lanes.is_some() {
+            if let Some(k) = lanes {
+                return ACT_LANES.with_borrow_mut(|xl| {
                     transpose_tokens(xq, nb, n_tokens, BlockQ4_0::OFFSET, xl, pool);
-                }
-                run_chunks(ws, n_tokens, outs, pool, |w, r0, _, outs| {
-                    let chunk = &w[r0 / GROUP_ROWS * nb..][..nb];
-                    match lanes {
-                        Some(k) => {
-                            let unpack = |r: usize, codes: &mut [u8], dw: &mut [f32]| {
-                                unpack_interleaved_row(chunk, r, codes, dw)
+                    run_chunks(
+                        ws,
+                        n_tokens,
+                        outs,
+                        pool,
+                        LANES_ROW_CHUNK,
+                        |w, r0, r1, outs| {
+                            // Row i of the chunk is row (r0 + i) % 16 of sixteen-row group
+                            // (r0 + i) / 16; r0 is a multiple of 16.
+                            let unpack = |i: usize, b0: usize, codes: &mut [u8], dw: &mut [f32]| {
+                                let r = r0 + i;
+                                let kb = dw.len();
+                                let group = &w[r / GROUP_ROWS * nb + b0..][..kb];
+                                unpack_interleaved_row(group, r % GROUP_ROWS, codes, dw)
                             };
-                            lanes_rows(unpack, nb, 0, GROUP_ROWS, xl, n_tokens, outs, k)
-                        }
-                        None => PLAIN_ROWS.with_borrow_mut(|plain| {
-                            deinterleave_chunk(chunk, plain);
-                            let tile = &self.tile_q4_0;
-                            tiles_chunk(plain, nb, 0, GROUP_ROWS, xq, nb, n_tokens, outs, tile)
-                        }),
-                    }
+                            lanes_chunk(unpack, nb, r1 - r0, xl, n_tokens, outs, k)
+                        },
+                    )
+                });
+            }
+            run_chunks(ws, n_tokens, outs, pool, ROW_CHUNK, |w, r0, _, outs| {
+                let chunk = &w[r0 / GROUP_ROWS * nb..][..nb];
+                PLAIN_ROWS.with_borrow_mut(|plain| {
+                    deinterleave_chunk(chunk, plain);
+                    let tile = &self.tile_q4_0;
+                    tiles_chunk(plain, nb, 0, GROUP_ROWS, xq, nb, n_tokens, outs, tile)
                 })
             })
         })
     }
 
     /// Float weights: batches of [`FLOAT_LANES_MIN_TOKENS`] or more through the tier's float
-    /// lanes kernel (activations transposed once, in groups of sixteen), others through `tile`.
+    /// lanes kernel (activations transposed once, in tiles of [`FLOAT_TILE`] tokens; see
+    /// [`float_lanes_chunk`]), others through `tile`.
     fn run_float<W: LaneFloat + Sync>(
         &self,
         ws: &[(&[W], usize)],
@@ -256,31 +283,22 @@ impl Kernels {
             return run_tiles(ws, cols, x, cols, n_tokens, outs, pool, tile);
         };
         ACT_FLOAT_LANES.with_borrow_mut(|xl| {
-            let groups = n_tokens.div_ceil(LANES);
             xl.clear();
-            xl.resize(groups * cols, [0.0; LANES]);
+            xl.resize(n_tokens.div_ceil(FLOAT_TILE) * cols, [0.0; FLOAT_TILE]);
             per_token(pool, xl, cols, |g, o| {
-                let t1 = n_tokens.min((g + 1) * LANES);
-                prepare_float_group(&x[g * LANES * cols..t1 * cols], cols, o)
+                let t1 = n_tokens.min((g + 1) * FLOAT_TILE);
+                prepare_float_tile(&x[g * FLOAT_TILE * cols..t1 * cols], cols, o)
             });
-            run_chunks(ws, n_tokens, outs, pool, |w, r0, r1, outs| {
-                WIDENED.with_borrow_mut(|wide| {
-                    wide.resize(TILE_ROWS * cols, 0.0);
-                    for g in (r0..r1).step_by(TILE_ROWS) {
-                        let n = TILE_ROWS.min(r1 - g);
-                        for (i, dst) in wide.chunks_exact_mut(cols).enumerate() {
-                            let r = (g + i).min(r1 - 1);
-                            W::widen(&w[r * cols..(r + 1) * cols], dst);
-                        }
-                        let wr: [&[f32]; TILE_ROWS] =
-                            std::array::from_fn(|i| &wide[i * cols..(i + 1) * cols]);
-                        for (tg, xg) in xl.chunks_exact(cols).enumerate() {
-                            let res = kernel(&wr, xg);
-                            scatter(&res, outs, tg, n_tokens, g - r0, n);
-                        }
-                    }
-                })
-            });
+            run_chunks(
+                ws,
+                n_tokens,
+                outs,
+                pool,
+                FLOAT_ROW_CHUNK,
+                |w, r0, r1, outs| {
+                    float_lanes_chunk(self, w, cols, r0, r1, xl, n_tokens, outs, kernel)
+                },
+            );
         })
     }
 
@@ -379,11 +397,15 @@ thread_local! {
     /// The same activations transposed for the tier's lanes kernel.
     static ACT_LANES: RefCell<Vec<LaneBlock>> = const { RefCell::new(Vec::new()) };
     /// Float activations transposed for the float lanes kernel.
-    static ACT_FLOAT_LANES: RefCell<Vec<[f32; LANES]>> = const { RefCell::new(Vec::new()) };
-    /// A worker's float weight rows widened to f32 for the float lanes kernel.
-    static WIDENED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    /// A worker's unpacked weight rows for the lanes kernel: codes and scales.
-    static UNPACKED: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    static ACT_FLOAT_LANES: RefCell<Vec<[f32; FLOAT_TILE]>> = const { RefCell::new(Vec::new()) };
+    /// A worker's float weights widened to f32 for the float lanes kernel (a block of columns
+    /// of a chunk's rows), and its running sums.
+    static FLOAT_SCRATCH: RefCell<(Vec<f32>, Vec<FloatAcc>)> =
+        const { RefCell::new((Vec::new(), Vec::new())) };
+    /// A worker's unpacked weights for the lanes kernel (a block of columns of a chunk's rows:
+    /// codes and scales), and its running sums.
+    static LANES_SCRATCH: RefCell<(Vec<u8>, Vec<f32>, Vec<LanesAcc>)> =
+        const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
     /// The same activations prepared for the tier's interleaved Q4_0 kernel.
     static ACT_GROUP: RefCell<Vec<GroupX>> = const { RefCell::new(Vec::new()) };
     /// A worker's sixteen-row chunk of interleaved Q4_0 turned back into plain rows.
@@ -408,7 +430,7 @@ fn run_tiles<W: Sync, X: Sync>(
     tile: Tile<W, X>,
 ) {
     assert!(tile.tokens >= 1 && tile.tokens <= MAX_TILE_TOKENS);
-    run_chunks(ws, n_tokens, outs, pool, |w, r0, r1, outs| {
+    run_chunks(ws, n_tokens, outs, pool, ROW_CHUNK, |w, r0, r1, outs| {
         tiles_chunk(w, wl, r0, r1, x, xl, n_tokens, outs, &tile)
     });
 }
@@ -461,9 +483,8 @@ fn tiles_chunk<W, X>(
     }
 }
 
-/// Block weights against a batch through the tier's lanes kernel: every row chunk's rows
-/// unpacked once (four at a time, into the worker's reused buffers) and run against every
-/// group of sixteen tokens of `xl` (`n_groups × nb` transposed blocks).
+/// Block weights against a batch through the tier's lanes kernel, [`LANES_ROW_CHUNK`] rows
+/// a task (see [`lanes_chunk`]).
 #[allow(clippy::too_many_arguments)]
 fn run_lanes<W: LaneWeight + Sync>(
     ws: &[(&[W], usize)],
@@ -474,64 +495,164 @@ fn run_lanes<W: LaneWeight + Sync>(
     pool: &Pool,
     kernel: LanesFn,
 ) {
-    run_chunks(ws, n_tokens, outs, pool, |w, r0, r1, outs| {
-        let unpack = |r: usize, codes: &mut [u8], dw: &mut [f32]| {
-            unpack_row(&w[r * nb..(r + 1) * nb], codes, dw)
-        };
-        lanes_rows(unpack, nb, r0, r1, xl, n_tokens, outs, kernel)
-    });
+    run_chunks(
+        ws,
+        n_tokens,
+        outs,
+        pool,
+        LANES_ROW_CHUNK,
+        |w, r0, r1, outs| {
+            let unpack = |i: usize, b0: usize, codes: &mut [u8], dw: &mut [f32]| {
+                let r = r0 + i;
+                unpack_row(&w[r * nb + b0..r * nb + b0 + dw.len()], codes, dw)
+            };
+            lanes_chunk(unpack, nb, r1 - r0, xl, n_tokens, outs, kernel)
+        },
+    );
 }
 
-/// Rows `r0..r1`, each unpacked by `unpack(r, codes, dw)`, against every token group of `xl`
-/// through the lanes `kernel`.
+/// The `rows` rows of a chunk, row `i`'s blocks `b0..b0 + dw.len()` unpacked by
+/// `unpack(i, b0, codes, dw)`, against every token group of `xl` (`nb` blocks each) through
+/// the lanes `kernel`.
+///
+/// Blocks go [`LANES_BLOCKS`] at a time (256 columns): that block of the chunk's rows is
+/// unpacked once (16 KiB of codes for 64 rows) and meets every pair of token groups' blocks
+/// (10 KiB, in L1 across the chunk's sixteen four-row tiles), so the activations stream from
+/// memory once per chunk rather than once per four rows. The running sums of every
+/// (row tile, pair of groups) wait in a per-thread buffer between blocks.
 #[allow(clippy::too_many_arguments)]
-fn lanes_rows(
-    unpack: impl Fn(usize, &mut [u8], &mut [f32]),
+fn lanes_chunk(
+    unpack: impl Fn(usize, usize, &mut [u8], &mut [f32]),
     nb: usize,
-    r0: usize,
-    r1: usize,
+    rows: usize,
     xl: &[LaneBlock],
     n_tokens: usize,
     outs: &mut [&mut [f32]],
     kernel: LanesFn,
 ) {
-    UNPACKED.with_borrow_mut(|(codes, dw)| {
-        codes.resize(TILE_ROWS * nb * QK, 0);
-        dw.resize(TILE_ROWS * nb, 0.0);
-        for g in (r0..r1).step_by(TILE_ROWS) {
-            let n = TILE_ROWS.min(r1 - g);
-            for i in 0..TILE_ROWS {
-                let r = (g + i).min(r1 - 1);
-                unpack(
-                    r,
-                    &mut codes[i * nb * QK..(i + 1) * nb * QK],
-                    &mut dw[i * nb..(i + 1) * nb],
-                );
+    let row_tiles = rows.div_ceil(TILE_ROWS);
+    let groups = n_tokens.div_ceil(LANES);
+    let pairs = groups.div_ceil(2);
+    LANES_SCRATCH.with_borrow_mut(|(codes, dw, acc)| {
+        acc.clear();
+        acc.resize(pairs * row_tiles, [[[0.0; LANES]; 2]; TILE_ROWS]);
+        let mut b0 = 0;
+        while b0 < nb {
+            let kb = LANES_BLOCKS.min(nb - b0);
+            codes.resize(row_tiles * TILE_ROWS * kb * QK, 0);
+            dw.resize(row_tiles * TILE_ROWS * kb, 0.0);
+            // Rows past the chunk's last (a short chunk) repeat it; their sums are dropped.
+            for (i, (c, d)) in codes
+                .chunks_exact_mut(kb * QK)
+                .zip(dw.chunks_exact_mut(kb))
+                .enumerate()
+            {
+                unpack(i.min(rows - 1), b0, c, d);
             }
-            let cr: [&[u8]; TILE_ROWS] =
-                std::array::from_fn(|i| &codes[i * nb * QK..(i + 1) * nb * QK]);
-            let dr: [&[f32]; TILE_ROWS] = std::array::from_fn(|i| &dw[i * nb..(i + 1) * nb]);
-            for (tg, x) in xl.chunks_exact(nb).enumerate() {
-                scatter(&kernel(&cr, &dr, x), outs, tg, n_tokens, g - r0, n);
+            for (p, acc) in acc.chunks_exact_mut(row_tiles).enumerate() {
+                let g = 2 * p;
+                let x0 = &xl[g * nb + b0..][..kb];
+                let x1 = (g + 1 < groups).then(|| &xl[(g + 1) * nb + b0..][..kb]);
+                for (rt, acc) in acc.iter_mut().enumerate() {
+                    let rr = |j: usize| rt * TILE_ROWS + j;
+                    let cr: [&[u8]; TILE_ROWS] =
+                        std::array::from_fn(|j| &codes[rr(j) * kb * QK..(rr(j) + 1) * kb * QK]);
+                    let dr: [&[f32]; TILE_ROWS] =
+                        std::array::from_fn(|j| &dw[rr(j) * kb..(rr(j) + 1) * kb]);
+                    kernel(&cr, &dr, x0, x1, acc);
+                }
+            }
+            b0 += kb;
+        }
+        // Transposed into the outputs a row tile at a time (loops, not index arithmetic per
+        // element: at 2048 columns this copy is a sixth of the kernel's own work).
+        for (p, acc) in acc.chunks_exact(row_tiles).enumerate() {
+            for g in 0..2 {
+                let t0 = (2 * p + g) * LANES;
+                let t1 = n_tokens.min(t0 + LANES);
+                if t0 >= t1 {
+                    break;
+                }
+                for (l, o) in outs[t0..t1].iter_mut().enumerate() {
+                    for (o, acc) in o.chunks_mut(TILE_ROWS).zip(acc) {
+                        for (v, a) in o.iter_mut().zip(acc) {
+                            *v = a[g][l];
+                        }
+                    }
+                }
             }
         }
     })
 }
 
-/// A lanes kernel's `res[r][t]` for token group `tg` into rows `o0..o0 + n` of each token's
-/// output slice (tokens past `n_tokens` are padding).
-fn scatter(res: &Lanes, outs: &mut [&mut [f32]], tg: usize, n_tokens: usize, o0: usize, n: usize) {
-    let t0 = tg * LANES;
-    for (l, o) in outs[t0..n_tokens.min(t0 + LANES)].iter_mut().enumerate() {
-        for (k, v) in o[o0..o0 + n].iter_mut().enumerate() {
-            *v = res[k][l];
+/// Rows `r0..r1` of float weights `w` (`cols` a row) against every token tile of `xl` through
+/// the float lanes `kernel`: [`Kernels::run_float`]'s task.
+///
+/// Columns go a block of [`FLOAT_COLS`] at a time. Each block of the chunk's rows is widened to
+/// f32 once (64 rows × 128 columns: 32 KiB, in L1) and meets every token tile's block of
+/// activations (`FLOAT_TILE × FLOAT_COLS`: 16 KiB), which stays in L1 across the chunk's eight
+/// row tiles, so the activations stream from memory once per chunk instead of once per row
+/// tile. The running sums of every (row tile, token tile) live in a per-thread buffer between
+/// blocks; since the kernel carries them without extra rounding, the cut changes no bits.
+#[allow(clippy::too_many_arguments)]
+fn float_lanes_chunk<W: LaneFloat>(
+    k: &Kernels,
+    w: &[W],
+    cols: usize,
+    r0: usize,
+    r1: usize,
+    xl: &[[f32; FLOAT_TILE]],
+    n_tokens: usize,
+    outs: &mut [&mut [f32]],
+    kernel: FloatLanesFn,
+) {
+    let row_tiles = (r1 - r0).div_ceil(FLOAT_ROWS);
+    let token_tiles = n_tokens.div_ceil(FLOAT_TILE);
+    FLOAT_SCRATCH.with_borrow_mut(|(wide, acc)| {
+        acc.clear();
+        acc.resize(token_tiles * row_tiles, [[0.0; FLOAT_TILE]; FLOAT_ROWS]);
+        let mut c0 = 0;
+        while c0 < cols {
+            let kc = FLOAT_COLS.min(cols - c0);
+            wide.resize(row_tiles * FLOAT_ROWS * kc, 0.0);
+            // Rows past r1 (a short last chunk) repeat the last row; their sums are dropped.
+            for (i, dst) in wide.chunks_exact_mut(kc).enumerate() {
+                let r = (r0 + i).min(r1 - 1);
+                W::widen(k, &w[r * cols + c0..r * cols + c0 + kc], dst);
+            }
+            for (tt, acc) in acc.chunks_exact_mut(row_tiles).enumerate() {
+                let tokens = FLOAT_TILE.min(n_tokens - tt * FLOAT_TILE);
+                let xb = &xl[tt * cols + c0..tt * cols + c0 + kc];
+                for (rt, acc) in acc.iter_mut().enumerate() {
+                    let wr: [&[f32]; FLOAT_ROWS] = std::array::from_fn(|i| {
+                        let r = rt * FLOAT_ROWS + i;
+                        &wide[r * kc..(r + 1) * kc]
+                    });
+                    kernel(&wr, xb, tokens, acc);
+                }
+            }
+            c0 += kc;
         }
-    }
+        for (tt, acc) in acc.chunks_exact(row_tiles).enumerate() {
+            let t0 = tt * FLOAT_TILE;
+            for (l, o) in outs[t0..n_tokens.min(t0 + FLOAT_TILE)]
+                .iter_mut()
+                .enumerate()
+            {
+                for (o, acc) in o.chunks_mut(FLOAT_ROWS).zip(acc) {
+                    for (v, a) in o.iter_mut().zip(acc) {
+                        *v = a[l];
+                    }
+                }
+            }
+        }
+    })
 }
 
-/// Split every matrix's output into chunks of [`ROW_CHUNK`] rows and run `task` over all of
-/// them as one job: `task(w, r0, r1, outs)` computes rows `r0..r1` of weights `w`, `outs[t]`
-/// being token t's slice of those rows.
+/// Split every matrix's output into chunks of `chunk` rows and run `task` over all of them as
+/// one job: `task(w, r0, r1, outs)` computes rows `r0..r1` of weights `w`, `outs[t]` being
+/// token t's slice of those rows. The chunking decides only which thread computes a row, never
+/// how, so it changes no bits.
 ///
 /// `ws[i]` is `(weights, rows)`; `outs[i]` is `n_tokens × rows_i`.
 fn run_chunks<W: Sync>(
@@ -539,6 +660,7 @@ fn run_chunks<W: Sync>(
     n_tokens: usize,
     outs: &mut [&mut [f32]],
     pool: &Pool,
+    chunk: usize,
     task: impl Fn(&[W], usize, usize, &mut [&mut [f32]]) + Sync,
 ) {
     // Task k is chunk `k - starts[i]` of matrix i, for the last i with `starts[i] <= k`.
@@ -546,7 +668,7 @@ fn run_chunks<W: Sync>(
     let mut n_tasks = 0;
     for &(_, rows) in ws {
         starts.push(n_tasks);
-        n_tasks += rows.div_ceil(ROW_CHUNK);
+        n_tasks += rows.div_ceil(chunk);
     }
     // Chunk c's output is rows r0..r1 of every token: one slice per token, cut up front so
     // that each task owns its slices outright. `slots[k * n_tokens + t]` is token t's.
@@ -555,11 +677,8 @@ fn run_chunks<W: Sync>(
         if rows == 0 {
             continue;
         }
-        let mut per_token: Vec<_> = out
-            .chunks_mut(rows)
-            .map(|o| o.chunks_mut(ROW_CHUNK))
-            .collect();
-        for _ in 0..rows.div_ceil(ROW_CHUNK) {
+        let mut per_token: Vec<_> = out.chunks_mut(rows).map(|o| o.chunks_mut(chunk)).collect();
+        for _ in 0..rows.div_ceil(chunk) {
             slots.extend(per_token.iter_mut().flat_map(|it| it.next()));
         }
     }
@@ -567,8 +686,8 @@ fn run_chunks<W: Sync>(
     let run = |k: usize, outs: &mut [&mut [f32]]| {
         let m = starts.partition_point(|&s| s <= k) - 1;
         let (w, rows) = ws[m];
-        let r0 = (k - starts[m]) * ROW_CHUNK;
-        task(w, r0, (r0 + ROW_CHUNK).min(rows), outs);
+        let r0 = (k - starts[m]) * chunk;
+        task(w, r0, (r0 + chunk).min(rows), outs);
     };
     // Small products (attention over a short context, tiny test matrices) stay on the calling
     // thread: waking the others would cost more than it saves.

@@ -14,6 +14,14 @@ pub fn dot_f32_ref(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0.0, |s, (x, y)| s + x * y)
 }
 
+/// `acc + Σ w[i]·x[i]` as one chain of fused multiply-adds in index order
+/// (`acc = fma(w[i], x[i], acc)`): the order of the float lanes kernels, which give these bits
+/// for every (row, token) of a batch they take (see `kiln_kernels::Kernels::has_float_lanes`).
+pub fn float_lanes_ref(w: &[f32], x: &[f32], acc: f32) -> f32 {
+    assert_eq!(w.len(), x.len(), "float_lanes: length mismatch");
+    w.iter().zip(x).fold(acc, |s, (w, x)| w.mul_add(*x, s))
+}
+
 /// `y += alpha·x`.
 pub fn axpy_ref(alpha: f32, x: &[f32], y: &mut [f32]) {
     assert_eq!(x.len(), y.len(), "axpy: length mismatch");
@@ -198,6 +206,14 @@ pub fn gelu_tanh_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         let inner = BETA * (g + KAPPA * (g * g * g));
         *o = 0.5 * g * (1.0 + inner.tanh()) * u;
+    }
+}
+
+/// `out[i] = w[i]` widened from f16 to f32 (exact).
+pub fn widen_f16_ref(w: &[f16], out: &mut [f32]) {
+    assert_eq!(w.len(), out.len(), "widen_f16: length mismatch");
+    for (o, w) in out.iter_mut().zip(w) {
+        *o = w.to_f32();
     }
 }
 

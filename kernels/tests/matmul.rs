@@ -95,6 +95,10 @@ fn check(rows: usize, cols: usize, n_tokens: usize, seed: u64) {
                 }
             }
             let out = first.unwrap();
+            let quantized = quantizes_activations(&owned);
+            if !quantized && k.has_float_lanes() && n_tokens >= FLOAT_LANES_MIN_TOKENS {
+                float_lanes_bits(&wd, &x, rows, cols, n_tokens, &out, k.isa());
+            }
             for t in 0..n_tokens {
                 for r in 0..rows {
                     let (mut exact, mut abs) = (0.0f64, 0.0f64);
@@ -113,21 +117,15 @@ fn check(rows: usize, cols: usize, n_tokens: usize, seed: u64) {
                     );
                 }
             }
-            // A token's result does not depend on the batch around it, except in batches of
-            // LANES_MIN_TOKENS (block weights) or FLOAT_LANES_MIN_TOKENS or more at the AVX-512
-            // tier, which go through its lanes
-            // kernels: block weights then give the scalar reference's bits, float weights
-            // their own order's (tested against a scalar model of it in `simd::avx512`).
-            let quantized = quantizes_activations(&owned);
-            let min = if quantized {
-                LANES_MIN_TOKENS
-            } else {
-                FLOAT_LANES_MIN_TOKENS
-            };
-            let lanes = k.isa() == Isa::Avx512 && n_tokens >= min;
-            if lanes && !quantized {
+            // A token's result does not depend on the batch around it, except in batches that
+            // take a tier's lanes kernels: LANES_MIN_TOKENS or more with block weights at the
+            // AVX-512 tier, which then give the scalar reference's bits, and
+            // FLOAT_LANES_MIN_TOKENS or more with float weights where the tier has a float
+            // lanes kernel, which gives `float_lanes_ref`'s (one FMA chain per row and token).
+            if !quantized && k.has_float_lanes() && n_tokens >= FLOAT_LANES_MIN_TOKENS {
                 continue;
             }
+            let lanes = quantized && k.isa() == Isa::Avx512 && n_tokens >= LANES_MIN_TOKENS;
             // Token 0 goes through the multi-token tile kernel, the last one may not.
             for t in [0, n_tokens - 1].into_iter().filter(|_| n_tokens > 1) {
                 let mut single = vec![0.0; rows];
@@ -149,6 +147,67 @@ fn check(rows: usize, cols: usize, n_tokens: usize, seed: u64) {
                 );
             }
         }
+    }
+}
+
+/// Every (row, token) of a float lanes product is `float_lanes_ref` of the row (widened
+/// weights, exact for f16/bf16) and the token, bit for bit.
+fn float_lanes_bits(
+    wd: &[f32],
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    n_tokens: usize,
+    out: &[f32],
+    isa: Isa,
+) {
+    for t in 0..n_tokens {
+        for r in 0..rows {
+            let want = kiln_kernels::reference::float_lanes_ref(
+                &wd[r * cols..(r + 1) * cols],
+                &x[t * cols..(t + 1) * cols],
+                0.0,
+            );
+            let got = out[t * rows + r];
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "{isa:?} {rows}x{cols} n={n_tokens} t={t} r={r}: float lanes {got}, reference {want}"
+            );
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(16))]
+    /// Float weights in batches that take the float lanes kernels: shapes across the row
+    /// chunk (64), the row tile (8), the column block (128) and the token tile (32, and half
+    /// of it), every tier, 1–3 threads, against the naive loop and `float_lanes_ref`'s bits.
+    #[test]
+    fn float_lanes_batches(
+        rows in proptest::sample::select(vec![1usize, 7, 8, 20, 64, 65, 130]),
+        cols in proptest::sample::select(vec![1usize, 5, 64, 127, 128, 129, 300]),
+        n in proptest::sample::select(vec![16usize, 17, 31, 32, 33, 48, 70]),
+        seed in proptest::prelude::any::<u64>(),
+    ) {
+        check(rows, cols, n, seed);
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(16))]
+    /// Block weights in batches that take the lanes kernels (from 8 tokens; 48 for interleaved
+    /// Q4_0): shapes across the row chunk (64), the row tile (4), the column block (8 blocks),
+    /// one group of sixteen tokens or a pair, every tier, 1–3 threads, against the naive loop
+    /// and, at AVX-512, the scalar reference's bits per token.
+    #[test]
+    fn block_lanes_batches(
+        rows in proptest::sample::select(vec![16usize, 20, 48, 64, 80, 144]),
+        cols in proptest::sample::select(vec![32usize, 256, 288, 544]),
+        n in proptest::sample::select(vec![8usize, 16, 17, 33, 48, 50, 70]),
+        seed in proptest::prelude::any::<u64>(),
+    ) {
+        check(rows, cols, n, seed);
     }
 }
 

@@ -166,6 +166,26 @@ proptest! {
         }
     }
 
+    /// Widening f16 to f32 is exact: every tier gives the reference's bits, NaN and infinity
+    /// and subnormals included, on unaligned slices with tails.
+    #[test]
+    fn widen_f16_is_exact_in_every_tier(bits in prop::collection::vec(any::<u16>(), 0..300), off in 0usize..4) {
+        let w: Vec<f16> = bits.iter().map(|&b| f16::from_bits(b)).collect();
+        let w = &w[off.min(w.len())..];
+        let mut want = vec![0.0f32; w.len()];
+        r::widen_f16_ref(w, &mut want);
+        for k in tiers() {
+            let mut got = vec![1.5f32; w.len()];
+            k.widen_f16(w, &mut got);
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                prop_assert!(
+                    g.to_bits() == e.to_bits() || (g.is_nan() && e.is_nan()),
+                    "{:?} widen_f16[{}]: {} vs {}", k.isa(), i, g, e
+                );
+            }
+        }
+    }
+
     #[test]
     fn dot_f16_and_bf16_match_reference(x in vecf(300), off in 0usize..4) {
         let off = off.min(x.len());

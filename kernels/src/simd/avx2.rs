@@ -140,9 +140,23 @@ unsafe impl QDot for Avx2 {
 /// `$tf` and `$tq` are the tokens per multi-token tile for float and quantized weights: as many
 /// as the ISA's register file holds accumulators for (`TILE_ROWS × tokens`). `$wc` is the
 /// vectors per row of a `weighted_sum` block, likewise (`WEIGHTED_ROWS × $wc` accumulators
-/// plus `$wc` loaded vectors and a broadcast probability).
+/// plus `$wc` loaded vectors and a broadcast probability). `$fr × $fv` is the float lanes
+/// kernel's register block: rows by vectors of tokens (`$fr·$fv` accumulators, `$fv` loaded
+/// vectors and a broadcast weight).
 macro_rules! isa_entry_points {
-    ($features:literal, $S:ty, $tf:literal, $tq:literal, $wc:literal) => {
+    ($features:literal, $S:ty, $tf:literal, $tq:literal, $wc:literal, $fr:literal, $fv:literal) => {
+        #[target_feature(enable = $features)]
+        unsafe fn float_lanes_impl(
+            w: &[&[f32]; $crate::lanes::FLOAT_ROWS],
+            x: &[[f32; $crate::lanes::FLOAT_TILE]],
+            tokens: usize,
+            acc: &mut $crate::lanes::FloatAcc,
+        ) {
+            // SAFETY: features enabled by this function's attribute; lengths checked by the
+            // caller.
+            unsafe { float::lanes::<$S, $fr, $fv>(w, x, tokens, acc) }
+        }
+
         #[target_feature(enable = $features)]
         unsafe fn tile_float<W: Weight, const T: usize>(
             rows: &[&[W]; TILE_ROWS],
@@ -254,6 +268,33 @@ macro_rules! isa_entry_points {
             // SAFETY: features supported (see above); lengths checked.
             let res = unsafe { tile_float::<W, T>(rows, xs) };
             out.copy_from_slice(&res);
+        }
+
+        fn float_lanes(
+            w: &[&[f32]; $crate::lanes::FLOAT_ROWS],
+            x: &[[f32; $crate::lanes::FLOAT_TILE]],
+            tokens: usize,
+            acc: &mut $crate::lanes::FloatAcc,
+        ) {
+            assert!(
+                tokens <= $crate::lanes::FLOAT_TILE && w.iter().all(|r| r.len() == x.len()),
+                "float lanes: row length or token count mismatch"
+            );
+            // SAFETY: features supported (see above); lengths checked.
+            unsafe { float_lanes_impl(w, x, tokens, acc) }
+        }
+
+        #[target_feature(enable = $features)]
+        unsafe fn widen_f16_impl(w: &[f16], out: &mut [f32]) {
+            // SAFETY: features enabled by this function's attribute; lengths checked by the
+            // caller.
+            unsafe { float::widen::<$S, f16>(w, out) }
+        }
+
+        fn widen_f16(w: &[f16], out: &mut [f32]) {
+            assert_eq!(w.len(), out.len(), "widen_f16: length mismatch");
+            // SAFETY: features supported (see above); lengths checked.
+            unsafe { widen_f16_impl(w, out) }
         }
 
         fn float_rows<W: Weight>(w: &[W], x: &[f32], out: &mut [f32; WIDE_ROWS]) {
@@ -391,6 +432,8 @@ macro_rules! isa_entry_points {
                     $tq,
                     quant_tile::<BlockQ4_0, $tq>,
                 ),
+                float_lanes: Some(float_lanes),
+                widen_f16,
                 ..SCALAR_TABLE
             }
         }
@@ -399,8 +442,9 @@ macro_rules! isa_entry_points {
 pub(crate) use isa_entry_points;
 
 // AVX2 has 16 registers: 4 rows × 2 accumulators × 1 token for floats, 4 × 2 tokens for blocks,
-// 4 rows × 2 vectors (+ 2 loaded, 1 broadcast) for weighted sums.
-isa_entry_points!("avx2,fma,f16c", Avx2, 1, 2, 2);
+// 4 rows × 2 vectors (+ 2 loaded, 1 broadcast) for weighted sums, 4 rows × 2 vectors of tokens
+// (+ 2 loaded, 1 broadcast) for float lanes.
+isa_entry_points!("avx2,fma,f16c", Avx2, 1, 2, 2, 4, 2);
 
 fn group_q4_0x16(
     w: &[kiln_format::BlockQ4_0x16],

@@ -20,7 +20,7 @@ use super::quant::{self, QBlock, QDot};
 use crate::dispatch::{Kernels, Prepared, PreparedPair, Tile, SCALAR_TABLE, TILE_ROWS, WIDE_ROWS};
 use crate::interleaved::GroupX;
 use crate::isa::Isa;
-use crate::lanes::{LaneBlock, Lanes};
+use crate::lanes::{LaneBlock, LanesAcc};
 
 /// Marker type for this ISA's primitives.
 #[derive(Debug, Clone, Copy)]
@@ -227,13 +227,16 @@ unsafe impl QDot for Avx512 {
 }
 
 // 32 registers: 4 rows × 2 accumulators × 2 tokens for floats, 4 rows × 4 tokens for blocks,
-// 4 rows × 4 vectors (+ 4 loaded, 1 broadcast) for weighted sums (a head of 64 in one block).
+// 4 rows × 4 vectors (+ 4 loaded, 1 broadcast) for weighted sums (a head of 64 in one block),
+// 8 rows × 2 vectors of tokens (+ 2 loaded, 1 broadcast) for float lanes.
 isa_entry_points!(
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
     Avx512,
     2,
     4,
-    4
+    4,
+    8,
+    2
 );
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -325,22 +328,27 @@ fn pair_dot<W: PairBlock>(w: &[W], x: &[BlockQ8_0]) -> f32 {
     unsafe { dot_pair(w, x) }
 }
 
-fn lanes_tile(codes: &[&[u8]; TILE_ROWS], dw: &[&[f32]; TILE_ROWS], x: &[LaneBlock]) -> Lanes {
+fn lanes_tile(
+    codes: &[&[u8]; TILE_ROWS],
+    dw: &[&[f32]; TILE_ROWS],
+    x0: &[LaneBlock],
+    x1: Option<&[LaneBlock]>,
+    acc: &mut LanesAcc,
+) {
+    let nb = x0.len();
     assert!(
-        codes.iter().all(|c| c.len() == 32 * x.len()) && dw.iter().all(|d| d.len() == x.len()),
+        codes.iter().all(|c| c.len() == 32 * nb)
+            && dw.iter().all(|d| d.len() == nb)
+            && x1.is_none_or(|x1| x1.len() == nb),
         "lanes tile: row length mismatch"
     );
     // SAFETY: features supported (see above); lengths checked.
-    unsafe { avx512_lanes::tile(codes, dw, x) }
-}
-
-fn float_lanes_tile(w: &[&[f32]; TILE_ROWS], x: &[[f32; 16]]) -> Lanes {
-    assert!(
-        w.iter().all(|r| r.len() == x.len()),
-        "lanes tile: row length mismatch"
-    );
-    // SAFETY: features supported (see above); lengths checked.
-    unsafe { avx512_lanes::tile_float(w, x) }
+    unsafe {
+        match x1 {
+            Some(x1) => avx512_lanes::tile::<2>(codes, dw, [x0, x1], acc),
+            None => avx512_lanes::tile::<1>(codes, dw, [x0], acc),
+        }
+    }
 }
 
 fn group_q4_0x16(w: &[BlockQ4_0x16], x: &[GroupX], out: &mut [f32; GROUP_ROWS]) {
@@ -367,7 +375,6 @@ pub(crate) fn table() -> &'static Kernels {
         prepared_q8_0: Some(prepared::<BlockQ8_0>()),
         prepared_q4_0: Some(prepared::<BlockQ4_0>()),
         lanes: Some(lanes_tile),
-        float_lanes: Some(float_lanes_tile),
         group_q4_0x16: Some(group_q4_0x16),
         ..table_for(Isa::Avx512)
     })
@@ -427,13 +434,37 @@ mod tests {
         let flat: Vec<BlockQ8_0> = xs.iter().flatten().copied().collect();
         let mut x = vec![LaneBlock::ZERO; nb];
         prepare_group(&flat, nb, W::OFFSET, &mut x);
-        let cr: [&[u8]; TILE_ROWS] = std::array::from_fn(|r| codes[r].as_slice());
-        let dr: [&[f32]; TILE_ROWS] = std::array::from_fn(|r| dw[r].as_slice());
-        let got = lanes_tile(&cr, &dr, &x);
-        for (r, got) in got.iter().enumerate() {
-            for (t, got) in got.iter().enumerate() {
-                let want = xs.get(t).map_or(0.0, |x| dot(&rows[r], x));
-                assert_eq!(got.to_bits(), want.to_bits(), "row {r} token {t}");
+        // One call over every block, and the blocks cut in two calls (sums carried in acc),
+        // with the group alone and as both groups of a pair.
+        let cut = nb / 2;
+        let part = |v: &[u8], lo: usize, hi: usize| v[32 * lo..32 * hi].to_vec();
+        for split in [false, true] {
+            let mut acc: LanesAcc = [[[0.0; 16]; 2]; TILE_ROWS];
+            let mut acc1: LanesAcc = [[[0.0; 16]; 2]; TILE_ROWS];
+            let ranges = if split {
+                vec![(0, cut), (cut, nb)]
+            } else {
+                vec![(0, nb)]
+            };
+            for (lo, hi) in ranges {
+                let cs: Vec<Vec<u8>> = codes.iter().map(|c| part(c, lo, hi)).collect();
+                let cr: [&[u8]; TILE_ROWS] = std::array::from_fn(|r| cs[r].as_slice());
+                let dr: [&[f32]; TILE_ROWS] = std::array::from_fn(|r| &dw[r][lo..hi]);
+                lanes_tile(&cr, &dr, &x[lo..hi], None, &mut acc);
+                lanes_tile(&cr, &dr, &x[lo..hi], Some(&x[lo..hi]), &mut acc1);
+            }
+            for r in 0..TILE_ROWS {
+                for t in 0..16 {
+                    let want = xs.get(t).map_or(0.0, |x| dot(&rows[r], x));
+                    assert_eq!(acc[r][0][t].to_bits(), want.to_bits(), "row {r} token {t}");
+                    for (g, pair) in acc1[r].iter().enumerate() {
+                        assert_eq!(
+                            pair[t].to_bits(),
+                            want.to_bits(),
+                            "pair {g} row {r} token {t}"
+                        );
+                    }
+                }
             }
         }
     }
@@ -477,41 +508,6 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(32))]
-        /// The float lanes kernel against a scalar model of its order: even and odd columns
-        /// in two FMA chains per (row, token), added at the end. Same bits.
-        #[test]
-        fn float_lanes_tile_equals_its_scalar_order(
-            cols in 1usize..70,
-            n in 1usize..=16,
-            seed in prop::collection::vec(-4.0f32..4.0, 20 * 70),
-        ) {
-            if !Isa::Avx512.is_supported() {
-                return Ok(());
-            }
-            let val = |i: usize, c: usize| seed[i * 70 + c];
-            let rows: Vec<Vec<f32>> =
-                (16..20).map(|i| (0..cols).map(|c| val(i, c)).collect()).collect();
-            let x: Vec<f32> = (0..n).flat_map(|t| (0..cols).map(move |c| val(t, c))).collect();
-            let mut xl = vec![[0.0f32; 16]; cols];
-            crate::lanes::prepare_float_group(&x, cols, &mut xl);
-            let wr: [&[f32]; TILE_ROWS] = std::array::from_fn(|r| rows[r].as_slice());
-            let got = float_lanes_tile(&wr, &xl);
-            for (r, got) in got.iter().enumerate() {
-                for (t, got) in got.iter().enumerate() {
-                    let (mut even, mut odd) = (0.0f32, 0.0f32);
-                    for (c, w) in rows[r].iter().enumerate() {
-                        let xv = if t < n { val(t, c) } else { 0.0 };
-                        if c % 2 == 0 {
-                            even = w.mul_add(xv, even);
-                        } else {
-                            odd = w.mul_add(xv, odd);
-                        }
-                    }
-                    prop_assert_eq!(got.to_bits(), (even + odd).to_bits(), "row {} token {}", r, t);
-                }
-            }
-        }
-
         #[test]
         fn lanes_tile_equals_reference_bits(
             nb in 1usize..7,

@@ -2,6 +2,8 @@
 
 use half::{bf16, f16};
 
+use crate::lanes::{FloatAcc, FLOAT_ROWS, FLOAT_TILE};
+
 /// One ISA's f32 vector primitives.
 ///
 /// # Safety
@@ -190,6 +192,84 @@ unsafe fn tile_sums<S: F32Simd, W: Weight, const R: usize, const T: usize>(
     acc0
 }
 
+/// The float lanes kernel ([`crate::lanes::FloatLanesFn`]) over `R`-row by `V`-vector
+/// register blocks: `FLOAT_ROWS / R` row blocks for each group of `V` token vectors, single
+/// vectors for what is left of the tile's tokens. `R·V` accumulators, `V` token loads and `R`
+/// broadcasts per column.
+///
+/// # Safety
+/// The ISA's features are enabled, every row holds `x.len()` weights, `tokens <= FLOAT_TILE`,
+/// `FLOAT_ROWS % R == 0` and `V·LANES <= FLOAT_TILE`.
+#[inline(always)]
+pub(crate) unsafe fn lanes<S: F32Simd, const R: usize, const V: usize>(
+    w: &[&[f32]; FLOAT_ROWS],
+    x: &[[f32; FLOAT_TILE]],
+    tokens: usize,
+    acc: &mut FloatAcc,
+) {
+    let vecs = tokens.div_ceil(S::LANES);
+    let mut v0 = 0;
+    while v0 < vecs {
+        let wide = vecs - v0 >= V;
+        for r0 in (0..FLOAT_ROWS).step_by(R) {
+            // SAFETY: forwarded contract; rows r0..r0 + R < FLOAT_ROWS, lanes below
+            // vecs·LANES <= FLOAT_TILE.
+            unsafe {
+                if wide {
+                    lanes_block::<S, R, V>(w, r0, x, v0 * S::LANES, acc)
+                } else {
+                    lanes_block::<S, R, 1>(w, r0, x, v0 * S::LANES, acc)
+                }
+            }
+        }
+        v0 += if wide { V } else { 1 };
+    }
+}
+
+/// Rows `r0..r0 + R` and lanes `l0..l0 + V·LANES` of [`lanes`]: the running sums loaded, one
+/// FMA per (row, vector) per column, stored back.
+///
+/// # Safety
+/// As [`lanes`], with `r0 + R <= FLOAT_ROWS` and `l0 + V·LANES <= FLOAT_TILE`.
+#[inline(always)]
+unsafe fn lanes_block<S: F32Simd, const R: usize, const V: usize>(
+    w: &[&[f32]; FLOAT_ROWS],
+    r0: usize,
+    x: &[[f32; FLOAT_TILE]],
+    l0: usize,
+    acc: &mut FloatAcc,
+) {
+    // SAFETY: lanes l0..l0 + V·LANES of rows r0..r0 + R of acc and of every column of x are
+    // in bounds (caller contract); every weight row holds x.len() values; features enabled.
+    unsafe {
+        let mut a = [[S::zero(); V]; R];
+        for (r, a) in a.iter_mut().enumerate() {
+            for (v, a) in a.iter_mut().enumerate() {
+                *a = S::load(acc[r0 + r].as_ptr().add(l0 + v * S::LANES));
+            }
+        }
+        let wp: [*const f32; R] = std::array::from_fn(|r| w[r0 + r].as_ptr());
+        for (c, xc) in x.iter().enumerate() {
+            let xp = xc.as_ptr().add(l0);
+            let mut xv = [S::zero(); V];
+            for (v, xv) in xv.iter_mut().enumerate() {
+                *xv = S::load(xp.add(v * S::LANES));
+            }
+            for (r, a) in a.iter_mut().enumerate() {
+                let b = S::splat(*wp[r].add(c));
+                for (a, &xv) in a.iter_mut().zip(&xv) {
+                    *a = S::fma(b, xv, *a);
+                }
+            }
+        }
+        for (r, a) in a.iter().enumerate() {
+            for (v, &a) in a.iter().enumerate() {
+                S::store(acc[r0 + r].as_mut_ptr().add(l0 + v * S::LANES), a);
+            }
+        }
+    }
+}
+
 /// `sum` plus the products past the last full step of `2·lanes` elements, in scalar order.
 #[inline(always)]
 fn add_tail<W: Weight>(mut sum: f32, w: &[W], x: &[f32], lanes: usize) -> f32 {
@@ -227,6 +307,27 @@ pub(crate) fn prefetch_ahead<T>(p: *const T, len: usize) {
             )
         };
         off += 64;
+    }
+}
+
+/// `out[i] = w[i]` as f32, a vector at a time.
+///
+/// # Safety
+/// The ISA's features are enabled and `out.len() == w.len()`.
+#[inline(always)]
+pub(crate) unsafe fn widen<S: F32Simd, W: Weight>(w: &[W], out: &mut [f32]) {
+    let n = w.len();
+    let main = n - n % S::LANES;
+    let mut i = 0;
+    // SAFETY: features enabled; i + LANES <= main <= n = out.len().
+    unsafe {
+        while i < main {
+            S::store(out.as_mut_ptr().add(i), W::load::<S>(w.as_ptr().add(i)));
+            i += S::LANES;
+        }
+    }
+    for (o, w) in out[main..].iter_mut().zip(&w[main..]) {
+        *o = w.to_f32();
     }
 }
 
