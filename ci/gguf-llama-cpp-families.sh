@@ -11,7 +11,9 @@
 # three ways: as committed (a window of 8, which llama.cpp ignores, so the two differ by
 # design), without its window (LongRoPE's long factors: llama.cpp rounds its context up to 256,
 # past the original 16), and without its window with an original context of 256 (the short
-# factors on both sides). The .kiln files are named tiny-* because llama.cpp special-cases
+# factors on both sides). GLM, GLM-4 and the windowless Phi-3 are also quantized to Q8_0 and
+# Q4_0 (kiln-quantize, reference method; fused tensors of quantized parts) and compared the same
+# way. The .kiln files are named tiny-* because llama.cpp special-cases
 # models whose general.name (the file stem) contains "phi3".
 # Outputs land in target/gguf-llama-cpp-families/ (results in summary.txt).
 set -euo pipefail
@@ -20,7 +22,7 @@ cd "$root"
 bin_ll="${LLAMA_CPP_BIN:?set LLAMA_CPP_BIN to the build/bin directory of llama.cpp}"
 export LD_LIBRARY_PATH="$bin_ll${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 py="$(ci/python-env.sh)"
-cargo build --release -p kiln-convert -p kiln-verify --bins
+cargo build --release -p kiln-convert -p kiln-quantize -p kiln-verify --bins
 bin=target/release
 out=target/gguf-llama-cpp-families
 mkdir -p "$out"
@@ -48,13 +50,18 @@ PY
 variant p3-nowin long
 variant p3-short short
 
+score() {
+    local name="$1" ctx="$2"
+    k="$("$bin/kiln-verify" perplexity "$out/$name.kiln" --text "$text" -c "$ctx" -t "$threads" 2>&1 | tail -1)"
+    l="$("$bin_ll/llama-perplexity" -m "$out/$name.gguf" -f "$text" -c "$ctx" -b "$ctx" -t "$threads" 2>&1 | grep 'Final estimate')"
+    printf '%-18s -c %-4s kiln-verify: %s\n                            llama-perplexity: %s\n' "$name" "$ctx" "$k" "$l" | tee -a "$summary"
+}
+
 run() {
     local src="$1" name="$2" ctx="$3"
     "$bin/kiln-convert" hf "$src" -o "$out/$name.kiln" --force > /dev/null 2>&1
     "$bin/kiln-convert" export-gguf "$out/$name.kiln" -o "$out/$name.gguf" --force > /dev/null 2>&1
-    k="$("$bin/kiln-verify" perplexity "$out/$name.kiln" --text "$text" -c "$ctx" -t "$threads" 2>&1 | tail -1)"
-    l="$("$bin_ll/llama-perplexity" -m "$out/$name.gguf" -f "$text" -c "$ctx" -b "$ctx" -t "$threads" 2>&1 | grep 'Final estimate')"
-    printf '%-18s -c %-4s kiln-verify: %s\n                            llama-perplexity: %s\n' "$name" "$ctx" "$k" "$l" | tee -a "$summary"
+    score "$name" "$ctx"
 }
 
 echo "== perplexity on $text" | tee -a "$summary"
@@ -65,4 +72,11 @@ for ctx in 64 128; do
     run fixtures/tiny/phi3-f32 tiny-p3-window "$ctx"
 done
 run "$out/p3-short" tiny-p3-short 128
+for name in tiny-glm tiny-glm4 tiny-p3-nowin; do
+    for t in q8_0 q4_0; do
+        "$bin/kiln-quantize" "$out/$name.kiln" "$out/$name-$t.kiln" --to "$t" --method reference --force > /dev/null
+        "$bin/kiln-convert" export-gguf "$out/$name-$t.kiln" -o "$out/$name-$t.gguf" --force > /dev/null 2>&1
+        score "$name-$t" 128
+    done
+done
 echo "gguf-llama-cpp-families: results in $summary"
