@@ -225,7 +225,11 @@ impl Checkpoint {
                 let resolved =
                     match names::canonical(Source::HuggingFace, config.architecture, &name) {
                         Some(canon) => vec![source(canon)],
-                        None => match names::fused_parts(config.architecture, &name) {
+                        None => match names::fused_parts(
+                            names::Source::HuggingFace,
+                            config.architecture,
+                            &name,
+                        ) {
                             Some(parts) => {
                                 split_rows(&source(parts[0]), &parts, config, &shard.path)?
                             }

@@ -131,32 +131,73 @@ const GLM4: &[(Role, &str, &str)] = &[
     ),
 ];
 
-/// Hugging Face tensors that hold several canonical ones stacked by rows, in this order
-/// (Phi-3's `qkv_proj` is `[q; k; v]`, `gate_up_proj` is `[gate; up]`: the model's forward
-/// slices its output so). Conversion stores the parts; the rows of each are its expected shape.
-const FUSED_HF: &[(&[Architecture], &str, &[Role])] = &[
-    (
-        &[Architecture::Phi3],
-        "model.layers.{}.self_attn.qkv_proj.weight",
-        &[Role::AttnQ, Role::AttnK, Role::AttnV],
-    ),
-    (
-        &[Architecture::Phi3, Architecture::Glm4, Architecture::Glm],
-        "model.layers.{}.mlp.gate_up_proj.weight",
-        &[Role::MlpGate, Role::MlpUp],
-    ),
+/// A source tensor that holds several canonical ones stacked by rows, in `parts` order.
+struct Fused {
+    source: Source,
+    /// Families whose parts this source spells fused: conversion reads them so and export
+    /// writes them so.
+    written: &'static [Architecture],
+    /// Families whose parts this source may spell either way: the fused spelling is accepted
+    /// beside the split one, never written.
+    also_read: &'static [Architecture],
+    pattern: &'static str,
+    parts: &'static [Role],
+}
+
+/// Every fused spelling. Hugging Face: Phi-3's `qkv_proj` is `[q; k; v]` and `gate_up_proj`
+/// is `[gate; up]` (the models' forward slices their outputs so). GGUF: llama.cpp's converter
+/// keeps both fused for Phi-3 (`attn_qkv`, and `ffn_up` of `2·intermediate` rows whose first
+/// half its SwiGLU takes as the gate) and the MLP fused for GLM and GLM-4, whose loaders
+/// require `ffn_up` so; they also load a fused `attn_qkv` (and its bias) for GLM, as the
+/// original ChatGLM checkpoints are converted, so import accepts that too.
+const FUSED: &[Fused] = &[
+    Fused {
+        source: Source::HuggingFace,
+        written: &[Architecture::Phi3],
+        also_read: &[],
+        pattern: "model.layers.{}.self_attn.qkv_proj.weight",
+        parts: &[Role::AttnQ, Role::AttnK, Role::AttnV],
+    },
+    Fused {
+        source: Source::HuggingFace,
+        written: &[Architecture::Phi3, Architecture::Glm4, Architecture::Glm],
+        also_read: &[],
+        pattern: "model.layers.{}.mlp.gate_up_proj.weight",
+        parts: &[Role::MlpGate, Role::MlpUp],
+    },
+    Fused {
+        source: Source::Gguf,
+        written: &[Architecture::Phi3],
+        also_read: &[Architecture::Glm4, Architecture::Glm],
+        pattern: "blk.{}.attn_qkv.weight",
+        parts: &[Role::AttnQ, Role::AttnK, Role::AttnV],
+    },
+    Fused {
+        source: Source::Gguf,
+        written: &[Architecture::Phi3],
+        also_read: &[Architecture::Glm4, Architecture::Glm],
+        pattern: "blk.{}.attn_qkv.bias",
+        parts: &[Role::AttnQBias, Role::AttnKBias, Role::AttnVBias],
+    },
+    Fused {
+        source: Source::Gguf,
+        written: &[Architecture::Phi3, Architecture::Glm4, Architecture::Glm],
+        also_read: &[],
+        pattern: "blk.{}.ffn_up.weight",
+        parts: &[Role::MlpGate, Role::MlpUp],
+    },
 ];
 
-/// The canonical parts of a fused Hugging Face tensor of an `arch` model, in row order, if
-/// `name` is one.
-pub fn fused_parts(arch: Architecture, name: &str) -> Option<Vec<TensorName>> {
-    FUSED_HF.iter().find_map(|(archs, pat, roles)| {
-        if !archs.contains(&arch) {
+/// The canonical parts of a fused `source` tensor of an `arch` model, in row order, if `name`
+/// is one (a spelling written or also read for the family).
+pub fn fused_parts(source: Source, arch: Architecture, name: &str) -> Option<Vec<TensorName>> {
+    FUSED.iter().find_map(|f| {
+        if f.source != source || !(f.written.contains(&arch) || f.also_read.contains(&arch)) {
             return None;
         }
-        let layer = match_pattern(pat, name)?;
+        let layer = match_pattern(f.pattern, name)?;
         Some(
-            roles
+            f.parts
                 .iter()
                 .map(|&role| TensorName { layer, role })
                 .collect(),
@@ -164,11 +205,15 @@ pub fn fused_parts(arch: Architecture, name: &str) -> Option<Vec<TensorName>> {
     })
 }
 
-/// The fused Hugging Face tensor that holds `name` in an `arch` model, if any.
-fn fused_source(arch: Architecture, name: TensorName) -> Option<String> {
-    FUSED_HF.iter().find_map(|(archs, pat, roles)| {
-        (archs.contains(&arch) && roles.contains(&name.role))
-            .then(|| pat.replace("{}", &name.layer.unwrap_or(0).to_string()))
+/// The fused `source` tensor that holds `name` in an `arch` model as Kiln writes it, if any.
+fn fused_source(source: Source, arch: Architecture, name: TensorName) -> Option<String> {
+    FUSED.iter().find_map(|f| {
+        (f.source == source && f.written.contains(&arch) && f.parts.contains(&name.role)).then(
+            || {
+                f.pattern
+                    .replace("{}", &name.layer.unwrap_or(0).to_string())
+            },
+        )
     })
 }
 
@@ -219,16 +264,14 @@ pub fn canonical(source: Source, arch: Architecture, name: &str) -> Option<Tenso
     })
 }
 
-/// The source spelling of a canonical name of an `arch` model (for a part of a fused Hugging
-/// Face tensor, the fused tensor's name).
+/// The source spelling of a canonical name of an `arch` model (for a part of a tensor the
+/// source writes fused, the fused tensor's name).
 ///
 /// # Panics
 /// If `arch` has no such role (callers name only roles from [`kiln_format::expected_tensors`]).
 pub fn source_name(source: Source, arch: Architecture, name: TensorName) -> String {
-    if source == Source::HuggingFace {
-        if let Some(fused) = fused_source(arch, name) {
-            return fused;
-        }
+    if let Some(fused) = fused_source(source, arch, name) {
+        return fused;
     }
     let row = rows(arch)
         .find(|r| r.0 == name.role)
@@ -273,10 +316,8 @@ mod tests {
                 };
                 for src in [Source::HuggingFace, Source::Gguf] {
                     let spelled = source_name(src, arch, name);
-                    match fused_parts(arch, &spelled) {
-                        Some(parts) if src == Source::HuggingFace => {
-                            assert!(parts.contains(&name), "{arch:?} {spelled}")
-                        }
+                    match fused_parts(src, arch, &spelled) {
+                        Some(parts) => assert!(parts.contains(&name), "{arch:?} {spelled}"),
                         _ => assert_eq!(canonical(src, arch, &spelled), Some(name), "{arch:?}"),
                     }
                 }
@@ -311,17 +352,23 @@ mod tests {
     #[test]
     fn fused_tensors_split_in_row_order_for_their_families_only() {
         let qkv = "model.layers.3.self_attn.qkv_proj.weight";
-        let parts = fused_parts(Architecture::Phi3, qkv).unwrap();
+        let parts = fused_parts(Source::HuggingFace, Architecture::Phi3, qkv).unwrap();
         assert_eq!(
             parts,
             [Role::AttnQ, Role::AttnK, Role::AttnV].map(|r| TensorName::layer(3, r))
         );
-        assert_eq!(fused_parts(Architecture::Glm4, qkv), None);
-        assert_eq!(fused_parts(Architecture::Llama, qkv), None);
+        assert_eq!(
+            fused_parts(Source::HuggingFace, Architecture::Glm4, qkv),
+            None
+        );
+        assert_eq!(
+            fused_parts(Source::HuggingFace, Architecture::Llama, qkv),
+            None
+        );
         let gu = "model.layers.0.mlp.gate_up_proj.weight";
         for arch in [Architecture::Phi3, Architecture::Glm4, Architecture::Glm] {
             assert_eq!(
-                fused_parts(arch, gu).unwrap(),
+                fused_parts(Source::HuggingFace, arch, gu).unwrap(),
                 [Role::MlpGate, Role::MlpUp].map(|r| TensorName::layer(0, r))
             );
         }
@@ -340,6 +387,43 @@ mod tests {
                 "model.layers.1.post_self_attn_layernorm.weight"
             ),
             Some(TensorName::layer(1, Role::AttnPostNorm))
+        );
+    }
+
+    /// llama.cpp's fused spellings: Phi-3 writes `attn_qkv` and a `[gate; up]` `ffn_up`; GLM
+    /// and GLM-4 write split q/k/v (a fused `attn_qkv` is read, not written) and the fused
+    /// `ffn_up`; other families keep `ffn_up` as the up projection alone.
+    #[test]
+    fn gguf_fused_tensors_are_written_and_read_per_family() {
+        let up = |arch| source_name(Source::Gguf, arch, TensorName::layer(1, Role::MlpGate));
+        for arch in [Architecture::Phi3, Architecture::Glm4, Architecture::Glm] {
+            assert_eq!(up(arch), "blk.1.ffn_up.weight");
+            assert_eq!(
+                fused_parts(Source::Gguf, arch, "blk.1.ffn_up.weight").unwrap(),
+                [Role::MlpGate, Role::MlpUp].map(|r| TensorName::layer(1, r))
+            );
+            assert_eq!(
+                fused_parts(Source::Gguf, arch, "blk.2.attn_qkv.weight").unwrap(),
+                [Role::AttnQ, Role::AttnK, Role::AttnV].map(|r| TensorName::layer(2, r))
+            );
+        }
+        assert_eq!(up(Architecture::Llama), "blk.1.ffn_gate.weight");
+        assert_eq!(
+            fused_parts(Source::Gguf, Architecture::Llama, "blk.1.ffn_up.weight"),
+            None
+        );
+        let q = TensorName::layer(0, Role::AttnQ);
+        assert_eq!(
+            source_name(Source::Gguf, Architecture::Phi3, q),
+            "blk.0.attn_qkv.weight"
+        );
+        assert_eq!(
+            source_name(Source::Gguf, Architecture::Glm4, q),
+            "blk.0.attn_q.weight"
+        );
+        assert_eq!(
+            fused_parts(Source::Gguf, Architecture::Glm, "blk.0.attn_qkv.bias").unwrap(),
+            [Role::AttnQBias, Role::AttnKBias, Role::AttnVBias].map(|r| TensorName::layer(0, r))
         );
     }
 

@@ -66,7 +66,8 @@ fn convert_and_compare(dir: &Path, dtype: Option<DType>) -> KilnFile {
             // the next block of rows.
             let parts = match canonical(Source::HuggingFace, arch, &name) {
                 Some(c) => vec![c],
-                None => fused_parts(arch, &name).unwrap_or_else(|| panic!("{name} unknown")),
+                None => fused_parts(Source::HuggingFace, arch, &name)
+                    .unwrap_or_else(|| panic!("{name} unknown")),
             };
             let source_shape: Vec<u64> = view.shape().iter().map(|&d| d as u64).collect();
             let row_bytes = view.data().len() / view.shape()[0];

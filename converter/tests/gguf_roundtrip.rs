@@ -147,13 +147,10 @@ fn every_tiny_fixture_round_trips() {
         let tmp = tempfile::tempdir().unwrap();
         let kiln = tmp.path().join("m.kiln");
         convert(&repo().join("fixtures/tiny").join(name), &kiln);
-        if let Some(family) = ["gemma3", "phi3", "glm4", "glm"]
-            .into_iter()
-            .find(|f| name.starts_with(&format!("{f}-")))
-        {
-            // Phi-3 and GLM are not mapped to GGUF yet; the tiny Gemma 3 (three layers, the
-            // third global, its own score scale) is not a model llama.cpp would run as Kiln
-            // does. Each is refused with the family named, nothing written.
+        if name.starts_with("gemma3-") {
+            // The tiny Gemma 3 (three layers, the third global, its own score scale) is not a
+            // model llama.cpp would run as Kiln does: refused with the family named, nothing
+            // written.
             let out = tmp.path().join("m.gguf");
             let e = export_gguf(
                 &ExportOptions {
@@ -165,23 +162,32 @@ fn every_tiny_fixture_round_trips() {
             )
             .unwrap_err()
             .to_string();
-            let why = if family == "gemma3" {
-                "llama.cpp would run it differently"
-            } else {
-                "not implemented"
-            };
-            assert!(e.contains(family) && e.contains(why), "{e}");
+            assert!(
+                e.contains("gemma3") && e.contains("llama.cpp would run it differently"),
+                "{e}"
+            );
             assert!(!out.exists());
             continue;
         }
         let t = round_trip(&kiln);
         assert_equivalent(&t, TEXTS);
+        assert_eq!(
+            t.original.metadata().config.sliding_window,
+            t.back.metadata().config.sliding_window,
+            "{name}"
+        );
         let h = GgufFile::open(&t.gguf).unwrap();
         let arch = h.header().get("general.architecture").unwrap().as_str();
-        let want = ["qwen2", "qwen3"]
-            .into_iter()
-            .find(|a| name.starts_with(a))
-            .unwrap_or("llama");
+        let want = [
+            ("qwen2", "qwen2"),
+            ("qwen3", "qwen3"),
+            ("phi3", "phi3"),
+            ("glm4", "glm4"),
+            ("glm-", "chatglm"),
+        ]
+        .into_iter()
+        .find(|(prefix, _)| name.starts_with(prefix))
+        .map_or("llama", |(_, arch)| arch);
         assert_eq!(arch, Some(want), "{name}");
         assert_eq!(
             h.header().tensor("rope_freqs.weight").is_some(),
@@ -238,13 +244,30 @@ fn quantized_copy(src: &Path, dst: &Path, interleave: bool) {
     w.finish().unwrap();
 }
 
+/// Layer 1's value projection as GGUF names it, and the `.kiln` tensors it holds: alone for
+/// most families, inside Phi-3's fused `attn_qkv` (rows `[q; k; v]`) for `phi3`.
+fn fused_or_plain_v(fixture: &str) -> (&'static str, Vec<&'static str>) {
+    if fixture.starts_with("phi3") {
+        (
+            "blk.1.attn_qkv.weight",
+            vec![
+                "layers.1.attn.q.weight",
+                "layers.1.attn.k.weight",
+                "layers.1.attn.v.weight",
+            ],
+        )
+    } else {
+        ("blk.1.attn_v.weight", vec!["layers.1.attn.v.weight"])
+    }
+}
+
 fn bytemuck_bytes<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
     bytemuck::cast_slice(v).to_vec()
 }
 
 #[test]
 fn quantized_blocks_cross_byte_for_byte() {
-    for name in ["llama-tied-f32", "qwen2-bias-f32"] {
+    for name in ["llama-tied-f32", "qwen2-bias-f32", "phi3-f32", "glm4-f32"] {
         let tmp = tempfile::tempdir().unwrap();
         let kiln = tmp.path().join("m.kiln");
         let q = tmp.path().join("q.kiln");
@@ -263,12 +286,15 @@ fn quantized_blocks_cross_byte_for_byte() {
             types.contains(&"Q8_0") && types.contains(&"Q4_0"),
             "{types:?}"
         );
-        // Blocks of a tensor that needs no reordering are the .kiln bytes themselves.
-        let v = g.header().tensor("blk.1.attn_v.weight").unwrap();
-        assert_eq!(
-            g.tensor_bytes(v),
-            t.original.tensor("layers.1.attn.v.weight").unwrap().bytes()
-        );
+        // Blocks of a tensor that needs no reordering are the .kiln bytes themselves; a fused
+        // one (Phi-3's attn_qkv, the [gate; up] ffn_up) holds its parts' blocks, rows stacked.
+        let (gguf_v, parts) = fused_or_plain_v(name);
+        let v = g.header().tensor(gguf_v).unwrap();
+        let want: Vec<u8> = parts
+            .iter()
+            .flat_map(|p| t.original.tensor(p).unwrap().bytes().to_vec())
+            .collect();
+        assert!(g.tensor_bytes(v) == want.as_slice(), "{name} {gguf_v}");
     }
 }
 
@@ -277,7 +303,7 @@ fn quantized_blocks_cross_byte_for_byte() {
 /// blocks.
 #[test]
 fn interleaved_q4_0_exports_as_plain_ggml_q4_0() {
-    for name in ["llama-tied-f32", "qwen2-bias-f32"] {
+    for name in ["llama-tied-f32", "qwen2-bias-f32", "phi3-f32", "glm4-f32"] {
         let tmp = tempfile::tempdir().unwrap();
         let kiln = tmp.path().join("m.kiln");
         convert(&repo().join("fixtures/tiny").join(name), &kiln);
@@ -314,14 +340,14 @@ fn interleaved_q4_0_exports_as_plain_ggml_q4_0() {
             "{name}: the GGUF of a q4_0x16 file differs from the plain one's"
         );
         let g = GgufFile::open(&t.gguf).unwrap();
-        let v = g.header().tensor("blk.1.attn_v.weight").unwrap();
+        let (gguf_v, parts) = fused_or_plain_v(name);
+        let v = g.header().tensor(gguf_v).unwrap();
         assert_eq!(v.ggml_type.name, "Q4_0");
-        let rows = t.original.tensor("layers.1.attn.v.weight").unwrap();
-        assert_eq!(
-            g.tensor_bytes(v),
-            bytemuck_bytes(&rows.q4_0_rows().unwrap()),
-            "{name}"
-        );
+        let want: Vec<u8> = parts
+            .iter()
+            .flat_map(|p| bytemuck_bytes(&t.original.tensor(p).unwrap().q4_0_rows().unwrap()))
+            .collect();
+        assert!(g.tensor_bytes(v) == want.as_slice(), "{name} {gguf_v}");
     }
 }
 

@@ -67,6 +67,48 @@ fn every_tiny_fixture_matches_transformers_layer_by_layer() {
     }
 }
 
+/// Phi-3, GLM and GLM-4 exported to GGUF in llama.cpp's layout (fused `attn_qkv`/`ffn_up`,
+/// LongRoPE factors as tensors, the rotated width as a key) and imported back still compute
+/// what transformers computes, layer by layer: the import restores the split projections and
+/// a configuration the runner builds the same model from.
+#[test]
+fn phi3_and_glm_through_gguf_match_transformers_layer_by_layer() {
+    use kiln_convert::gguf::{export_gguf, import_gguf, ExportOptions, ImportOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    for name in ["phi3-f32", "glm4-f32", "glm-f32"] {
+        let kiln = convert(name, Some(DType::F32), tmp.path());
+        let gguf = tmp.path().join(format!("{name}.gguf"));
+        let back = tmp.path().join(format!("{name}-back.kiln"));
+        export_gguf(
+            &ExportOptions {
+                input: kiln,
+                output: gguf.clone(),
+                overwrite: false,
+            },
+            &NoProgress,
+        )
+        .unwrap();
+        import_gguf(
+            &ImportOptions {
+                input: gguf,
+                output: back.clone(),
+                overwrite: false,
+                dequantize_to: DType::F32,
+                dequantize_all: false,
+                allow_non_finite: false,
+            },
+            &NoProgress,
+        )
+        .unwrap();
+        let f = KilnFile::open(&back).unwrap();
+        for k in 0..2 {
+            let r = verify_layers(&f, &dump(name, k), None, 2).unwrap();
+            assert!(r.pass, "{name}/{k}: first failure {:?}", r.first_failure);
+            assert_eq!(r.entries.last().unwrap().top1, Some(1.0), "{name}/{k}");
+        }
+    }
+}
+
 /// Rewrite `src` to `dst`, letting `edit` change any tensor's f32 values (F32 files only).
 fn edited(src: &Path, dst: &Path, edit: impl Fn(&str, &[u64], &mut Vec<f32>)) {
     let f = KilnFile::open(src).unwrap();

@@ -20,8 +20,8 @@ use kiln_format::metadata::now_rfc3339;
 use kiln_format::values::{cast_bytes, count_non_finite};
 use kiln_format::{
     expected_tensors, Architecture, DType, FamilyOptions, KilnWriter, LayerKind, Metadata,
-    MlpActivation, ModelConfig, NormStyle, ProvenanceStep, Role, RopeScaling, TensorName,
-    TensorSpec,
+    MlpActivation, ModelConfig, NormStyle, ProvenanceStep, Role, RopePairing, RopeScaling,
+    TensorName, TensorSpec,
 };
 use rayon::prelude::*;
 use serde_json::json;
@@ -85,7 +85,20 @@ pub const SUPPORTED: &[(&str, Architecture)] = &[
     ("qwen2", Architecture::Qwen2),
     ("qwen3", Architecture::Qwen3),
     ("gemma3", Architecture::Gemma3),
+    ("phi3", Architecture::Phi3),
+    ("glm4", Architecture::Glm4),
+    // What llama.cpp's converter writes for `GlmForCausalLM` (and the original ChatGLM).
+    ("chatglm", Architecture::Glm),
 ];
+
+/// Families whose GGUF states the rotated width (`rope.dimension_count`) apart from the head
+/// width: Phi-4-mini and GLM rotate only the leading part of each head.
+fn partial_rotary(a: Architecture) -> bool {
+    matches!(
+        a,
+        Architecture::Phi3 | Architecture::Glm4 | Architecture::Glm
+    )
+}
 
 struct Keys<'h> {
     file: &'h str,
@@ -135,7 +148,8 @@ impl<'h> Keys<'h> {
     }
 }
 
-fn resolve_config(file: &str, h: &GgufHeader) -> Result<ModelConfig> {
+fn resolve_config(file: &str, g: &GgufFile) -> Result<ModelConfig> {
+    let h = g.header();
     let arch_key = "general.architecture";
     let arch = h
         .get(arch_key)
@@ -158,16 +172,8 @@ fn resolve_config(file: &str, h: &GgufHeader) -> Result<ModelConfig> {
             path: file.into(),
             found: arch.into(),
             supported: format!(
-                "GGUF general.architecture {}{}",
+                "GGUF general.architecture {}",
                 SUPPORTED.iter().map(|s| s.0).collect::<Vec<_>>().join(", "),
-                match arch {
-                    "phi3" | "glm4" | "chatglm" => {
-                        "; Phi-3 and GLM convert from their Hugging Face checkpoints \
-                         (`kiln-convert hf`): GGUF import of their fused projections and rope \
-                         layout is not implemented yet"
-                    }
-                    _ => "",
-                }
             ),
         })?;
     let k = Keys {
@@ -177,7 +183,8 @@ fn resolve_config(file: &str, h: &GgufHeader) -> Result<ModelConfig> {
     };
     let hidden = k.u64("embedding_length")?;
     let heads = k.u64("attention.head_count")?;
-    let head_dim = head_dim(&k, hidden, heads)?;
+    let head_dim = head_dim(&k, hidden, heads, partial_rotary(architecture))?;
+    let rotary_dim = rotary_dim(&k, architecture, head_dim)?;
     let embed = h.tensor("token_embd.weight");
     let vocab = match k.u64_opt("vocab_size")? {
         Some(v) => v,
@@ -215,9 +222,19 @@ fn resolve_config(file: &str, h: &GgufHeader) -> Result<ModelConfig> {
         }
     };
     let rope_theta = k.f64_opt("rope.freq_base")?.unwrap_or(10_000.0);
-    let rope_scaling = match h.tensor("rope_freqs.weight") {
-        None => rope_scaling,
-        Some(_) => Some(llama3_scaling(file, h, rope_theta, head_dim)?),
+    let rope_scaling = if architecture == Architecture::Phi3 {
+        match longrope_scaling(file, g, &k, rotary_dim)? {
+            Some(s) => Some(s),
+            None => rope_scaling,
+        }
+    } else if partial_rotary(architecture) {
+        // `chatglm`/`glm4` load no factor tensors: one here is refused as unknown below.
+        rope_scaling
+    } else {
+        match h.tensor("rope_freqs.weight") {
+            None => rope_scaling,
+            Some(_) => Some(llama3_scaling(file, h, rope_theta, head_dim)?),
+        }
     };
     let id = |key: &str| h.get(key).and_then(Value::as_u64).map(|v| v as u32);
     let mut eos_token_ids: Vec<u32> = Vec::new();
@@ -242,19 +259,21 @@ fn resolve_config(file: &str, h: &GgufHeader) -> Result<ModelConfig> {
         }
     }
     let num_layers = k.u64("block_count")?;
-    let (family, sliding_window) = if gemma {
-        (
+    let (family, sliding_window) = match architecture {
+        Architecture::Gemma3 => (
             gemma3_family(&k, num_layers, hidden, heads, head_dim)?,
             Some(k.u64("attention.sliding_window")?),
-        )
-    } else {
-        (
+        ),
+        Architecture::Phi3 | Architecture::Glm4 | Architecture::Glm => {
+            glm_phi3_family(&k, architecture, rotary_dim, head_dim)?
+        }
+        _ => (
             FamilyOptions {
                 qk_norm: architecture == Architecture::Qwen3,
                 ..FamilyOptions::default()
             },
             None,
-        )
+        ),
     };
     Ok(ModelConfig {
         architecture,
@@ -278,7 +297,8 @@ fn resolve_config(file: &str, h: &GgufHeader) -> Result<ModelConfig> {
         rope_theta,
         rope_scaling,
         tie_word_embeddings: h.tensor("output.weight").is_none(),
-        attention_bias: h.tensor("blk.0.attn_q.bias").is_some(),
+        attention_bias: h.tensor("blk.0.attn_q.bias").is_some()
+            || h.tensor("blk.0.attn_qkv.bias").is_some(),
         sliding_window,
         bos_token_id: id("tokenizer.ggml.bos_token_id"),
         eos_token_ids,
@@ -338,8 +358,9 @@ fn gemma3_family(
 /// refused here rather than run with one of the two readings.
 ///
 /// Kiln applies RoPE to the whole head of a `llama`/`qwen2` model, so `rope.dimension_count`
-/// (the rotated width) must equal the head width; values and keys share it too.
-fn head_dim(k: &Keys, hidden: u64, heads: u64) -> Result<u64> {
+/// (the rotated width) must equal the head width unless the family rotates part of it
+/// (`partial`: [`rotary_dim`] reads it then); values and keys share it too.
+fn head_dim(k: &Keys, hidden: u64, heads: u64, partial: bool) -> Result<u64> {
     let arch = k.arch;
     let (head_dim, from) = match k.u64_opt("attention.key_length")? {
         Some(d) => (d, format!("{arch}.attention.key_length")),
@@ -354,13 +375,18 @@ fn head_dim(k: &Keys, hidden: u64, heads: u64) -> Result<u64> {
             ))
         }
     };
-    for (suffix, what) in [
-        ("attention.value_length", "the value head width"),
-        (
-            "rope.dimension_count",
-            "the rotated width (Kiln rotates whole heads)",
-        ),
-    ] {
+    let restated: &[(&str, &str)] = if partial {
+        &[("attention.value_length", "the value head width")]
+    } else {
+        &[
+            ("attention.value_length", "the value head width"),
+            (
+                "rope.dimension_count",
+                "the rotated width (Kiln rotates whole heads of this family)",
+            ),
+        ]
+    };
+    for &(suffix, what) in restated {
         if let Some(v) = k.u64_opt(suffix)? {
             if v != head_dim {
                 return Err(k.err(
@@ -371,6 +397,170 @@ fn head_dim(k: &Keys, hidden: u64, heads: u64) -> Result<u64> {
         }
     }
     Ok(head_dim)
+}
+
+/// The rotated width of each head: `rope.dimension_count`, or the whole head when the key is
+/// absent, as llama.cpp defaults it; even and within the head, or the key is refused.
+fn rotary_dim(k: &Keys, arch: Architecture, head_dim: u64) -> Result<u64> {
+    if !partial_rotary(arch) {
+        return Ok(head_dim);
+    }
+    let r = k.u64_opt("rope.dimension_count")?.unwrap_or(head_dim);
+    if r > head_dim || !r.is_multiple_of(2) {
+        return Err(k.err(
+            &format!("{}.rope.dimension_count", k.arch),
+            format!(
+                "{r} rotated elements: an even number within the head width {head_dim} is needed"
+            ),
+        ));
+    }
+    Ok(r)
+}
+
+/// Phi-3 and GLM as llama.cpp runs a `phi3`, `chatglm` or `glm4` file, and the window: the
+/// rotated width from `rope.dimension_count`, GLM's adjacent rotary pairs (llama.cpp's
+/// `NORM` rope), GLM-4's norms on the attention and MLP outputs; Phi-3's
+/// `attention.sliding_window`, 0 meaning none (Phi-4-mini), as llama.cpp's converter writes
+/// it. M-RoPE (`rope.dimension_sections`, GLM-4V) is refused by its key.
+fn glm_phi3_family(
+    k: &Keys,
+    arch: Architecture,
+    rotary_dim: u64,
+    head_dim: u64,
+) -> Result<(FamilyOptions, Option<u64>)> {
+    if let Some((key, v)) = k.get("rope.dimension_sections") {
+        return Err(k.err(
+            &key,
+            format!("{v:?}: multimodal rotary sections (M-RoPE) are not supported"),
+        ));
+    }
+    let sliding_window = match (arch, k.get("attention.sliding_window")) {
+        (Architecture::Phi3, Some((key, v))) => match v.as_u64() {
+            Some(0) => None,
+            Some(w) if w <= 1 << 32 => Some(w),
+            _ => return Err(k.err(&key, format!("expected a window length, found {v:?}"))),
+        },
+        _ => None,
+    };
+    let glm = arch != Architecture::Phi3;
+    Ok((
+        FamilyOptions {
+            post_norms: arch == Architecture::Glm4,
+            rope_pairing: if glm {
+                RopePairing::Interleaved
+            } else {
+                RopePairing::Half
+            },
+            rotary_dim: (rotary_dim != head_dim).then_some(rotary_dim),
+            ..FamilyOptions::default()
+        },
+        sliding_window,
+    ))
+}
+
+/// LongRoPE (Phi-3) from the `rope_factors_long`/`_short` tensors llama.cpp reads, the
+/// context that picks between them (`rope.scaling.original_context_length`) and the factor on
+/// cos/sin (`rope.scaling.attn_factor`, 1 when absent, as llama.cpp defaults it). `None` when
+/// the file has neither tensor. When Kiln's own `kiln.rope_scaling` key is present (a file
+/// Kiln exported) its exact f64 factors are taken, after checking that they are the tensors'
+/// to f32 rounding; a file whose tensors and keys disagree is refused.
+fn longrope_scaling(
+    file: &str,
+    g: &GgufFile,
+    k: &Keys,
+    rotary_dim: u64,
+) -> Result<Option<RopeScaling>> {
+    let h = g.header();
+    let (long, short) = (
+        h.tensor(rope::LONGROPE_LONG),
+        h.tensor(rope::LONGROPE_SHORT),
+    );
+    let (long, short) = match (long, short) {
+        (None, None) => return Ok(None),
+        (Some(l), Some(s)) => (l, s),
+        (l, _) => {
+            let (have, missing) = if l.is_some() {
+                (rope::LONGROPE_LONG, rope::LONGROPE_SHORT)
+            } else {
+                (rope::LONGROPE_SHORT, rope::LONGROPE_LONG)
+            };
+            return Err(ConvertError::GgufTensor {
+                file: file.into(),
+                tensor: missing.into(),
+                reason: format!("missing, but `{have}` is present: LongRoPE needs both"),
+            });
+        }
+    };
+    let pairs = rotary_dim / 2;
+    let factors = |t: &GgufTensor| -> Result<Vec<f64>> {
+        let bad = |reason: String| ConvertError::GgufTensor {
+            file: file.into(),
+            tensor: t.name.clone(),
+            reason,
+        };
+        if t.dims != [pairs] {
+            return Err(bad(format!(
+                "shape {:?}, but the {rotary_dim} rotated elements of a head make {pairs} pairs",
+                t.shape()
+            )));
+        }
+        let mut x = Vec::new();
+        dequantize(t.ggml_type, g.tensor_bytes(t), &mut x)
+            .ok_or_else(|| bad(format!("cannot decode {} factors", t.ggml_type.name)))?;
+        if let Some(v) = x.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
+            return Err(bad(format!("{v} is not a positive factor")));
+        }
+        Ok(x.into_iter().map(f64::from).collect())
+    };
+    let (long_factor, short_factor) = (factors(long)?, factors(short)?);
+    let orig_key = format!("{}.rope.scaling.original_context_length", k.arch);
+    let original_max_position_embeddings = k
+        .u64_opt("rope.scaling.original_context_length")?
+        .ok_or_else(|| {
+            k.err(
+                &orig_key,
+                "missing, but LongRoPE factors are present: it says when the long ones apply",
+            )
+        })?;
+    let attention_factor = k.f64_opt("rope.scaling.attn_factor")?.unwrap_or(1.0);
+    let from_tensors = RopeScaling::LongRope {
+        short_factor,
+        long_factor,
+        original_max_position_embeddings,
+        attention_factor,
+    };
+    let Some(stored) = h.get("kiln.rope_scaling") else {
+        return Ok(Some(from_tensors));
+    };
+    let parsed = stored
+        .as_str()
+        .and_then(|s| serde_json::from_str::<RopeScaling>(s).ok());
+    let as_f32 = |s: &RopeScaling| match s {
+        RopeScaling::LongRope {
+            short_factor,
+            long_factor,
+            original_max_position_embeddings,
+            attention_factor,
+        } => Some((
+            short_factor.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+            long_factor.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+            *original_max_position_embeddings,
+            *attention_factor as f32,
+        )),
+        _ => None,
+    };
+    match parsed {
+        Some(p) if as_f32(&p).is_some() && as_f32(&p) == as_f32(&from_tensors) => Ok(Some(p)),
+        _ => Err(k.err(
+            "kiln.rope_scaling",
+            format!(
+                "{} does not match the LongRoPE factors, `{orig_key}` and \
+                 `{}.rope.scaling.attn_factor` llama.cpp reads",
+                stored.as_str().unwrap_or("(not a string)"),
+                k.arch
+            ),
+        )),
+    }
 }
 
 /// Llama 3 rope scaling from Kiln's `kiln.rope_scaling` key, checked against the
@@ -401,6 +591,12 @@ fn llama3_scaling(file: &str, h: &GgufHeader, theta: f64, head_dim: u64) -> Resu
 
 struct Planned<'h> {
     tensor: &'h GgufTensor,
+    /// The bytes of `tensor` this canonical tensor holds: all of them, or one part's rows of
+    /// a fused tensor.
+    bytes: std::ops::Range<usize>,
+    /// Its first element's index in `tensor`, for messages.
+    first_element: usize,
+    shape: Vec<u64>,
     name: TensorName,
     dtype: DType,
     permute_heads: Option<usize>,
@@ -422,7 +618,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
     let g = GgufFile::open(&opts.input)?;
     let file = opts.input.display().to_string();
     let h = g.header();
-    let config = resolve_config(&file, h)?;
+    let config = resolve_config(&file, &g)?;
     let context = config.max_position_embeddings;
     let arch = h
         .get("general.architecture")
@@ -435,33 +631,83 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
     // llama.cpp's converter stores Gemma's `(1 + w)` norm weights with the 1 added.
     let plus_one_norms = config.architecture == Architecture::Gemma3;
 
-    // Every GGUF tensor resolved, then matched against what the configuration implies.
-    let mut by_name = BTreeMap::new();
+    // Every GGUF tensor resolved (a fused one to each of its parts, with the part's place in
+    // it), then matched against what the configuration implies.
+    let longrope = config.architecture == Architecture::Phi3
+        && matches!(config.rope_scaling, Some(RopeScaling::LongRope { .. }));
+    let rope_freqs = !partial_rotary(config.architecture) && config.rope_scaling.is_some();
+    let mut by_name: BTreeMap<TensorName, (&GgufTensor, usize, usize)> = BTreeMap::new();
     for t in &h.tensors {
-        if t.name == "rope_freqs.weight" {
+        let folded = match t.name.as_str() {
+            "rope_freqs.weight" => rope_freqs,
+            rope::LONGROPE_LONG | rope::LONGROPE_SHORT => longrope,
+            _ => false,
+        };
+        if folded {
             continue; // folded into the configuration above
         }
-        let name =
-            names::canonical(Source::Gguf, config.architecture, &t.name).ok_or_else(|| {
-                ConvertError::UnknownTensor {
-                    path: file.clone(),
+        let parts =
+            match names::fused_parts(Source::Gguf, config.architecture, &t.name) {
+                Some(parts) => parts,
+                None => vec![names::canonical(Source::Gguf, config.architecture, &t.name)
+                    .ok_or_else(|| ConvertError::UnknownTensor {
+                        path: file.clone(),
+                        tensor: t.name.clone(),
+                        arch: config.source_architecture.clone(),
+                    })?],
+            };
+        let n = parts.len();
+        for (i, name) in parts.into_iter().enumerate() {
+            if let Some((other, _, _)) = by_name.insert(name, (t, i, n)) {
+                return Err(ConvertError::GgufTensor {
+                    file: file.clone(),
                     tensor: t.name.clone(),
-                    arch: config.source_architecture.clone(),
-                }
-            })?;
-        by_name.insert(name, t);
+                    reason: format!(
+                        "holds {name}, which `{}` holds too: a file spells each weight once, \
+                         fused or split as llama.cpp's `{}` loader reads it",
+                        other.name,
+                        h.get("general.architecture")
+                            .and_then(Value::as_str)
+                            .unwrap_or("?")
+                    ),
+                });
+            }
+        }
     }
     let mut planned = Vec::new();
     let mut dequantized: BTreeMap<String, usize> = BTreeMap::new();
     let expected = expected_tensors(&config);
+    let expected_shape = |n: &TensorName| expected.iter().find(|(e, _)| e == n).map(|(_, s)| s);
     for (name, shape) in &expected {
-        let t = by_name
+        let (t, part, of) = by_name
             .remove(name)
             .ok_or_else(|| ConvertError::MissingTensor {
                 dir: file.clone(),
                 tensor: names::source_name(Source::Gguf, config.architecture, *name),
                 expected: shape.clone(),
             })?;
+        // A fused tensor stacks its parts' rows: its shape is theirs with the rows summed, and
+        // this part's rows follow those of the parts before it.
+        let (fused_shape, rows_before) = if of == 1 {
+            (shape.clone(), 0)
+        } else {
+            let parts =
+                names::fused_parts(Source::Gguf, config.architecture, &t.name).unwrap_or_default();
+            let shapes: Vec<&Vec<u64>> = parts.iter().filter_map(expected_shape).collect();
+            if shapes.len() != of {
+                return Err(ConvertError::UnknownTensor {
+                    path: file.clone(),
+                    tensor: format!("{} (fused {})", t.name, parts.len()),
+                    arch: format!(
+                        "{} (attention_bias {})",
+                        config.source_architecture, config.attention_bias
+                    ),
+                });
+            }
+            let mut fused = shape.clone();
+            fused[0] = shapes.iter().map(|s| s[0]).sum();
+            (fused, shapes[..part].iter().map(|s| s[0]).sum::<u64>())
+        };
         let minus_one = plus_one_norms && name.role.is_norm();
         let dtype = match t.ggml_type.kiln_dtype() {
             _ if minus_one => DType::F32,
@@ -469,7 +715,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
                 *dequantized.entry(t.ggml_type.name.to_string()).or_default() += 1;
                 opts.dequantize_to
             }
-            Some(d) => d.storage_for(&t.shape()),
+            Some(d) => d.storage_for(shape),
             None if DEQUANTIZED.contains(&t.ggml_type.name) => {
                 *dequantized.entry(t.ggml_type.name.to_string()).or_default() += 1;
                 opts.dequantize_to
@@ -483,14 +729,38 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
                 })
             }
         };
-        if &t.shape() != shape {
+        if t.shape() != fused_shape {
             return Err(ConvertError::ShapeMismatch {
                 path: file.clone(),
                 tensor: t.name.clone(),
                 found: t.shape(),
-                expected: shape.clone(),
+                expected: fused_shape,
             });
         }
+        // Whole rows of whole blocks (the reader checked the tensor's size against its type,
+        // and a matrix row is whole blocks; a fused 1-D tensor must be too).
+        let row_elems: u64 = shape[1..].iter().product();
+        let row_bytes = t.len / fused_shape[0].max(1);
+        if row_bytes * fused_shape[0] != t.len {
+            return Err(ConvertError::GgufTensor {
+                file: file.clone(),
+                tensor: t.name.clone(),
+                reason: format!(
+                    "its {} blocks do not split into its parts' rows",
+                    t.ggml_type.name
+                ),
+            });
+        }
+        let start = rows_before * row_bytes;
+        let bytes = usize::try_from(start)
+            .ok()
+            .zip(usize::try_from(start + shape[0] * row_bytes).ok())
+            .map(|(a, b)| a..b)
+            .ok_or_else(|| ConvertError::GgufTensor {
+                file: file.clone(),
+                tensor: t.name.clone(),
+                reason: "too large for this machine's address space".into(),
+            })?;
         let permute_heads = match name.role {
             Role::AttnQ if permute => Some(config.num_heads as usize),
             Role::AttnK if permute => Some(config.num_kv_heads as usize),
@@ -498,13 +768,16 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
         };
         planned.push(Planned {
             tensor: t,
+            bytes,
+            first_element: usize::try_from(rows_before * row_elems).unwrap_or(usize::MAX),
+            shape: shape.clone(),
             name: *name,
             dtype,
             permute_heads,
             minus_one,
         });
     }
-    if let Some((name, t)) = by_name.into_iter().next() {
+    if let Some((name, (t, _, _))) = by_name.into_iter().next() {
         return Err(ConvertError::UnknownTensor {
             path: file.clone(),
             tensor: format!("{} ({name})", t.name),
@@ -520,7 +793,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
         .map(|p| TensorSpec {
             name: p.name.to_string(),
             dtype: p.dtype,
-            shape: p.tensor.shape(),
+            shape: p.shape.clone(),
         })
         .collect();
     let mut dtypes = BTreeMap::new();
@@ -553,7 +826,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
         }],
     };
     let writer = KilnWriter::create(&opts.output, &metadata, specs, opts.overwrite)?;
-    let total: u64 = planned.iter().map(|p| p.tensor.len).sum();
+    let total: u64 = planned.iter().map(|p| p.bytes.len() as u64).sum();
     progress.start(total, planned.len());
     let non_finite = std::sync::Mutex::new(Vec::new());
     planned
@@ -561,7 +834,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
         .enumerate()
         .try_for_each(|(i, p)| -> Result<()> {
             let t = p.tensor;
-            let raw = g.tensor_bytes(t);
+            let raw = g.tensor_bytes(t).get(p.bytes.clone()).unwrap_or_default();
             let bad = |reason: String| ConvertError::GgufTensor {
                 file: file.clone(),
                 tensor: t.name.clone(),
@@ -584,6 +857,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
             // The values as the file holds them (dequantized where they were), before any
             // row reordering: the element index is the GGUF tensor's own.
             if let (count @ 1.., Some(index)) = count_non_finite(dtype, &bytes) {
+                let index = index + p.first_element;
                 if !opts.allow_non_finite {
                     return Err(ConvertError::NonFinite {
                         file: file.clone(),
@@ -620,7 +894,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
                 cast_bytes(dtype, p.dtype, &bytes, &mut out);
                 writer.write_tensor(i, &out)?;
             }
-            progress.advance(t.len, 1);
+            progress.advance(p.bytes.len() as u64, 1);
             Ok(())
         })?;
     let summary = writer.finish()?;

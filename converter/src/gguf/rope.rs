@@ -6,9 +6,19 @@
 //! row `h·d + j·d/2 + i` (`j` = 0, 1). Rows move whole, so the same byte permutation serves
 //! every dtype, quantized blocks included (a row is always a whole number of blocks).
 //! Llama 3's frequency scaling travels as a `rope_freqs.weight` tensor of per-frequency
-//! divisors ([`llama3_factors`]).
+//! divisors ([`llama3_factors`]); LongRoPE's (Phi-3) as two tensors of per-pair divisors,
+//! [`LONGROPE_LONG`] and [`LONGROPE_SHORT`]. Phi-3 and GLM need no reordering: llama.cpp
+//! rotates Phi-3's halves as Hugging Face does, and GLM's adjacent pairs are its own
+//! (`LLAMA_ROPE_TYPE_NORM`, on the leading `rope.dimension_count` elements of each head).
 
 use kiln_format::RopeScaling;
+
+/// LongRoPE's long factors as llama.cpp reads them (`LLM_TENSOR_ROPE_FACTORS_LONG`): one F32
+/// divisor per rotated pair, used at every position when the context exceeds
+/// `rope.scaling.original_context_length`.
+pub const LONGROPE_LONG: &str = "rope_factors_long.weight";
+/// LongRoPE's short factors (`LLM_TENSOR_ROPE_FACTORS_SHORT`), used otherwise.
+pub const LONGROPE_SHORT: &str = "rope_factors_short.weight";
 
 /// Which way to reorder rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
