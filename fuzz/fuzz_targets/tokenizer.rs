@@ -1,7 +1,8 @@
 //! Fuzz target for tokenizer loading (`kiln-run`, `kiln-verify`) from a crafted
 //! `tokenizer.json`, as embedded in a `.kiln` file.
 //!
-//! Each input is the `tokenizer.json` text. When it loads, a few texts (specials, digits,
+//! Each input is the `tokenizer.json` text, optionally followed by a NUL byte and the
+//! `tokenizer_config.json` text (its role tokens are marked special at load). When it loads, a few texts (specials, digits,
 //! whitespace runs, unicode) are encoded and decoded, and streamed back token by token: a
 //! file that loads must never make a later step panic.
 //!
@@ -27,11 +28,16 @@ fuzz_target!(
         let _ = std::panic::take_hook();
     },
     |data: &[u8]| {
-        let Ok(json) = std::str::from_utf8(data) else {
+        let Ok(text) = std::str::from_utf8(data) else {
             return;
+        };
+        let (json, config) = match text.split_once('\0') {
+            Some((json, config)) => (json, Some(config.to_string())),
+            None => (text, None),
         };
         let files = TokenizerFiles {
             tokenizer_json: Some(json.to_string()),
+            tokenizer_config_json: config,
             ..TokenizerFiles::default()
         };
         let Ok(t) = Tokenizer::from_parts("fuzz.kiln", &files, Some(0), &[1]) else {

