@@ -9,26 +9,12 @@ mod common;
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
-use common::repo;
+use common::{convert, repo};
 use kiln_convert::gguf::{
     export_gguf, import_gguf, ExportOptions, GgmlType, GgufBuilder, GgufFile, ImportOptions, Value,
 };
-use kiln_convert::{convert_hf, ConvertError, ConvertOptions, NoProgress};
+use kiln_convert::{ConvertError, NoProgress};
 use kiln_format::{Architecture, DType, KilnFile, KilnWriter, Metadata, RopeScaling, TensorSpec};
-
-fn convert(dir: &Path, out: &Path) {
-    convert_hf(
-        &ConvertOptions {
-            input: dir.to_path_buf(),
-            output: out.to_path_buf(),
-            dtype: None,
-            overwrite: false,
-            allow_non_finite: false,
-        },
-        &NoProgress,
-    )
-    .unwrap();
-}
 
 /// A tiny fixture converted and exported: the `.kiln` and the `.gguf` in `dir`.
 fn exported(fixture: &str, dir: &Path) -> (PathBuf, PathBuf) {

@@ -4,12 +4,12 @@
 
 mod common;
 
-use common::{repo, TINY};
+use common::{convert, repo, TINY};
 use std::path::{Path, PathBuf};
 
 use half::bf16;
 use kiln_convert::gguf::{export_gguf, import_gguf, ExportOptions, GgufFile, ImportOptions, Value};
-use kiln_convert::{convert_hf, ConvertOptions, NoProgress};
+use kiln_convert::NoProgress;
 use kiln_format::blocks::{interleave_q4_0, quantize_row_q4_0_ref, quantize_row_q8_0_ref, QK};
 use kiln_format::{DType, KilnFile, KilnWriter, Role, TensorName, TensorSpec};
 
@@ -125,20 +125,6 @@ fn assert_equivalent(t: &Trip, texts: &[&str]) {
             ka.decode(ia.get_ids(), false).unwrap()
         );
     }
-}
-
-fn convert(dir: &Path, out: &Path) {
-    convert_hf(
-        &ConvertOptions {
-            input: dir.to_path_buf(),
-            output: out.to_path_buf(),
-            dtype: None,
-            overwrite: false,
-            allow_non_finite: false,
-        },
-        &NoProgress,
-    )
-    .unwrap();
 }
 
 #[test]
