@@ -30,6 +30,7 @@ mod matmul;
 mod matrix;
 mod pool;
 pub mod reference;
+mod scores;
 mod simd;
 mod stats;
 
@@ -45,6 +46,7 @@ pub use matmul::{
 };
 pub use matrix::{Matrix, OwnedWeights, WeightData};
 pub use pool::{cap_threads, max_threads, Pool};
+pub use scores::scores;
 pub use stats::ErrorStats;
 
 /// HF `LlamaRMSNorm` of one row in f32: `out = x / sqrt(mean(x²) + eps) · weight`.

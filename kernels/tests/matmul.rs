@@ -461,3 +461,43 @@ fn matmul_many_rejects_different_input_widths() {
         &pool,
     );
 }
+
+/// `scores` is `matmul` of the keys by the query rows, each result times `scale`, bit for bit,
+/// in every tier and encoding (the float lanes tiers take another path from 16 query rows).
+fn scores_bits(rows: usize, keys: usize, d: usize, seed: u64) {
+    let case = Case::new(keys, d, seed);
+    let q = activations(rows * d, seed ^ 0x5c0);
+    let pool = Pool::new(1).unwrap();
+    let scale = 0.125 + (seed % 7) as f32 * 0.01;
+    for owned in encodings(&case) {
+        let m = Matrix::new(keys, d, owned.data()).unwrap();
+        for k in supported_isas().into_iter().filter_map(kernels) {
+            let mut want = vec![0.0; rows * keys];
+            k.matmul(&m, &q, rows, &mut want, &pool);
+            want.iter_mut().for_each(|x| *x *= scale);
+            let mut got = vec![f32::NAN; rows * keys];
+            k.scores(&q, &m, scale, &mut got, &pool);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{} {:?} {rows} queries × {keys} keys × {d}: scores differ from matmul · scale",
+                m.data.dtype_name(),
+                k.isa()
+            );
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+    #[test]
+    fn scores_equal_matmul_times_scale(
+        rows in proptest::sample::select(vec![1usize, 4, 15, 16, 17, 64, 70]),
+        keys in proptest::sample::select(vec![1usize, 31, 32, 33, 128, 140]),
+        d in proptest::sample::select(vec![16usize, 45, 64, 128]),
+        seed in proptest::prelude::any::<u64>(),
+    ) {
+        scores_bits(rows, keys, d, seed);
+    }
+}

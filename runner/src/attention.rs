@@ -26,7 +26,7 @@
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use kiln_kernels::{axpy, exp_sum, matmul, weighted_sum, weighted_sum_f16, Pool};
+use kiln_kernels::{axpy, exp_sum, scores, weighted_sum, weighted_sum_f16, Pool};
 
 use crate::kv_cache::{KvCache, KvRows};
 
@@ -253,10 +253,16 @@ fn run_item(
     for j0 in (it.k0..it.k1).step_by(KEY_BLOCK) {
         let j1 = (j0 + KEY_BLOCK).min(it.k1);
         let kb = j1 - j0;
-        // attn_weights = q·kᵀ, in the cache's encoding
+        // attn_weights = q·kᵀ · scaling, in the cache's encoding
         b.s.resize(rows * kb, 0.0);
-        matmul(&k.slice(j0, j1, hd).matrix(hd), &b.q, rows, &mut b.s, one);
-        // · scaling, causal (and sliding-window) mask, then the online softmax's update
+        scores(
+            &b.q,
+            &k.slice(j0, j1, hd).matrix(hd),
+            shape.scale,
+            &mut b.s,
+            one,
+        );
+        // causal (and sliding-window) mask, then the online softmax's update
         let mut seen = false;
         for (r, row) in b.s.chunks_exact_mut(kb).enumerate() {
             let p = pos0 + it.t0 + r / group;
@@ -267,8 +273,7 @@ fn run_item(
             }
             seen = true;
             let visible = &mut row[a - j0..z - j0];
-            visible.iter_mut().for_each(|x| *x *= shape.scale);
-            let block_max = visible.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let block_max = max_of(visible);
             let m_old = it.m[r];
             let m_new = m_old.max(block_max);
             let sum = exp_sum(visible, m_new);
@@ -301,10 +306,49 @@ fn run_item(
     }
 }
 
+/// The largest of `x` (`-inf` for none), sixteen running maxima at a time so that the compiler
+/// vectorizes it (a fold of `f32::max` stays scalar: its NaN rule has no vector instruction).
+/// Scores are finite or infinite, never NaN, unless the model's values are; then the sums are
+/// NaN whichever maximum is taken.
+fn max_of(x: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 16];
+    let chunks = x.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in m.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    let m = m.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    tail.iter().fold(m, |a, &b| a.max(b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kv_cache::CacheType;
+
+    /// `max_of` is the fold of `f32::max` on every length around its sixteen lanes, with
+    /// infinities and all-masked (`-inf`) rows.
+    #[test]
+    fn max_of_is_the_plain_maximum() {
+        for n in [0usize, 1, 5, 15, 16, 17, 33, 128, 130] {
+            for seed in 0..4u32 {
+                let x: Vec<f32> = (0..n as u32)
+                    .map(|i| {
+                        let h = (i ^ seed.wrapping_mul(0x9e37)).wrapping_mul(2654435761);
+                        match h % 11 {
+                            0 => f32::NEG_INFINITY,
+                            1 if seed == 3 => f32::INFINITY,
+                            _ => (h >> 8) as f32 / (1u32 << 24) as f32 * 40.0 - 20.0,
+                        }
+                    })
+                    .collect();
+                let want = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                assert_eq!(max_of(&x).to_bits(), want.to_bits(), "n={n} seed={seed}");
+            }
+        }
+    }
 
     /// A direct transcription of the reference, in f64.
     fn naive(shape: AttnShape, q: &[f32], k: &[f32], v: &[f32], pos0: usize) -> Vec<f32> {
