@@ -8,9 +8,13 @@
 use std::fmt;
 
 use crate::blocks::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
+use crate::kquants::{BlockQ4K, BlockQ5K, BlockQ6K, QK_K};
+use crate::q5::{BlockQ5_0, BlockQ5_1};
 
-/// A tensor element type.
+/// A tensor element type. Variants keep GGML's names (`Q4_K`, not `Q4K`) so that they read
+/// as the types users know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[allow(non_camel_case_types)]
 pub enum DType {
     /// IEEE 754 binary32.
     F32,
@@ -26,15 +30,33 @@ pub enum DType {
     /// order made for the one-token matrix–vector product. Only for matrices (two dimensions)
     /// whose row count is a multiple of 16. Since format 1.1.
     Q4_0x16,
+    /// GGML Q5_0: blocks of 32 weights, an f16 scale, 32 fifth bits and 16 bytes of nibbles
+    /// (22 bytes a block). Since format 1.2.
+    Q5_0,
+    /// GGML Q5_1: Q5_0 with an f16 minimum (24 bytes a block). Since format 1.2.
+    Q5_1,
+    /// GGML Q4_K: super-blocks of 256 weights, eight 32-weight sub-blocks with 6-bit scales
+    /// and mins (144 bytes a block). Since format 1.2.
+    Q4_K,
+    /// GGML Q5_K: Q4_K with a fifth bit per weight (176 bytes a block). Since format 1.2.
+    Q5_K,
+    /// GGML Q6_K: super-blocks of 256 weights, sixteen 16-weight sub-blocks with 8-bit scales,
+    /// 6-bit codes (210 bytes a block). Since format 1.2.
+    Q6_K,
 }
 
 impl DType {
     /// Every dtype, in id order.
-    pub const ALL: [DType; 6] = [
+    pub const ALL: [DType; 11] = [
         DType::F32,
         DType::F16,
         DType::Q4_0,
+        DType::Q5_0,
+        DType::Q5_1,
         DType::Q8_0,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
         DType::BF16,
         DType::Q4_0x16,
     ];
@@ -45,7 +67,12 @@ impl DType {
             DType::F32 => 0,
             DType::F16 => 1,
             DType::Q4_0 => 2,
+            DType::Q5_0 => 6,
+            DType::Q5_1 => 7,
             DType::Q8_0 => 8,
+            DType::Q4_K => 12,
+            DType::Q5_K => 13,
+            DType::Q6_K => 14,
             DType::BF16 => 30,
             DType::Q4_0x16 => 1002,
         }
@@ -57,7 +84,12 @@ impl DType {
             0 => Some(DType::F32),
             1 => Some(DType::F16),
             2 => Some(DType::Q4_0),
+            6 => Some(DType::Q5_0),
+            7 => Some(DType::Q5_1),
             8 => Some(DType::Q8_0),
+            12 => Some(DType::Q4_K),
+            13 => Some(DType::Q5_K),
+            14 => Some(DType::Q6_K),
             30 => Some(DType::BF16),
             1002 => Some(DType::Q4_0x16),
             _ => None,
@@ -73,6 +105,11 @@ impl DType {
             DType::Q8_0 => "q8_0",
             DType::Q4_0 => "q4_0",
             DType::Q4_0x16 => "q4_0x16",
+            DType::Q5_0 => "q5_0",
+            DType::Q5_1 => "q5_1",
+            DType::Q4_K => "q4_k",
+            DType::Q5_K => "q5_k",
+            DType::Q6_K => "q6_k",
         }
     }
 
@@ -83,12 +120,13 @@ impl DType {
             .find(|d| d.name().eq_ignore_ascii_case(s))
     }
 
-    /// Number of weights one storage unit covers (1 for plain floats, 32 for blocks, 512 for a
-    /// sixteen-row group of blocks).
+    /// Number of weights one storage unit covers (1 for plain floats, 32 for blocks, 256 for a
+    /// K-quant super-block, 512 for a sixteen-row group of blocks).
     pub const fn block_len(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 => QK,
+            DType::Q8_0 | DType::Q4_0 | DType::Q5_0 | DType::Q5_1 => QK,
+            DType::Q4_K | DType::Q5_K | DType::Q6_K => QK_K,
             DType::Q4_0x16 => GROUP_ROWS * QK,
         }
     }
@@ -161,12 +199,22 @@ impl DType {
             DType::Q8_0 => std::mem::size_of::<BlockQ8_0>(),
             DType::Q4_0 => std::mem::size_of::<BlockQ4_0>(),
             DType::Q4_0x16 => std::mem::size_of::<BlockQ4_0x16>(),
+            DType::Q5_0 => std::mem::size_of::<BlockQ5_0>(),
+            DType::Q5_1 => std::mem::size_of::<BlockQ5_1>(),
+            DType::Q4_K => std::mem::size_of::<BlockQ4K>(),
+            DType::Q5_K => std::mem::size_of::<BlockQ5K>(),
+            DType::Q6_K => std::mem::size_of::<BlockQ6K>(),
         }
     }
 
     /// Whether this is a block-quantized type.
     pub const fn is_quantized(self) -> bool {
-        matches!(self, DType::Q8_0 | DType::Q4_0 | DType::Q4_0x16)
+        self.block_len() > 1
+    }
+
+    /// Whether this is one of the K-quant super-block types (256 weights a block).
+    pub const fn is_k_quant(self) -> bool {
+        matches!(self, DType::Q4_K | DType::Q5_K | DType::Q6_K)
     }
 
     /// Bits of storage per weight (e.g. 4.5 for Q4_0).
@@ -230,6 +278,9 @@ mod tests {
         assert_eq!(DType::Q8_0.id(), 8);
         assert_eq!(DType::BF16.id(), 30);
         assert_eq!(DType::from_id(3), None);
+        assert_eq!(DType::Q4_K.id(), 12);
+        assert_eq!(DType::Q6_K.id(), 14);
+        assert_eq!(DType::Q5_0.id(), 6);
     }
 
     #[test]
@@ -248,6 +299,13 @@ mod tests {
         assert!(DType::Q4_0x16.byte_len(&[16, 48]).is_err());
         assert!(DType::Q4_0x16.byte_len(&[512]).is_err());
         assert!(DType::Q4_0x16.byte_len(&[2, 16, 32]).is_err());
+        assert_eq!(DType::Q4_K.byte_len(&[2, 512]), Ok(4 * 144));
+        assert_eq!(DType::Q5_K.bits_per_weight(), 5.5);
+        assert_eq!(DType::Q6_K.bits_per_weight(), 6.5625);
+        assert_eq!(DType::Q5_0.bits_per_weight(), 5.5);
+        assert_eq!(DType::Q5_1.bits_per_weight(), 6.0);
+        assert!(DType::Q6_K.byte_len(&[2, 576]).is_err());
+        assert_eq!(DType::Q5_0.byte_len(&[1, 576]), Ok(18 * 22));
     }
 
     #[test]

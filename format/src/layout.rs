@@ -17,18 +17,24 @@ pub const MAGIC: [u8; 8] = *b"KILN\r\n\x1a\n";
 /// The major version this build writes and reads. Readers refuse any other major version.
 pub const FORMAT_MAJOR: u16 = 1;
 /// The newest minor version this build writes. Minor versions only add; any minor is read.
-/// 1.1 added the `q4_0x16` dtype.
-pub const FORMAT_MINOR: u16 = 1;
+/// 1.1 added the `q4_0x16` dtype; 1.2 added `q5_0`, `q5_1`, `q4_k`, `q5_k` and `q6_k`.
+pub const FORMAT_MINOR: u16 = 2;
+
+/// The minor version that introduced `dtype` (0 for the original ones).
+pub const fn minor_of(dtype: crate::DType) -> u16 {
+    use crate::DType;
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 => 0,
+        DType::Q4_0x16 => 1,
+        DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K => 2,
+    }
+}
 
 /// The minor version a file holding tensors of `dtypes` is written with: the lowest that
-/// describes it, so that a file without `q4_0x16` tensors stays 1.0 and a 1.0 reader still
+/// describes it, so that a file of the original dtypes stays 1.0 and a 1.0 reader still
 /// reads it.
 pub fn minor_for(dtypes: impl IntoIterator<Item = crate::DType>) -> u16 {
-    if dtypes.into_iter().any(|d| d == crate::DType::Q4_0x16) {
-        FORMAT_MINOR
-    } else {
-        0
-    }
+    dtypes.into_iter().map(minor_of).max().unwrap_or(0)
 }
 /// Size of the fixed header.
 pub const HEADER_LEN: u64 = 128;

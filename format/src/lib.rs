@@ -10,7 +10,8 @@
 //! - [`KilnWriter`] writes one: layout planned up front, tensors streamed (from many threads if
 //!   wanted), hashed as written, and published atomically.
 //! - [`blocks`] holds GGML's Q8_0/Q4_0 block layouts and their scalar reference quantizers,
-//!   the specification every faster path is tested against.
+//!   the specification every faster path is tested against; [`q5`] and [`kquants`] hold
+//!   Q5_0/Q5_1 and the K-quant super-blocks (Q4_K, Q5_K, Q6_K, and Q8_K for activations).
 //! - [`names`] defines the canonical tensor names, and [`shapes`] the tensors (names and
 //!   shapes) a [`ModelConfig`] implies.
 //!
@@ -23,9 +24,11 @@ pub mod dtype;
 pub mod error;
 pub mod exit;
 pub mod io;
+pub mod kquants;
 pub mod layout;
 pub mod metadata;
 pub mod names;
+pub mod q5;
 pub mod reader;
 pub mod shapes;
 pub mod values;
@@ -39,11 +42,13 @@ pub use blocks::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 pub use dtype::DType;
 pub use error::{FormatError, Result};
 pub use exit::{install_interrupt_handler, ExitStatus};
+pub use kquants::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 pub use metadata::{
     Architecture, FamilyOptions, LayerKind, Metadata, MlpActivation, ModelConfig, NormStyle,
     ProvenanceStep, RopePairing, RopeScaling, SourceFile, TokenizerFiles,
 };
 pub use names::{Role, TensorName};
+pub use q5::{BlockQ5_0, BlockQ5_1};
 pub use reader::{hex, ChecksumFailure, KilnFile, NonFiniteTensor, TensorInfo, TensorView};
 pub use shapes::expected_tensors;
 pub use writer::{KilnWriter, TensorSink, TensorSpec, WriteSummary};

@@ -714,6 +714,31 @@ impl<'a> TensorView<'a> {
         self.cast(DType::Q4_0x16)
     }
 
+    /// The data as Q5_0 blocks, row after row.
+    pub fn as_q5_0(&self) -> Result<&'a [crate::BlockQ5_0]> {
+        self.cast(DType::Q5_0)
+    }
+
+    /// The data as Q5_1 blocks, row after row.
+    pub fn as_q5_1(&self) -> Result<&'a [crate::BlockQ5_1]> {
+        self.cast(DType::Q5_1)
+    }
+
+    /// The data as Q4_K super-blocks, row after row.
+    pub fn as_q4_k(&self) -> Result<&'a [crate::BlockQ4K]> {
+        self.cast(DType::Q4_K)
+    }
+
+    /// The data as Q5_K super-blocks, row after row.
+    pub fn as_q5_k(&self) -> Result<&'a [crate::BlockQ5K]> {
+        self.cast(DType::Q5_K)
+    }
+
+    /// The data as Q6_K super-blocks, row after row.
+    pub fn as_q6_k(&self) -> Result<&'a [crate::BlockQ6K]> {
+        self.cast(DType::Q6_K)
+    }
+
     /// The data as row-major Q4_0 blocks, for `q4_0` and (de-interleaved, a copy) `q4_0x16`
     /// tensors: what a consumer that does not care about the storage order reads.
     pub fn q4_0_rows(&self) -> Result<std::borrow::Cow<'a, [BlockQ4_0]>> {

@@ -43,7 +43,7 @@ pub fn decode_to_f32(dtype: DType, bytes: &[u8], out: &mut [f32]) {
                 *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
             }
         }
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_0x16 => unreachable!("checked above"),
+        _ => unreachable!("checked above"),
     }
 }
 
@@ -57,6 +57,7 @@ pub fn decode_rows_f32(dtype: DType, cols: usize, bytes: &[u8], out: &mut [f32])
         deinterleave_q4_0x16, dequantize_row_q4_0, dequantize_row_q8_0, BlockQ4_0, BlockQ4_0x16,
         BlockQ8_0,
     };
+    use crate::{kquants, q5};
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 => decode_to_f32(dtype, bytes, out),
         DType::Q8_0 => {
@@ -69,6 +70,11 @@ pub fn decode_rows_f32(dtype: DType, cols: usize, bytes: &[u8], out: &mut [f32])
             let groups = bytemuck::pod_collect_to_vec::<u8, BlockQ4_0x16>(bytes);
             dequantize_row_q4_0(&deinterleave_q4_0x16(&groups, (cols / QK).max(1)), out)
         }
+        DType::Q5_0 => q5::dequantize_row_q5_0(&bytemuck::pod_collect_to_vec(bytes), out),
+        DType::Q5_1 => q5::dequantize_row_q5_1(&bytemuck::pod_collect_to_vec(bytes), out),
+        DType::Q4_K => kquants::dequantize_row_q4_k(&bytemuck::pod_collect_to_vec(bytes), out),
+        DType::Q5_K => kquants::dequantize_row_q5_k(&bytemuck::pod_collect_to_vec(bytes), out),
+        DType::Q6_K => kquants::dequantize_row_q6_k(&bytemuck::pod_collect_to_vec(bytes), out),
     }
 }
 
@@ -89,7 +95,7 @@ pub fn encode_from_f32(dtype: DType, x: &[f32], out: &mut Vec<u8>) {
         DType::BF16 => x
             .iter()
             .for_each(|v| out.extend_from_slice(&bf16::from_f32(*v).to_le_bytes())),
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_0x16 => unreachable!("checked above"),
+        _ => unreachable!("checked above"),
     }
 }
 
@@ -129,7 +135,7 @@ pub fn cast_bytes(from: DType, to: DType, bytes: &[u8], out: &mut Vec<u8>) {
                 h.convert_from_f32_slice(w);
                 out.extend_from_slice(bytemuck::cast_slice(h));
             }
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_0x16 => unreachable!("checked above"),
+            _ => unreachable!("checked above"),
         }
     }
 }
@@ -180,6 +186,24 @@ pub fn count_non_finite(dtype: DType, bytes: &[u8]) -> (usize, Option<usize>) {
                 count += n;
                 if let Some(f) = f {
                     first.get_or_insert(g * GROUP_ROWS * QK + f);
+                }
+            }
+            (count, first)
+        }
+        DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K => {
+            // Every f16 scale (and min) of a block applies to all of its weights.
+            let at: &[usize] = match dtype {
+                DType::Q5_0 => &[0],
+                DType::Q6_K => &[208],
+                _ => &[0, 2],
+            };
+            let values = dtype.block_len();
+            let mut count = 0;
+            let mut first = None;
+            for (i, b) in bytes.chunks_exact(dtype.block_bytes()).enumerate() {
+                if at.iter().any(|&o| f16_bad([b[o], b[o + 1]])) {
+                    count += values;
+                    first.get_or_insert(i * values);
                 }
             }
             (count, first)

@@ -75,8 +75,17 @@ proptest! {
         }
         w.finish().unwrap();
         let f = KilnFile::open(&path).unwrap();
-        let interleaved = tensors.iter().any(|(d, _, _)| *d == DType::Q4_0x16);
-        prop_assert_eq!(f.version(), (1, u16::from(interleaved)));
+        // 1.1 added q4_0x16, 1.2 the Q5 and K-quant types; a file is written with the lowest.
+        let minor = tensors
+            .iter()
+            .map(|(d, _, _)| match d {
+                DType::Q4_0x16 => 1,
+                DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K => 2,
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        prop_assert_eq!(f.version(), (1, minor));
         prop_assert_eq!(f.metadata(), &meta);
         prop_assert_eq!(f.tensors().len(), specs.len());
         for (i, spec) in specs.iter().enumerate() {

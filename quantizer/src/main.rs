@@ -106,9 +106,11 @@ impl Progress for Bar {
 }
 
 fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
-    let to = DType::parse(&args.to).ok_or_else(|| QuantizeError::BadTarget {
-        dtype: args.to.clone(),
-    })?;
+    let to = DType::parse(&args.to)
+        .filter(|d| !d.is_quantized() || matches!(d, DType::Q8_0 | DType::Q4_0))
+        .ok_or_else(|| QuantizeError::BadTarget {
+            dtype: args.to.clone(),
+        })?;
     let overrides = args
         .keep
         .iter()

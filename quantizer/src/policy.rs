@@ -85,6 +85,7 @@ impl Override {
             Target::DType(
                 DType::parse(dtype)
                     .filter(|d| d.logical() == *d)
+                    .filter(|d| !d.is_quantized() || matches!(d, DType::Q8_0 | DType::Q4_0))
                     .ok_or_else(|| {
                         bad(format!(
                             "unknown dtype `{dtype}`; use f32, f16, bf16, q8_0, q4_0 or copy"

@@ -113,6 +113,9 @@ pub fn convert_rows(
             quantize_rows(x, cols, DType::Q4_0, method, importance, &mut plain, stats)?;
             out.extend_from_slice(&dtype.to_storage(cols, &plain));
         }
+        DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K => {
+            unreachable!("{dtype} is not a quantizer target (refused when the options are read)")
+        }
     }
     Ok(())
 }

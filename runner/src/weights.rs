@@ -153,6 +153,14 @@ fn matrix<'a>(file: &'a KilnFile, name: TensorName) -> Result<Matrix<'a>> {
         DType::Q8_0 => WeightData::Q8_0(view.as_q8_0()?),
         DType::Q4_0 => WeightData::Q4_0(view.as_q4_0()?),
         DType::Q4_0x16 => WeightData::Q4_0x16(view.as_q4_0x16()?),
+        d @ (DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K) => {
+            return Err(RunnerError::TensorDType {
+                file: file.label().to_string(),
+                tensor,
+                dtype: d.to_string(),
+                reason: "this build has no matrix kernels for it",
+            })
+        }
     };
     Matrix::new(rows, cols, data).map_err(|source| RunnerError::Kernel {
         file: file.label().to_string(),
@@ -166,7 +174,7 @@ fn vector<'a>(file: &'a KilnFile, name: TensorName) -> Result<Vector<'a>> {
     Ok(match view.dtype() {
         DType::F32 => Cow::Borrowed(view.as_f32()?),
         DType::F16 | DType::BF16 => Cow::Owned(view.to_f32_vec()),
-        d @ (DType::Q8_0 | DType::Q4_0 | DType::Q4_0x16) => {
+        d => {
             return Err(RunnerError::TensorDType {
                 file: file.label().to_string(),
                 tensor: name.to_string(),

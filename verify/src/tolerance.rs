@@ -33,7 +33,15 @@ impl WeightClass {
             DType::F32 => WeightClass::F32,
             DType::F16 | DType::BF16 => WeightClass::Half,
             DType::Q8_0 => WeightClass::Q8_0,
-            DType::Q4_0 | DType::Q4_0x16 => WeightClass::Q4_0,
+            // Q5_0/Q5_1 and the K-quants round more finely than Q4_0 and more coarsely than
+            // Q8_0; they take Q4_0's limits, the looser bound that holds for all of them.
+            DType::Q4_0
+            | DType::Q4_0x16
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K => WeightClass::Q4_0,
         }
     }
 

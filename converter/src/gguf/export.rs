@@ -249,6 +249,12 @@ fn file_type(d: DType) -> u32 {
         DType::F16 => 1,
         DType::Q4_0 | DType::Q4_0x16 => 2,
         DType::Q8_0 => 7,
+        DType::Q5_0 => 8,
+        DType::Q5_1 => 9,
+        // MOSTLY_Q4_K_M, MOSTLY_Q5_K_M, MOSTLY_Q6_K: a K-quant file is usually a mix.
+        DType::Q4_K => 15,
+        DType::Q5_K => 17,
+        DType::Q6_K => 18,
         DType::BF16 => 32,
     }
 }
