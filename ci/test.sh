@@ -34,3 +34,6 @@ ci/accuracy.sh
 
 step "cargo test (including real-model tests)"
 cargo test --workspace --release -- --include-ignored
+
+step "kernels with the one-token kernels' software prefetching on (the distance Intel CPUs use)"
+KILN_STREAM_PREFETCH=4096 cargo test --release -p kiln-kernels --test tiers --test matmul

@@ -33,6 +33,7 @@ pub mod reference;
 mod scores;
 mod simd;
 mod stats;
+pub mod stream;
 
 pub use half::{bf16, f16};
 pub use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};

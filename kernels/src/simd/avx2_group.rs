@@ -14,9 +14,6 @@ use kiln_format::{BlockQ4_0x16, GROUP_ROWS};
 
 use crate::interleaved::GroupX;
 
-/// Blocks ahead of the current one whose weights are prefetched (288 bytes each).
-const PREFETCH_GROUPS: usize = 4;
-
 /// `out[r] = Σ_b isum(w[b], row r; x[b])·(d_r·dx_b)`, blocks in order.
 ///
 /// # Safety
@@ -30,10 +27,17 @@ pub(crate) unsafe fn matvec(w: &[BlockQ4_0x16], x: &[GroupX]) -> [f32; GROUP_ROW
         let mask = _mm256_set1_epi8(0x0f);
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); 2];
+        // Groups ahead of the current one whose weights are asked for (288 bytes each; the
+        // distance is the CPU's, see `crate::stream`).
+        let ahead_groups = crate::stream::distances()
+            .q4_0x16
+            .div_ceil(std::mem::size_of::<BlockQ4_0x16>());
         for (b, (g, xb)) in w.iter().zip(x).enumerate() {
-            let ahead = w.as_ptr().wrapping_add(b + PREFETCH_GROUPS) as *const i8;
-            for line in 0..5 {
-                _mm_prefetch(ahead.wrapping_add(64 * line), _MM_HINT_T0);
+            if ahead_groups != 0 {
+                let ahead = w.as_ptr().wrapping_add(b + ahead_groups) as *const i8;
+                for line in 0..5 {
+                    _mm_prefetch(ahead.wrapping_add(64 * line), _MM_HINT_T0);
+                }
             }
             let xq = xb.qs.as_ptr() as *const i32;
             let codes = g.qs.as_ptr() as *const __m256i;

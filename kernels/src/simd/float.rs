@@ -126,14 +126,25 @@ pub(crate) unsafe fn tile<S: F32Simd, W: Weight, const R: usize, const T: usize>
 ///
 /// # Safety
 /// The ISA's features are enabled and `w.len() == 16 * x.len()`.
+///
+/// Where the CPU's prefetchers run too short a distance ahead of one stream (Intel's), the
+/// lines [`crate::stream::distances`]`().float_rows` bytes ahead are asked for as well.
 #[inline(always)]
 pub(crate) unsafe fn rows16<S: F32Simd, W: Weight>(w: &[W], x: &[f32]) -> [f32; 16] {
     let n = x.len();
+    let ahead = crate::stream::distances().float_rows;
     // SAFETY: features enabled (caller contract).
     let mut v = [unsafe { S::zero() }; 16];
     for (r, vr) in v.iter_mut().enumerate() {
+        let row = &w[r * n..(r + 1) * n];
         // SAFETY: every row has x.len() elements; features enabled (caller contract).
-        *vr = unsafe { tile_sums::<S, W, 1, 1>(&[&w[r * n..(r + 1) * n]], &[x]) }[0][0];
+        *vr = unsafe {
+            if ahead == 0 {
+                tile_sums::<S, W, 1, 1>(&[row], &[x])[0][0]
+            } else {
+                row_sums_prefetching::<S, W>(row, x, ahead)
+            }
+        };
     }
     // SAFETY: features enabled (caller contract).
     let mut sums = unsafe { S::reduce_many(&v, 16) };
@@ -141,6 +152,35 @@ pub(crate) unsafe fn rows16<S: F32Simd, W: Weight>(w: &[W], x: &[f32]) -> [f32; 
         *s = add_tail(*s, &w[r * n..(r + 1) * n], x, S::LANES);
     }
     sums
+}
+
+/// [`tile_sums`] for one row and one token, asking for the line `ahead` bytes past each one it
+/// reads: the same loads and FMAs in the same order, so the same bits.
+///
+/// # Safety
+/// The ISA's features are enabled and `w.len() == x.len()`.
+#[inline(always)]
+unsafe fn row_sums_prefetching<S: F32Simd, W: Weight>(w: &[W], x: &[f32], ahead: usize) -> S::V {
+    let n = x.len();
+    let step = 2 * S::LANES;
+    let main = n - n % step;
+    let (wp, xp) = (w.as_ptr(), x.as_ptr());
+    // SAFETY: features enabled (caller contract).
+    let (mut acc0, mut acc1) = unsafe { (S::zero(), S::zero()) };
+    let mut i = 0;
+    while i < main {
+        prefetch_at(wp.wrapping_add(i), ahead, step * std::mem::size_of::<W>());
+        // SAFETY: i + 2·LANES <= main <= n, and both slices have n elements (caller contract).
+        unsafe {
+            let x0 = S::load(xp.add(i));
+            let x1 = S::load(xp.add(i + S::LANES));
+            acc0 = S::fma(W::load::<S>(wp.add(i)), x0, acc0);
+            acc1 = S::fma(W::load::<S>(wp.add(i + S::LANES)), x1, acc1);
+        }
+        i += step;
+    }
+    // SAFETY: features enabled (caller contract).
+    unsafe { S::add(acc0, acc1) }
 }
 
 /// [`tile`]'s vector part: each (row, token)'s two accumulators added, not yet reduced.
@@ -296,7 +336,14 @@ pub(crate) const PREFETCH_BYTES: usize = 64 * 1024;
 /// arithmetic and never dereferenced).
 #[inline(always)]
 pub(crate) fn prefetch_ahead<T>(p: *const T, len: usize) {
-    let p = p.cast::<i8>().wrapping_add(PREFETCH_BYTES);
+    prefetch_at(p, PREFETCH_BYTES, len)
+}
+
+/// Prefetch the cache lines `ahead` bytes past each line of `p..p+len` into L2 (see
+/// [`prefetch_ahead`]).
+#[inline(always)]
+pub(crate) fn prefetch_at<T>(p: *const T, ahead: usize, len: usize) {
+    let p = p.cast::<i8>().wrapping_add(ahead);
     let mut off = 0;
     while off < len {
         // SAFETY: `_mm_prefetch` is SSE (baseline x86-64) and only hints the cache; it does
