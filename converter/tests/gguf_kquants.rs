@@ -224,6 +224,13 @@ fn k_quants_and_q5_cross_gguf_byte_for_byte() {
         "{:?}",
         imported.dequantized
     );
+    for d in KEPT {
+        assert!(
+            imported.kept.contains_key(ggml(d).name),
+            "{:?}",
+            imported.kept
+        );
+    }
     // The Q5_0 norm was widened to F32 on export, as llama.cpp expects norms.
     assert!(imported.vectors_to_f32.is_empty());
     let gguf2 = d2.join("m.gguf");
@@ -373,9 +380,10 @@ fn quantized_vectors_import_as_f32() {
         assert_eq!(x.dtype, DType::F32, "{name}");
         assert_eq!(bits(f.view(x).as_f32().unwrap()), bits(&values(d, bytes)));
     }
-    // The provenance says what was decoded.
-    let p = &f.metadata().provenance[0].details["conversion"]["vectors_to_f32"];
-    assert_eq!(p["Q4_K"], 1, "{p}");
+    // The provenance says what was kept and what was decoded.
+    let p = &f.metadata().provenance[0].details["conversion"];
+    assert_eq!(p["vectors_to_f32"]["Q4_K"], 1, "{p}");
+    assert_eq!(p["kept"]["Q6_K"], 4, "{p}");
 }
 
 /// A block whose f16 scale (or minimum) is NaN or infinite makes every weight of the block

@@ -586,6 +586,12 @@ fn gemma3_q4_k_m_imports_with_transformers_tokenizer() {
         .collect();
     assert_eq!(s.dtypes, want_dtypes);
     assert!(s.dequantized.is_empty(), "{:?}", s.dequantized);
+    // Every norm is rewritten (`1 + w` taken off), every matrix kept.
+    let kept: Vec<(&str, usize)> = s.kept.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+    assert_eq!(
+        kept,
+        [("Q4_K", 27), ("Q5_0", 81), ("Q6_K", 9), ("Q8_0", 10)]
+    );
     let k = KilnFile::open(&out).unwrap();
     assert_eq!(k.version(), (1, 2));
     let g = GgufFile::open(&path).unwrap();

@@ -72,6 +72,8 @@ pub struct ImportSummary {
     pub tensors: usize,
     /// Tensors written per dtype.
     pub dtypes: BTreeMap<String, usize>,
+    /// Tensors kept as the GGUF stores them (the dtype of the same id), per GGML type.
+    pub kept: BTreeMap<String, usize>,
     /// Matrices dequantized to `dequantize_to`, per source GGML type.
     pub dequantized: BTreeMap<String, usize>,
     /// 1-D tensors (norms, biases) the GGUF holds in a block type, decoded to f32 (exactly:
@@ -694,6 +696,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
     let mut planned = Vec::new();
     let mut dequantized: BTreeMap<String, usize> = BTreeMap::new();
     let mut vectors_to_f32: BTreeMap<String, usize> = BTreeMap::new();
+    let mut kept: BTreeMap<String, usize> = BTreeMap::new();
     let expected = expected_tensors(&config);
     let expected_shape = |n: &TensorName| expected.iter().find(|(e, _)| e == n).map(|(_, s)| s);
     for (name, shape) in &expected {
@@ -727,8 +730,8 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
             (fused, shapes[..part].iter().map(|s| s[0]).sum::<u64>())
         };
         let minus_one = plus_one_norms && name.role.is_norm();
-        let kept = t.ggml_type.kiln_dtype();
-        if kept.is_none() && !DEQUANTIZED.contains(&t.ggml_type.name) {
+        let own = t.ggml_type.kiln_dtype();
+        if own.is_none() && !DEQUANTIZED.contains(&t.ggml_type.name) {
             return Err(ConvertError::UnsupportedGgufType {
                 file: file.clone(),
                 tensor: t.name.clone(),
@@ -737,8 +740,8 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
                 dequantized: DEQUANTIZED.join(", "),
             });
         }
-        let quantized = kept.is_none_or(|d| d.is_quantized());
-        let dtype = match kept {
+        let quantized = own.is_none_or(|d| d.is_quantized());
+        let dtype = match own {
             _ if minus_one => DType::F32,
             // The runner reads norms and biases as floats; a block type's values are f32s.
             _ if quantized && shape.len() != 2 => {
@@ -747,7 +750,10 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
                     .or_default() += 1;
                 DType::F32
             }
-            Some(d) if !(opts.dequantize_all && quantized) => d.storage_for(shape),
+            Some(d) if !(opts.dequantize_all && quantized) => {
+                *kept.entry(t.ggml_type.name.to_string()).or_default() += 1;
+                d.storage_for(shape)
+            }
             _ => {
                 *dequantized.entry(t.ggml_type.name.to_string()).or_default() += 1;
                 opts.dequantize_to
@@ -845,6 +851,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
                     "from": "gguf",
                     "gguf_version": h.version,
                     "architecture": h.get("general.architecture").and_then(Value::as_str),
+                    "kept": kept,
                     "dequantized": dequantized,
                     "dequantized_to": opts.dequantize_to.name(),
                     "vectors_to_f32": vectors_to_f32,
@@ -937,6 +944,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
             .to_string(),
         tensors: planned.len(),
         dtypes,
+        kept,
         dequantized,
         vectors_to_f32,
         bytes_out: summary.file_len,
