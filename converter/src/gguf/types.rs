@@ -87,8 +87,10 @@ impl GgmlType {
         let first = dims.first().copied().unwrap_or(1);
         if !first.is_multiple_of(self.block_len) {
             return Err(format!(
-                "{} needs the first dimension to be a multiple of {}, dims are {dims:?}",
-                self.name, self.block_len
+                "{} packs {} weights a block and a block never straddles rows, so the row \
+                 length (the first dimension, {first}) must be a multiple of {}; dims are \
+                 {dims:?}",
+                self.name, self.block_len, self.block_len
             ));
         }
         let mut elements: u64 = 1;
