@@ -44,7 +44,7 @@ fn arb_tensor() -> impl Strategy<Value = (DType, Vec<u64>, u64)> {
                 // A matrix of whole sixteen-row groups.
                 shape = vec![16 * shape[0], 32 * shape.last().unwrap()];
             } else if dtype.is_quantized() {
-                *shape.last_mut().unwrap() *= 32;
+                *shape.last_mut().unwrap() *= dtype.block_len() as u64;
             }
             (dtype, shape, seed)
         })
