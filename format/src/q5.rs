@@ -174,6 +174,72 @@ pub fn quantize_row_q5_1_ref(x: &[f32]) -> Result<Vec<BlockQ5_1>> {
     Ok(q5_blocks_of(x)?.map(quantize_block_q5_1_ref).collect())
 }
 
+/// `σ²` of GGML's weighted Q5 quantizers: the mean square of the whole row.
+fn row_sigma2(x: &[f32]) -> f32 {
+    let mut sum_x2 = 0.0f32;
+    for &v in x {
+        sum_x2 += v * v;
+    }
+    sum_x2 / x.len() as f32
+}
+
+/// Quantize a row to Q5_0 with one importance weight per value, as GGML's `quantize_q5_0` does
+/// with an importance matrix (`quantize_row_q5_0_impl`): each block fitted by GGML's
+/// `make_qx_quants` (symmetric, 19 candidate scales) under weights `qw·sqrt(σ² + x²)`, `σ²`
+/// the row's mean square; the codes are the fit's (not recomputed from the f16 scale).
+///
+/// Rejects NaN/Inf, rows that are not a multiple of 32, and importance of another length or
+/// with negative or non-finite values.
+pub fn quantize_row_q5_0_weighted(x: &[f32], qw: &[f32]) -> Result<Vec<BlockQ5_0>> {
+    let blocks = q5_blocks_of(x)?;
+    crate::kquants::check_importance(qw, x.len())?;
+    let sigma2 = row_sigma2(x);
+    Ok(blocks
+        .zip(qw.chunks_exact(QK))
+        .map(|(xb, qb)| {
+            let mut w = [0f32; QK];
+            for ((w, &q), &v) in w.iter_mut().zip(qb).zip(xb) {
+                *w = q * (sigma2 + v * v).sqrt();
+            }
+            let mut q = [0u8; QK];
+            let d = crate::kquants::make_qx_quants(16, xb, &mut q, Some(&w));
+            let (qh, qs) = pack_q5_codes(&q);
+            BlockQ5_0 {
+                d: f16::from_f32(d),
+                qh,
+                qs,
+            }
+        })
+        .collect())
+}
+
+/// Quantize a row to Q5_1 with importance, as GGML's `quantize_q5_1` does with an importance
+/// matrix (`quantize_row_q5_1_impl`): each block fitted with an affine `d·l + m` by GGML's
+/// `make_qkx3_quants` (37 candidate scales) under weights `qw·sqrt(σ² + x²)`; codes as fitted.
+pub fn quantize_row_q5_1_weighted(x: &[f32], qw: &[f32]) -> Result<Vec<BlockQ5_1>> {
+    let blocks = q5_blocks_of(x)?;
+    crate::kquants::check_importance(qw, x.len())?;
+    let sigma2 = row_sigma2(x);
+    Ok(blocks
+        .zip(qw.chunks_exact(QK))
+        .map(|(xb, qb)| {
+            let mut w = [0f32; QK];
+            for ((w, &q), &v) in w.iter_mut().zip(qb).zip(xb) {
+                *w = q * (sigma2 + v * v).sqrt();
+            }
+            let mut q = [0u8; QK];
+            let (d, min) = crate::kquants::make_qkx2_quants(31, xb, &w, &mut q, -0.9, 0.05, 36);
+            let (qh, qs) = pack_q5_codes(&q);
+            BlockQ5_1 {
+                d: f16::from_f32(d),
+                m: f16::from_f32(-min),
+                qh,
+                qs,
+            }
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

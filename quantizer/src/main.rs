@@ -161,12 +161,14 @@ fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
             Target::Copy => None,
         }))
         .find(|d| d.block_len() == QK_K || matches!(d, DType::Q5_0 | DType::Q5_1));
-    if let (Some(d), false) = (ggml_only, method == Method::Reference) {
+    // Without calibration these types have only GGML's reference rule; with it, any method
+    // other than `reference` gives them GGML's importance-weighted rule (llama.cpp's imatrix).
+    if let (Some(d), false, false) = (ggml_only, method == Method::Reference, calibrated) {
         return Err(QuantizeError::BadOverride {
             arg: format!("--method {}", method.name()),
             reason: format!(
-                "{} blocks are made by GGML's reference rule only; drop --method, \
-                 --calibrate and --importance",
+                "{} blocks are made by GGML's reference rule, or its importance-weighted rule \
+                 with --calibrate/--importance; drop --method",
                 d.name()
             ),
         });

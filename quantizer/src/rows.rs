@@ -33,7 +33,9 @@ pub enum ValueError {
 /// whole sixteen-row groups.
 ///
 /// `importance`, when given, holds one non-negative weight per column (length `cols`) and steers
-/// [`Method::Search`]; it is ignored by the other methods and by plain float dtypes.
+/// [`Method::Search`] for Q8_0/Q4_0; for Q5_0, Q5_1 and the K-quants any method but
+/// [`Method::Reference`] takes GGML's importance-weighted rules (what `llama-quantize
+/// --imatrix` does). It is ignored by [`Method::Reference`] and by plain float dtypes.
 ///
 /// # Panics
 /// If `x.len()` is not a multiple of `cols`, if `importance` has the wrong length, if `dtype`
@@ -124,10 +126,89 @@ pub fn convert_rows(
             );
             out.reserve(x.len() / dtype.block_len() * dtype.block_bytes());
             let start = out.len();
-            quantize_ggml_blocks(x, dtype, out, stats).inspect_err(|_| out.truncate(start))?;
+            let weighted = importance.filter(|_| method != Method::Reference);
+            let r = match weighted {
+                None => quantize_ggml_blocks(x, dtype, out, stats),
+                Some(w) => quantize_ggml_weighted(x, cols, w, dtype, out, stats),
+            };
+            r.inspect_err(|_| out.truncate(start))?;
         }
     }
     Ok(())
+}
+
+/// Quantize whole rows to Q5_0, Q5_1, Q4_K, Q5_K or Q6_K with GGML's importance-weighted rules
+/// (the format crate's `quantize_row_*_weighted`, bit for bit with GGML's `quantize_<type>`
+/// given an importance matrix), one row at a time (Q5_0/Q5_1 weigh by the row's mean square),
+/// dequantize and accumulate the error.
+fn quantize_ggml_weighted(
+    x: &[f32],
+    cols: usize,
+    importance: &[f32],
+    dtype: DType,
+    out: &mut Vec<u8>,
+    stats: &mut ErrorStats,
+) -> Result<(), ValueError> {
+    use kiln_format::{kquants, q5};
+    let mut y = vec![0.0f32; cols];
+    for (r, row) in x.chunks_exact(cols).enumerate() {
+        let (bytes, finite) = match dtype {
+            DType::Q5_0 => {
+                let b = q5::quantize_row_q5_0_weighted(row, importance).expect("checked row");
+                q5::dequantize_row_q5_0(&b, &mut y);
+                (
+                    bytemuck::cast_slice(&b).to_vec(),
+                    finite_at(&b, |b| b.d.is_finite()),
+                )
+            }
+            DType::Q5_1 => {
+                let b = q5::quantize_row_q5_1_weighted(row, importance).expect("checked row");
+                q5::dequantize_row_q5_1(&b, &mut y);
+                let ok = finite_at(&b, |b| b.d.is_finite() && b.m.is_finite());
+                (bytemuck::cast_slice(&b).to_vec(), ok)
+            }
+            DType::Q4_K => {
+                let b = kquants::quantize_row_q4_k_weighted(row, importance).expect("checked row");
+                kquants::dequantize_row_q4_k(&b, &mut y);
+                let ok = finite_at(&b, |b| b.d.is_finite() && b.dmin.is_finite());
+                (bytemuck::cast_slice(&b).to_vec(), ok)
+            }
+            DType::Q5_K => {
+                let b = kquants::quantize_row_q5_k_weighted(row, importance).expect("checked row");
+                kquants::dequantize_row_q5_k(&b, &mut y);
+                let ok = finite_at(&b, |b| b.d.is_finite() && b.dmin.is_finite());
+                (bytemuck::cast_slice(&b).to_vec(), ok)
+            }
+            DType::Q6_K => {
+                let b = kquants::quantize_row_q6_k_weighted(row, importance).expect("checked row");
+                kquants::dequantize_row_q6_k(&b, &mut y);
+                (
+                    bytemuck::cast_slice(&b).to_vec(),
+                    finite_at(&b, |b| b.d.is_finite()),
+                )
+            }
+            _ => unreachable!("only called for GGML's 5-bit and K-quant types"),
+        };
+        if let Err(b) = finite {
+            let n = dtype.block_len();
+            let xb = &row[b * n..(b + 1) * n];
+            return Err(ValueError::ScaleOverflow {
+                position: r * cols + b * n,
+                value: xb.iter().fold(0.0f32, |m, v| m.max(v.abs())),
+            });
+        }
+        out.extend_from_slice(&bytes);
+        stats.add(row, &y);
+    }
+    Ok(())
+}
+
+/// `Err(i)` for the first block whose scales are not finite.
+fn finite_at<B>(blocks: &[B], ok: impl Fn(&B) -> bool) -> Result<(), usize> {
+    match blocks.iter().position(|b| !ok(b)) {
+        Some(i) => Err(i),
+        None => Ok(()),
+    }
 }
 
 /// Quantize whole rows to Q5_0, Q5_1, Q4_K, Q5_K or Q6_K with GGML's reference rules (the

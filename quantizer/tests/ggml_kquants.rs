@@ -205,3 +205,96 @@ fn q5_1_reference_matches_ggml_bit_for_bit() {
         }
     }
 }
+
+const IMATRIX: &[u8] = include_bytes!("vectors/kquant_imatrix.f32");
+/// The weighted vectors quantize `kquant_input.f32` as rows of this many values.
+const ROW: usize = 1024;
+
+/// GGML's `quantize_<type>` with an importance matrix against the format crate's weighted
+/// quantizers (`spec`, row by row) and the quantizer's row conversion with importance.
+fn check_weighted(dtype: DType, spec: impl Fn(&[f32], &[f32]) -> Vec<u8>, want: &[u8]) {
+    let x = floats(KQ_INPUT);
+    let w = floats(IMATRIX);
+    assert_eq!(w.len(), ROW);
+    let ours: Vec<u8> = x.chunks_exact(ROW).flat_map(|row| spec(row, &w)).collect();
+    let block = dtype.block_bytes();
+    let bad = mismatches(&ours, want, block);
+    assert!(
+        bad.is_empty(),
+        "{dtype} weighted: format differs from GGML in blocks {bad:?}"
+    );
+    for method in [Method::Search, Method::Gptq] {
+        let mut out = Vec::new();
+        let mut stats = ErrorStats::default();
+        convert_rows(&x, ROW, dtype, method, Some(&w), &mut out, &mut stats).unwrap();
+        let bad = mismatches(&out, want, block);
+        assert!(
+            bad.is_empty(),
+            "{dtype} weighted ({method}): quantizer differs from GGML in blocks {bad:?}"
+        );
+    }
+    // The importance matters: the reference blocks differ.
+    assert_ne!(quantizer_bytes(&x, ROW, dtype), want, "{dtype}");
+}
+
+#[test]
+fn weighted_quantizers_match_ggml_with_an_importance_matrix() {
+    use kiln_format::kquants::{
+        quantize_row_q4_k_weighted, quantize_row_q5_k_weighted, quantize_row_q6_k_weighted,
+    };
+    use kiln_format::q5::{quantize_row_q5_0_weighted, quantize_row_q5_1_weighted};
+    fn bytes<T: bytemuck::Pod>(v: Vec<T>) -> Vec<u8> {
+        bytemuck::cast_slice(&v).to_vec()
+    }
+    check_weighted(
+        DType::Q4_K,
+        |x, w| bytes(quantize_row_q4_k_weighted(x, w).unwrap()),
+        include_bytes!("vectors/kqw_q4_k.bin"),
+    );
+    check_weighted(
+        DType::Q5_K,
+        |x, w| bytes(quantize_row_q5_k_weighted(x, w).unwrap()),
+        include_bytes!("vectors/kqw_q5_k.bin"),
+    );
+    check_weighted(
+        DType::Q6_K,
+        |x, w| bytes(quantize_row_q6_k_weighted(x, w).unwrap()),
+        include_bytes!("vectors/kqw_q6_k.bin"),
+    );
+    check_weighted(
+        DType::Q5_0,
+        |x, w| bytes(quantize_row_q5_0_weighted(x, w).unwrap()),
+        include_bytes!("vectors/kqw_q5_0.bin"),
+    );
+    check_weighted(
+        DType::Q5_1,
+        |x, w| bytes(quantize_row_q5_1_weighted(x, w).unwrap()),
+        include_bytes!("vectors/kqw_q5_1.bin"),
+    );
+}
+
+#[test]
+fn weighted_quantizers_reject_bad_importance() {
+    use kiln_format::kquants::quantize_row_q4_k_weighted;
+    use kiln_format::q5::quantize_row_q5_0_weighted;
+    use kiln_format::FormatError;
+    let x = vec![0.5f32; 512];
+    let mut w = vec![1.0f32; 512];
+    assert!(matches!(
+        quantize_row_q4_k_weighted(&x, &w[..256]),
+        Err(FormatError::ImportanceLength {
+            len: 256,
+            expected: 512
+        })
+    ));
+    w[300] = -1.0;
+    assert!(matches!(
+        quantize_row_q4_k_weighted(&x, &w),
+        Err(FormatError::BadImportance { position: 300, .. })
+    ));
+    w[300] = f32::NAN;
+    assert!(matches!(
+        quantize_row_q5_0_weighted(&x, &w),
+        Err(FormatError::BadImportance { position: 300, .. })
+    ));
+}

@@ -192,3 +192,90 @@ fn mixes_follow_llama_cpp_and_do_not_depend_on_threads() {
         assert_eq!(one.tensors, two.tensors);
     }
 }
+
+/// With calibration's importance, every Q5_0/Q5_1/K-quant matrix is GGML's importance-weighted
+/// quantization of its rows (what llama-quantize --imatrix writes); matrices without importance
+/// keep the reference rule.
+#[test]
+fn importance_gives_ggml_s_weighted_blocks() {
+    use kiln_format::kquants::{quantize_row_q4_k_weighted, quantize_row_q6_k_weighted};
+    use kiln_format::q5::quantize_row_q5_0_weighted;
+    use kiln_quantize::importance::{CalibrationInfo, Importance};
+    use kiln_quantize::Method;
+
+    let dir = tempfile::tempdir().unwrap();
+    write_model(&dir.path().join("in.kiln"));
+    let weighted = [
+        ("layers.0.attn.q.weight", 256),
+        ("layers.0.attn.o.weight", 96),
+        ("layers.2.mlp.down.weight", 512),
+    ];
+    let column = |name: &str, cols: usize| -> Vec<f32> {
+        // Deterministic, uneven, some zeros.
+        (0..cols)
+            .map(|j| ((j * 7 + name.len()) % 11) as f32 * 0.3)
+            .collect()
+    };
+    let importance = Importance {
+        columns: weighted
+            .iter()
+            .map(|&(n, c)| (n.to_string(), column(n, c)))
+            .collect(),
+        sites: weighted
+            .iter()
+            .map(|&(n, _)| (n.to_string(), "site".to_string()))
+            .collect(),
+        moments: Default::default(),
+        info: CalibrationInfo {
+            model_sha256: String::new(),
+            text_sha256: String::new(),
+            tokens: 1,
+            chunks: 1,
+            ctx: 1,
+        },
+    };
+    let mut o = QuantizeOptions::new(
+        dir.path().join("in.kiln"),
+        dir.path().join("out.kiln"),
+        Policy::mix(Mix::Q4KM, vec![]),
+    );
+    o.method = Method::Search;
+    o.importance = Some(importance);
+    quantize_file(&o, &NoProgress).unwrap();
+    let input = KilnFile::open(dir.path().join("in.kiln")).unwrap();
+    let out = KilnFile::open(dir.path().join("out.kiln")).unwrap();
+    for (name, cols) in weighted {
+        let t = input.info(name).unwrap();
+        let x = input.view(t).to_f32_vec();
+        let w = column(name, cols);
+        let o = out.info(name).unwrap();
+        let want: Vec<u8> = x
+            .chunks_exact(cols)
+            .flat_map(|row| -> Vec<u8> {
+                match o.dtype {
+                    DType::Q4_K => {
+                        bytemuck::cast_slice(&quantize_row_q4_k_weighted(row, &w).unwrap()).to_vec()
+                    }
+                    DType::Q6_K => {
+                        bytemuck::cast_slice(&quantize_row_q6_k_weighted(row, &w).unwrap()).to_vec()
+                    }
+                    DType::Q5_0 => {
+                        bytemuck::cast_slice(&quantize_row_q5_0_weighted(row, &w).unwrap()).to_vec()
+                    }
+                    d => panic!("{name}: {d}"),
+                }
+            })
+            .collect();
+        assert_eq!(out.view(o).bytes(), want, "{name} ({})", o.dtype);
+        assert_ne!(
+            out.view(o).bytes(),
+            reference_bytes(&x, o.dtype),
+            "{name}: the importance changes the blocks"
+        );
+    }
+    // Without importance: the reference blocks.
+    let t = input.info("layers.1.attn.q.weight").unwrap();
+    let o = out.info("layers.1.attn.q.weight").unwrap();
+    let x = input.view(t).to_f32_vec();
+    assert_eq!(out.view(o).bytes(), reference_bytes(&x, o.dtype));
+}

@@ -4,7 +4,12 @@
 // GGML's quantize_row_<type>_ref over the whole input to OUT_DIR/<prefix><type>.bin. Linked
 // against the libggml-base built from llama.cpp's sources (see make_kquant_vectors.sh).
 //
-// usage: ggml_kquants INPUT OUT_DIR PREFIX TYPE...   (TYPE: q4_k q5_k q6_k q5_0 q5_1)
+// With --imatrix FILE N_PER_ROW first, the input is rows of N_PER_ROW values and each type is
+// quantized by GGML's quantize_<type>(…, imatrix) with FILE's N_PER_ROW float32 weights: what
+// llama-quantize --imatrix does.
+//
+// usage: ggml_kquants [--imatrix FILE N_PER_ROW] INPUT OUT_DIR PREFIX TYPE...
+//        (TYPE: q4_k q5_k q6_k q5_0 q5_1)
 
 #include <stdint.h>
 #include <stdio.h>
@@ -20,9 +25,33 @@ static void fail(const char * what, const char * arg) {
     exit(1);
 }
 
+static float * read_floats(const char * path, int64_t * n) {
+    FILE * f = fopen(path, "rb");
+    if (!f) fail("cannot open", path);
+    fseek(f, 0, SEEK_END);
+    long bytes = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (bytes <= 0 || bytes % (32 * 4) != 0) fail("not whole blocks of 32 floats", path);
+    *n = bytes / 4;
+    float * x = malloc((size_t) bytes);
+    if (!x || fread(x, 4, (size_t) *n, f) != (size_t) *n) fail("cannot read", path);
+    fclose(f);
+    return x;
+}
+
 int main(int argc, char ** argv) {
+    const float * imatrix = NULL;
+    int64_t n_per_row = 0;
+    if (argc > 3 && !strcmp(argv[1], "--imatrix")) {
+        int64_t m;
+        imatrix = read_floats(argv[2], &m);
+        n_per_row = atoll(argv[3]);
+        if (n_per_row != m) fail("imatrix length differs from N_PER_ROW", argv[2]);
+        argv += 3;
+        argc -= 3;
+    }
     if (argc < 5) {
-        fail("usage", "ggml_kquants INPUT OUT_DIR PREFIX TYPE...");
+        fail("usage", "ggml_kquants [--imatrix FILE N_PER_ROW] INPUT OUT_DIR PREFIX TYPE...");
     }
     FILE * f = fopen(argv[1], "rb");
     if (!f) fail("cannot open", argv[1]);
@@ -34,6 +63,8 @@ int main(int argc, char ** argv) {
     float * x = malloc((size_t) bytes);
     if (!x || fread(x, 4, (size_t) n, f) != (size_t) n) fail("cannot read", argv[1]);
     fclose(f);
+    if (imatrix && (n_per_row <= 0 || n % n_per_row != 0)) fail("input is not whole rows", argv[1]);
+    const int64_t nrow = imatrix ? n / n_per_row : 0;
 
     for (int a = 4; a < argc; ++a) {
         const char * t = argv[a];
@@ -45,17 +76,23 @@ int main(int argc, char ** argv) {
                          : !strcmp(t, "q5_k") ? sizeof(block_q5_K) : sizeof(block_q6_K);
             size = (size_t) (n / QK_K) * block;
             y = calloc(1, size);
-            if (!strcmp(t, "q4_k")) quantize_row_q4_K_ref(x, y, n);
+            if (imatrix) {
+                if (!strcmp(t, "q4_k")) quantize_q4_K(x, y, nrow, n_per_row, imatrix);
+                else if (!strcmp(t, "q5_k")) quantize_q5_K(x, y, nrow, n_per_row, imatrix);
+                else quantize_q6_K(x, y, nrow, n_per_row, imatrix);
+            } else if (!strcmp(t, "q4_k")) quantize_row_q4_K_ref(x, y, n);
             else if (!strcmp(t, "q5_k")) quantize_row_q5_K_ref(x, y, n);
             else quantize_row_q6_K_ref(x, y, n);
         } else if (!strcmp(t, "q5_0")) {
             size = (size_t) (n / QK5_0) * sizeof(block_q5_0);
             y = calloc(1, size);
-            quantize_row_q5_0_ref(x, y, n);
+            if (imatrix) quantize_q5_0(x, y, nrow, n_per_row, imatrix);
+            else quantize_row_q5_0_ref(x, y, n);
         } else if (!strcmp(t, "q5_1")) {
             size = (size_t) (n / QK5_1) * sizeof(block_q5_1);
             y = calloc(1, size);
-            quantize_row_q5_1_ref(x, y, n);
+            if (imatrix) quantize_q5_1(x, y, nrow, n_per_row, imatrix);
+            else quantize_row_q5_1_ref(x, y, n);
         } else {
             fail("unknown type", t);
             return 1;

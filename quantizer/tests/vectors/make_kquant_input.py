@@ -152,6 +152,17 @@ def plant_or_count(x, gs, plant):
     return counts
 
 
+def imatrix():
+    """1024 importance weights (one per column of a row): mean squares of activations span
+    orders of magnitude, a few columns dominate, some are never used (zero)."""
+    rng = np.random.default_rng(7)
+    w = np.exp(rng.normal(0, 1.5, 1024)).astype("<f4")
+    w[rng.choice(1024, 8, replace=False)] *= np.float32(1e3)
+    w[rng.choice(1024, 40, replace=False)] = 0.0
+    w[:32] = 0.0  # a whole block (and sub-block) of zero importance
+    return w
+
+
 def main():
     gs = groups()
     x = np.concatenate([g for _, g in gs]).astype("<f4")
@@ -168,6 +179,8 @@ def main():
         print("planted:", plant_or_count(x, gs, plant=True))
     with open(os.path.join(HERE, "kquant_input.f32"), "wb") as f:
         f.write(x.tobytes())
+    with open(os.path.join(HERE, "kquant_imatrix.f32"), "wb") as f:
+        f.write(imatrix().tobytes())
     ranges, start = [], 0
     for name, g in gs:
         ranges.append({"super_blocks": [start, start + len(g)], "what": name})

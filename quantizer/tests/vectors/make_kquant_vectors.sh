@@ -11,6 +11,9 @@
 #   kq_q4_k.bin kq_q5_k.bin kq_q6_k.bin     blocks of kquant_input.f32
 #   kq_q5_0.bin kq_q5_1.bin                 blocks of kquant_input.f32
 #   q5_0.bin q5_1.bin                       blocks of input.f32 (the Q8_0/Q4_0 vectors' input)
+#   kquant_imatrix.f32                      1024 importance weights
+#   kqw_<type>.bin                          kquant_input.f32 as rows of 1024, quantized with
+#                                           the importance (GGML's quantize_<type> + imatrix)
 #   kquant_manifest.json                    sources, compiler, sha256 of every file
 set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -30,6 +33,9 @@ for round in 1 2 3 4; do
 done
 "$TMP/ggml_kquants" "$HERE/kquant_input.f32" "$HERE" kq_ q4_k q5_k q6_k q5_0 q5_1
 "$PYTHON" "$HERE/make_kquant_input.py" --count-ties
+# Importance-weighted (llama-quantize --imatrix): the same input as rows of 1024.
+"$TMP/ggml_kquants" --imatrix "$HERE/kquant_imatrix.f32" 1024 "$HERE/kquant_input.f32" "$HERE" \
+    kqw_ q4_k q5_k q6_k q5_0 q5_1
 "$TMP/ggml_kquants" "$HERE/input.f32" "$HERE" "" q5_0 q5_1
 
 cd "$HERE"
@@ -39,7 +45,8 @@ cd "$HERE"
     printf ' "libggml_base": "%s",\n' "$(basename "$(readlink -f "$LIB/libggml-base.so")")"
     printf ' "sha256": {\n'
     first=1
-    for f in kquant_input.f32 kq_q4_k.bin kq_q5_k.bin kq_q6_k.bin kq_q5_0.bin kq_q5_1.bin q5_0.bin q5_1.bin; do
+    for f in kquant_input.f32 kquant_imatrix.f32 kqw_q4_k.bin kqw_q5_k.bin kqw_q6_k.bin \
+        kqw_q5_0.bin kqw_q5_1.bin kq_q4_k.bin kq_q5_k.bin kq_q6_k.bin kq_q5_0.bin kq_q5_1.bin q5_0.bin q5_1.bin; do
         [ $first = 1 ] || printf ',\n'
         first=0
         printf '  "%s": "%s"' "$f" "$(sha256sum "$f" | cut -d' ' -f1)"
