@@ -202,6 +202,12 @@ pub enum FormatError {
     /// Values that cannot be quantized (NaN or infinity).
     #[error("non-finite value {value} at element {position} cannot be quantized")]
     NonFinite { position: usize, value: f32 },
+    /// Importance weights handed to a weighted quantizer that are not one per value.
+    #[error("{len} importance weights for a row of {expected} values")]
+    ImportanceLength { len: usize, expected: usize },
+    /// An importance weight that is negative, NaN or infinite.
+    #[error("importance weight {value} at element {position} is not finite and non-negative")]
+    BadImportance { position: usize, value: f32 },
 }
 
 /// Result alias for the format crate.

@@ -23,7 +23,10 @@ pub enum QuantizeError {
     #[error("--keep `{arg}`: {reason}")]
     BadOverride { arg: String, reason: String },
     /// A target dtype that the command does not produce.
-    #[error("--to {dtype}: the target must be one of f16, q8_0, q4_0")]
+    #[error(
+        "--to {dtype}: the target must be one of f16, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k, q6_k, \
+         q4_k_m, q5_k_m"
+    )]
     BadTarget { dtype: String },
     /// An override pattern that matched no tensor (almost always a typo).
     #[error(

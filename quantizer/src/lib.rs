@@ -3,14 +3,16 @@
 //! How the pieces connect:
 //!
 //! - [`Policy`] ([`policy`]) decides each tensor's output dtype from its canonical role and the
-//!   `--keep PATTERN=DTYPE` [`Override`]s: matrices to the `--to` dtype, vectors to F32, rows that
-//!   do not fit 32-value blocks to F16; and how the output stores it ([`Decision::storage`]: a
+//!   `--keep PATTERN=DTYPE` [`Override`]s: matrices to the `--to` dtype or by llama.cpp's
+//!   Q4_K_M/Q5_K_M rules ([`policy::Mix`]), vectors to F32, rows that do not fit the blocks to
+//!   llama.cpp's fallback types; and how the output stores it ([`Decision::storage`]: a
 //!   Q4_0 matrix of whole sixteen-row groups as `q4_0x16`, the runner's one-token layout).
 //! - [`Method`] ([`method`]) turns one block of 32 values into GGML's Q8_0/Q4_0 layout: the
 //!   bit-exact GGML reference rule or a least-squares scale search, both taking optional
 //!   per-column importance weights.
 //! - [`rows::convert_rows`] converts whole rows to any dtype (`q4_0x16` for whole
-//!   sixteen-row groups), rejecting NaN/Inf, and
+//!   sixteen-row groups; Q5_0, Q5_1, Q4_K, Q5_K and Q6_K by the format crate's bit-exact GGML
+//!   references `kiln_format::{q5, kquants}`), rejecting NaN/Inf, and
 //!   accumulates the round-trip [`ErrorStats`] in the same pass. GGML's reference rule and bf16
 //!   decoding are the kernels crate's dispatched SIMD kernels (`kiln_kernels::quantize_blocks`,
 //!   `kiln_kernels::decode_bf16`, one `KILN_ISA` switch for every program).

@@ -1,4 +1,5 @@
-//! `kiln-quantize IN.kiln OUT.kiln --to f16|q8_0|q4_0 [--method reference|search]
+//! `kiln-quantize IN.kiln OUT.kiln --to f16|q8_0|q4_0|q5_0|q5_1|q4_k|q5_k|q6_k|q4_k_m|q5_k_m
+//! [--method reference|search|gptq]
 //! [--keep PATTERN=DTYPE]… [--threads N] [--force] [--json]`
 //!
 //! A thin shell over [`kiln_quantize::quantize_file`]: arguments are validated into
@@ -16,16 +17,20 @@ use clap::builder::TypedValueParser;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_format::DType;
+use kiln_format::QK_K;
 use kiln_quantize::calibrate::{calibrate_path, CalibrationOptions};
 use kiln_quantize::importance::Importance;
+use kiln_quantize::policy::{Mix, Target, TARGETS};
 use kiln_quantize::{
     quantize_file, Method, Override, Policy, Progress, QuantizeError, QuantizeOptions,
 };
 
-/// Turn a converted .kiln model into a smaller one (F16, or GGML Q8_0/Q4_0 blocks).
+/// Turn a converted .kiln model into a smaller one (F16, or GGML's Q8_0, Q4_0, Q5_0, Q5_1,
+/// Q4_K, Q5_K, Q6_K blocks, or llama.cpp's Q4_K_M/Q5_K_M mixes of them).
 ///
 /// Weight matrices (attention/MLP projections, embedding, output) get --to; norms, biases and
-/// other 1-D tensors stay F32; rows whose length is not a multiple of 32 fall back to F16.
+/// other 1-D tensors stay F32; rows that do not fit the blocks fall back as llama.cpp's do
+/// (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, then f16).
 /// See docs/QUANTIZE.md.
 #[derive(Debug, Parser)]
 #[command(name = "kiln-quantize", version)]
@@ -34,7 +39,8 @@ struct Args {
     input: PathBuf,
     /// The .kiln to write (atomically; never the input).
     output: PathBuf,
-    /// Dtype of the weight matrices: f16, q8_0 or q4_0.
+    /// Dtype of the weight matrices: f16, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k or q6_k; or
+    /// llama.cpp's mix q4_k_m or q5_k_m (Q6_K for the output and some attn.v/mlp.down).
     #[arg(long, value_name = "DTYPE")]
     to: String,
     /// How Q8_0/Q4_0 blocks are chosen: `reference` (GGML's rule, bit for bit), `search`
@@ -62,7 +68,8 @@ struct Args {
     /// Save the importance measured by --calibrate, to reuse with --importance.
     #[arg(long, value_name = "FILE", requires = "calibrate")]
     save_importance: Option<PathBuf>,
-    /// Per-tensor override, PATTERN=DTYPE (f32, f16, bf16, q8_0, q4_0 or copy); `*` matches
+    /// Per-tensor override, PATTERN=DTYPE (f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k,
+    /// q6_k or copy); `*` matches
     /// any run of characters; the last matching flag wins. Example: --keep lm_head.weight=q8_0
     #[arg(long = "keep", value_name = "PATTERN=DTYPE")]
     keep: Vec<String>,
@@ -106,16 +113,22 @@ impl Progress for Bar {
 }
 
 fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
-    let to = DType::parse(&args.to)
-        .filter(|d| !d.is_quantized() || matches!(d, DType::Q8_0 | DType::Q4_0))
-        .ok_or_else(|| QuantizeError::BadTarget {
-            dtype: args.to.clone(),
-        })?;
     let overrides = args
         .keep
         .iter()
         .map(|k| Override::parse(k))
         .collect::<Result<Vec<_>, _>>()?;
+    let policy = match Mix::parse(&args.to) {
+        Some(mix) => Policy::mix(mix, overrides),
+        None => {
+            let to = DType::parse(&args.to)
+                .filter(|d| TARGETS.contains(d))
+                .ok_or_else(|| QuantizeError::BadTarget {
+                    dtype: args.to.clone(),
+                })?;
+            Policy::new(to, overrides)?
+        }
+    };
     let calibrated = args.calibrate.is_some() || args.importance.is_some();
     let method = match &args.method {
         // Downgraded to `search` in `run` if an importance file has no second moments.
@@ -142,7 +155,25 @@ fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
                 .into(),
         });
     }
-    let mut o = QuantizeOptions::new(&args.input, &args.output, Policy::new(to, overrides)?);
+    let ggml_only = std::iter::once(policy.to)
+        .chain(policy.overrides.iter().filter_map(|o| match o.target {
+            Target::DType(d) => Some(d),
+            Target::Copy => None,
+        }))
+        .find(|d| d.block_len() == QK_K || matches!(d, DType::Q5_0 | DType::Q5_1));
+    // Without calibration these types have only GGML's reference rule; with it, any method
+    // other than `reference` gives them GGML's importance-weighted rule (llama.cpp's imatrix).
+    if let (Some(d), false, false) = (ggml_only, method == Method::Reference, calibrated) {
+        return Err(QuantizeError::BadOverride {
+            arg: format!("--method {}", method.name()),
+            reason: format!(
+                "{} blocks are made by GGML's reference rule, or its importance-weighted rule \
+                 with --calibrate/--importance; drop --method",
+                d.name()
+            ),
+        });
+    }
+    let mut o = QuantizeOptions::new(&args.input, &args.output, policy);
     o.method = method;
     o.threads = args.threads.map(|t| {
         if let Some(notice) = kiln_runner::threads::cap_notice(t as usize) {

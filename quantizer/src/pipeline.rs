@@ -340,7 +340,7 @@ fn provenance_step(
         created: now_rfc3339(),
         details: serde_json::json!({
             "quantization": {
-                "to": options.policy.to.name(),
+                "to": options.policy.target_name(),
                 "method": options.method.name(),
                 "policy": POLICY_DESCRIPTION,
                 "overrides": options.policy.overrides.iter().map(ToString::to_string)

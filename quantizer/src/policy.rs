@@ -6,24 +6,29 @@
 //!    (`embed.weight`) and the output matrix (`lm_head.weight`) — get the `--to` dtype.
 //! 2. **Vectors** — norms, biases, every other 1-D tensor — are stored as F32 (a lossless
 //!    widening from F16/BF16): they are tiny and the forward pass is sensitive to them.
-//! 3. **Rows that do not fit the blocks**: when the target is Q8_0/Q4_0 and a row's length (the
-//!    last dimension) is not a multiple of 32, the tensor falls back to F16 and the report says
-//!    so.
+//! 3. **Rows that do not fit the blocks** (the last dimension is not a multiple of the block:
+//!    32, or 256 for the K-quants) fall back as llama.cpp's do ([`fallback`]): Q4_K → Q5_0,
+//!    Q5_K → Q5_1, Q6_K → Q8_0, and a 32-value type that still does not fit → F16. The report
+//!    says so.
 //! 4. **Names that are not canonical** are copied unchanged, with a note: the quantizer does not
 //!    guess what an unknown tensor is.
 //!
 //! Overrides: `--keep PATTERN=DTYPE` (repeatable) sets the dtype of every tensor whose canonical
 //! name matches `PATTERN`, where `*` matches any run of characters (`layers.*.mlp.down.weight`,
-//! `*.attn.v.weight`). `DTYPE` is one of `f32`, `f16`, `bf16`, `q8_0`, `q4_0`, or `copy` (keep
-//! the stored bytes unchanged). When several patterns match, the **last** flag wins; a pattern
+//! `*.attn.v.weight`). `DTYPE` is one of `f32`, `f16`, `bf16`, `q8_0`, `q4_0`, `q5_0`, `q5_1`,
+//! `q4_k`, `q5_k`, `q6_k`, or `copy` (keep the stored bytes unchanged). When several patterns match, the **last** flag wins; a pattern
 //! that matches nothing is an error (it is almost always a typo). Rule 3 still applies to an
 //! override to a block type.
+//!
+//! Mixes: `--to q4_k_m|q5_k_m` replaces rule 1 with llama.cpp's tensor rules for those mixes
+//! ([`Mix`]): Q6_K for the output matrix and for `attn.v`/`mlp.down` of the layers where
+//! [`use_more_bits`] holds, the base K-quant elsewhere; rule 3 then applies as in llama.cpp.
 //!
 //! Tied embeddings: when the file has no `lm_head.weight`, `embed.weight` doubles as the output
 //! matrix, so it also answers to the name `lm_head.weight` in patterns
 //! (`--keep lm_head.weight=q8_0` keeps the output side of a tied model in Q8_0).
 //!
-//! Input that is already Q8_0/Q4_0 is refused unless its decision is to stay in that dtype
+//! Input that is already block-quantized is refused unless its decision is to stay in that dtype
 //! (unchanged bytes): re-quantizing a quantized tensor compounds the error. A `q4_0x16` input
 //! counts as Q4_0 here ([`DType::logical`]): it holds the same blocks in another order.
 //!
@@ -33,7 +38,7 @@
 //! ([`DType::storage_for`]), because that is the layout the runner's one-token product reads;
 //! a copied tensor keeps the input's own dtype, since its bytes are written unchanged.
 
-use kiln_format::{DType, Role, TensorInfo, TensorName, QK};
+use kiln_format::{DType, Role, TensorInfo, TensorName, QK_K};
 
 use crate::error::{QuantizeError, Result};
 
@@ -85,10 +90,10 @@ impl Override {
             Target::DType(
                 DType::parse(dtype)
                     .filter(|d| d.logical() == *d)
-                    .filter(|d| !d.is_quantized() || matches!(d, DType::Q8_0 | DType::Q4_0))
                     .ok_or_else(|| {
                         bad(format!(
-                            "unknown dtype `{dtype}`; use f32, f16, bf16, q8_0, q4_0 or copy"
+                            "unknown dtype `{dtype}`; use f32, f16, bf16, q8_0, q4_0, q5_0, \
+                             q5_1, q4_k, q5_k, q6_k or copy"
                         ))
                     })?,
             )
@@ -131,11 +136,88 @@ pub fn glob_match(pattern: &str, name: &str) -> bool {
     p[pi..].iter().all(|&c| c == b'*')
 }
 
-/// The policy: a default target for matrices plus ordered overrides.
+/// llama.cpp's K-quant mixes (`llama-quantize … Q4_K_M|Q5_K_M`): a base K-quant for most
+/// matrices and Q6_K where llama.cpp's `llama_tensor_get_type` spends more bits.
+///
+/// The rules, for a model without experts (what Kiln runs):
+///
+/// - the output matrix (`lm_head.weight`, or a tied `embed.weight`): Q6_K, or Q8_0 when its
+///   rows are not a multiple of 256;
+/// - `attn.v` and `mlp.down` of the layers where [`use_more_bits`] holds: Q6_K;
+/// - every other matrix (an untied `embed.weight` included): the base type;
+/// - then the fallbacks of [`fallback`]: rows that are not a multiple of 256 take Q5_0 for Q4_K,
+///   Q5_1 for Q5_K and Q8_0 for Q6_K.
+///
+/// llama.cpp's rules for fused `attn_qkv` matrices, Falcon, 70B-type models and experts do not
+/// apply: Kiln stores q, k and v apart and runs none of those.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mix {
+    /// `Q4_K_M`: base Q4_K.
+    Q4KM,
+    /// `Q5_K_M`: base Q5_K.
+    Q5KM,
+}
+
+impl Mix {
+    /// Every mix.
+    pub const ALL: [Mix; 2] = [Mix::Q4KM, Mix::Q5KM];
+
+    /// The `--to` name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Mix::Q4KM => "q4_k_m",
+            Mix::Q5KM => "q5_k_m",
+        }
+    }
+
+    /// Parse a `--to` name (case-insensitive).
+    pub fn parse(s: &str) -> Option<Mix> {
+        Mix::ALL
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(s))
+    }
+
+    /// The dtype of the matrices that get no more bits.
+    pub const fn base(self) -> DType {
+        match self {
+            Mix::Q4KM => DType::Q4_K,
+            Mix::Q5KM => DType::Q5_K,
+        }
+    }
+}
+
+/// llama.cpp's `use_more_bits(i, n)`: the first and last eighth of the layers, and every third
+/// layer between them. `i` is the tensor's rank among its kind in layer order, `n` their count.
+pub const fn use_more_bits(i: u32, n: u32) -> bool {
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
+}
+
+/// llama.cpp's `tensor_type_fallback` for rows of `row` values: a K-quant whose 256-value
+/// super-blocks do not fit the rows becomes the 32-value type llama.cpp uses instead (Q4_K →
+/// Q5_0, Q5_K → Q5_1, Q6_K → Q8_0), and a block type that still does not fit becomes F16.
+/// `None` when `dtype` fits as it is.
+pub fn fallback(dtype: DType, row: u64) -> Option<DType> {
+    let fits = |d: DType| row.is_multiple_of(d.block_len() as u64);
+    if !dtype.is_quantized() || fits(dtype) {
+        return None;
+    }
+    let next = match dtype {
+        DType::Q4_K => DType::Q5_0,
+        DType::Q5_K => DType::Q5_1,
+        DType::Q6_K => DType::Q8_0,
+        d => d,
+    };
+    Some(if fits(next) { next } else { DType::F16 })
+}
+
+/// The policy: a default target for matrices (or a [`Mix`]) plus ordered overrides.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
-    /// Dtype of weight matrices (F16, Q8_0 or Q4_0).
+    /// Dtype of weight matrices (F16, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K); a mix's
+    /// base type.
     pub to: DType,
+    /// The llama.cpp mix, if `--to` named one.
+    pub mix: Option<Mix>,
     /// `--keep` flags in command-line order (the last match wins).
     pub overrides: Vec<Override>,
 }
@@ -169,20 +251,53 @@ pub struct Decision {
 }
 
 /// One-line description of the default policy, recorded in provenance.
-pub const POLICY_DESCRIPTION: &str = "kiln-quantize policy v1: weight matrices (attention/MLP \
-    projections, embed.weight, lm_head.weight) -> --to; 1-D tensors (norms, biases) -> f32; rows \
-    not a multiple of 32 -> f16; non-canonical names copied; --keep overrides, last match wins; \
-    a tied embed.weight also answers to lm_head.weight";
+pub const POLICY_DESCRIPTION: &str = "kiln-quantize policy v2: weight matrices (attention/MLP \
+    projections, embed.weight, lm_head.weight) -> --to, or llama.cpp's Q4_K_M/Q5_K_M rules \
+    (output q6_k, or q8_0 for rows not a multiple of 256; attn.v and mlp.down q6_k where \
+    use_more_bits); 1-D tensors (norms, biases) -> f32; rows that do not fit the blocks fall back \
+    as llama.cpp's do (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, then f16); non-canonical names \
+    copied; --keep overrides, last match wins; a tied embed.weight also answers to \
+    lm_head.weight";
+
+/// The dtypes `--to` and `Policy::new` accept.
+pub const TARGETS: [DType; 8] = [
+    DType::F16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
 
 impl Policy {
-    /// A policy; `to` must be F16, Q8_0 or Q4_0.
+    /// A policy; `to` must be one of [`TARGETS`].
     pub fn new(to: DType, overrides: Vec<Override>) -> Result<Policy> {
-        if !matches!(to, DType::F16 | DType::Q8_0 | DType::Q4_0) {
+        if !TARGETS.contains(&to) {
             return Err(QuantizeError::BadTarget {
                 dtype: to.name().into(),
             });
         }
-        Ok(Policy { to, overrides })
+        Ok(Policy {
+            to,
+            mix: None,
+            overrides,
+        })
+    }
+
+    /// A policy following llama.cpp's `mix`.
+    pub fn mix(mix: Mix, overrides: Vec<Override>) -> Policy {
+        Policy {
+            to: mix.base(),
+            mix: Some(mix),
+            overrides,
+        }
+    }
+
+    /// What `--to` named: the mix (`q4_k_m`) or the dtype.
+    pub fn target_name(&self) -> &'static str {
+        self.mix.map_or(self.to.name(), Mix::name)
     }
 
     /// Check that every override matches at least one of `tensors`.
@@ -204,12 +319,64 @@ impl Policy {
 
     /// Decide every tensor of a file, in file order.
     pub fn decide_all(&self, file: &str, tensors: &[TensorInfo]) -> Result<Vec<Decision>> {
-        let tied = is_tied(tensors);
-        tensors.iter().map(|t| self.decide(file, t, tied)).collect()
+        let ctx = FileContext::new(tensors);
+        tensors
+            .iter()
+            .map(|t| self.decide_in(file, t, &ctx))
+            .collect()
     }
 
     /// Decide one tensor. `tied`: the file has `embed.weight` but no `lm_head.weight`.
+    ///
+    /// Under a [`Mix`], a matrix's dtype also depends on its layer's rank among the file's
+    /// layers ([`use_more_bits`]): this decides it as if it were the only tensor of its kind;
+    /// [`Policy::decide_all`] sees the whole file.
     pub fn decide(&self, file: &str, info: &TensorInfo, tied: bool) -> Result<Decision> {
+        let ctx = FileContext {
+            tied,
+            ..FileContext::new(std::slice::from_ref(info))
+        };
+        self.decide_in(file, info, &ctx)
+    }
+
+    /// A mix's dtype for matrix `name` with rows of `row` values, and the rule's name.
+    fn mix_dtype(mix: Mix, name: TensorName, row: u64, ctx: &FileContext) -> (DType, String) {
+        let rank = |layers: &[u32]| {
+            let layer = name.layer.unwrap_or(0);
+            let i = layers.iter().position(|&l| l == layer).unwrap_or(0) as u32;
+            (i, layers.len() as u32)
+        };
+        let m = mix.name();
+        match name.role {
+            Role::LmHead | Role::Embed if name.role == Role::LmHead || ctx.tied => {
+                if !row.is_multiple_of(QK_K as u64) {
+                    (
+                        DType::Q8_0,
+                        format!("{m}: output, rows not a multiple of {QK_K}"),
+                    )
+                } else {
+                    (DType::Q6_K, format!("{m}: output"))
+                }
+            }
+            Role::AttnV | Role::MlpDown => {
+                let (i, n) = if name.role == Role::AttnV {
+                    rank(&ctx.v_layers)
+                } else {
+                    (rank(&ctx.down_layers).0, ctx.n_layers)
+                };
+                if use_more_bits(i, n) {
+                    (DType::Q6_K, format!("{m}: more bits ({i} of {n})"))
+                } else {
+                    (mix.base(), format!("{m}: matrix"))
+                }
+            }
+            _ => (mix.base(), format!("{m}: matrix")),
+        }
+    }
+
+    fn decide_in(&self, file: &str, info: &TensorInfo, ctx: &FileContext) -> Result<Decision> {
+        let tied = ctx.tied;
+        let row = info.shape.last().copied().unwrap_or(1);
         let matched = self
             .overrides
             .iter()
@@ -218,14 +385,20 @@ impl Policy {
         let (target, rule, mut note) = match matched {
             Some(o) => (o.target, format!("override {o}"), None),
             None => match TensorName::parse(&info.name) {
-                Some(n) if n.role.is_matrix() && info.shape.len() >= 2 => {
-                    let rule = if tied && n.role == Role::Embed {
-                        "matrix (tied embedding/output)"
-                    } else {
-                        "matrix"
-                    };
-                    (Target::DType(self.to), rule.to_string(), None)
-                }
+                Some(n) if n.role.is_matrix() && info.shape.len() >= 2 => match self.mix {
+                    Some(mix) => {
+                        let (d, rule) = Self::mix_dtype(mix, n, row, ctx);
+                        (Target::DType(d), rule, None)
+                    }
+                    None => {
+                        let rule = if tied && n.role == Role::Embed {
+                            "matrix (tied embedding/output)"
+                        } else {
+                            "matrix"
+                        };
+                        (Target::DType(self.to), rule.to_string(), None)
+                    }
+                },
                 Some(_) => (Target::DType(DType::F32), "vector".to_string(), None),
                 None => (
                     Target::Copy,
@@ -240,13 +413,16 @@ impl Policy {
             Target::Copy => from,
             Target::DType(d) => d,
         };
-        let row = info.shape.last().copied().unwrap_or(1);
-        if dtype.is_quantized() && row % QK as u64 != 0 && dtype != from {
-            note = Some(format!(
-                "row length {row} is not a multiple of {QK}: {} falls back to f16",
-                dtype.name()
-            ));
-            dtype = DType::F16;
+        if dtype != from {
+            if let Some(next) = fallback(dtype, row) {
+                note = Some(format!(
+                    "row length {row} is not a multiple of {}: {} falls back to {}",
+                    dtype.block_len(),
+                    dtype.name(),
+                    next.name()
+                ));
+                dtype = next;
+            }
         }
         let action = if target == Target::Copy || (from.is_quantized() && dtype == from) {
             Action::Copy
@@ -274,6 +450,49 @@ impl Policy {
             rule,
             note,
         })
+    }
+}
+
+/// What a decision needs to know about the whole file.
+#[derive(Debug, Clone)]
+struct FileContext {
+    /// `embed.weight` doubles as the output matrix.
+    tied: bool,
+    /// Layers holding an `attn.v` matrix, ascending (llama.cpp counts them in layer order).
+    v_layers: Vec<u32>,
+    /// Layers holding an `mlp.down` matrix, ascending.
+    down_layers: Vec<u32>,
+    /// Layers in the model (one more than the largest layer index): llama.cpp's `n_layer`.
+    n_layers: u32,
+}
+
+impl FileContext {
+    fn new(tensors: &[TensorInfo]) -> FileContext {
+        let mut v_layers = Vec::new();
+        let mut down_layers = Vec::new();
+        let mut n_layers = 0;
+        for t in tensors {
+            if let Some(TensorName {
+                layer: Some(l),
+                role,
+            }) = TensorName::parse(&t.name)
+            {
+                n_layers = n_layers.max(l + 1);
+                match role {
+                    Role::AttnV => v_layers.push(l),
+                    Role::MlpDown => down_layers.push(l),
+                    _ => {}
+                }
+            }
+        }
+        v_layers.sort_unstable();
+        down_layers.sort_unstable();
+        FileContext {
+            tied: is_tied(tensors),
+            v_layers,
+            down_layers,
+            n_layers,
+        }
     }
 }
 
@@ -332,7 +551,11 @@ mod tests {
         assert_eq!(o.target, Target::DType(DType::Q8_0));
         assert_eq!(o.to_string(), "lm_head.weight=q8_0");
         assert_eq!(Override::parse("x=copy").unwrap().target, Target::Copy);
-        for bad in ["noequals", "=q8_0", "x=q5_k", "x=", "x=q4_0x16"] {
+        for want in ["q5_0", "q5_1", "q4_k", "q5_k", "q6_k"] {
+            let o = Override::parse(&format!("x={want}")).unwrap();
+            assert_eq!(o.target, Target::DType(DType::parse(want).unwrap()));
+        }
+        for bad in ["noequals", "=q8_0", "x=q4_k_m", "x=", "x=q4_0x16", "x=q3_k"] {
             assert!(
                 matches!(Override::parse(bad), Err(QuantizeError::BadOverride { .. })),
                 "{bad}"
@@ -450,6 +673,142 @@ mod tests {
         let p = Policy::new(DType::Q4_0, vec![]).unwrap();
         let d = p.decide("f", &t, false).unwrap();
         assert_eq!((d.storage, d.action), (DType::Q4_0, Action::Copy));
+    }
+
+    #[test]
+    fn use_more_bits_is_llama_cpp_s() {
+        // SmolLM2's 30 layers: the first and last eighth (n/8 = 3, 7n/8 = 26) and every third
+        // layer from 5.
+        let more: Vec<u32> = (0..30).filter(|&i| use_more_bits(i, 30)).collect();
+        assert_eq!(more, [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29]);
+        let more: Vec<u32> = (0..16).filter(|&i| use_more_bits(i, 16)).collect();
+        assert_eq!(more, [0, 1, 4, 7, 10, 13, 14, 15]);
+    }
+
+    #[test]
+    fn fallbacks_are_llama_cpp_s() {
+        for (d, row, want) in [
+            (DType::Q4_K, 576, Some(DType::Q5_0)),
+            (DType::Q5_K, 576, Some(DType::Q5_1)),
+            (DType::Q6_K, 576, Some(DType::Q8_0)),
+            (DType::Q4_K, 1536, None),
+            (DType::Q4_K, 48, Some(DType::F16)),
+            (DType::Q5_0, 48, Some(DType::F16)),
+            (DType::Q4_0, 49, Some(DType::F16)),
+            (DType::Q8_0, 64, None),
+            (DType::F16, 49, None),
+        ] {
+            assert_eq!(fallback(d, row), want, "{d} {row}");
+        }
+    }
+
+    /// SmolLM2-135M's shapes: 30 layers, hidden 576 (not a multiple of 256), MLP 1536, tied.
+    fn smollm2_like() -> Vec<TensorInfo> {
+        let mut t = vec![info("embed.weight", DType::BF16, &[49152, 576])];
+        for l in 0..30 {
+            t.push(info(
+                &format!("layers.{l}.attn_norm.weight"),
+                DType::BF16,
+                &[576],
+            ));
+            t.push(info(
+                &format!("layers.{l}.attn.q.weight"),
+                DType::BF16,
+                &[576, 576],
+            ));
+            t.push(info(
+                &format!("layers.{l}.attn.v.weight"),
+                DType::BF16,
+                &[192, 576],
+            ));
+            t.push(info(
+                &format!("layers.{l}.mlp.down.weight"),
+                DType::BF16,
+                &[576, 1536],
+            ));
+            t.push(info(
+                &format!("layers.{l}.mlp.up.weight"),
+                DType::BF16,
+                &[1536, 576],
+            ));
+        }
+        t
+    }
+
+    #[test]
+    fn q4_k_m_follows_llama_cpp_on_smollm2_shapes() {
+        let tensors = smollm2_like();
+        let d = Policy::mix(Mix::Q4KM, vec![])
+            .decide_all("f", &tensors)
+            .unwrap();
+        let get = |name: &str| {
+            let i = tensors.iter().position(|t| t.name == name).unwrap();
+            d[i].dtype
+        };
+        // Tied output with rows of 576: Q8_0.
+        assert_eq!(get("embed.weight"), DType::Q8_0);
+        for l in 0..30 {
+            let more = use_more_bits(l, 30);
+            // Rows of 576: Q6_K falls back to Q8_0, Q4_K to Q5_0.
+            let v = if more { DType::Q8_0 } else { DType::Q5_0 };
+            assert_eq!(get(&format!("layers.{l}.attn.v.weight")), v, "v {l}");
+            let down = if more { DType::Q6_K } else { DType::Q4_K };
+            assert_eq!(
+                get(&format!("layers.{l}.mlp.down.weight")),
+                down,
+                "down {l}"
+            );
+            assert_eq!(get(&format!("layers.{l}.attn.q.weight")), DType::Q5_0);
+            assert_eq!(get(&format!("layers.{l}.mlp.up.weight")), DType::Q5_0);
+            assert_eq!(get(&format!("layers.{l}.attn_norm.weight")), DType::F32);
+        }
+        let i = tensors
+            .iter()
+            .position(|t| t.name == "layers.0.attn.q.weight")
+            .unwrap();
+        assert!(d[i]
+            .note
+            .as_deref()
+            .unwrap()
+            .contains("q4_k falls back to q5_0"));
+        // Q5_K_M: the same tensors get more bits; the base falls back to Q5_1.
+        let d = Policy::mix(Mix::Q5KM, vec![])
+            .decide_all("f", &tensors)
+            .unwrap();
+        let i = tensors
+            .iter()
+            .position(|t| t.name == "layers.3.mlp.down.weight")
+            .unwrap();
+        assert_eq!(d[i].dtype, DType::Q5_K);
+        assert_eq!(d[i + 1].dtype, DType::Q5_1);
+        // An override still wins, and falls back like llama.cpp's --tensor-type.
+        let o = Override::parse("layers.*.mlp.down.weight=q5_k").unwrap();
+        let d = Policy::mix(Mix::Q4KM, vec![o])
+            .decide_all("f", &tensors)
+            .unwrap();
+        assert_eq!(d[i].dtype, DType::Q5_K);
+    }
+
+    #[test]
+    fn mix_output_and_untied_embedding() {
+        let tensors = [
+            info("embed.weight", DType::F32, &[1000, 512]),
+            info("lm_head.weight", DType::F32, &[1000, 512]),
+            info("layers.0.attn.v.weight", DType::F32, &[128, 512]),
+        ];
+        let d = Policy::mix(Mix::Q4KM, vec![])
+            .decide_all("f", &tensors)
+            .unwrap();
+        // Untied: the embedding is an ordinary matrix, the output gets Q6_K.
+        assert_eq!(d[0].dtype, DType::Q4_K);
+        assert_eq!(d[1].dtype, DType::Q6_K);
+        // A single layer is both the first and the last eighth.
+        assert_eq!(d[2].dtype, DType::Q6_K);
+        // Tied: the embedding is the output.
+        let d = Policy::mix(Mix::Q5KM, vec![])
+            .decide_all("f", &tensors[..1])
+            .unwrap();
+        assert_eq!(d[0].dtype, DType::Q6_K);
     }
 
     #[test]

@@ -84,9 +84,8 @@ pub struct Report {
     pub output: String,
     /// sha256 of the input file (as recorded in provenance).
     pub input_sha256: String,
-    /// `--to`.
-    #[serde(serialize_with = "dtype_name")]
-    pub to: DType,
+    /// `--to`: a dtype name, or a mix (`q4_k_m`).
+    pub to: String,
     /// `--method`.
     pub method: String,
     /// `--keep` flags.
@@ -133,7 +132,7 @@ impl Report {
             input: options.input.display().to_string(),
             output: options.output.display().to_string(),
             input_sha256,
-            to: options.policy.to,
+            to: options.policy.target_name().to_string(),
             method: options.method.name().to_string(),
             overrides: options
                 .policy

@@ -19,8 +19,9 @@ pub enum ValueError {
     NonFinite { position: usize, value: f32 },
     /// A finite value that becomes infinity in f16.
     F16Overflow { position: usize, value: f32 },
-    /// A block whose f16 scale overflows (largest magnitude above ~8.3e6 for Q8_0, ~5.2e5 for
-    /// Q4_0); `position` is the block's first element, `value` its largest magnitude.
+    /// A block whose f16 scale (or minimum) overflows (largest magnitude above ~8.3e6 for Q8_0,
+    /// ~5.2e5 for Q4_0, ~1.0e6 for Q5_0, 65504 for Q5_1's minimum); `position` is the block's
+    /// first element, `value` its largest magnitude.
     ScaleOverflow { position: usize, value: f32 },
 }
 
@@ -32,11 +33,14 @@ pub enum ValueError {
 /// whole sixteen-row groups.
 ///
 /// `importance`, when given, holds one non-negative weight per column (length `cols`) and steers
-/// [`Method::Search`]; it is ignored by the other methods and by plain float dtypes.
+/// [`Method::Search`] for Q8_0/Q4_0; for Q5_0, Q5_1 and the K-quants any method but
+/// [`Method::Reference`] takes GGML's importance-weighted rules (what `llama-quantize
+/// --imatrix` does). It is ignored by [`Method::Reference`] and by plain float dtypes.
 ///
 /// # Panics
 /// If `x.len()` is not a multiple of `cols`, if `importance` has the wrong length, if `dtype`
-/// is a block type and `cols` is not a multiple of 32 (the policy never asks for that), or if
+/// is a block type and `cols` is not a multiple of its block (32, or 256 for the K-quants; the
+/// policy never asks for that), or if
 /// `dtype` is `q4_0x16` and the rows are not whole groups of sixteen.
 pub fn convert_rows(
     x: &[f32],
@@ -114,8 +118,153 @@ pub fn convert_rows(
             out.extend_from_slice(&dtype.to_storage(cols, &plain));
         }
         DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K => {
-            unreachable!("{dtype} is not a quantizer target (refused when the options are read)")
+            assert_eq!(
+                cols % dtype.block_len(),
+                0,
+                "block rows must be a multiple of {}",
+                dtype.block_len()
+            );
+            out.reserve(x.len() / dtype.block_len() * dtype.block_bytes());
+            let start = out.len();
+            let weighted = importance.filter(|_| method != Method::Reference);
+            let r = match weighted {
+                None => quantize_ggml_blocks(x, dtype, out, stats),
+                Some(w) => quantize_ggml_weighted(x, cols, w, dtype, out, stats),
+            };
+            r.inspect_err(|_| out.truncate(start))?;
         }
+    }
+    Ok(())
+}
+
+/// Quantize whole rows to Q5_0, Q5_1, Q4_K, Q5_K or Q6_K with GGML's importance-weighted rules
+/// (the format crate's `quantize_row_*_weighted`, bit for bit with GGML's `quantize_<type>`
+/// given an importance matrix), one row at a time (Q5_0/Q5_1 weigh by the row's mean square),
+/// dequantize and accumulate the error.
+fn quantize_ggml_weighted(
+    x: &[f32],
+    cols: usize,
+    importance: &[f32],
+    dtype: DType,
+    out: &mut Vec<u8>,
+    stats: &mut ErrorStats,
+) -> Result<(), ValueError> {
+    use kiln_format::{kquants, q5};
+    let mut y = vec![0.0f32; cols];
+    for (r, row) in x.chunks_exact(cols).enumerate() {
+        let (bytes, finite) = match dtype {
+            DType::Q5_0 => {
+                let b = q5::quantize_row_q5_0_weighted(row, importance).expect("checked row");
+                q5::dequantize_row_q5_0(&b, &mut y);
+                (
+                    bytemuck::cast_slice(&b).to_vec(),
+                    finite_at(&b, |b| b.d.is_finite()),
+                )
+            }
+            DType::Q5_1 => {
+                let b = q5::quantize_row_q5_1_weighted(row, importance).expect("checked row");
+                q5::dequantize_row_q5_1(&b, &mut y);
+                let ok = finite_at(&b, |b| b.d.is_finite() && b.m.is_finite());
+                (bytemuck::cast_slice(&b).to_vec(), ok)
+            }
+            DType::Q4_K => {
+                let b = kquants::quantize_row_q4_k_weighted(row, importance).expect("checked row");
+                kquants::dequantize_row_q4_k(&b, &mut y);
+                let ok = finite_at(&b, |b| b.d.is_finite() && b.dmin.is_finite());
+                (bytemuck::cast_slice(&b).to_vec(), ok)
+            }
+            DType::Q5_K => {
+                let b = kquants::quantize_row_q5_k_weighted(row, importance).expect("checked row");
+                kquants::dequantize_row_q5_k(&b, &mut y);
+                let ok = finite_at(&b, |b| b.d.is_finite() && b.dmin.is_finite());
+                (bytemuck::cast_slice(&b).to_vec(), ok)
+            }
+            DType::Q6_K => {
+                let b = kquants::quantize_row_q6_k_weighted(row, importance).expect("checked row");
+                kquants::dequantize_row_q6_k(&b, &mut y);
+                (
+                    bytemuck::cast_slice(&b).to_vec(),
+                    finite_at(&b, |b| b.d.is_finite()),
+                )
+            }
+            _ => unreachable!("only called for GGML's 5-bit and K-quant types"),
+        };
+        if let Err(b) = finite {
+            let n = dtype.block_len();
+            let xb = &row[b * n..(b + 1) * n];
+            return Err(ValueError::ScaleOverflow {
+                position: r * cols + b * n,
+                value: xb.iter().fold(0.0f32, |m, v| m.max(v.abs())),
+            });
+        }
+        out.extend_from_slice(&bytes);
+        stats.add(row, &y);
+    }
+    Ok(())
+}
+
+/// `Err(i)` for the first block whose scales are not finite.
+fn finite_at<B>(blocks: &[B], ok: impl Fn(&B) -> bool) -> Result<(), usize> {
+    match blocks.iter().position(|b| !ok(b)) {
+        Some(i) => Err(i),
+        None => Ok(()),
+    }
+}
+
+/// Quantize whole rows to Q5_0, Q5_1, Q4_K, Q5_K or Q6_K with GGML's reference rules (the
+/// format crate's `quantize_block_*_ref`, bit for bit), dequantize each block with the format
+/// crate's reference dequantizers and accumulate the error. Blocks never straddle rows (rows
+/// are whole blocks), so the blocks of the concatenated rows are the rows' blocks.
+fn quantize_ggml_blocks(
+    x: &[f32],
+    dtype: DType,
+    out: &mut Vec<u8>,
+    stats: &mut ErrorStats,
+) -> Result<(), ValueError> {
+    use kiln_format::{kquants, q5};
+    let n = dtype.block_len();
+    let mut y = vec![0.0f32; n];
+    for (b, xb) in x.chunks_exact(n).enumerate() {
+        let finite = match dtype {
+            DType::Q5_0 => {
+                let blk = q5::quantize_block_q5_0_ref(xb.try_into().expect("QK chunk"));
+                q5::dequantize_row_q5_0(&[blk], &mut y);
+                out.extend_from_slice(bytemuck::bytes_of(&blk));
+                blk.d.is_finite()
+            }
+            DType::Q5_1 => {
+                let blk = q5::quantize_block_q5_1_ref(xb.try_into().expect("QK chunk"));
+                q5::dequantize_row_q5_1(&[blk], &mut y);
+                out.extend_from_slice(bytemuck::bytes_of(&blk));
+                blk.d.is_finite() && blk.m.is_finite()
+            }
+            DType::Q4_K => {
+                let blk = kquants::quantize_block_q4_k_ref(xb.try_into().expect("QK_K chunk"));
+                kquants::dequantize_row_q4_k(&[blk], &mut y);
+                out.extend_from_slice(bytemuck::bytes_of(&blk));
+                blk.d.is_finite() && blk.dmin.is_finite()
+            }
+            DType::Q5_K => {
+                let blk = kquants::quantize_block_q5_k_ref(xb.try_into().expect("QK_K chunk"));
+                kquants::dequantize_row_q5_k(&[blk], &mut y);
+                out.extend_from_slice(bytemuck::bytes_of(&blk));
+                blk.d.is_finite() && blk.dmin.is_finite()
+            }
+            DType::Q6_K => {
+                let blk = kquants::quantize_block_q6_k_ref(xb.try_into().expect("QK_K chunk"));
+                kquants::dequantize_row_q6_k(&[blk], &mut y);
+                out.extend_from_slice(bytemuck::bytes_of(&blk));
+                blk.d.is_finite()
+            }
+            _ => unreachable!("only called for GGML's 5-bit and K-quant types"),
+        };
+        if !finite {
+            return Err(ValueError::ScaleOverflow {
+                position: b * n,
+                value: xb.iter().fold(0.0f32, |m, v| m.max(v.abs())),
+            });
+        }
+        stats.add(xb, &y);
     }
     Ok(())
 }

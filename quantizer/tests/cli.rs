@@ -109,7 +109,20 @@ fn bad_inputs_fail_cleanly() {
             &["in.kiln", "in.kiln", "--to", "q8_0", "--force"],
             "the output is also an input",
         ),
-        (&["in.kiln", "out.kiln", "--to", "q5_k"], "--to q5_k"),
+        (&["in.kiln", "out.kiln", "--to", "q3_k"], "--to q3_k"),
+        (&["in.kiln", "out.kiln", "--to", "q4_k_s"], "--to q4_k_s"),
+        (
+            &[
+                "in.kiln", "out.kiln", "--to", "q4_k_m", "--method", "search",
+            ],
+            "reference rule, or its importance-weighted rule",
+        ),
+        (
+            &[
+                "in.kiln", "out.kiln", "--to", "q8_0", "--method", "search", "--keep", "*=q6_k",
+            ],
+            "q6_k blocks are made by GGML's reference rule",
+        ),
         (&["in.kiln", "out.kiln", "--to", "bf16"], "--to bf16"),
         (
             &[
