@@ -125,6 +125,10 @@ pub struct Kernels {
     /// The tokens-in-lanes kernel for block weights, where the tier has one (used for
     /// batches of [`crate::lanes::LANES`] tokens and more).
     pub(crate) lanes: Option<crate::lanes::LanesFn>,
+    /// Whether [`Kernels::lanes`] is only worth it for weights whose offset codes exceed 127
+    /// (Q8_0's): at AVX2, whose lanes kernel has no `vpdpbusd`, the tier's own Q4_0/Q5_0 kernels
+    /// are faster and the lanes kernel only beats the Q8_0 tiles.
+    pub(crate) lanes_wide_only: bool,
     /// The same for float weights (F32, F16, BF16, widened once per row).
     pub(crate) float_lanes: Option<crate::lanes::FloatLanesFn>,
     /// The one-token kernel for sixteen interleaved Q4_0 rows, where the tier has one (other
@@ -245,6 +249,7 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     prepared_q8_0: None,
     prepared_q4_0: None,
     lanes: None,
+    lanes_wide_only: false,
     float_lanes: None,
     group_q4_0x16: None,
 };
@@ -278,6 +283,21 @@ impl Kernels {
     /// every result is [`crate::reference::float_lanes_ref`]'s bits (AVX2 and AVX-512).
     pub fn has_float_lanes(&self) -> bool {
         self.float_lanes.is_some()
+    }
+
+    /// Whether this tier multiplies weights of encoding `w` by batches of
+    /// [`crate::LANES_MIN_TOKENS`] tokens or more (or [`crate::INTERLEAVED_LANES_MIN_TOKENS`]
+    /// for `q4_0x16`) through its block lanes kernel, whose every result is the scalar
+    /// reference's bits: Q8_0, Q4_0 and `q4_0x16` at AVX-512, Q8_0 at AVX2.
+    pub fn has_lanes(&self, w: &crate::WeightData) -> bool {
+        use crate::lanes::LaneWeight;
+        use crate::WeightData as D;
+        let offset = match w {
+            D::Q8_0(_) => kiln_format::BlockQ8_0::OFFSET,
+            D::Q4_0(_) | D::Q4_0x16(_) => kiln_format::BlockQ4_0::OFFSET,
+            _ => return false,
+        };
+        self.lanes.is_some() && (!self.lanes_wide_only || offset > 127)
     }
 
     /// The tier these kernels run at.

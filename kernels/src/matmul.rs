@@ -208,10 +208,13 @@ impl Kernels {
         }
         ACT_Q8_0.with_borrow_mut(|xq| {
             self.quantize_tokens(x, cols, xq, pool);
-            let lanes = self.lanes.filter(|_| match self.group_q4_0x16 {
-                Some(_) => n_tokens >= INTERLEAVED_LANES_MIN_TOKENS,
-                None => n_tokens >= LANES_MIN_TOKENS,
-            });
+            let lanes =
+                self.lanes
+                    .filter(|_| !self.lanes_wide_only)
+                    .filter(|_| match self.group_q4_0x16 {
+                        Some(_) => n_tokens >= INTERLEAVED_LANES_MIN_TOKENS,
+                        None => n_tokens >= LANES_MIN_TOKENS,
+                    });
             if let (Some(group), None) = (self.group_q4_0x16, lanes) {
                 return ACT_GROUP.with_borrow_mut(|gx| {
                     gx.clear();
@@ -321,6 +324,7 @@ impl Kernels {
             if let Some(kernel) = self
                 .lanes
                 .filter(|_| nb > 0 && n_tokens >= LANES_MIN_TOKENS)
+                .filter(|_| !self.lanes_wide_only || W::OFFSET > 127)
             {
                 return ACT_LANES.with_borrow_mut(|xl| {
                     transpose_tokens(xq, nb, n_tokens, W::OFFSET, xl, pool);

@@ -118,14 +118,14 @@ fn check(rows: usize, cols: usize, n_tokens: usize, seed: u64) {
                 }
             }
             // A token's result does not depend on the batch around it, except in batches that
-            // take a tier's lanes kernels: LANES_MIN_TOKENS or more with block weights at the
-            // AVX-512 tier, which then give the scalar reference's bits, and
+            // take a tier's lanes kernels: LANES_MIN_TOKENS or more with block weights where the
+            // tier has a block lanes kernel, which then gives the scalar reference's bits, and
             // FLOAT_LANES_MIN_TOKENS or more with float weights where the tier has a float
             // lanes kernel, which gives `float_lanes_ref`'s (one FMA chain per row and token).
             if !quantized && k.has_float_lanes() && n_tokens >= FLOAT_LANES_MIN_TOKENS {
                 continue;
             }
-            let lanes = quantized && k.isa() == Isa::Avx512 && n_tokens >= LANES_MIN_TOKENS;
+            let lanes = quantized && k.has_lanes(&m.data) && n_tokens >= LANES_MIN_TOKENS;
             // Token 0 goes through the multi-token tile kernel, the last one may not.
             for t in [0, n_tokens - 1].into_iter().filter(|_| n_tokens > 1) {
                 let mut single = vec![0.0; rows];

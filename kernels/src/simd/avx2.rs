@@ -466,11 +466,37 @@ unsafe fn group_impl(
     unsafe { super::avx2_group::matvec(w, x) }
 }
 
+fn lanes_tile(
+    codes: &[&[u8]; TILE_ROWS],
+    dw: &[&[f32]; TILE_ROWS],
+    x0: &[crate::lanes::LaneBlock],
+    x1: Option<&[crate::lanes::LaneBlock]>,
+    acc: &mut crate::lanes::LanesAcc,
+) {
+    let nb = x0.len();
+    assert!(
+        codes.iter().all(|c| c.len() == 32 * nb)
+            && dw.iter().all(|d| d.len() == nb)
+            && x1.is_none_or(|x1| x1.len() == nb),
+        "lanes tile: row length mismatch"
+    );
+    // SAFETY: this tier's table, the only way here, is handed out only when the CPU has the
+    // tier's features (`crate::kernels`); lengths checked.
+    unsafe {
+        match x1 {
+            Some(x1) => super::avx2_lanes::tile::<2>(codes, dw, [x0, x1], acc),
+            None => super::avx2_lanes::tile::<1>(codes, dw, [x0], acc),
+        }
+    }
+}
+
 /// This tier's table; [`crate::kernels`] only calls it when the CPU supports the tier.
 pub(crate) fn table() -> &'static Kernels {
     static TABLE: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| Kernels {
         group_q4_0x16: Some(group_q4_0x16),
+        lanes: Some(lanes_tile),
+        lanes_wide_only: true,
         ..table_for(Isa::Avx2)
     })
 }

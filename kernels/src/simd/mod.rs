@@ -30,6 +30,8 @@ pub(crate) mod avx2_convert;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_group;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_lanes;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_group;
