@@ -471,6 +471,7 @@ pub(crate) fn table() -> &'static Kernels {
     static TABLE: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| Kernels {
         group_q4_0x16: Some(group_q4_0x16),
+        kq: super::kquant_x86::AVX2_TILES,
         ..table_for(Isa::Avx2)
     })
 }
