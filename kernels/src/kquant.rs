@@ -28,6 +28,9 @@ pub(crate) trait KBlock: Copy + Sync + 'static {
     type X: Copy + Sync + 'static;
     /// The exact integer sums of one block pair.
     type Ints: Copy;
+    /// Whether the terms are added block after block into one sum (Q5_0, as Q4_0) rather than
+    /// into accumulator `b % 8` ([`crate::reference::BLOCK_LANES`]).
+    const SEQUENTIAL: bool = false;
     /// The reference's integer sums.
     fn ints_ref(w: &Self, x: &Self::X) -> Self::Ints;
     /// The block's f32 term from its integer sums, f16 scales widened by `h` (exact in every
@@ -38,6 +41,7 @@ pub(crate) trait KBlock: Copy + Sync + 'static {
 impl KBlock for BlockQ5_0 {
     type X = BlockQ8_0;
     type Ints = i32;
+    const SEQUENTIAL: bool = true;
     fn ints_ref(w: &Self, x: &BlockQ8_0) -> i32 {
         r::isum_q5_0(w, x)
     }
@@ -140,11 +144,15 @@ pub(crate) const SCALAR_TILES: KTiles = KTiles {
     q6_k: Tile::new(ref_tile, 1, ref_tile),
 };
 
-/// The reference dot of one row and one token: [`crate::reference::lanes_dot`] of the
-/// reference's terms.
+/// The reference dot of one row and one token: the reference's terms, added in its order.
 pub(crate) fn dot_ref<W: KBlock>(w: &[W], x: &[W::X]) -> f32 {
     assert_eq!(w.len(), x.len(), "dot: block count mismatch");
-    r::lanes_dot(w, x, |w, x| W::term(w, x, W::ints_ref(w, x), f16::to_f32))
+    let term = |w: &W, x: &W::X| W::term(w, x, W::ints_ref(w, x), f16::to_f32);
+    if W::SEQUENTIAL {
+        w.iter().zip(x).fold(0.0, |s, (w, x)| s + term(w, x))
+    } else {
+        r::lanes_dot(w, x, term)
+    }
 }
 
 /// `R` weight rows against `T` tokens, the integer sums from `ints` and the terms widened by
@@ -160,6 +168,10 @@ pub(crate) fn tile_with<W: KBlock, const R: usize, const T: usize>(
     ints: impl Fn(&W, &W::X) -> W::Ints,
     h: impl Fn(f16) -> f32 + Copy,
 ) -> [[f32; R]; T] {
+    assert!(
+        !W::SEQUENTIAL,
+        "tile_with: the eight-accumulator order only"
+    );
     let nb = xs[0].len();
     let mut acc = [[[0f32; BLOCK_LANES]; R]; T];
     for b in 0..nb {

@@ -37,7 +37,7 @@ const ZERO_Q8_0: BlockQ8_0 = BlockQ8_0 {
 };
 
 /// The most tokens any tier's multi-token tile kernel takes.
-const MAX_TILE_TOKENS: usize = 4;
+const MAX_TILE_TOKENS: usize = 8;
 
 /// Batches of at least this many tokens multiply block weights through the tier's lanes
 /// kernel, if it has one (the AVX-512 tier), which gives the scalar reference's bits; smaller
@@ -185,8 +185,8 @@ impl Kernels {
             }
             WeightData::Q4_0x16(_) => self.run_interleaved(&all_as!(Q4_0x16), x, n, outs, pool),
             WeightData::Q5_0(_) => {
-                let tile = self.kq.q5_0;
-                self.run_q8_0_tiles(&all_as!(Q5_0), x, n, outs, pool, tile)
+                let tiles = (self.kq.q5_0, None);
+                self.run_quantized(&all_as!(Q5_0), x, n, outs, pool, tiles)
             }
             WeightData::Q5_1(_) => {
                 let tile = self.kq.q5_1;

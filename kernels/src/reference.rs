@@ -142,9 +142,10 @@ pub fn matvec_q4_0x16_ref(w: &[BlockQ4_0x16], x: &[BlockQ8_0], out: &mut [f32; G
     }
 }
 
-/// Accumulators of the Q5_0, Q5_1 and K-quant dot products: block `b`'s term (one f32 per
-/// block, from exact integer sums) is added into accumulator `b % 8`, and the eight are summed
-/// by [`sum_lanes8`]. Every tier reproduces this order, so every tier gives these bits.
+/// Accumulators of the Q5_1 and K-quant dot products: block `b`'s term (one f32 per block,
+/// from exact integer sums) is added into accumulator `b % 8`, and the eight are summed by
+/// [`sum_lanes8`]. Every tier reproduces this order, so every tier gives these bits. (Q5_0 adds
+/// its terms block after block, as Q4_0 does: see [`dot_q5_0_q8_0_ref`].)
 pub const BLOCK_LANES: usize = 8;
 
 /// `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`: the tree in which an 8-lane x86
@@ -180,12 +181,13 @@ pub fn term_q5_0(dw: f32, dx: f32, isum: i32) -> f32 {
     isum as f32 * (dw * dx)
 }
 
-/// Q5_0 weights · Q8_0 activations (GGML's pairing): [`term_q5_0`] per block, summed in the
-/// order of [`BLOCK_LANES`].
+/// Q5_0 weights · Q8_0 activations (GGML's pairing): [`term_q5_0`] per block, added block
+/// after block (`s + isum·(d_w·d_x)`, the order of [`dot_q4_0_q8_0_ref`], which the lanes
+/// kernels reproduce for prefill).
 pub fn dot_q5_0_q8_0_ref(w: &[BlockQ5_0], x: &[BlockQ8_0]) -> f32 {
     assert_eq!(w.len(), x.len(), "dot_q5_0_q8_0: block count mismatch");
-    lanes_dot(w, x, |w, x| {
-        term_q5_0(w.d.to_f32(), x.d.to_f32(), isum_q5_0(w, x))
+    w.iter().zip(x).fold(0.0, |s, (w, x)| {
+        s + term_q5_0(w.d.to_f32(), x.d.to_f32(), isum_q5_0(w, x))
     })
 }
 

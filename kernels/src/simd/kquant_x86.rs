@@ -20,7 +20,7 @@ use kiln_format::{BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, 
 
 use super::quant::f16_to_f32;
 use crate::dispatch::{Tile, TILE_ROWS};
-use crate::kquant::{scales_mins_k4, tile_with, KBlock, KTiles};
+use crate::kquant::{scales_mins_k4, tile_with, KTiles};
 
 /// Sum of eight i32 lanes (exact; any order).
 ///
@@ -69,7 +69,7 @@ unsafe fn mins_sum(m: &[u8; 8], x: &BlockQ8K) -> i32 {
 /// # Safety
 /// AVX2 is enabled.
 #[inline(always)]
-unsafe fn q5_codes(qh: [u8; 4], qs: &[u8; 16]) -> __m256i {
+pub(crate) unsafe fn q5_codes(qh: [u8; 4], qs: &[u8; 16]) -> __m256i {
     // SAFETY: AVX2 enabled (caller contract); `qs` is 16 readable bytes.
     unsafe {
         let raw = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
@@ -480,19 +480,61 @@ unsafe fn h(v: f16) -> f32 {
     unsafe { f16_to_f32(v) }
 }
 
-/// One tier's `#[target_feature]` tile per encoding, its safe wrapper and its [`KTiles`].
+/// [`dot_u8_i8`] with VNNI's `vpdpbusd`.
+///
+/// # Safety
+/// AVX-512VL/VNNI are enabled.
+#[inline(always)]
+unsafe fn dot_u8_i8_vnni(u: __m256i, x: __m256i) -> __m256i {
+    // SAFETY: features enabled (caller contract); register-only intrinsics.
+    unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x) }
+}
+
+/// One tier's `#[target_feature]` tile per encoding and the safe wrappers: `k` entries run the
+/// block-by-block tile ([`tile_with`]) over the integer sums `$f`, `q5` entries the
+/// eight-block tile ([`super::q5_x86::tile`]) over the block dot `$f` and the one-block sums
+/// `$one`. The closures are written inside the `#[target_feature]` functions, so they are
+/// compiled with the tier's features (and inlined with the intrinsics they call).
 macro_rules! k_tiles {
-    ($name:ident, $tf:literal, $( $ty:ty => $entry:ident, $ints:ident );* $(;)?) => {
+    ($name:ident, $tf:literal,
+        k: [$( $ty:ty => $entry:ident, $f:ident );* $(;)?],
+        q5: [$( $qty:ty => $qentry:ident, $dot:ident, $one:ident );* $(;)?] $(,)?) => {
         $(
             #[target_feature(enable = $tf)]
             unsafe fn $entry<const T: usize>(
                 rows: &[&[$ty]; TILE_ROWS],
-                xs: &[&[<$ty as KBlock>::X]; T],
+                xs: &[&[BlockQ8K]; T],
             ) -> [[f32; TILE_ROWS]; T] {
-                // SAFETY: this function's features are the ones `$ints` and `h` need; the
-                // caller checked that every row and token has the same block count, the only
-                // length the tile indexes by.
-                tile_with(rows, xs, |w, x| unsafe { $ints(w, x) }, |v| unsafe { h(v) })
+                // The caller checked that every row and token has the same block count, the
+                // only length the tile indexes by.
+                tile_with(
+                    rows,
+                    xs,
+                    // SAFETY: this function's features are the ones `$f` needs.
+                    |w, x| unsafe { $f(w, x) },
+                    // SAFETY: F16C is among this function's features.
+                    |v| unsafe { h(v) },
+                )
+            }
+        )*
+        $(
+            #[target_feature(enable = $tf)]
+            unsafe fn $qentry<const T: usize>(
+                rows: &[&[$qty]; TILE_ROWS],
+                xs: &[&[BlockQ8_0]; T],
+            ) -> [[f32; TILE_ROWS]; T] {
+                // SAFETY: this function's features are the ones the tile, `$dot`, `$one` and
+                // `h` need; the caller checked that every row and token has the same block
+                // count.
+                unsafe {
+                    super::q5_x86::tile(
+                        rows,
+                        xs,
+                        |u, x| $dot(u, x),
+                        |w, x| $one(w, x),
+                        |v| h(v),
+                    )
+                }
             }
         )*
 
@@ -502,7 +544,7 @@ macro_rules! k_tiles {
             $(
                 pub(super) fn $entry<const T: usize>(
                     rows: &[&[$ty]; TILE_ROWS],
-                    xs: &[&[<$ty as KBlock>::X]],
+                    xs: &[&[BlockQ8K]],
                     out: &mut [[f32; TILE_ROWS]],
                 ) {
                     let xs = crate::simd::check_tile::<_, _, T>(rows, xs, out);
@@ -511,29 +553,51 @@ macro_rules! k_tiles {
                     out.copy_from_slice(&unsafe { super::$entry::<T>(rows, xs) });
                 }
             )*
+            $(
+                pub(super) fn $qentry<const T: usize>(
+                    rows: &[&[$qty]; TILE_ROWS],
+                    xs: &[&[BlockQ8_0]],
+                    out: &mut [[f32; TILE_ROWS]],
+                ) {
+                    let xs = crate::simd::check_tile::<_, _, T>(rows, xs, out);
+                    // SAFETY: as above.
+                    out.copy_from_slice(&unsafe { super::$qentry::<T>(rows, xs) });
+                }
+            )*
         }
     };
 }
 
 k_tiles!(avx2, "avx2,fma,f16c",
-    BlockQ5_0 => q5_0_tile_avx2, q5_0_avx2;
-    BlockQ5_1 => q5_1_tile_avx2, q5_1_avx2;
-    BlockQ4K => q4_k_tile_avx2, q4_k_avx2;
-    BlockQ5K => q5_k_tile_avx2, q5_k_avx2;
-    BlockQ6K => q6_k_tile_avx2, q6_k_avx2;
+    k: [
+        BlockQ4K => q4_k_tile_avx2, q4_k_avx2;
+        BlockQ5K => q5_k_tile_avx2, q5_k_avx2;
+        BlockQ6K => q6_k_tile_avx2, q6_k_avx2;
+    ],
+    q5: [
+        BlockQ5_0 => q5_0_tile_avx2, dot_u8_i8, q5_0_avx2;
+        BlockQ5_1 => q5_1_tile_avx2, dot_u8_i8, q5_1_avx2;
+    ],
 );
 
 k_tiles!(avx512, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
-    BlockQ5_0 => q5_0_tile_avx512, q5_0_avx512;
-    BlockQ5_1 => q5_1_tile_avx512, q5_1_avx512;
-    BlockQ4K => q4_k_tile_avx512, q4_k_avx512;
-    BlockQ5K => q5_k_tile_avx512, q5_k_avx512;
-    BlockQ6K => q6_k_tile_avx512, q6_k_avx512;
+    k: [
+        BlockQ4K => q4_k_tile_avx512, q4_k_avx512;
+        BlockQ5K => q5_k_tile_avx512, q5_k_avx512;
+        BlockQ6K => q6_k_tile_avx512, q6_k_avx512;
+    ],
+    q5: [
+        BlockQ5_0 => q5_0_tile_avx512, dot_u8_i8_vnni, q5_0_avx512;
+        BlockQ5_1 => q5_1_tile_avx512, dot_u8_i8_vnni, q5_1_avx512;
+    ],
 );
 
-/// Tokens per multi-token tile: AVX2 has 16 registers, AVX-512 32.
+/// Tokens per multi-token tile: AVX2 has 16 registers, AVX-512 32. The Q5_0/Q5_1 tile keeps
+/// a row's eight blocks of codes in registers across its tokens, so more tokens share that
+/// unpacking.
 const AVX2_TOKENS: usize = 2;
 const AVX512_TOKENS: usize = 4;
+const AVX512_Q5_TOKENS: usize = 8;
 
 /// The AVX2 tier's tiles.
 pub(crate) const AVX2_TILES: KTiles = KTiles {
@@ -568,13 +632,13 @@ pub(crate) const AVX2_TILES: KTiles = KTiles {
 pub(crate) const AVX512_TILES: KTiles = KTiles {
     q5_0: Tile::new(
         avx512::q5_0_tile_avx512::<1>,
-        AVX512_TOKENS,
-        avx512::q5_0_tile_avx512::<AVX512_TOKENS>,
+        AVX512_Q5_TOKENS,
+        avx512::q5_0_tile_avx512::<AVX512_Q5_TOKENS>,
     ),
     q5_1: Tile::new(
         avx512::q5_1_tile_avx512::<1>,
-        AVX512_TOKENS,
-        avx512::q5_1_tile_avx512::<AVX512_TOKENS>,
+        AVX512_Q5_TOKENS,
+        avx512::q5_1_tile_avx512::<AVX512_Q5_TOKENS>,
     ),
     q4_k: Tile::new(
         avx512::q4_k_tile_avx512::<1>,
