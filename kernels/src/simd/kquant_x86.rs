@@ -19,7 +19,7 @@ use half::f16;
 use kiln_format::{BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0};
 
 use super::quant::f16_to_f32;
-use crate::dispatch::{Tile, TILE_ROWS};
+use crate::dispatch::{Tile, TILE_ROWS, WIDE_ROWS};
 use crate::kquant::{scales_mins_k4, tile_with, KTiles};
 
 /// Sum of eight i32 lanes (exact; any order).
@@ -490,59 +490,67 @@ unsafe fn dot_u8_i8_vnni(u: __m256i, x: __m256i) -> __m256i {
     unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x) }
 }
 
-/// One tier's `#[target_feature]` tile per encoding and the safe wrappers: `k` entries run the
-/// block-by-block tile ([`tile_with`]) over the integer sums `$f`, `q5` entries the
-/// eight-block tile ([`super::q5_x86::tile`]) over the block dot `$f` and the one-block sums
-/// `$one`. The closures are written inside the `#[target_feature]` functions, so they are
-/// compiled with the tier's features (and inlined with the intrinsics they call).
+/// One tier's `#[target_feature]` kernels per encoding and their safe wrappers, in module
+/// `$name`: the tile (`$entry::<T>`, T tokens against four rows) and the sixteen-row one-token
+/// kernel (`rows::$entry`, the rows one after another, so the weights stream from memory in
+/// order). `k` entries run the block-by-block tile ([`tile_with`]) over the integer sums
+/// `$f`; `q5` entries the eight-block tile ([`super::q5_x86::tile`]) over the block dot `$dot`
+/// and the one-block sums `$one`. The closures are written inside the `#[target_feature]`
+/// functions, so they are compiled with the tier's features (and inlined with the intrinsics
+/// they call).
 macro_rules! k_tiles {
     ($name:ident, $tf:literal,
         k: [$( $ty:ty => $entry:ident, $f:ident );* $(;)?],
         q5: [$( $qty:ty => $qentry:ident, $dot:ident, $one:ident );* $(;)?] $(,)?) => {
-        $(
-            #[target_feature(enable = $tf)]
-            unsafe fn $entry<const T: usize>(
-                rows: &[&[$ty]; TILE_ROWS],
-                xs: &[&[BlockQ8K]; T],
-            ) -> [[f32; TILE_ROWS]; T] {
-                // The caller checked that every row and token has the same block count, the
-                // only length the tile indexes by.
-                tile_with(
-                    rows,
-                    xs,
-                    // SAFETY: this function's features are the ones `$f` needs.
-                    |w, x| unsafe { $f(w, x) },
-                    // SAFETY: F16C is among this function's features.
-                    |v| unsafe { h(v) },
-                )
-            }
-        )*
-        $(
-            #[target_feature(enable = $tf)]
-            unsafe fn $qentry<const T: usize>(
-                rows: &[&[$qty]; TILE_ROWS],
-                xs: &[&[BlockQ8_0]; T],
-            ) -> [[f32; TILE_ROWS]; T] {
-                // SAFETY: this function's features are the ones the tile, `$dot`, `$one` and
-                // `h` need; the caller checked that every row and token has the same block
-                // count.
-                unsafe {
-                    super::q5_x86::tile(
-                        rows,
-                        xs,
-                        |u, x| $dot(u, x),
-                        |w, x| $one(w, x),
-                        |v| h(v),
-                    )
-                }
-            }
-        )*
-
         pub(crate) mod $name {
             use super::*;
 
+            /// The `#[target_feature]` kernels; their callers check the lengths.
+            mod imp {
+                use super::*;
+                $(
+                    #[target_feature(enable = $tf)]
+                    pub(super) unsafe fn $entry<const R: usize, const T: usize>(
+                        rows: &[&[$ty]; R],
+                        xs: &[&[BlockQ8K]; T],
+                    ) -> [[f32; R]; T] {
+                        // Every row and token has the same block count (caller contract), the
+                        // only length the tile indexes by.
+                        tile_with(
+                            rows,
+                            xs,
+                            // SAFETY: this function's features are the ones `$f` needs.
+                            |w, x| unsafe { $f(w, x) },
+                            // SAFETY: F16C is among this function's features.
+                            |v| unsafe { h(v) },
+                        )
+                    }
+                )*
+                $(
+                    #[target_feature(enable = $tf)]
+                    pub(super) unsafe fn $qentry<const R: usize, const T: usize>(
+                        rows: &[&[$qty]; R],
+                        xs: &[&[BlockQ8_0]; T],
+                    ) -> [[f32; R]; T] {
+                        // SAFETY: this function's features are the ones the tile, `$dot`,
+                        // `$one` and `h` need; every row and token has the same block count
+                        // (caller contract).
+                        unsafe {
+                            crate::simd::q5_x86::tile(
+                                rows,
+                                xs,
+                                |u, x| $dot(u, x),
+                                |w, x| $one(w, x),
+                                |v| h(v),
+                            )
+                        }
+                    }
+                )*
+            }
+
+            /// The tiles' safe wrappers.
             $(
-                pub(super) fn $entry<const T: usize>(
+                pub(in crate::simd) fn $entry<const T: usize>(
                     rows: &[&[$ty]; TILE_ROWS],
                     xs: &[&[BlockQ8K]],
                     out: &mut [[f32; TILE_ROWS]],
@@ -550,20 +558,56 @@ macro_rules! k_tiles {
                     let xs = crate::simd::check_tile::<_, _, T>(rows, xs, out);
                     // SAFETY: this tier's table, the only way here, is handed out only when
                     // the CPU has its features (`crate::kernels`); lengths checked above.
-                    out.copy_from_slice(&unsafe { super::$entry::<T>(rows, xs) });
+                    out.copy_from_slice(&unsafe { imp::$entry::<TILE_ROWS, T>(rows, xs) });
                 }
             )*
             $(
-                pub(super) fn $qentry<const T: usize>(
+                pub(in crate::simd) fn $qentry<const T: usize>(
                     rows: &[&[$qty]; TILE_ROWS],
                     xs: &[&[BlockQ8_0]],
                     out: &mut [[f32; TILE_ROWS]],
                 ) {
                     let xs = crate::simd::check_tile::<_, _, T>(rows, xs, out);
                     // SAFETY: as above.
-                    out.copy_from_slice(&unsafe { super::$qentry::<T>(rows, xs) });
+                    out.copy_from_slice(&unsafe { imp::$qentry::<TILE_ROWS, T>(rows, xs) });
                 }
             )*
+
+            /// The sixteen-row one-token kernels' safe wrappers: each row through the one-row
+            /// tile, the same bits as the four-row tiles.
+            pub(in crate::simd) mod rows {
+                use super::*;
+                $(
+                    pub(in crate::simd) fn $entry(
+                        w: &[$ty],
+                        x: &[BlockQ8K],
+                        out: &mut [f32; WIDE_ROWS],
+                    ) {
+                        let nb = x.len();
+                        assert_eq!(w.len(), WIDE_ROWS * nb, "rows: row length mismatch");
+                        for (r, o) in out.iter_mut().enumerate() {
+                            let row = &w[r * nb..(r + 1) * nb];
+                            // SAFETY: as above; the row and the token have nb blocks.
+                            *o = unsafe { imp::$entry::<1, 1>(&[row], &[x]) }[0][0];
+                        }
+                    }
+                )*
+                $(
+                    pub(in crate::simd) fn $qentry(
+                        w: &[$qty],
+                        x: &[BlockQ8_0],
+                        out: &mut [f32; WIDE_ROWS],
+                    ) {
+                        let nb = x.len();
+                        assert_eq!(w.len(), WIDE_ROWS * nb, "rows: row length mismatch");
+                        for (r, o) in out.iter_mut().enumerate() {
+                            let row = &w[r * nb..(r + 1) * nb];
+                            // SAFETY: as above; the row and the token have nb blocks.
+                            *o = unsafe { imp::$qentry::<1, 1>(&[row], &[x]) }[0][0];
+                        }
+                    }
+                )*
+            }
         }
     };
 }
@@ -605,27 +649,32 @@ pub(crate) const AVX2_TILES: KTiles = KTiles {
         avx2::q5_0_tile_avx2::<1>,
         AVX2_TOKENS,
         avx2::q5_0_tile_avx2::<AVX2_TOKENS>,
-    ),
+    )
+    .with_rows(avx2::rows::q5_0_tile_avx2),
     q5_1: Tile::new(
         avx2::q5_1_tile_avx2::<1>,
         AVX2_TOKENS,
         avx2::q5_1_tile_avx2::<AVX2_TOKENS>,
-    ),
+    )
+    .with_rows(avx2::rows::q5_1_tile_avx2),
     q4_k: Tile::new(
         avx2::q4_k_tile_avx2::<1>,
         AVX2_TOKENS,
         avx2::q4_k_tile_avx2::<AVX2_TOKENS>,
-    ),
+    )
+    .with_rows(avx2::rows::q4_k_tile_avx2),
     q5_k: Tile::new(
         avx2::q5_k_tile_avx2::<1>,
         AVX2_TOKENS,
         avx2::q5_k_tile_avx2::<AVX2_TOKENS>,
-    ),
+    )
+    .with_rows(avx2::rows::q5_k_tile_avx2),
     q6_k: Tile::new(
         avx2::q6_k_tile_avx2::<1>,
         AVX2_TOKENS,
         avx2::q6_k_tile_avx2::<AVX2_TOKENS>,
-    ),
+    )
+    .with_rows(avx2::rows::q6_k_tile_avx2),
 };
 
 /// The AVX-512 tier's tiles.
@@ -634,25 +683,30 @@ pub(crate) const AVX512_TILES: KTiles = KTiles {
         avx512::q5_0_tile_avx512::<1>,
         AVX512_Q5_TOKENS,
         avx512::q5_0_tile_avx512::<AVX512_Q5_TOKENS>,
-    ),
+    )
+    .with_rows(avx512::rows::q5_0_tile_avx512),
     q5_1: Tile::new(
         avx512::q5_1_tile_avx512::<1>,
         AVX512_Q5_TOKENS,
         avx512::q5_1_tile_avx512::<AVX512_Q5_TOKENS>,
-    ),
+    )
+    .with_rows(avx512::rows::q5_1_tile_avx512),
     q4_k: Tile::new(
         avx512::q4_k_tile_avx512::<1>,
         AVX512_TOKENS,
         avx512::q4_k_tile_avx512::<AVX512_TOKENS>,
-    ),
+    )
+    .with_rows(avx512::rows::q4_k_tile_avx512),
     q5_k: Tile::new(
         avx512::q5_k_tile_avx512::<1>,
         AVX512_TOKENS,
         avx512::q5_k_tile_avx512::<AVX512_TOKENS>,
-    ),
+    )
+    .with_rows(avx512::rows::q5_k_tile_avx512),
     q6_k: Tile::new(
         avx512::q6_k_tile_avx512::<1>,
         AVX512_TOKENS,
         avx512::q6_k_tile_avx512::<AVX512_TOKENS>,
-    ),
+    )
+    .with_rows(avx512::rows::q6_k_tile_avx512),
 };
