@@ -155,17 +155,16 @@ pub(crate) fn dot_ref<W: KBlock>(w: &[W], x: &[W::X]) -> f32 {
     }
 }
 
-/// `R` weight rows against `T` tokens, the integer sums from `ints` and the terms widened by
-/// `h`, each (row, token) accumulated in the reference's order: the SIMD tiers' tile, and the
-/// reference's bits whenever `ints` is exact.
-///
-/// Written so that the weight block's unpacking (inside `ints`, inlined) is the same
-/// expression for every token and is computed once per block.
+/// `R` weight rows against `T` tokens: each weight block unpacked once by `unpack`, its
+/// integer sums with each token's block from `ints`, the terms widened by `h`, each (row,
+/// token) accumulated in the reference's order: the SIMD tiers' tile, and the reference's
+/// bits whenever `ints` is exact.
 #[inline(always)]
-pub(crate) fn tile_with<W: KBlock, const R: usize, const T: usize>(
+pub(crate) fn tile_with<W: KBlock, U, const R: usize, const T: usize>(
     rows: &[&[W]; R],
     xs: &[&[W::X]; T],
-    ints: impl Fn(&W, &W::X) -> W::Ints,
+    unpack: impl Fn(&W) -> U,
+    ints: impl Fn(&U, &W::X) -> W::Ints,
     h: impl Fn(f16) -> f32 + Copy,
 ) -> [[f32; R]; T] {
     assert!(
@@ -178,9 +177,10 @@ pub(crate) fn tile_with<W: KBlock, const R: usize, const T: usize>(
         let lane = b % BLOCK_LANES;
         for r in 0..R {
             let w = &rows[r][b];
+            let u = unpack(w);
             for t in 0..T {
                 let x = &xs[t][b];
-                acc[t][r][lane] += W::term(w, x, ints(w, x), h);
+                acc[t][r][lane] += W::term(w, x, ints(&u, x), h);
             }
         }
     }

@@ -331,111 +331,6 @@ unsafe fn hsum512_i32(v: __m512i) -> i32 {
     }
 }
 
-/// `Σ_s sc_s·Σ_{j∈s} q_j·x_j` of a Q4_K/Q5_K block, 64 codes (a pair of sub-blocks) per step:
-/// `maddubs`, then `vpdpwssd` by the pair's scales.
-///
-/// # Safety
-/// AVX-512F/BW/VNNI and AVX2 are enabled.
-#[inline(always)]
-unsafe fn k_affine_avx512(
-    sc: &[u8; 8],
-    x: &BlockQ8K,
-    codes: impl Fn(usize) -> (__m256i, __m256i),
-) -> i32 {
-    // SAFETY: features enabled (caller contract); `x.qs` is 256 readable bytes, read 64 at a
-    // time at offsets below 256; `sc` is 8 readable bytes.
-    unsafe {
-        let s16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(
-            sc.as_ptr() as *const __m128i
-        )));
-        // Lanes 0..16 pick scale 2c, lanes 16..32 scale 2c + 1.
-        let mut pick = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(1));
-        let two = _mm512_set1_epi16(2);
-        let mut acc = _mm512_setzero_si512();
-        for c in 0..4 {
-            let (lo, hi) = codes(c);
-            let xv = _mm512_loadu_si512(x.qs.as_ptr().add(64 * c) as *const __m512i);
-            let p = _mm512_maddubs_epi16(cat(lo, hi), xv);
-            let s = _mm512_permutexvar_epi16(pick, s16);
-            acc = _mm512_dpwssd_epi32(acc, p, s);
-            pick = _mm512_add_epi16(pick, two);
-        }
-        hsum512_i32(acc)
-    }
-}
-
-/// [`crate::reference::isum_q4_k`].
-///
-/// # Safety
-/// AVX-512F/BW/VNNI and AVX2 are enabled.
-#[inline(always)]
-unsafe fn q4_k_avx512(w: &BlockQ4K, x: &BlockQ8K) -> (i32, i32) {
-    let (sc, m) = scales_mins_k4(&w.scales);
-    // SAFETY: features enabled (caller contract); c < 4.
-    unsafe {
-        let isum = k_affine_avx512(&sc, x, |c| nibbles(&w.qs, c));
-        (isum, mins_sum(&m, x))
-    }
-}
-
-/// [`crate::reference::isum_q5_k`].
-///
-/// # Safety
-/// AVX-512F/BW/VNNI and AVX2 are enabled.
-#[inline(always)]
-unsafe fn q5_k_avx512(w: &BlockQ5K, x: &BlockQ8K) -> (i32, i32) {
-    let (sc, m) = scales_mins_k4(&w.scales);
-    // SAFETY: features enabled (caller contract); `w.qh` is 32 readable bytes; c < 4.
-    unsafe {
-        let qh = load32(w.qh.as_ptr());
-        let isum = k_affine_avx512(&sc, x, |c| {
-            let (lo, hi) = nibbles(&w.qs, c);
-            let (hlo, hhi) = fifth_bits(qh, c);
-            (_mm256_or_si256(lo, hlo), _mm256_or_si256(hi, hhi))
-        });
-        (isum, mins_sum(&m, x))
-    }
-}
-
-/// [`crate::reference::isum_q6_k`]: 64 codes (four sub-blocks) per `maddubs` and
-/// `vpdpwssd`.
-///
-/// # Safety
-/// AVX-512F/BW/VNNI and AVX2 are enabled.
-#[inline(always)]
-unsafe fn q6_k_avx512(w: &BlockQ6K, x: &BlockQ8K) -> i32 {
-    // SAFETY: features enabled (caller contract); `x.qs` read 64 bytes at offsets below 256;
-    // h < 2.
-    unsafe {
-        let (offset, sc8) = q6_offset(w, x);
-        let s16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
-        // Lanes 8i..8i + 8 pick scale j + i.
-        let mut pick = _mm512_setr_epi64(
-            0,
-            0,
-            0x0001_0001_0001_0001,
-            0x0001_0001_0001_0001,
-            0x0002_0002_0002_0002,
-            0x0002_0002_0002_0002,
-            0x0003_0003_0003_0003,
-            0x0003_0003_0003_0003,
-        );
-        let four = _mm512_set1_epi16(4);
-        let mut acc = _mm512_setzero_si512();
-        for h in 0..2 {
-            let q = q6_codes(w, h);
-            for k in 0..2 {
-                let xv = _mm512_loadu_si512(x.qs.as_ptr().add(128 * h + 64 * k) as *const __m512i);
-                let p = _mm512_maddubs_epi16(cat(q[2 * k], q[2 * k + 1]), xv);
-                let s = _mm512_permutexvar_epi16(pick, s16);
-                acc = _mm512_dpwssd_epi32(acc, p, s);
-                pick = _mm512_add_epi16(pick, four);
-            }
-        }
-        hsum512_i32(acc) - offset
-    }
-}
-
 /// [`crate::reference::isum_q5_0`] with VNNI: `vpdpbusd` of the codes, less 16 times the
 /// activations' sum.
 ///
@@ -480,6 +375,181 @@ unsafe fn h(v: f16) -> f32 {
     unsafe { f16_to_f32(v) }
 }
 
+/// The block itself, for kernels that unpack it per token (the AVX2 K-quant sums).
+///
+/// # Safety
+/// None; `unsafe` only to match the unpacking functions it stands in for.
+#[inline(always)]
+unsafe fn keep<W: Copy>(w: &W) -> W {
+    *w
+}
+
+/// A Q4_K or Q5_K block unpacked for [`q4_k_dot512`]: the codes of each pair of sub-blocks
+/// (64 bytes), the pair's scales as 16-bit lanes, and the mins.
+#[derive(Clone, Copy)]
+struct AffineK512 {
+    codes: [__m512i; 4],
+    scales: [__m512i; 4],
+    mins: [u8; 8],
+}
+
+/// The scale vectors of [`k_affine_avx512`]: lanes 0..16 scale 2c, 16..32 scale 2c + 1.
+///
+/// # Safety
+/// AVX-512F/BW and AVX2 are enabled.
+#[inline(always)]
+unsafe fn pair_scales512(sc: &[u8; 8]) -> [__m512i; 4] {
+    // SAFETY: features enabled (caller contract); `sc` is 8 readable bytes.
+    unsafe {
+        let s16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(
+            sc.as_ptr() as *const __m128i
+        )));
+        let mut pick = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(1));
+        let two = _mm512_set1_epi16(2);
+        let mut out = [_mm512_setzero_si512(); 4];
+        for o in &mut out {
+            *o = _mm512_permutexvar_epi16(pick, s16);
+            pick = _mm512_add_epi16(pick, two);
+        }
+        out
+    }
+}
+
+/// Unpack a Q4_K block once for all the tokens of a tile.
+///
+/// # Safety
+/// AVX-512F/BW/VNNI and AVX2 are enabled.
+#[inline(always)]
+unsafe fn q4_k_unpack512(w: &BlockQ4K) -> AffineK512 {
+    let (sc, mins) = scales_mins_k4(&w.scales);
+    // SAFETY: features enabled (caller contract); c < 4.
+    unsafe {
+        let mut codes = [_mm512_setzero_si512(); 4];
+        for (c, o) in codes.iter_mut().enumerate() {
+            let (lo, hi) = nibbles(&w.qs, c);
+            *o = cat(lo, hi);
+        }
+        AffineK512 {
+            codes,
+            scales: pair_scales512(&sc),
+            mins,
+        }
+    }
+}
+
+/// Unpack a Q5_K block once for all the tokens of a tile.
+///
+/// # Safety
+/// AVX-512F/BW/VNNI and AVX2 are enabled.
+#[inline(always)]
+unsafe fn q5_k_unpack512(w: &BlockQ5K) -> AffineK512 {
+    let (sc, mins) = scales_mins_k4(&w.scales);
+    // SAFETY: features enabled (caller contract); `w.qh` is 32 readable bytes; c < 4.
+    unsafe {
+        let qh = load32(w.qh.as_ptr());
+        let mut codes = [_mm512_setzero_si512(); 4];
+        for (c, o) in codes.iter_mut().enumerate() {
+            let (lo, hi) = nibbles(&w.qs, c);
+            let (hlo, hhi) = fifth_bits(qh, c);
+            *o = cat(_mm256_or_si256(lo, hlo), _mm256_or_si256(hi, hhi));
+        }
+        AffineK512 {
+            codes,
+            scales: pair_scales512(&sc),
+            mins,
+        }
+    }
+}
+
+/// [`crate::reference::isum_q4_k`] (and `isum_q5_k`) from an unpacked block.
+///
+/// # Safety
+/// AVX-512F/BW/VNNI and AVX2 are enabled.
+#[inline(always)]
+unsafe fn q4_k_dot512(u: &AffineK512, x: &BlockQ8K) -> (i32, i32) {
+    // SAFETY: features enabled (caller contract); `x.qs` is 256 readable bytes, read 64 at a
+    // time at offsets below 256.
+    unsafe {
+        let mut acc = _mm512_setzero_si512();
+        for c in 0..4 {
+            let xv = _mm512_loadu_si512(x.qs.as_ptr().add(64 * c) as *const __m512i);
+            let p = _mm512_maddubs_epi16(u.codes[c], xv);
+            acc = _mm512_dpwssd_epi32(acc, p, u.scales[c]);
+        }
+        (hsum512_i32(acc), mins_sum(&u.mins, x))
+    }
+}
+
+/// A Q6_K block unpacked for [`q6_k_dot512`]: its codes 64 at a time, their sub-blocks'
+/// scales as 16-bit lanes, and all sixteen scales as 16-bit lanes for the offset.
+#[derive(Clone, Copy)]
+struct Q6K512 {
+    codes: [__m512i; 4],
+    scales: [__m512i; 4],
+    sc16: __m256i,
+}
+
+/// Unpack a Q6_K block once for all the tokens of a tile.
+///
+/// # Safety
+/// AVX-512F/BW/VNNI and AVX2 are enabled.
+#[inline(always)]
+unsafe fn q6_k_unpack512(w: &BlockQ6K) -> Q6K512 {
+    // SAFETY: features enabled (caller contract); `w.scales` is 16 readable bytes; h < 2.
+    unsafe {
+        let sc8 = _mm_loadu_si128(w.scales.as_ptr() as *const __m128i);
+        let sc16 = _mm256_cvtepi8_epi16(sc8);
+        let s16 = _mm512_castsi256_si512(sc16);
+        // Lanes 8i..8i + 8 pick scale j + i.
+        let mut pick = _mm512_setr_epi64(
+            0,
+            0,
+            0x0001_0001_0001_0001,
+            0x0001_0001_0001_0001,
+            0x0002_0002_0002_0002,
+            0x0002_0002_0002_0002,
+            0x0003_0003_0003_0003,
+            0x0003_0003_0003_0003,
+        );
+        let four = _mm512_set1_epi16(4);
+        let mut codes = [_mm512_setzero_si512(); 4];
+        let mut scales = [_mm512_setzero_si512(); 4];
+        for h in 0..2 {
+            let q = q6_codes(w, h);
+            for k in 0..2 {
+                codes[2 * h + k] = cat(q[2 * k], q[2 * k + 1]);
+                scales[2 * h + k] = _mm512_permutexvar_epi16(pick, s16);
+                pick = _mm512_add_epi16(pick, four);
+            }
+        }
+        Q6K512 {
+            codes,
+            scales,
+            sc16,
+        }
+    }
+}
+
+/// [`crate::reference::isum_q6_k`] from an unpacked block.
+///
+/// # Safety
+/// AVX-512F/BW/VNNI and AVX2 are enabled.
+#[inline(always)]
+unsafe fn q6_k_dot512(u: &Q6K512, x: &BlockQ8K) -> i32 {
+    // SAFETY: features enabled (caller contract); `x.qs` is 256 readable bytes, read 64 at a
+    // time at offsets below 256; `x.bsums` 32 bytes.
+    unsafe {
+        let mut acc = _mm512_setzero_si512();
+        for i in 0..4 {
+            let xv = _mm512_loadu_si512(x.qs.as_ptr().add(64 * i) as *const __m512i);
+            let p = _mm512_maddubs_epi16(u.codes[i], xv);
+            acc = _mm512_dpwssd_epi32(acc, p, u.scales[i]);
+        }
+        let bs = load32(x.bsums.as_ptr());
+        hsum512_i32(acc) - 32 * hsum_i32(_mm256_madd_epi16(bs, u.sc16))
+    }
+}
+
 /// [`dot_u8_i8`] with VNNI's `vpdpbusd`.
 ///
 /// # Safety
@@ -500,7 +570,7 @@ unsafe fn dot_u8_i8_vnni(u: __m256i, x: __m256i) -> __m256i {
 /// they call).
 macro_rules! k_tiles {
     ($name:ident, $tf:literal,
-        k: [$( $ty:ty => $entry:ident, $f:ident );* $(;)?],
+        k: [$( $ty:ty => $entry:ident, $unpack:ident, $f:ident );* $(;)?],
         q5: [$( $qty:ty => $qentry:ident, $dot:ident, $one:ident );* $(;)?] $(,)?) => {
         pub(crate) mod $name {
             use super::*;
@@ -519,8 +589,10 @@ macro_rules! k_tiles {
                         tile_with(
                             rows,
                             xs,
+                            // SAFETY: this function's features are the ones `$unpack` needs.
+                            |w| unsafe { $unpack(w) },
                             // SAFETY: this function's features are the ones `$f` needs.
-                            |w, x| unsafe { $f(w, x) },
+                            |u, x| unsafe { $f(u, x) },
                             // SAFETY: F16C is among this function's features.
                             |v| unsafe { h(v) },
                         )
@@ -614,9 +686,9 @@ macro_rules! k_tiles {
 
 k_tiles!(avx2, "avx2,fma,f16c",
     k: [
-        BlockQ4K => q4_k_tile_avx2, q4_k_avx2;
-        BlockQ5K => q5_k_tile_avx2, q5_k_avx2;
-        BlockQ6K => q6_k_tile_avx2, q6_k_avx2;
+        BlockQ4K => q4_k_tile_avx2, keep, q4_k_avx2;
+        BlockQ5K => q5_k_tile_avx2, keep, q5_k_avx2;
+        BlockQ6K => q6_k_tile_avx2, keep, q6_k_avx2;
     ],
     q5: [
         BlockQ5_0 => q5_0_tile_avx2, dot_u8_i8, q5_0_avx2;
@@ -626,9 +698,9 @@ k_tiles!(avx2, "avx2,fma,f16c",
 
 k_tiles!(avx512, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
     k: [
-        BlockQ4K => q4_k_tile_avx512, q4_k_avx512;
-        BlockQ5K => q5_k_tile_avx512, q5_k_avx512;
-        BlockQ6K => q6_k_tile_avx512, q6_k_avx512;
+        BlockQ4K => q4_k_tile_avx512, q4_k_unpack512, q4_k_dot512;
+        BlockQ5K => q5_k_tile_avx512, q5_k_unpack512, q4_k_dot512;
+        BlockQ6K => q6_k_tile_avx512, q6_k_unpack512, q6_k_dot512;
     ],
     q5: [
         BlockQ5_0 => q5_0_tile_avx512, dot_u8_i8_vnni, q5_0_avx512;
@@ -636,12 +708,10 @@ k_tiles!(avx512, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
     ],
 );
 
-/// Tokens per multi-token tile: AVX2 has 16 registers, AVX-512 32. The Q5_0/Q5_1 tile keeps
-/// a row's eight blocks of codes in registers across its tokens, so more tokens share that
-/// unpacking.
+/// Tokens per multi-token tile: AVX2 has 16 registers, AVX-512 32, in which a K-quant block
+/// (or eight Q5 blocks) stays unpacked across the tile's tokens.
 const AVX2_TOKENS: usize = 2;
-const AVX512_TOKENS: usize = 4;
-const AVX512_Q5_TOKENS: usize = 8;
+const AVX512_TOKENS: usize = 8;
 
 /// The AVX2 tier's tiles.
 pub(crate) const AVX2_TILES: KTiles = KTiles {
@@ -681,14 +751,14 @@ pub(crate) const AVX2_TILES: KTiles = KTiles {
 pub(crate) const AVX512_TILES: KTiles = KTiles {
     q5_0: Tile::new(
         avx512::q5_0_tile_avx512::<1>,
-        AVX512_Q5_TOKENS,
-        avx512::q5_0_tile_avx512::<AVX512_Q5_TOKENS>,
+        AVX512_TOKENS,
+        avx512::q5_0_tile_avx512::<AVX512_TOKENS>,
     )
     .with_rows(avx512::rows::q5_0_tile_avx512),
     q5_1: Tile::new(
         avx512::q5_1_tile_avx512::<1>,
-        AVX512_Q5_TOKENS,
-        avx512::q5_1_tile_avx512::<AVX512_Q5_TOKENS>,
+        AVX512_TOKENS,
+        avx512::q5_1_tile_avx512::<AVX512_TOKENS>,
     )
     .with_rows(avx512::rows::q5_1_tile_avx512),
     q4_k: Tile::new(
