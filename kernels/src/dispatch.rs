@@ -134,6 +134,8 @@ pub struct Kernels {
     /// The one-token kernel for sixteen interleaved Q4_0 rows, where the tier has one (other
     /// tiers turn each chunk back into plain rows for their Q4_0 tiles).
     pub(crate) group_q4_0x16: Option<crate::interleaved::GroupFn>,
+    /// The Q5_0, Q5_1 and K-quant tiles (see [`crate::kquant`]).
+    pub(crate) kq: crate::kquant::KTiles,
 }
 
 /// A tile computed as one dot per (row, token): the scalar tier's, and NEON's.
@@ -252,6 +254,7 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     lanes_wide_only: false,
     float_lanes: None,
     group_q4_0x16: None,
+    kq: crate::kquant::SCALAR_TILES,
 };
 
 /// The kernels of tier `isa`, or `None` if this CPU (or this build) cannot run it.

@@ -27,6 +27,16 @@ pub enum KernelError {
         /// Input features.
         cols: usize,
     },
+    /// Q5_0/Q5_1 rows hold whole 32-weight blocks, K-quant rows whole 256-weight super-blocks.
+    #[error("{dtype} matrix has {cols} columns, which is not a multiple of its {block}-weight blocks; store such tensors in a type whose blocks divide the rows (GGML's mixes use q5_0 or q8_0)")]
+    ColsNotBlockLenMultiple {
+        /// Weight encoding name.
+        dtype: &'static str,
+        /// Input features.
+        cols: usize,
+        /// Weights per block of the encoding.
+        block: usize,
+    },
     /// Interleaved Q4_0 holds whole groups of sixteen rows.
     #[error("q4_0x16 matrix has {rows} rows, which is not a multiple of 16; store it as q4_0")]
     RowsNotGroupMultiple {

@@ -157,6 +157,15 @@ impl LaneWeight for BlockQ4_0 {
     }
 }
 
+impl LaneWeight for kiln_format::BlockQ5_0 {
+    /// Q5_0's five-bit codes are `q + 16`.
+    const OFFSET: i32 = 16;
+    fn unpack(&self, codes: &mut [u8; QK]) -> f32 {
+        *codes = kiln_format::q5::q5_codes(self.qh, &self.qs);
+        self.d.to_f32_const()
+    }
+}
+
 /// Unpack one weight row into `codes` (32 bytes per block) and `dw` (one scale per block).
 pub(crate) fn unpack_row<W: LaneWeight>(row: &[W], codes: &mut [u8], dw: &mut [f32]) {
     for ((w, c), d) in row

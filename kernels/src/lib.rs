@@ -2,7 +2,10 @@
 //! SIMD tiers chosen at run time.
 //!
 //! - [`Matrix`] borrows a weight matrix in one of the [`WeightData`] encodings (F32, F16, BF16,
-//!   Q8_0, Q4_0); [`matmul`] multiplies it by a batch of activation rows on a [`Pool`].
+//!   Q8_0, Q4_0, Q5_0, Q5_1 and the K-quants Q4_K, Q5_K, Q6_K); [`matmul`] multiplies it by a
+//!   batch of activation rows on a [`Pool`]. Q5_0/Q5_1 rows dot Q8_0 activations and K-quant
+//!   rows Q8_K activations, as in GGML, with every tier giving the reference's bits
+//!   (`kquant`; [`Kernels::dot_q4_k_q8_k`] and its siblings expose one row's product).
 //! - The vector kernels ([`rmsnorm`], [`softmax_inplace`], [`exp_sum`], [`silu_mul`], [`gelu_tanh_mul`],
 //!   [`dot_f32`], [`axpy`], [`weighted_sum`], [`weighted_sum_f16`]) and the per-encoding dot products
 //!   ([`dot_q8_0_q8_0`], [`dot_q4_0_q8_0`], [`dot_f16_f32`], [`dot_bf16_f32`]) cover the rest of
@@ -16,7 +19,8 @@
 //!   every tier against the [`reference`](mod@reference) kernels on one machine.
 //!
 //! Module map: `reference` (the scalar spec), `dispatch` (the table and the safe, length-checking
-//! entry points), `simd::{avx2, avx512}` (the `#[target_feature]` kernels), `matmul` (tiling and
+//! entry points), `simd::{avx2, avx512}` (the `#[target_feature]` kernels), `kquant` and
+//! `simd::kquant_x86` (Q5_0, Q5_1 and K-quant tiles), `matmul` (tiling and
 //! threading), `isa` (detection), `stats` ([`ErrorStats`], whose order of additions the
 //! quantization kernels share), `pool`, `matrix`, `error`.
 
@@ -25,6 +29,7 @@ mod dispatch;
 mod error;
 mod interleaved;
 mod isa;
+mod kquant;
 mod lanes;
 mod matmul;
 mod matrix;
@@ -36,7 +41,10 @@ mod stats;
 pub mod stream;
 
 pub use half::{bf16, f16};
-pub use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
+pub use kiln_format::{
+    BlockQ4K, BlockQ4_0, BlockQ4_0x16, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
+    BlockQ8_0, GROUP_ROWS, QK, QK_K,
+};
 
 pub use dispatch::{active, kernels, Kernels, TILE_ROWS};
 pub use error::KernelError;

@@ -37,7 +37,7 @@ const ZERO_Q8_0: BlockQ8_0 = BlockQ8_0 {
 };
 
 /// The most tokens any tier's multi-token tile kernel takes.
-const MAX_TILE_TOKENS: usize = 4;
+const MAX_TILE_TOKENS: usize = 8;
 
 /// Batches of at least this many tokens multiply block weights through the tier's lanes
 /// kernel, if it has one (the AVX-512 tier), which gives the scalar reference's bits; smaller
@@ -184,6 +184,26 @@ impl Kernels {
                 self.run_quantized(&all_as!(Q4_0), x, n, outs, pool, tiles)
             }
             WeightData::Q4_0x16(_) => self.run_interleaved(&all_as!(Q4_0x16), x, n, outs, pool),
+            WeightData::Q5_0(_) => {
+                let tiles = (self.kq.q5_0, None);
+                self.run_quantized(&all_as!(Q5_0), x, n, outs, pool, tiles)
+            }
+            WeightData::Q5_1(_) => {
+                let tile = self.kq.q5_1;
+                self.run_q8_0_tiles(&all_as!(Q5_1), x, n, outs, pool, tile)
+            }
+            WeightData::Q4_K(_) => {
+                let tile = self.kq.q4_k;
+                self.run_q8_k_tiles(&all_as!(Q4_K), x, n, outs, pool, tile)
+            }
+            WeightData::Q5_K(_) => {
+                let tile = self.kq.q5_k;
+                self.run_q8_k_tiles(&all_as!(Q5_K), x, n, outs, pool, tile)
+            }
+            WeightData::Q6_K(_) => {
+                let tile = self.kq.q6_k;
+                self.run_q8_k_tiles(&all_as!(Q6_K), x, n, outs, pool, tile)
+            }
         }
     }
 
@@ -347,7 +367,13 @@ impl Kernels {
     }
 
     /// Quantize every token's activation row to Q8_0 (once per matmul) into `xq`.
-    fn quantize_tokens(&self, x: &[f32], cols: usize, xq: &mut Vec<BlockQ8_0>, pool: &Pool) {
+    pub(crate) fn quantize_tokens(
+        &self,
+        x: &[f32],
+        cols: usize,
+        xq: &mut Vec<BlockQ8_0>,
+        pool: &Pool,
+    ) {
         let per_row = cols / QK;
         xq.clear();
         xq.resize(x.len() / QK, ZERO_Q8_0);
@@ -382,7 +408,7 @@ fn transpose_tokens(
 
 /// `f(t, items[t·per..(t+1)·per])` for every token `t`: over the pool for a batch of 8 tokens
 /// or more, on the calling thread for fewer (microseconds of work).
-fn per_token<T: Send>(
+pub(crate) fn per_token<T: Send>(
     pool: &Pool,
     items: &mut [T],
     per: usize,
@@ -418,12 +444,17 @@ thread_local! {
     static ACT_PREPARED: RefCell<Vec<PreparedPair>> = const { RefCell::new(Vec::new()) };
 }
 
+/// `f` with the calling thread's reused Q8_0 activation buffer.
+pub(crate) fn with_q8_0_act<R>(f: impl FnOnce(&mut Vec<BlockQ8_0>) -> R) -> R {
+    ACT_Q8_0.with_borrow_mut(f)
+}
+
 /// Split every matrix's output into row chunks and run `tile` over all of them as one job.
 ///
 /// `ws[i]` is `(weights, rows)`, `rows × wl` elements or blocks; `x` is `n_tokens × xl`;
 /// `outs[i]` is `n_tokens × rows_i`.
 #[allow(clippy::too_many_arguments)]
-fn run_tiles<W: Sync, X: Sync>(
+pub(crate) fn run_tiles<W: Sync, X: Sync>(
     ws: &[(&[W], usize)],
     wl: usize,
     x: &[X],

@@ -1,12 +1,16 @@
 //! Borrowed weight matrices in any of Kiln's encodings.
 
 use half::{bf16, f16};
-use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, DType, GROUP_ROWS, QK};
+use kiln_format::{
+    BlockQ4K, BlockQ4_0, BlockQ4_0x16, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, DType,
+    GROUP_ROWS, QK, QK_K,
+};
 
 use crate::error::KernelError;
 
 /// The elements of a row-major weight matrix, borrowed (usually from the mmap).
 #[derive(Debug, Clone, Copy)]
+#[allow(non_camel_case_types)] // the dtype names, as `DType` spells them
 pub enum WeightData<'a> {
     /// `rows × cols` f32 values.
     F32(&'a [f32]),
@@ -21,6 +25,16 @@ pub enum WeightData<'a> {
     /// The same Q4_0 blocks sixteen rows interleaved: `rows / 16 × cols / 32` groups, group
     /// `g·(cols/32) + b` holding block `b` of rows `16g..16g + 16`. `rows` is a multiple of 16.
     Q4_0x16(&'a [BlockQ4_0x16]),
+    /// `rows × cols / 32` Q5_0 blocks, each row a whole number of blocks.
+    Q5_0(&'a [BlockQ5_0]),
+    /// `rows × cols / 32` Q5_1 blocks, each row a whole number of blocks.
+    Q5_1(&'a [BlockQ5_1]),
+    /// `rows × cols / 256` Q4_K super-blocks, each row a whole number of them.
+    Q4_K(&'a [BlockQ4K]),
+    /// `rows × cols / 256` Q5_K super-blocks, each row a whole number of them.
+    Q5_K(&'a [BlockQ5K]),
+    /// `rows × cols / 256` Q6_K super-blocks, each row a whole number of them.
+    Q6_K(&'a [BlockQ6K]),
 }
 
 impl WeightData<'_> {
@@ -33,6 +47,11 @@ impl WeightData<'_> {
             WeightData::Q8_0(_) => "q8_0",
             WeightData::Q4_0(_) => "q4_0",
             WeightData::Q4_0x16(_) => "q4_0x16",
+            WeightData::Q5_0(_) => "q5_0",
+            WeightData::Q5_1(_) => "q5_1",
+            WeightData::Q4_K(_) => "q4_k",
+            WeightData::Q5_K(_) => "q5_k",
+            WeightData::Q6_K(_) => "q6_k",
         }
     }
 
@@ -45,6 +64,24 @@ impl WeightData<'_> {
             WeightData::Q8_0(d) => std::mem::size_of_val(*d),
             WeightData::Q4_0(d) => std::mem::size_of_val(*d),
             WeightData::Q4_0x16(d) => std::mem::size_of_val(*d),
+            WeightData::Q5_0(d) => std::mem::size_of_val(*d),
+            WeightData::Q5_1(d) => std::mem::size_of_val(*d),
+            WeightData::Q4_K(d) => std::mem::size_of_val(*d),
+            WeightData::Q5_K(d) => std::mem::size_of_val(*d),
+            WeightData::Q6_K(d) => std::mem::size_of_val(*d),
+        }
+    }
+
+    /// Weights per block of the encoding (1 for float encodings).
+    pub fn block_len(&self) -> usize {
+        match self {
+            WeightData::F32(_) | WeightData::F16(_) | WeightData::BF16(_) => 1,
+            WeightData::Q8_0(_)
+            | WeightData::Q4_0(_)
+            | WeightData::Q4_0x16(_)
+            | WeightData::Q5_0(_)
+            | WeightData::Q5_1(_) => QK,
+            WeightData::Q4_K(_) | WeightData::Q5_K(_) | WeightData::Q6_K(_) => QK_K,
         }
     }
 }
@@ -64,7 +101,7 @@ pub struct Matrix<'a> {
 
 impl<'a> Matrix<'a> {
     /// Check that `data` holds exactly `rows × cols` weights (whole 32-weight blocks per row for
-    /// Q8_0 and Q4_0).
+    /// Q8_0, Q4_0, Q5_0 and Q5_1; whole 256-weight super-blocks for Q4_K, Q5_K and Q6_K).
     pub fn new(rows: usize, cols: usize, data: WeightData<'a>) -> Result<Self, KernelError> {
         let elems = rows
             .checked_mul(cols)
@@ -91,6 +128,29 @@ impl<'a> Matrix<'a> {
                     _ => unreachable!("matched above"),
                 };
                 (found, elems / QK, "blocks")
+            }
+            WeightData::Q5_0(_)
+            | WeightData::Q5_1(_)
+            | WeightData::Q4_K(_)
+            | WeightData::Q5_K(_)
+            | WeightData::Q6_K(_) => {
+                let block = data.block_len();
+                if !cols.is_multiple_of(block) {
+                    return Err(KernelError::ColsNotBlockLenMultiple {
+                        dtype: data.dtype_name(),
+                        cols,
+                        block,
+                    });
+                }
+                let found = match data {
+                    WeightData::Q5_0(d) => d.len(),
+                    WeightData::Q5_1(d) => d.len(),
+                    WeightData::Q4_K(d) => d.len(),
+                    WeightData::Q5_K(d) => d.len(),
+                    WeightData::Q6_K(d) => d.len(),
+                    _ => unreachable!("matched above"),
+                };
+                (found, elems / block, "blocks")
             }
         };
         if found != expected {

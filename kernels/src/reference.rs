@@ -4,7 +4,12 @@
 //! tier of [`crate::Kernels`] runs exactly these.
 
 use half::{bf16, f16};
-use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, DType, GROUP_ROWS, QK};
+use kiln_format::kquants::{q4_k_codes, q5_k_codes, q6_k_codes, scale_min_k4, K_SCALE_SIZE};
+use kiln_format::q5::q5_codes;
+use kiln_format::{
+    BlockQ4K, BlockQ4_0, BlockQ4_0x16, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
+    BlockQ8_0, DType, GROUP_ROWS, QK, QK_K,
+};
 
 use crate::stats::ErrorStats;
 
@@ -134,6 +139,178 @@ pub fn matvec_q4_0x16_ref(w: &[BlockQ4_0x16], x: &[BlockQ8_0], out: &mut [f32; G
     for (r, o) in out.iter_mut().enumerate() {
         let row: Vec<BlockQ4_0> = w.iter().map(|g| g.row(r)).collect();
         *o = dot_q4_0_q8_0_ref(&row, x);
+    }
+}
+
+/// Accumulators of the Q5_1 and K-quant dot products: block `b`'s term (one f32 per block,
+/// from exact integer sums) is added into accumulator `b % 8`, and the eight are summed by
+/// [`sum_lanes8`]. Every tier reproduces this order, so every tier gives these bits. (Q5_0 adds
+/// its terms block after block, as Q4_0 does: see [`dot_q5_0_q8_0_ref`].)
+pub const BLOCK_LANES: usize = 8;
+
+/// `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`: the tree in which an 8-lane x86
+/// register is summed (upper half onto lower, then pairs two apart, then neighbours).
+#[inline]
+pub fn sum_lanes8(a: &[f32; BLOCK_LANES]) -> f32 {
+    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+}
+
+/// `Σ_b term(w[b], x[b])` in the order of [`BLOCK_LANES`]: term `b` into accumulator `b % 8`
+/// (each starting at +0), then [`sum_lanes8`].
+#[inline]
+pub fn lanes_dot<W, X>(w: &[W], x: &[X], term: impl Fn(&W, &X) -> f32) -> f32 {
+    let mut acc = [0f32; BLOCK_LANES];
+    for (b, (w, x)) in w.iter().zip(x).enumerate() {
+        acc[b % BLOCK_LANES] += term(w, x);
+    }
+    sum_lanes8(&acc)
+}
+
+/// `Σ (q_j − 16)·x_j` of a Q5_0 block against a Q8_0 block (exact).
+pub fn isum_q5_0(w: &BlockQ5_0, x: &BlockQ8_0) -> i32 {
+    q5_codes(w.qh, &w.qs)
+        .iter()
+        .zip(&x.qs)
+        .map(|(&q, &x)| (i32::from(q) - 16) * i32::from(x))
+        .sum()
+}
+
+/// One Q5_0 block's term: `isum · (d_w·d_x)`.
+#[inline]
+pub fn term_q5_0(dw: f32, dx: f32, isum: i32) -> f32 {
+    isum as f32 * (dw * dx)
+}
+
+/// Q5_0 weights · Q8_0 activations (GGML's pairing): [`term_q5_0`] per block, added block
+/// after block (`s + isum·(d_w·d_x)`, the order of [`dot_q4_0_q8_0_ref`], which the lanes
+/// kernels reproduce for prefill).
+pub fn dot_q5_0_q8_0_ref(w: &[BlockQ5_0], x: &[BlockQ8_0]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot_q5_0_q8_0: block count mismatch");
+    w.iter().zip(x).fold(0.0, |s, (w, x)| {
+        s + term_q5_0(w.d.to_f32(), x.d.to_f32(), isum_q5_0(w, x))
+    })
+}
+
+/// `(Σ q_j·x_j, Σ x_j)` of a Q5_1 block (codes 0..=31) against a Q8_0 block (exact).
+pub fn isum_q5_1(w: &BlockQ5_1, x: &BlockQ8_0) -> (i32, i32) {
+    let q = q5_codes(w.qh, &w.qs);
+    let qx = q
+        .iter()
+        .zip(&x.qs)
+        .map(|(&q, &x)| i32::from(q) * i32::from(x))
+        .sum();
+    let sx = x.qs.iter().map(|&x| i32::from(x)).sum();
+    (qx, sx)
+}
+
+/// One Q5_1 block's term, `w = d·q + m` against `x = d_x·c`:
+/// `qx · (d_w·d_x) + sx · (m_w·d_x)`, in that order.
+///
+/// GGML pairs Q5_1 with Q8_1 activations, whose blocks carry `d_x·Σc` as an f16; Kiln pairs it
+/// with the Q8_0 activations Q5_0 and Q8_0 take (one quantization serves them all) and sums the
+/// codes exactly instead.
+#[inline]
+pub fn term_q5_1(dw: f32, mw: f32, dx: f32, (qx, sx): (i32, i32)) -> f32 {
+    qx as f32 * (dw * dx) + sx as f32 * (mw * dx)
+}
+
+/// Q5_1 weights · Q8_0 activations: [`term_q5_1`] per block, in the order of [`BLOCK_LANES`].
+pub fn dot_q5_1_q8_0_ref(w: &[BlockQ5_1], x: &[BlockQ8_0]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot_q5_1_q8_0: block count mismatch");
+    lanes_dot(w, x, |w, x| {
+        term_q5_1(w.d.to_f32(), w.m.to_f32(), x.d.to_f32(), isum_q5_1(w, x))
+    })
+}
+
+/// `(Σ_s sc_s·Σ_{j∈s} q_j·x_j, Σ_s m_s·(bsum_2s + bsum_2s+1))` for the codes `q` (0..=31) of a
+/// Q4_K/Q5_K block with packed scales `scales`, against a Q8_K block: the two exact integer
+/// sums of GGML's `vec_dot_q4_K_q8_K`.
+fn isum_k_affine(scales: &[u8; K_SCALE_SIZE], q: &[u8; QK_K], x: &BlockQ8K) -> (i32, i32) {
+    let (mut isum, mut mins) = (0i32, 0i32);
+    for s in 0..QK_K / 32 {
+        let (sc, m) = scale_min_k4(s, scales);
+        let dot: i32 = q[32 * s..32 * s + 32]
+            .iter()
+            .zip(&x.qs[32 * s..32 * s + 32])
+            .map(|(&q, &x)| i32::from(q) * i32::from(x))
+            .sum();
+        isum += i32::from(sc) * dot;
+        mins += i32::from(m) * (i32::from(x.bsums[2 * s]) + i32::from(x.bsums[2 * s + 1]));
+    }
+    (isum, mins)
+}
+
+/// The integer sums of a Q4_K block against a Q8_K block (see [`term_k`]).
+pub fn isum_q4_k(w: &BlockQ4K, x: &BlockQ8K) -> (i32, i32) {
+    isum_k_affine(&w.scales, &q4_k_codes(w), x)
+}
+
+/// The integer sums of a Q5_K block against a Q8_K block (see [`term_k`]).
+pub fn isum_q5_k(w: &BlockQ5K, x: &BlockQ8K) -> (i32, i32) {
+    isum_k_affine(&w.scales, &q5_k_codes(w), x)
+}
+
+/// One Q4_K/Q5_K block's term: `(d_x·d)·isum − (d_x·dmin)·mins`, GGML's order of operations.
+#[inline]
+pub fn term_k(d: f32, dmin: f32, dx: f32, (isum, mins): (i32, i32)) -> f32 {
+    (dx * d) * isum as f32 - (dx * dmin) * mins as f32
+}
+
+/// Q4_K weights · Q8_K activations: [`term_k`] per block, in the order of [`BLOCK_LANES`].
+pub fn dot_q4_k_q8_k_ref(w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot_q4_k_q8_k: block count mismatch");
+    lanes_dot(w, x, |w, x| {
+        term_k(w.d.to_f32(), w.dmin.to_f32(), x.d, isum_q4_k(w, x))
+    })
+}
+
+/// Q5_K weights · Q8_K activations: [`term_k`] per block, in the order of [`BLOCK_LANES`].
+pub fn dot_q5_k_q8_k_ref(w: &[BlockQ5K], x: &[BlockQ8K]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot_q5_k_q8_k: block count mismatch");
+    lanes_dot(w, x, |w, x| {
+        term_k(w.d.to_f32(), w.dmin.to_f32(), x.d, isum_q5_k(w, x))
+    })
+}
+
+/// `Σ_s sc_s·(Σ_{j∈s} q_j·x_j − 32·bsum_s)` of a Q6_K block (codes 0..=63, sixteen
+/// sub-blocks of 16) against a Q8_K block: the −32 offset applied through the block sums.
+pub fn isum_q6_k(w: &BlockQ6K, x: &BlockQ8K) -> i32 {
+    let q = q6_k_codes(w);
+    (0..QK_K / 16)
+        .map(|s| {
+            let dot: i32 = q[16 * s..16 * s + 16]
+                .iter()
+                .zip(&x.qs[16 * s..16 * s + 16])
+                .map(|(&q, &x)| i32::from(q) * i32::from(x))
+                .sum();
+            i32::from(w.scales[s]) * (dot - 32 * i32::from(x.bsums[s]))
+        })
+        .sum()
+}
+
+/// One Q6_K block's term: `(d_x·d)·isum`.
+#[inline]
+pub fn term_q6_k(d: f32, dx: f32, isum: i32) -> f32 {
+    (dx * d) * isum as f32
+}
+
+/// Q6_K weights · Q8_K activations: [`term_q6_k`] per block, in the order of [`BLOCK_LANES`].
+pub fn dot_q6_k_q8_k_ref(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot_q6_k_q8_k: block count mismatch");
+    lanes_dot(w, x, |w, x| term_q6_k(w.d.to_f32(), x.d, isum_q6_k(w, x)))
+}
+
+/// Quantize activations to Q8_K blocks with GGML's rule
+/// ([`kiln_format::kquants::quantize_block_q8_k_ref`]), into a caller's buffer: what the
+/// K-quant products take. `x.len() == out.len() * 256`.
+pub fn quantize_row_q8_k_act_ref(x: &[f32], out: &mut [BlockQ8K]) {
+    assert_eq!(
+        x.len(),
+        out.len() * QK_K,
+        "quantize_row_q8_k_act: x must hold 256 values per output block"
+    );
+    for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK_K)) {
+        *b = kiln_format::kquants::quantize_block_q8_k_ref(xs.try_into().expect("QK_K chunk"));
     }
 }
 

@@ -1,7 +1,7 @@
 //! The model's weights as borrowed views into the file's memory map.
 //!
 //! Matrices are [`Matrix`] views in whatever encoding the file stores (F32, F16, BF16, Q8_0,
-//! Q4_0, mixed per tensor): nothing is dequantized or copied at load. The only copies are the
+//! Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, mixed per tensor, as GGML's Q4_K_M/Q5_K_M files are): nothing is dequantized or copied at load. The only copies are the
 //! 1-D norm weights and biases that are not stored as f32 (a few kilobytes per layer), decoded
 //! once so the kernels see `&[f32]`.
 
@@ -153,14 +153,11 @@ fn matrix<'a>(file: &'a KilnFile, name: TensorName) -> Result<Matrix<'a>> {
         DType::Q8_0 => WeightData::Q8_0(view.as_q8_0()?),
         DType::Q4_0 => WeightData::Q4_0(view.as_q4_0()?),
         DType::Q4_0x16 => WeightData::Q4_0x16(view.as_q4_0x16()?),
-        d @ (DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K) => {
-            return Err(RunnerError::TensorDType {
-                file: file.label().to_string(),
-                tensor,
-                dtype: d.to_string(),
-                reason: "this build has no matrix kernels for it",
-            })
-        }
+        DType::Q5_0 => WeightData::Q5_0(view.as_q5_0()?),
+        DType::Q5_1 => WeightData::Q5_1(view.as_q5_1()?),
+        DType::Q4_K => WeightData::Q4_K(view.as_q4_k()?),
+        DType::Q5_K => WeightData::Q5_K(view.as_q5_k()?),
+        DType::Q6_K => WeightData::Q6_K(view.as_q6_k()?),
     };
     Matrix::new(rows, cols, data).map_err(|source| RunnerError::Kernel {
         file: file.label().to_string(),
@@ -201,7 +198,8 @@ pub fn dequantize_row(m: &Matrix<'_>, row: usize, out: &mut [f32]) {
     assert!(row < m.rows, "row {row} of a {}-row matrix", m.rows);
     assert_eq!(out.len(), cols, "output length");
     let range = row * cols..(row + 1) * cols;
-    let blocks = row * (cols / QK)..(row + 1) * (cols / QK);
+    let per_row = cols / m.data.block_len();
+    let blocks = row * per_row..(row + 1) * per_row;
     match m.data {
         WeightData::F32(d) => out.copy_from_slice(&d[range]),
         WeightData::F16(d) => out
@@ -214,6 +212,11 @@ pub fn dequantize_row(m: &Matrix<'_>, row: usize, out: &mut [f32]) {
             .for_each(|(o, w)| *o = w.to_f32()),
         WeightData::Q8_0(d) => kiln_format::blocks::dequantize_row_q8_0(&d[blocks], out),
         WeightData::Q4_0(d) => kiln_format::blocks::dequantize_row_q4_0(&d[blocks], out),
+        WeightData::Q5_0(d) => kiln_format::q5::dequantize_row_q5_0(&d[blocks], out),
+        WeightData::Q5_1(d) => kiln_format::q5::dequantize_row_q5_1(&d[blocks], out),
+        WeightData::Q4_K(d) => kiln_format::kquants::dequantize_row_q4_k(&d[blocks], out),
+        WeightData::Q5_K(d) => kiln_format::kquants::dequantize_row_q5_k(&d[blocks], out),
+        WeightData::Q6_K(d) => kiln_format::kquants::dequantize_row_q6_k(&d[blocks], out),
         WeightData::Q4_0x16(d) => {
             // Block b of the row is row `row % 16` of group `(row / 16)·nb + b`.
             let nb = cols / QK;

@@ -23,11 +23,13 @@ use kiln_runner::Tokenizer;
 const F32_ACTIVATION_REL_MAX_ERR: f32 = 1e-5;
 /// Smallest cosine similarity of kiln's and transformers' logits for any token, at f32.
 const F32_LOGITS_MIN_COSINE: f64 = 0.999_999;
-/// The same bounds for the default import (K-quants and Q5_0 dequantized to f16, Q8_0 kept):
-/// f16 rounding of the dequantized weights and Q8_0 activations move the numbers, not the
-/// tokens.
+/// The same bounds for the default import (Q4_K, Q6_K, Q5_0 and Q8_0 kept as they are, the
+/// matrices run by the K-quant kernels): the Q8_0/Q8_K activations every product quantizes to
+/// (as llama.cpp does) move the numbers, not the tokens. Measured: worst activation error
+/// 7.0e-2 (a layer-17 norm output), logits cosine 0.99691 (with every matrix dequantized to
+/// f16 and only the Q8_0 ones taking quantized activations, the cosine was above 0.9995).
 const DEFAULT_ACTIVATION_REL_MAX_ERR: f32 = 8e-2;
-const DEFAULT_LOGITS_MIN_COSINE: f64 = 0.9995;
+const DEFAULT_LOGITS_MIN_COSINE: f64 = 0.995;
 
 fn gguf() -> PathBuf {
     let p = root().join("target/cache/gemma3/gemma-3-270m-q4_k_m.gguf");

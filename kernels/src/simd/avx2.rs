@@ -497,6 +497,7 @@ pub(crate) fn table() -> &'static Kernels {
         group_q4_0x16: Some(group_q4_0x16),
         lanes: Some(lanes_tile),
         lanes_wide_only: true,
+        kq: super::kquant_x86::AVX2_TILES,
         ..table_for(Isa::Avx2)
     })
 }

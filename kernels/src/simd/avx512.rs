@@ -376,6 +376,7 @@ pub(crate) fn table() -> &'static Kernels {
         prepared_q4_0: Some(prepared::<BlockQ4_0>()),
         lanes: Some(lanes_tile),
         group_q4_0x16: Some(group_q4_0x16),
+        kq: super::kquant_x86::AVX512_TILES,
         ..table_for(Isa::Avx512)
     })
 }

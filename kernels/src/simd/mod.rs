@@ -13,6 +13,9 @@
 //!   on each block's scale than on its dot).
 //! - [`avx2_convert`]: weight conversion (bf16 decoding, GGML's reference Q8_0/Q4_0
 //!   quantization with its round-trip statistics), shared by both x86 tiers.
+//! - [`kquant_x86`]: both x86 tiers' Q5_0, Q5_1 and K-quant block sums (exact integers, so
+//!   their tiles give the reference's bits); [`q5_x86`]: the Q5_0/Q5_1 tile, eight blocks'
+//!   terms in the lanes of one register.
 //! - [`avx512_group`], [`avx2_group`]: the one-token kernels for sixteen interleaved Q4_0
 //!   rows ([`crate::interleaved`]), a row per 32-bit lane.
 //!
@@ -41,8 +44,12 @@ pub(crate) mod avx512_lanes;
 pub(crate) mod avx512_pair;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod float;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod kquant_x86;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod q5_x86;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod quant;
 

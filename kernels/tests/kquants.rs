@@ -1,0 +1,467 @@
+//! Q5_0, Q5_1 and K-quant (Q4_K, Q5_K, Q6_K) products: every tier against the scalar reference,
+//! bit for bit (the integer sums are exact and the float order is the reference's), through
+//! one row's dot and through `matmul` for one token (decode) and many (prefill); and the
+//! reference itself against the format crate's dequantizers, which define the weights.
+//!
+//! Weight blocks are random bytes with random f16 scales (any byte pattern is a valid block),
+//! activations random floats quantized by the reference's rules.
+
+use half::f16;
+use kiln_format::kquants::{dequantize_row_q4_k, dequantize_row_q5_k, dequantize_row_q6_k};
+use kiln_format::q5::{dequantize_row_q5_0, dequantize_row_q5_1};
+use kiln_kernels::reference as r;
+use kiln_kernels::{
+    kernels, supported_isas, BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
+    BlockQ8_0, KernelError, Kernels, Matrix, Pool, WeightData, QK, QK_K,
+};
+use proptest::prelude::*;
+
+/// Relative error allowed between the reference dot and an f64 dot of the dequantized values,
+/// per summed term, relative to `Σ|w·x|`: the reference rounds each block's term a few times
+/// (scale products, the i32 → f32 conversion, the sum) and sums the blocks in f32.
+const DEQUANT_TERMS_TOL: f64 = 8.0 * f32::EPSILON as f64;
+
+fn tiers() -> Vec<&'static Kernels> {
+    supported_isas().into_iter().filter_map(kernels).collect()
+}
+
+/// A small deterministic generator (tests take a seed from proptest).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 16
+    }
+    fn bytes<const N: usize>(&mut self) -> [u8; N] {
+        std::array::from_fn(|_| self.next() as u8)
+    }
+    /// A scale: mostly small positive or negative values, sometimes zero.
+    fn scale(&mut self) -> f16 {
+        match self.next() % 8 {
+            0 => f16::ZERO,
+            k => {
+                let m = (self.next() % 1000) as f32 / 1000.0 + 0.01;
+                let sign = if k % 2 == 0 { -1.0 } else { 1.0 };
+                f16::from_f32(sign * m * 0.05)
+            }
+        }
+    }
+    fn floats(&mut self, n: usize, amp: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| ((self.next() % (1 << 24)) as f32 / (1u32 << 24) as f32 - 0.5) * 2.0 * amp)
+            .collect()
+    }
+}
+
+fn q5_0_blocks(g: &mut Rng, n: usize) -> Vec<BlockQ5_0> {
+    (0..n)
+        .map(|_| BlockQ5_0 {
+            d: g.scale(),
+            qh: g.bytes(),
+            qs: g.bytes(),
+        })
+        .collect()
+}
+
+fn q5_1_blocks(g: &mut Rng, n: usize) -> Vec<BlockQ5_1> {
+    (0..n)
+        .map(|_| BlockQ5_1 {
+            d: g.scale(),
+            m: g.scale(),
+            qh: g.bytes(),
+            qs: g.bytes(),
+        })
+        .collect()
+}
+
+fn q4_k_blocks(g: &mut Rng, n: usize) -> Vec<BlockQ4K> {
+    (0..n)
+        .map(|_| BlockQ4K {
+            d: g.scale(),
+            dmin: g.scale(),
+            scales: g.bytes(),
+            qs: g.bytes(),
+        })
+        .collect()
+}
+
+fn q5_k_blocks(g: &mut Rng, n: usize) -> Vec<BlockQ5K> {
+    (0..n)
+        .map(|_| BlockQ5K {
+            d: g.scale(),
+            dmin: g.scale(),
+            scales: g.bytes(),
+            qh: g.bytes(),
+            qs: g.bytes(),
+        })
+        .collect()
+}
+
+fn q6_k_blocks(g: &mut Rng, n: usize) -> Vec<BlockQ6K> {
+    (0..n)
+        .map(|_| {
+            let mut b = BlockQ6K {
+                ql: g.bytes(),
+                qh: g.bytes(),
+                scales: [0; 16],
+                d: g.scale(),
+            };
+            b.scales = g.bytes::<16>().map(|v| v as i8);
+            b
+        })
+        .collect()
+}
+
+fn q8_0_act(x: &[f32]) -> Vec<BlockQ8_0> {
+    let mut out = vec![bytemuck::Zeroable::zeroed(); x.len() / QK];
+    r::quantize_row_q8_0_act_ref(x, &mut out);
+    out
+}
+
+fn q8_k_act(x: &[f32]) -> Vec<BlockQ8K> {
+    let mut out = vec![bytemuck::Zeroable::zeroed(); x.len() / QK_K];
+    r::quantize_row_q8_k_act_ref(x, &mut out);
+    out
+}
+
+fn q8_0_values(x: &[BlockQ8_0]) -> Vec<f64> {
+    x.iter()
+        .flat_map(|b| b.qs.map(|q| f64::from(b.d.to_f32()) * f64::from(q)))
+        .collect()
+}
+
+fn q8_k_values(x: &[BlockQ8K]) -> Vec<f64> {
+    x.iter()
+        .flat_map(|b| b.qs.map(|q| f64::from(b.d) * f64::from(q)))
+        .collect()
+}
+
+/// `got` within `DEQUANT_TERMS_TOL · n · Σ|w·x|` of `Σ w·x` in f64.
+fn close_to_dequantized(got: f32, w: &[f32], x: &[f64], what: &str) {
+    let exact: f64 = w.iter().zip(x).map(|(&w, &x)| f64::from(w) * x).sum();
+    let abs: f64 = w
+        .iter()
+        .zip(x)
+        .map(|(&w, &x)| (f64::from(w) * x).abs())
+        .sum();
+    let tol = DEQUANT_TERMS_TOL * w.len() as f64 * abs + 1e-30;
+    assert!(
+        (f64::from(got) - exact).abs() <= tol,
+        "{what}: reference {got}, dequantized dot {exact}, tol {tol}"
+    );
+}
+
+fn same_bits(got: f32, want: f32, what: &str) {
+    assert_eq!(
+        got.to_bits(),
+        want.to_bits(),
+        "{what}: got {got}, reference {want}"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The reference's integer decompositions (codes, scales, mins through the block sums,
+    /// Q6_K's offset, Q5_1's minimum through the activation sum) agree with the format crate's
+    /// dequantizers.
+    #[test]
+    fn reference_dots_match_dequantized_weights(nb in 1usize..6, seed in any::<u64>()) {
+        let mut g = Rng(seed);
+        let x32 = g.floats(nb * QK_K, 4.0);
+        let xq = q8_0_act(&x32);
+        let xk = q8_k_act(&x32);
+        let (v8, vk) = (q8_0_values(&xq), q8_k_values(&xk));
+        let n32 = nb * QK_K / QK;
+        let mut w = vec![0f32; nb * QK_K];
+
+        let b = q5_0_blocks(&mut g, n32);
+        dequantize_row_q5_0(&b, &mut w);
+        close_to_dequantized(r::dot_q5_0_q8_0_ref(&b, &xq), &w, &v8, "q5_0");
+        let b = q5_1_blocks(&mut g, n32);
+        dequantize_row_q5_1(&b, &mut w);
+        close_to_dequantized(r::dot_q5_1_q8_0_ref(&b, &xq), &w, &v8, "q5_1");
+        let b = q4_k_blocks(&mut g, nb);
+        dequantize_row_q4_k(&b, &mut w);
+        close_to_dequantized(r::dot_q4_k_q8_k_ref(&b, &xk), &w, &vk, "q4_k");
+        let b = q5_k_blocks(&mut g, nb);
+        dequantize_row_q5_k(&b, &mut w);
+        close_to_dequantized(r::dot_q5_k_q8_k_ref(&b, &xk), &w, &vk, "q5_k");
+        let b = q6_k_blocks(&mut g, nb);
+        dequantize_row_q6_k(&b, &mut w);
+        close_to_dequantized(r::dot_q6_k_q8_k_ref(&b, &xk), &w, &vk, "q6_k");
+    }
+
+    /// Every tier's one-row dot gives the reference's bits, for block counts around the eight
+    /// accumulators (1..=19 blocks), activations of any magnitude.
+    #[test]
+    fn every_tier_dot_equals_reference_bits(
+        nb in 1usize..20,
+        amp in prop::sample::select(vec![1e-3f32, 1.0, 100.0]),
+        seed in any::<u64>(),
+    ) {
+        let mut g = Rng(seed);
+        let x32 = g.floats(nb * QK_K, amp);
+        let xq = q8_0_act(&x32);
+        let xk = q8_k_act(&x32);
+        let n32 = nb * QK_K / QK;
+        let (b50, b51) = (q5_0_blocks(&mut g, n32), q5_1_blocks(&mut g, n32));
+        let (b4k, b5k, b6k) = (q4_k_blocks(&mut g, nb), q5_k_blocks(&mut g, nb), q6_k_blocks(&mut g, nb));
+        // Q5_0/Q5_1 also at block counts that are not multiples of eight.
+        let m = (n32 - 1).min(nb * 3 + 1);
+        for k in tiers() {
+            let isa = k.isa();
+            same_bits(k.dot_q5_0_q8_0(&b50, &xq), r::dot_q5_0_q8_0_ref(&b50, &xq), &format!("q5_0 {isa:?}"));
+            same_bits(k.dot_q5_0_q8_0(&b50[..m], &xq[..m]), r::dot_q5_0_q8_0_ref(&b50[..m], &xq[..m]), &format!("q5_0 {m} blocks {isa:?}"));
+            same_bits(k.dot_q5_1_q8_0(&b51, &xq), r::dot_q5_1_q8_0_ref(&b51, &xq), &format!("q5_1 {isa:?}"));
+            same_bits(k.dot_q5_1_q8_0(&b51[..m], &xq[..m]), r::dot_q5_1_q8_0_ref(&b51[..m], &xq[..m]), &format!("q5_1 {m} blocks {isa:?}"));
+            same_bits(k.dot_q4_k_q8_k(&b4k, &xk), r::dot_q4_k_q8_k_ref(&b4k, &xk), &format!("q4_k {isa:?}"));
+            same_bits(k.dot_q5_k_q8_k(&b5k, &xk), r::dot_q5_k_q8_k_ref(&b5k, &xk), &format!("q5_k {isa:?}"));
+            same_bits(k.dot_q6_k_q8_k(&b6k, &xk), r::dot_q6_k_q8_k_ref(&b6k, &xk), &format!("q6_k {isa:?}"));
+        }
+    }
+}
+
+/// Extreme blocks: every code and scale at its largest (and Q6_K's scales at −128), activations
+/// at ±127 — the sums that would overflow a narrower accumulator or saturate a 16-bit pair.
+#[test]
+fn extreme_blocks_give_reference_bits() {
+    let x: Vec<f32> = (0..2 * QK_K)
+        .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
+        .collect();
+    let (xq, xk) = (q8_0_act(&x), q8_k_act(&x));
+    let one = f16::from_f32(1.0);
+    let b50 = vec![
+        BlockQ5_0 {
+            d: one,
+            qh: [0xff; 4],
+            qs: [0xff; 16]
+        };
+        16
+    ];
+    let b51 = vec![
+        BlockQ5_1 {
+            d: one,
+            m: one,
+            qh: [0xff; 4],
+            qs: [0xff; 16]
+        };
+        16
+    ];
+    let b4k = vec![
+        BlockQ4K {
+            d: one,
+            dmin: one,
+            scales: [0xff; 12],
+            qs: [0xff; 128]
+        };
+        2
+    ];
+    let b5k = vec![
+        BlockQ5K {
+            d: one,
+            dmin: one,
+            scales: [0xff; 12],
+            qh: [0xff; 32],
+            qs: [0xff; 128]
+        };
+        2
+    ];
+    for (ql, qh, sc) in [(0xff, 0xff, 127i8), (0x00, 0x00, -128), (0xff, 0xff, -128)] {
+        let b6k = vec![
+            BlockQ6K {
+                ql: [ql; 128],
+                qh: [qh; 64],
+                scales: [sc; 16],
+                d: one
+            };
+            2
+        ];
+        for k in tiers() {
+            let isa = k.isa();
+            same_bits(
+                k.dot_q6_k_q8_k(&b6k, &xk),
+                r::dot_q6_k_q8_k_ref(&b6k, &xk),
+                &format!("q6_k {ql:#x} {sc} {isa:?}"),
+            );
+        }
+    }
+    for k in tiers() {
+        let isa = k.isa();
+        same_bits(
+            k.dot_q5_0_q8_0(&b50, &xq),
+            r::dot_q5_0_q8_0_ref(&b50, &xq),
+            &format!("q5_0 {isa:?}"),
+        );
+        same_bits(
+            k.dot_q5_1_q8_0(&b51, &xq),
+            r::dot_q5_1_q8_0_ref(&b51, &xq),
+            &format!("q5_1 {isa:?}"),
+        );
+        same_bits(
+            k.dot_q4_k_q8_k(&b4k, &xk),
+            r::dot_q4_k_q8_k_ref(&b4k, &xk),
+            &format!("q4_k {isa:?}"),
+        );
+        same_bits(
+            k.dot_q5_k_q8_k(&b5k, &xk),
+            r::dot_q5_k_q8_k_ref(&b5k, &xk),
+            &format!("q5_k {isa:?}"),
+        );
+    }
+}
+
+/// Blocks of one encoding for a `rows × cols` matrix.
+enum Owned {
+    Q5_0(Vec<BlockQ5_0>),
+    Q5_1(Vec<BlockQ5_1>),
+    Q4K(Vec<BlockQ4K>),
+    Q5K(Vec<BlockQ5K>),
+    Q6K(Vec<BlockQ6K>),
+}
+
+impl Owned {
+    fn all(g: &mut Rng, rows: usize, cols: usize) -> Vec<Owned> {
+        let (n32, nk) = (rows * cols / QK, rows * cols / QK_K);
+        vec![
+            Owned::Q5_0(q5_0_blocks(g, n32)),
+            Owned::Q5_1(q5_1_blocks(g, n32)),
+            Owned::Q4K(q4_k_blocks(g, nk)),
+            Owned::Q5K(q5_k_blocks(g, nk)),
+            Owned::Q6K(q6_k_blocks(g, nk)),
+        ]
+    }
+
+    fn data(&self) -> WeightData<'_> {
+        match self {
+            Owned::Q5_0(b) => WeightData::Q5_0(b),
+            Owned::Q5_1(b) => WeightData::Q5_1(b),
+            Owned::Q4K(b) => WeightData::Q4_K(b),
+            Owned::Q5K(b) => WeightData::Q5_K(b),
+            Owned::Q6K(b) => WeightData::Q6_K(b),
+        }
+    }
+
+    /// The reference dot of row `r` (`cols` wide) with token activations `x`.
+    fn ref_dot(&self, r: usize, cols: usize, x: &[f32]) -> f32 {
+        let (n32, nk) = (cols / QK, cols / QK_K);
+        match self {
+            Owned::Q5_0(b) => r::dot_q5_0_q8_0_ref(&b[r * n32..(r + 1) * n32], &q8_0_act(x)),
+            Owned::Q5_1(b) => r::dot_q5_1_q8_0_ref(&b[r * n32..(r + 1) * n32], &q8_0_act(x)),
+            Owned::Q4K(b) => r::dot_q4_k_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
+            Owned::Q5K(b) => r::dot_q5_k_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
+            Owned::Q6K(b) => r::dot_q6_k_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
+        }
+    }
+}
+
+/// `matmul` at every tier, with 1 and 2 threads, gives the reference dot of every (row, token)
+/// bit for bit, and `matmul_many` over several matrices the same.
+fn check_matmul(rows: usize, cols: usize, n_tokens: usize, seed: u64) {
+    let mut g = Rng(seed);
+    let x = g.floats(n_tokens * cols, 3.0);
+    let all = Owned::all(&mut g, rows, cols);
+    let pools = [Pool::new(1).unwrap(), Pool::new(2).unwrap()];
+    for w in &all {
+        let m = Matrix::new(rows, cols, w.data()).unwrap();
+        let name = w.data().dtype_name();
+        let want: Vec<f32> = (0..n_tokens)
+            .flat_map(|t| {
+                let xt = &x[t * cols..(t + 1) * cols];
+                (0..rows).map(move |r| w.ref_dot(r, cols, xt))
+            })
+            .collect();
+        for k in tiers() {
+            for pool in &pools {
+                let mut out = vec![f32::NAN; n_tokens * rows];
+                k.matmul(&m, &x, n_tokens, &mut out, pool);
+                for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
+                    same_bits(
+                        got,
+                        want,
+                        &format!(
+                            "{name} {rows}×{cols}, {n_tokens} tokens, token {} row {}, {:?}, {} threads",
+                            i / rows,
+                            i % rows,
+                            k.isa(),
+                            pool.threads()
+                        ),
+                    );
+                }
+                let (mut a, mut b) = (vec![0.0; n_tokens * rows], vec![0.0; n_tokens * rows]);
+                k.matmul_many(&[&m, &m], &x, n_tokens, &mut [&mut a, &mut b], pool);
+                assert!(a.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()));
+                assert!(b.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()));
+            }
+        }
+    }
+}
+
+#[test]
+fn matvec_and_prefill_shapes() {
+    for (rows, cols, n) in [
+        (1, 256, 1),
+        (5, 512, 1),
+        (16, 256, 1),
+        (33, 768, 1),
+        (7, 256, 2),
+        (20, 512, 3),
+        (17, 256, 4),
+        (9, 256, 9),
+        (40, 512, 17),
+    ] {
+        check_matmul(rows, cols, n, (rows * 1000 + cols + n) as u64);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+    #[test]
+    fn random_matmul_shapes_give_reference_bits(
+        rows in 1usize..40,
+        blocks in 1usize..4,
+        n_tokens in 1usize..12,
+        seed in any::<u64>(),
+    ) {
+        check_matmul(rows, blocks * QK_K, n_tokens, seed);
+    }
+}
+
+#[test]
+fn matrix_new_rejects_partial_blocks() {
+    let k = vec![bytemuck::Zeroable::zeroed(); 4];
+    let e = Matrix::new(2, 576, WeightData::Q4_K(&k)).unwrap_err();
+    assert_eq!(
+        e,
+        KernelError::ColsNotBlockLenMultiple {
+            dtype: "q4_k",
+            cols: 576,
+            block: 256
+        }
+    );
+    assert!(e.to_string().contains("576 columns"), "{e}");
+    let q5 = vec![bytemuck::Zeroable::zeroed(); 4];
+    let e = Matrix::new(2, 48, WeightData::Q5_0(&q5)).unwrap_err();
+    assert!(matches!(
+        e,
+        KernelError::ColsNotBlockLenMultiple { block: 32, .. }
+    ));
+    let e = Matrix::new(
+        3,
+        256,
+        WeightData::Q6_K(&vec![bytemuck::Zeroable::zeroed(); 2]),
+    )
+    .unwrap_err();
+    assert!(matches!(
+        e,
+        KernelError::LengthMismatch {
+            expected: 3,
+            found: 2,
+            ..
+        }
+    ));
+}
