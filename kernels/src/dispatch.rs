@@ -291,13 +291,14 @@ impl Kernels {
     /// Whether this tier multiplies weights of encoding `w` by batches of
     /// [`crate::LANES_MIN_TOKENS`] tokens or more (or [`crate::INTERLEAVED_LANES_MIN_TOKENS`]
     /// for `q4_0x16`) through its block lanes kernel, whose every result is the scalar
-    /// reference's bits: Q8_0, Q4_0 and `q4_0x16` at AVX-512, Q8_0 at AVX2.
+    /// reference's bits: Q8_0, Q4_0, `q4_0x16` and Q5_0 at AVX-512, Q8_0 at AVX2.
     pub fn has_lanes(&self, w: &crate::WeightData) -> bool {
         use crate::lanes::LaneWeight;
         use crate::WeightData as D;
         let offset = match w {
             D::Q8_0(_) => kiln_format::BlockQ8_0::OFFSET,
             D::Q4_0(_) | D::Q4_0x16(_) => kiln_format::BlockQ4_0::OFFSET,
+            D::Q5_0(_) => kiln_format::BlockQ5_0::OFFSET,
             _ => return false,
         };
         self.lanes.is_some() && (!self.lanes_wide_only || offset > 127)
