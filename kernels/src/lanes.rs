@@ -166,6 +166,24 @@ impl LaneWeight for kiln_format::BlockQ5_0 {
     }
 }
 
+/// Check the lengths a block lanes kernel relies on: every row's codes hold `32 · nb` bytes
+/// and its scales `nb`, for the `nb` blocks of `x0` (and of `x1`, if given). The safe wrappers
+/// of the SIMD tiers call this before their `unsafe` kernel calls.
+pub(crate) fn check_lanes_tile(
+    codes: &[&[u8]; TILE_ROWS],
+    dw: &[&[f32]; TILE_ROWS],
+    x0: &[LaneBlock],
+    x1: Option<&[LaneBlock]>,
+) {
+    let nb = x0.len();
+    assert!(
+        codes.iter().all(|c| c.len() == 32 * nb)
+            && dw.iter().all(|d| d.len() == nb)
+            && x1.is_none_or(|x1| x1.len() == nb),
+        "lanes tile: row length mismatch"
+    );
+}
+
 /// Unpack one weight row into `codes` (32 bytes per block) and `dw` (one scale per block).
 pub(crate) fn unpack_row<W: LaneWeight>(row: &[W], codes: &mut [u8], dw: &mut [f32]) {
     for ((w, c), d) in row

@@ -473,13 +473,7 @@ fn lanes_tile(
     x1: Option<&[crate::lanes::LaneBlock]>,
     acc: &mut crate::lanes::LanesAcc,
 ) {
-    let nb = x0.len();
-    assert!(
-        codes.iter().all(|c| c.len() == 32 * nb)
-            && dw.iter().all(|d| d.len() == nb)
-            && x1.is_none_or(|x1| x1.len() == nb),
-        "lanes tile: row length mismatch"
-    );
+    crate::lanes::check_lanes_tile(codes, dw, x0, x1);
     // SAFETY: this tier's table, the only way here, is handed out only when the CPU has the
     // tier's features (`crate::kernels`); lengths checked.
     unsafe {

@@ -335,13 +335,7 @@ fn lanes_tile(
     x1: Option<&[LaneBlock]>,
     acc: &mut LanesAcc,
 ) {
-    let nb = x0.len();
-    assert!(
-        codes.iter().all(|c| c.len() == 32 * nb)
-            && dw.iter().all(|d| d.len() == nb)
-            && x1.is_none_or(|x1| x1.len() == nb),
-        "lanes tile: row length mismatch"
-    );
+    crate::lanes::check_lanes_tile(codes, dw, x0, x1);
     // SAFETY: features supported (see above); lengths checked.
     unsafe {
         match x1 {
