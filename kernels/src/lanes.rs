@@ -169,6 +169,7 @@ impl LaneWeight for kiln_format::BlockQ5_0 {
 /// Check the lengths a block lanes kernel relies on: every row's codes hold `32 · nb` bytes
 /// and its scales `nb`, for the `nb` blocks of `x0` (and of `x1`, if given). The safe wrappers
 /// of the SIMD tiers call this before their `unsafe` kernel calls.
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn check_lanes_tile(
     codes: &[&[u8]; TILE_ROWS],
     dw: &[&[f32]; TILE_ROWS],
