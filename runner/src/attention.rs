@@ -17,6 +17,10 @@
 //! cache's own encoding (f16 or Q8_0 keys are never widened to memory); values are widened a
 //! block at a time into a buffer that stays in L1.
 //!
+//! A sliding layer's keys may live in a ring ([`crate::kv_cache`]): position `p` is row
+//! `p mod capacity`, and a block of keys is cut where the ring wraps, so that each block is
+//! still one contiguous matrix.
+//!
 //! Items are independent and spread over the pool. A call with few of them (decoding one
 //! token, or a short batch, over a deep cache) splits each tile's keys into spans of
 //! [`KEY_SPAN`], whose partial results are merged afterwards in a fixed order: many threads
@@ -147,6 +151,10 @@ pub fn attention(
     let n = q.len() / q_dim;
     let group = shape.group();
     assert_eq!(out.len(), q.len(), "attention: output length");
+    assert!(
+        n <= cache.batch_limit(layer),
+        "attention: {n} queries overrun layer {layer}'s ring"
+    );
 
     // Cut the work: (head, tile) in order, each tile's keys in spans when items are few.
     let tiles = n.div_ceil(QUERY_TILE);
@@ -249,15 +257,21 @@ fn run_item(
     it.l.resize(rows, 0.0);
     it.o.clear();
     it.o.resize(rows * hd, 0.0);
-    let (k, v) = cache.head(layer, it.g, it.k1);
-    for j0 in (it.k0..it.k1).step_by(KEY_BLOCK) {
-        let j1 = (j0 + KEY_BLOCK).min(it.k1);
+    let (k, v) = cache.head(layer, it.g);
+    // Position p is row p mod cap: a block never crosses the end of a ring (a layer that
+    // keeps every position never reaches it, so its blocks are the plain KEY_BLOCK cut).
+    let cap = cache.capacity(layer);
+    let mut j1 = it.k0;
+    while j1 < it.k1 {
+        let j0 = j1;
+        j1 = (j0 + KEY_BLOCK).min(it.k1).min((j0 / cap + 1) * cap);
         let kb = j1 - j0;
+        let (r0, r1) = (j0 % cap, j0 % cap + kb);
         // attn_weights = q·kᵀ · scaling, in the cache's encoding
         b.s.resize(rows * kb, 0.0);
         scores(
             &b.q,
-            &k.slice(j0, j1, hd).matrix(hd),
+            &k.slice(r0, r1, hd).matrix(hd),
             shape.scale,
             &mut b.s,
             one,
@@ -293,7 +307,7 @@ fn run_item(
         // o += P·V, the rows sharing every load of a value row (f16 values widened in
         // registers, Q8_0 ones a block at a time into a buffer that stays in L1)
         b.pv.resize(rows * hd, 0.0);
-        match v.slice(j0, j1, hd) {
+        match v.slice(r0, r1, hd) {
             KvRows::F32(d) => weighted_sum(&b.s, kb, d, hd, &mut b.pv),
             KvRows::F16(d) => weighted_sum_f16(&b.s, kb, d, hd, &mut b.pv),
             vs @ KvRows::Q8_0(_) => {
@@ -423,12 +437,14 @@ mod tests {
             vec![0f32; len * kv_heads * hd],
             vec![0f32; len * kv_heads * hd],
         ];
+        let cap = cache.capacity(layer);
         for g in 0..kv_heads {
-            let (k, v) = cache.head(layer, g, len);
+            let (k, v) = cache.head(layer, g);
             for (rows, dst) in [k, v].into_iter().zip(kv.iter_mut()) {
-                let mut f = vec![0f32; len * hd];
+                let mut f = vec![0f32; cap * hd];
                 rows.to_f32(&mut f);
-                for (t, row) in f.chunks_exact(hd).enumerate() {
+                for t in 0..len {
+                    let row = &f[t % cap * hd..][..hd];
                     dst[t * kv_heads * hd + g * hd..][..hd].copy_from_slice(row);
                 }
             }
@@ -546,6 +562,77 @@ mod tests {
             for (a, b) in one.iter().zip(&batch[t * 256..(t + 1) * 256]) {
                 assert!((a - b).abs() < 1e-5, "token {t}: {a} vs {b}");
             }
+        }
+    }
+
+    /// Sliding layers kept in rings of `window - 1 + batch` slots, fed `batch` tokens at a
+    /// time as a forward pass feeds them: the reference's result, with blocks cut where the
+    /// ring wraps, for windows shorter and longer than a key block, rings that wrap many
+    /// times, one-token steps and steps that fill the ring, on one thread and three.
+    #[test]
+    fn ring_caches_attend_as_the_whole_context_does() {
+        use crate::kv_cache::SlidingCache;
+        let cases = [
+            // heads, kv_heads, hd, window, pos0, n, batch
+            (2, 1, 16, 4, 6, 5, 1),
+            (6, 2, 4, 3, 0, 9, 2),
+            (4, 2, 16, 4, 0, 40, 3),
+            (4, 1, 32, 200, 300, 40, 16),
+            (8, 2, 32, 130, 250, 300, 7),
+            (4, 2, 32, 130, 700, 1, 1),
+            (4, 2, 32, 300, 0, 700, 64),
+        ];
+        for (heads, kv_heads, hd, w, pos0, n, batch) in cases {
+            let shape = AttnShape::new(heads, kv_heads, hd, Some(w));
+            let kv_dim = kv_heads * hd;
+            let q = data(n * heads * hd, 31);
+            let k = data((pos0 + n) * kv_dim, 32);
+            let v = data((pos0 + n) * kv_dim, 33);
+            let want = naive(shape, &q, &k, &v, pos0);
+            let ctx = pos0 + n + 3;
+            let ring = SlidingCache::Ring { batch };
+            let mut cache =
+                KvCache::with_windows(&[None, Some(w)], ring, ctx, kv_heads, hd, CacheType::F32)
+                    .unwrap();
+            assert_eq!(cache.capacity(0), ctx);
+            assert_eq!(cache.capacity(1), w - 1 + batch, "a ring");
+            assert_eq!(cache.batch_limit(1), batch);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            let (mut one, mut three) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+            let q_dim = heads * hd;
+            // The context before the queries, then the queries, `batch` positions a step.
+            let steps = (0..pos0)
+                .step_by(batch)
+                .map(|p| (p, (p + batch).min(pos0)))
+                .chain(
+                    (pos0..pos0 + n)
+                        .step_by(batch)
+                        .map(|p| (p, (p + batch).min(pos0 + n))),
+                );
+            for (p0, p1) in steps {
+                cache.write(
+                    1,
+                    p0,
+                    &k[p0 * kv_dim..p1 * kv_dim],
+                    &v[p0 * kv_dim..p1 * kv_dim],
+                );
+                cache.set_len(p1);
+                if p0 < pos0 {
+                    continue;
+                }
+                let qs = &q[(p0 - pos0) * q_dim..(p1 - pos0) * q_dim];
+                let got1 = run(shape, qs, &cache, p0, 1);
+                let got3 = run(shape, qs, &cache, p0, 3);
+                assert_eq!(bits(&got1), bits(&got3), "w {w} batch {batch} at {p0}");
+                one[(p0 - pos0) * q_dim..(p1 - pos0) * q_dim].copy_from_slice(&got1);
+                three[(p0 - pos0) * q_dim..(p1 - pos0) * q_dim].copy_from_slice(&got3);
+            }
+            let err = one
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(err < 1e-5, "w {w} pos0 {pos0} n {n} batch {batch}: {err}");
         }
     }
 }

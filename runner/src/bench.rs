@@ -123,10 +123,9 @@ pub fn bench(session: &mut Session<'_>, opts: &BenchOptions) -> Result<Vec<Bench
 const DEPTH_BATCH: usize = 512;
 
 /// Leave exactly `context` in the session's cache: rewind to it when the cache starts with it
-/// (every repetition after the first), otherwise run it as one unmeasured batch.
+/// (every repetition after the first) and still holds it whole, otherwise run it, unmeasured.
 fn at_depth(s: &mut Session<'_>, context: &[u32]) -> Result<()> {
-    if s.tokens().starts_with(context) {
-        s.rewind(context.len());
+    if s.tokens().starts_with(context) && s.rewind(context.len()) == context.len() {
         return Ok(());
     }
     s.reset();

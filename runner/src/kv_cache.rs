@@ -1,8 +1,19 @@
-//! The key/value cache: every layer's rotated keys and values for every position so far.
+//! The key/value cache: every layer's rotated keys and values for the positions attention can
+//! still read.
 //!
 //! Allocated once for the whole context window; generation never reallocates. Rewinding (to
 //! reuse a shared prefix between chat turns) only moves the length: positions past it are
 //! overwritten by the next forward pass.
+//!
+//! A sliding-window layer (Mistral, Gemma 3's local layers) never reads a key more than
+//! `window - 1` positions behind its query, so its keys and values live in a ring of
+//! `window - 1 + batch` positions instead of the whole context: position `p` is stored in slot
+//! `p mod capacity`, and a forward pass hands such a layer at most `batch` new tokens at a time
+//! ([`KvCache::batch_limit`]), so that writing them never overwrites a key one of them still
+//! reads. Gemma 3 270M at a 32k context keeps 15 of its 18 layers in rings of 1,023 positions
+//! instead of 32,768 (this is what llama.cpp's SWA cache does too). The price is in rewinding:
+//! a ring has forgotten old positions, so [`KvCache::truncate`] keeps only what is still whole
+//! and says how much that is. [`SlidingCache::Full`] keeps every position of every layer.
 //!
 //! The cache is stored in one of three [`CacheType`]s. At long contexts it is the largest thing
 //! a decode step reads besides the weights (a Llama-3.2-1B-shaped model at 4096 tokens holds
@@ -181,30 +192,92 @@ impl<'a> KvRows<'a> {
     }
 }
 
+/// How a session keeps the keys and values of sliding-window layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlidingCache {
+    /// A ring of `window - 1 + batch` positions per sliding layer (when that is less than the
+    /// context): a forward pass feeds such a layer `batch` tokens at a time.
+    Ring {
+        /// New tokens a sliding layer takes per step.
+        batch: usize,
+    },
+    /// Every position, as full-attention layers keep them: any rewind keeps its whole prefix
+    /// (`kiln-run --swa-full`).
+    Full,
+}
+
+/// Tokens a ring takes per step by default: the prefill batch of `kiln-run`
+/// ([`crate::generate::DEFAULT_PREFILL_BATCH`]), so that a prompt's batches are never cut again, and a
+/// benchmark's 512-token batch at a depth can always be rewound.
+pub const DEFAULT_RING_BATCH: usize = 512;
+
+impl Default for SlidingCache {
+    fn default() -> Self {
+        SlidingCache::Ring {
+            batch: DEFAULT_RING_BATCH,
+        }
+    }
+}
+
 /// Keys and values of `layers` layers for up to `ctx` positions.
 ///
-/// Head-major, so that one key/value head's rows `0..len` are one contiguous `(len, head_dim)`
-/// matrix that attention can hand to `matmul`.
+/// Head-major, so that one key/value head's stored rows are one contiguous `(capacity,
+/// head_dim)` matrix that attention can hand to `matmul` a block of positions at a time.
 #[derive(Debug)]
 pub struct KvCache {
-    layers: usize,
     ctx: usize,
     kv_heads: usize,
     head_dim: usize,
     ty: CacheType,
-    /// `(layers, kv_heads, ctx, head_dim)`, keys after rope.
+    /// Per layer: positions held (`ctx`, or a ring's capacity), and the window of a ring.
+    layers: Vec<LayerSlots>,
+    /// `(kv_heads, capacity, head_dim)` per layer, one after the other: keys after rope.
     k: Store,
-    /// `(layers, kv_heads, ctx, head_dim)`
+    /// The same for values.
     v: Store,
     /// Positions filled.
     len: usize,
+    /// One past the highest position written since the cache was last emptied: a ring's
+    /// slots hold every position from `written - capacity` on (rewinding does not lower it).
+    written: usize,
+}
+
+/// Where one layer's rows are.
+#[derive(Debug, Clone, Copy)]
+struct LayerSlots {
+    /// Value offset of the layer's first head.
+    base: usize,
+    /// Positions stored: `ctx`, or `window - 1 + batch` for a ring.
+    capacity: usize,
+    /// The window, for a ring.
+    ring_window: Option<usize>,
 }
 
 impl KvCache {
-    /// Allocate (zeroed) for `ctx` positions. A Q8_0 cache needs a head width that is a
-    /// multiple of 32; the size must fit in memory's address range.
+    /// Allocate (zeroed) `layers` layers of `ctx` positions each. A Q8_0 cache needs a head
+    /// width that is a multiple of 32; the size must fit in memory's address range.
     pub fn new(
         layers: usize,
+        ctx: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        ty: CacheType,
+    ) -> Result<KvCache> {
+        KvCache::with_windows(
+            &vec![None; layers],
+            SlidingCache::Full,
+            ctx,
+            kv_heads,
+            head_dim,
+            ty,
+        )
+    }
+
+    /// Allocate (zeroed) one layer per entry of `windows` (a layer's sliding window, if its
+    /// attention has one), sliding layers kept as `sliding` says.
+    pub fn with_windows(
+        windows: &[Option<usize>],
+        sliding: SlidingCache,
         ctx: usize,
         kv_heads: usize,
         head_dim: usize,
@@ -219,15 +292,36 @@ impl KvCache {
                 ),
             });
         }
-        let n = [layers, kv_heads, ctx, head_dim]
-            .into_iter()
-            .try_fold(1usize, usize::checked_mul)
-            // Keys and values at f32's 4 bytes, the widest type: so that `bytes` cannot overflow.
-            .filter(|&n| n.checked_mul(8).is_some_and(|b| b <= isize::MAX as usize))
-            .ok_or_else(|| RunnerError::InvalidArgument {
-                arg: "--ctx",
-                reason: format!("a KV cache of {ctx} positions does not fit in memory"),
-            })?;
+        let too_big = || RunnerError::InvalidArgument {
+            arg: "--ctx",
+            reason: format!("a KV cache of {ctx} positions does not fit in memory"),
+        };
+        let mut layers = Vec::with_capacity(windows.len());
+        let mut n = 0usize;
+        for &window in windows {
+            let ring = match (window, sliding) {
+                (Some(w), SlidingCache::Ring { batch }) => (w.max(1) - 1)
+                    .checked_add(batch.max(1))
+                    .filter(|&cap| cap < ctx)
+                    .map(|cap| (cap, w.max(1))),
+                _ => None,
+            };
+            let capacity = ring.map_or(ctx, |(cap, _)| cap);
+            layers.push(LayerSlots {
+                base: n,
+                capacity,
+                ring_window: ring.map(|(_, w)| w),
+            });
+            n = [kv_heads, capacity, head_dim]
+                .into_iter()
+                .try_fold(1usize, usize::checked_mul)
+                .and_then(|layer| n.checked_add(layer))
+                .ok_or_else(too_big)?;
+        }
+        // Keys and values at f32's 4 bytes, the widest type: so that `bytes` cannot overflow.
+        if n.checked_mul(8).is_none_or(|b| b > isize::MAX as usize) {
+            return Err(too_big());
+        }
         let refused = || RunnerError::InvalidArgument {
             arg: "--ctx",
             reason: format!(
@@ -237,14 +331,15 @@ impl KvCache {
             ),
         };
         Ok(KvCache {
-            layers,
             ctx,
             kv_heads,
             head_dim,
             ty,
+            layers,
             k: Store::new(ty, n).ok_or_else(refused)?,
             v: Store::new(ty, n).ok_or_else(refused)?,
             len: 0,
+            written: 0,
         })
     }
 
@@ -268,9 +363,35 @@ impl KvCache {
         self.len == 0
     }
 
-    /// Forget every position from `len` on.
-    pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
+    /// Positions `layer` stores: the context, or its ring's capacity.
+    pub fn capacity(&self, layer: usize) -> usize {
+        self.layers[layer].capacity
+    }
+
+    /// The most new tokens `layer` may be given in one step: a ring's capacity less the keys
+    /// its first query still reads (`window - 1`); unlimited for a layer that keeps every
+    /// position.
+    pub fn batch_limit(&self, layer: usize) -> usize {
+        let s = &self.layers[layer];
+        s.ring_window.map_or(usize::MAX, |w| s.capacity + 1 - w)
+    }
+
+    /// Forget every position from `len` on, and return how many are kept: `len` (or the
+    /// current length, if less), or 0 when a ring no longer holds a key that position `len`
+    /// would read (it was overwritten by a later position), and the prefix must be run again.
+    pub fn truncate(&mut self, len: usize) -> usize {
+        let len = len.min(self.len);
+        let whole = self.layers.iter().all(|s| match s.ring_window {
+            // The next query, at `len`, reads keys from `len + 1 - w`; slots hold every
+            // position from `written - capacity` on.
+            Some(w) => (len + 1).saturating_sub(w) + s.capacity >= self.written,
+            None => true,
+        });
+        self.len = if whole { len } else { 0 };
+        if self.len == 0 {
+            self.written = 0;
+        }
+        self.len
     }
 
     /// Mark positions below `len` as filled (after a forward pass wrote them).
@@ -285,39 +406,53 @@ impl KvCache {
 
     /// Bytes allocated.
     pub fn bytes(&self) -> usize {
-        2 * self
-            .ty
-            .bytes(self.layers * self.kv_heads * self.ctx * self.head_dim)
+        let values: usize = self
+            .layers
+            .iter()
+            .map(|s| self.kv_heads * s.capacity * self.head_dim)
+            .sum();
+        2 * self.ty.bytes(values)
     }
 
-    /// Value range of positions `from..to` of one head of one layer.
+    /// Value range of stored rows (slots) `from..to` of one head of one layer.
     fn range(&self, layer: usize, head: usize, from: usize, to: usize) -> std::ops::Range<usize> {
-        assert!(layer < self.layers && head < self.kv_heads && from <= to && to <= self.ctx);
-        let base = (layer * self.kv_heads + head) * self.ctx * self.head_dim;
+        let s = &self.layers[layer];
+        assert!(head < self.kv_heads && from <= to && to <= s.capacity);
+        let base = s.base + head * s.capacity * self.head_dim;
         base + from * self.head_dim..base + to * self.head_dim
     }
 
     /// Store `n` positions of keys and values (`(n, kv_heads*head_dim)` each, as the
     /// projections produce them) at `pos..pos+n` of `layer`, converted to the cache's type.
+    /// A ring layer takes at most [`KvCache::batch_limit`] positions at a time.
     pub fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
         let (hd, kv_dim) = (self.head_dim, self.kv_heads * self.head_dim);
         debug_assert_eq!(k.len(), v.len());
+        let n = k.len() / kv_dim;
+        assert!(
+            n <= self.batch_limit(layer) && pos + n <= self.ctx,
+            "kv cache: {n} positions at {pos} do not fit layer {layer}"
+        );
+        let cap = self.layers[layer].capacity;
         for (t, (kt, vt)) in k
             .chunks_exact(kv_dim)
             .zip(v.chunks_exact(kv_dim))
             .enumerate()
         {
+            let slot = (pos + t) % cap;
             for h in 0..self.kv_heads {
-                let at = self.range(layer, h, pos + t, pos + t + 1).start;
+                let at = self.range(layer, h, slot, slot + 1).start;
                 self.k.put(at, &kt[h * hd..(h + 1) * hd]);
                 self.v.put(at, &vt[h * hd..(h + 1) * hd]);
             }
         }
+        self.written = self.written.max(pos + n);
     }
 
-    /// Keys and values of positions `0..to` of one head of `layer`, `(to, head_dim)` each.
-    pub fn head(&self, layer: usize, head: usize, to: usize) -> (KvRows<'_>, KvRows<'_>) {
-        let r = self.range(layer, head, 0, to);
+    /// Keys and values of every slot of one head of `layer`, `(capacity, head_dim)` each:
+    /// position `p` is row `p mod capacity` ([`KvCache::capacity`]).
+    pub fn head(&self, layer: usize, head: usize) -> (KvRows<'_>, KvRows<'_>) {
+        let r = self.range(layer, head, 0, self.layers[layer].capacity);
         (self.k.rows(r.clone()), self.v.rows(r))
     }
 }
@@ -342,7 +477,7 @@ mod tests {
             c.write(1, 2, &k, &v);
             assert_eq!(c.bytes(), 2 * ty.bytes(layers * ctx * heads * hd));
             for h in 0..heads {
-                let (kr, vr) = c.head(1, h, 5);
+                let (kr, vr) = c.head(1, h);
                 let (mut kf, mut vf) = (vec![0.0; 5 * hd], vec![0.0; 5 * hd]);
                 kr.to_f32(&mut kf);
                 vr.to_f32(&mut vf);
@@ -363,6 +498,43 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A sliding layer gets a ring only when it is smaller than the context; the ring's
+    /// capacity, step and bytes follow; writes land at `position mod capacity`.
+    #[test]
+    fn rings_only_where_they_save_and_wrap_at_their_capacity() {
+        let windows = [Some(4), None, Some(100), Some(1)];
+        let ring = SlidingCache::Ring { batch: 8 };
+        let c = KvCache::with_windows(&windows, ring, 50, 2, 8, CacheType::F32).unwrap();
+        let caps: Vec<_> = (0..4).map(|l| c.capacity(l)).collect();
+        assert_eq!(caps, [11, 50, 50, 8]);
+        let limits: Vec<_> = (0..4).map(|l| c.batch_limit(l)).collect();
+        assert_eq!(limits, [8, usize::MAX, usize::MAX, 8]);
+        assert_eq!(c.bytes(), 2 * 4 * 2 * 8 * (11 + 50 + 50 + 8));
+        let full =
+            KvCache::with_windows(&windows, SlidingCache::Full, 50, 2, 8, CacheType::F32).unwrap();
+        assert!((0..4).all(|l| full.capacity(l) == 50));
+
+        let mut c = KvCache::with_windows(&[Some(4)], ring, 50, 1, 8, CacheType::F32).unwrap();
+        for p in 0..30 {
+            let k = vec![p as f32; 8];
+            c.write(0, p, &k, &k);
+        }
+        c.set_len(30);
+        let (k, _) = c.head(0, 0);
+        let mut f = vec![0f32; 11 * 8];
+        k.to_f32(&mut f);
+        // Slot s holds the last position ≡ s (mod 11) below 30.
+        for s in 0..11 {
+            let want = if s < 8 { 22 + s } else { 11 + s };
+            assert_eq!(f[s * 8], want as f32, "slot {s}");
+        }
+        // Position 29 reads keys 26..=28, all held; position 21 would read 18..=20, gone.
+        assert_eq!(c.truncate(29), 29);
+        assert_eq!(c.truncate(40), 29, "never grows");
+        assert_eq!(c.truncate(21), 0);
+        assert!(c.is_empty());
     }
 
     #[test]

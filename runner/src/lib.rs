@@ -38,7 +38,7 @@ pub use chat::{ChatTemplate, Message};
 pub use config::{open_model, open_model_verified, Config};
 pub use error::{Result, RunnerError};
 pub use generate::{generate, Conversation, GenerateOptions, Generation, StopReason};
-pub use kv_cache::CacheType;
+pub use kv_cache::{CacheType, SlidingCache};
 pub use model::{Logits, Model, Session};
 pub use observer::{Activation, Observer, Recorder};
 pub use sampler::{Sampler, SamplerConfig};

@@ -15,7 +15,8 @@ use kiln_runner::bench::{bench, BenchOptions, BenchResult};
 use kiln_runner::threads::{cap_notice, cap_threads, physical_cores};
 use kiln_runner::{
     generate, open_model_verified, CacheType, ChatTemplate, Conversation, GenerateOptions,
-    Generation, Model, Result, RunnerError, Sampler, SamplerConfig, Session, Tokenizer,
+    Generation, Model, Result, RunnerError, Sampler, SamplerConfig, Session, SlidingCache,
+    Tokenizer,
 };
 
 #[derive(Debug, Parser)]
@@ -53,6 +54,11 @@ struct RunArgs {
     /// (GGML's blocks, about a quarter; heads must be a multiple of 32 wide) or f32 (exact).
     #[arg(long = "cache-type", default_value_t = CacheType::F16)]
     cache_type: CacheType,
+    /// Keep every position of sliding-window layers in the KV cache, as full-attention layers
+    /// do, instead of a ring of `window - 1 + 512` positions: more memory, but any rewind
+    /// (a chat reusing an earlier turn) keeps its whole prefix instead of recomputing it.
+    #[arg(long)]
+    swa_full: bool,
     /// Skip checking every tensor's sha256 before running (for a file already verified, e.g.
     /// with `kiln-convert inspect --verify`).
     #[arg(long)]
@@ -159,6 +165,11 @@ struct BenchArgs {
     /// (GGML's blocks, about a quarter; heads must be a multiple of 32 wide) or f32 (exact).
     #[arg(long = "cache-type", default_value_t = CacheType::F16)]
     cache_type: CacheType,
+    /// Keep every position of sliding-window layers in the KV cache, as full-attention layers
+    /// do, instead of a ring of `window - 1 + 512` positions: more memory, but any rewind
+    /// (a chat reusing an earlier turn) keeps its whole prefix instead of recomputing it.
+    #[arg(long)]
+    swa_full: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -324,7 +335,16 @@ fn load(file: &KilnFile) -> Result<Loaded<'_>> {
 
 fn session<'m>(model: &'m Model<'m>, run: &RunArgs, threads: usize) -> Result<Session<'m>> {
     let ctx = run.ctx.unwrap_or_else(|| model.default_ctx());
-    model.session_with(ctx, threads, run.cache_type)
+    model.session_sliding(ctx, threads, run.cache_type, sliding(run.swa_full))
+}
+
+/// How sessions keep sliding-window layers: `--swa-full` keeps every position.
+fn sliding(full: bool) -> SlidingCache {
+    if full {
+        SlidingCache::Full
+    } else {
+        SlidingCache::default()
+    }
 }
 
 fn stdout_writer() -> impl FnMut(&str) -> Result<()> {
@@ -524,7 +544,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         })?;
     let mut results: Vec<BenchResult> = Vec::new();
     for &t in &threads {
-        let mut sess = model.session_with(ctx, t, a.cache_type)?;
+        let mut sess = model.session_sliding(ctx, t, a.cache_type, sliding(a.swa_full))?;
         for &depth in &a.depth {
             let opts = BenchOptions {
                 prompt_tokens: a.n_prompt,

@@ -19,7 +19,7 @@ use kiln_kernels::{axpy, gelu_tanh_mul, matmul, matmul_many, rmsnorm, silu_mul, 
 use crate::attention::{attention, AttnScratch, AttnShape};
 use crate::config::Config;
 use crate::error::{Result, RunnerError};
-use crate::kv_cache::{CacheType, KvCache};
+use crate::kv_cache::{CacheType, KvCache, SlidingCache};
 use crate::observer::{emit, wants, Activation, Observer};
 use crate::rope::{FactorSet, Rope};
 use crate::weights::{dequantize_row, Weights};
@@ -66,6 +66,18 @@ impl<'a> Model<'a> {
         cache: CacheType,
     ) -> Result<Session<'_>> {
         Session::new(self, ctx, threads, cache)
+    }
+
+    /// [`Model::session_with`], with sliding-window layers' keys and values kept as
+    /// `sliding` says (a ring by default, every position with [`SlidingCache::Full`]).
+    pub fn session_sliding(
+        &self,
+        ctx: usize,
+        threads: usize,
+        cache: CacheType,
+        sliding: SlidingCache,
+    ) -> Result<Session<'_>> {
+        Session::with_sliding(self, ctx, threads, cache, sliding)
     }
 }
 
@@ -146,12 +158,23 @@ pub struct Session<'m> {
 
 impl<'m> Session<'m> {
     /// Allocate a session for `ctx` positions on `threads` threads, its KV cache stored as
-    /// `cache`.
+    /// `cache` (sliding-window layers in rings).
     pub fn new(
         model: &'m Model<'m>,
         ctx: usize,
         threads: usize,
         cache: CacheType,
+    ) -> Result<Session<'m>> {
+        Session::with_sliding(model, ctx, threads, cache, SlidingCache::default())
+    }
+
+    /// [`Session::new`], sliding-window layers' keys and values kept as `sliding` says.
+    pub fn with_sliding(
+        model: &'m Model<'m>,
+        ctx: usize,
+        threads: usize,
+        cache: CacheType,
+        sliding: SlidingCache,
     ) -> Result<Session<'m>> {
         let c = &model.config;
         if ctx == 0 {
@@ -179,7 +202,14 @@ impl<'m> Session<'m> {
         Ok(Session {
             model,
             pool,
-            cache: KvCache::new(c.layers, ctx, c.kv_heads, c.head_dim, cache)?,
+            cache: KvCache::with_windows(
+                &(0..c.layers).map(|l| c.window(l)).collect::<Vec<_>>(),
+                sliding,
+                ctx,
+                c.kv_heads,
+                c.head_dim,
+                cache,
+            )?,
             rope: Rope::new(
                 c.rope_geometry(),
                 c.rope_theta,
@@ -239,10 +269,20 @@ impl<'m> Session<'m> {
         self.rewind(0);
     }
 
-    /// Keep only the first `len` cached tokens.
-    pub fn rewind(&mut self, len: usize) {
-        self.cache.truncate(len);
-        self.tokens.truncate(len);
+    /// Keep only the first `len` cached tokens, and return how many are kept: `len`, or 0
+    /// when a sliding layer's ring has already overwritten keys that position `len` would
+    /// read (see [`KvCache::truncate`]); the caller then runs the prefix again.
+    pub fn rewind(&mut self, len: usize) -> usize {
+        let kept = self.cache.truncate(len);
+        self.tokens.truncate(kept);
+        kept
+    }
+
+    /// Positions the KV cache holds in each layer: the context, or a sliding layer's ring.
+    pub fn cache_capacities(&self) -> Vec<usize> {
+        (0..self.model.config.layers)
+            .map(|l| self.cache.capacity(l))
+            .collect()
     }
 
     /// Keep the longest cached prefix of `ids`, returning its length: the caller then feeds
@@ -258,8 +298,7 @@ impl<'m> Session<'m> {
         if same == ids.len() {
             same = same.saturating_sub(1);
         }
-        self.rewind(same);
-        same
+        self.rewind(same)
     }
 
     /// Run `tokens` at positions `len()..len()+n` as one batch and return the requested
@@ -373,18 +412,29 @@ impl<'m> Session<'m> {
                 scale: c.attn_scale,
             };
             // key_states, value_states = past_key_values.update(...)
-            self.cache.write(l, pos0, &s.k, &s.v);
             // attn_output = eager_attention_forward(...)
-            attention(
-                shape,
-                &s.q,
-                &self.cache,
-                l,
-                pos0,
-                &mut s.att,
-                &mut s.attn,
-                pool,
-            );
+            // A ring takes its layer's tokens a step at a time: each step's keys are written
+            // after the previous step's queries have read the keys they overwrite.
+            let step = self.cache.batch_limit(l).min(n);
+            for t0 in (0..n).step_by(step) {
+                let t1 = (t0 + step).min(n);
+                self.cache.write(
+                    l,
+                    pos0 + t0,
+                    &s.k[t0 * kvd..t1 * kvd],
+                    &s.v[t0 * kvd..t1 * kvd],
+                );
+                attention(
+                    shape,
+                    &s.q[t0 * qd..t1 * qd],
+                    &self.cache,
+                    l,
+                    pos0 + t0,
+                    &mut s.att[t0 * qd..t1 * qd],
+                    &mut s.attn,
+                    pool,
+                );
+            }
             // attn_output = self.o_proj(attn_output)
             emit(&mut observer, arch, Activation::AttnOut(l), &s.att, qd);
             matmul(&lw.o, &s.att, n, &mut s.proj, pool);

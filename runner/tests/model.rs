@@ -363,3 +363,73 @@ fn generation_stops_at_the_context_end_and_rejects_longer_prompts() {
     let e = generate(&mut small, &tok, &ids, &opts, &mut sampler, &mut |_| Ok(())).unwrap_err();
     assert!(matches!(e, RunnerError::ContextOverflow { .. }), "{e}");
 }
+
+/// Gemma 3's sliding layers (window 4 in the tiny fixture) kept in rings of
+/// `window - 1 + batch` positions give the logits of a cache that keeps every position: in
+/// one long batch (which each ring layer takes `batch` tokens at a time), in uneven chunks and
+/// one token at a time; rewinding keeps a prefix the rings still hold and starts over when
+/// they have overwritten what it needs.
+#[test]
+fn sliding_layers_in_rings_match_the_whole_cache() {
+    use kiln_runner::{CacheType, SlidingCache};
+    let tmp = tempfile::tempdir().unwrap();
+    let f = KilnFile::open(tiny(tmp.path(), "gemma3-f32")).unwrap();
+    let model = Model::load(&f).unwrap();
+    let vocab = model.config.vocab;
+    let ids: Vec<u32> = (0..200u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 7) % vocab as u32)
+        .collect();
+    let ring = SlidingCache::Ring { batch: 8 };
+    let mut full = model
+        .session_sliding(256, 2, CacheType::F32, SlidingCache::Full)
+        .unwrap();
+    let want = full.forward(&ids, Logits::All, None).unwrap().to_vec();
+    let mut s = model.session_sliding(256, 2, CacheType::F32, ring).unwrap();
+    // Layers 0 and 1 slide (window 4): rings of 3 + 8 slots; layer 2 keeps all 256.
+    assert_eq!(s.cache_capacities(), [11, 11, 256]);
+    assert!(s.cache_bytes() < full.cache_bytes() / 2);
+    let got = s.forward(&ids, Logits::All, None).unwrap().to_vec();
+    let err = max_abs_error(&got, &want);
+    assert!(err <= BATCH_VS_SEQUENTIAL_MAX_ABS_ERR, "one batch: {err}");
+
+    s.reset();
+    let mut at = 0;
+    for (i, len) in [1usize, 37, 8, 9, 3, 100, 42].into_iter().enumerate() {
+        let chunk = &ids[at..at + len];
+        let which = if i % 2 == 0 {
+            Logits::All
+        } else {
+            Logits::Last
+        };
+        let got = s.forward(chunk, which, None).unwrap();
+        let rows = got.len() / vocab;
+        let want_rows = &want[(at + len - rows) * vocab..(at + len) * vocab];
+        let err = max_abs_error(got, want_rows);
+        assert!(
+            err <= BATCH_VS_SEQUENTIAL_MAX_ABS_ERR,
+            "chunk of {len} at {at}: {err}"
+        );
+        at += len;
+    }
+    assert_eq!(at, ids.len());
+
+    // A shallow rewind: the rings still hold the keys position 195 reads (192..195).
+    assert_eq!(s.rewind(195), 195);
+    let got = s.forward(&ids[195..], Logits::All, None).unwrap();
+    let err = max_abs_error(got, &want[195 * vocab..]);
+    assert!(
+        err <= BATCH_VS_SEQUENTIAL_MAX_ABS_ERR,
+        "after rewind: {err}"
+    );
+    // A deep one: positions 97..100 were overwritten long ago, so nothing is kept, and the
+    // conversation-style reuse starts from the beginning.
+    assert_eq!(s.rewind(100), 0);
+    assert!(s.tokens().is_empty());
+    s.forward(&ids, Logits::None, None).unwrap();
+    assert_eq!(s.reuse_prefix(&ids[..150]), 0);
+    let got = s.forward(&ids[..150], Logits::Last, None).unwrap();
+    let err = max_abs_error(got, &want[149 * vocab..150 * vocab]);
+    assert!(err <= BATCH_VS_SEQUENTIAL_MAX_ABS_ERR, "after reuse: {err}");
+    // With every position kept, a deep rewind keeps its prefix.
+    assert_eq!(full.rewind(100), 100);
+}
