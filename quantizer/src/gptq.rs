@@ -178,10 +178,17 @@ fn factor_ordered(h: &[f32], n: usize) -> Factor {
     }
 }
 
-/// Quantize `rows × cols` weights `w` (row-major) to `dtype` (Q4_0 or Q8_0) with error
-/// compensation through `f`; appends the blocks to `out` and returns the dequantized values.
+/// Whether [`quantize_matrix`] can write `dtype`.
+pub fn supports(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_0 | DType::Q8_0) || grid::supports(dtype)
+}
+
+/// Quantize `rows × cols` weights `w` (row-major) to `dtype` (Q4_0, Q8_0, Q5_0, Q5_1, Q4_K,
+/// Q5_K or Q6_K) with error compensation through `f`; appends the blocks to `out` and
+/// returns the dequantized values.
 ///
-/// The caller has checked that every value is finite and that `cols` is a multiple of 32.
+/// The caller has checked that every value is finite and that `cols` is a multiple of the
+/// type's block (256 for the K-quants).
 pub fn quantize_matrix(
     w: &[f32],
     cols: usize,
@@ -189,12 +196,12 @@ pub fn quantize_matrix(
     f: &Factor,
     out: &mut Vec<u8>,
 ) -> Vec<f32> {
-    assert!(matches!(dtype, DType::Q4_0 | DType::Q8_0), "a block type");
+    assert!(supports(dtype), "a block type");
     assert_eq!(f.n, cols, "the factor matches the columns");
-    assert_eq!(cols % QK, 0, "whole blocks");
+    assert_eq!(cols % dtype.block_len(), 0, "whole blocks");
     let rows = w.len() / cols;
     let block_bytes = dtype.block_bytes();
-    let row_bytes = cols / QK * block_bytes;
+    let row_bytes = cols / dtype.block_len() * block_bytes;
     let mut bytes = vec![0u8; rows * row_bytes];
     let mut deq = vec![0.0f32; rows * cols];
     bytes
@@ -203,10 +210,42 @@ pub fn quantize_matrix(
         .enumerate()
         .for_each(|(r, (rb, rd))| {
             let mut row = w[r * cols..(r + 1) * cols].to_vec();
-            quantize_row(&mut row, dtype, f, rb, rd);
+            if grid::supports(dtype) {
+                grid::quantize_row(&mut row, dtype, f, rb, rd);
+            } else {
+                quantize_row(&mut row, dtype, f, rb, rd);
+            }
         });
     out.extend_from_slice(&bytes);
     deq
+}
+
+/// The compensated rounding of one row onto fixed per-column grids: column `j`'s value is
+/// `grid(j, q)` for codes `q` in `0..=qmax[j]`; `codes` receives them. `row` is consumed.
+/// Returns nothing: `deq` receives each column's grid value.
+fn round_compensated(
+    row: &mut [f32],
+    f: &Factor,
+    codes: &mut [u8],
+    deq: &mut [f32],
+    nearest: impl Fn(usize, f32) -> (u8, f32),
+) {
+    let n = f.n;
+    let mut wp: Vec<f32> = f.order.iter().map(|&j| row[j]).collect();
+    for i in 0..n {
+        let j = f.order[i];
+        let (q, y) = nearest(j, wp[i]);
+        codes[j] = q;
+        deq[j] = y;
+        let e = (wp[i] - y) / f.u[i * n + i];
+        if e != 0.0 {
+            let u_row = &f.u[i * n + i + 1..(i + 1) * n];
+            for (v, &u) in wp[i + 1..].iter_mut().zip(u_row) {
+                *v -= e * u;
+            }
+        }
+    }
+    row.copy_from_slice(deq);
 }
 
 /// One row: `row` is consumed (it holds the compensated values as it goes).
@@ -255,6 +294,198 @@ fn quantize_row(row: &mut [f32], dtype: DType, f: &Factor, out: &mut [u8], deq: 
         let c: &[i32; QK] = codes[b * QK..(b + 1) * QK].try_into().expect("a block");
         let dst = &mut out[b * dtype.block_bytes()..(b + 1) * dtype.block_bytes()];
         write_block(dtype, scales[b], c, dst);
+    }
+}
+
+/// Compensated rounding for GGML's Q5 and K-quant layouts.
+///
+/// Every block's scales (and minimums, and for the K-quants the sub-block scales and the
+/// super-block scales that quantize them) are fitted first, by GGML's importance-weighted rule
+/// for the type (what `llama-quantize --imatrix` runs) with `H`'s diagonal as the importance,
+/// from the row's original values: the processing order visits a block's columns far apart,
+/// so its scales must be fixed before any of them is rounded. That leaves each column a fixed
+/// grid of values `a·(q + o) + b` over its codes `q` (`a` the sub-block's scale, `b` its
+/// offset), exactly as the type's dequantizer computes them; the compensated rounding then
+/// picks the codes, and the blocks are written back with them. The scales are what GGML's
+/// weighted rule gives; only the codes differ from its output.
+mod grid {
+    use super::{round_compensated, Factor};
+    use bytemuck::Pod;
+    use kiln_format::kquants::{
+        self, pack_q4_k_codes, pack_q5_k_codes, pack_q6_k_codes, scale_min_k4, QK_K,
+    };
+    use kiln_format::q5::{self, pack_q5_codes};
+    use kiln_format::{DType, QK};
+
+    /// The types this module writes.
+    pub(super) fn supports(dtype: DType) -> bool {
+        matches!(
+            dtype,
+            DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K
+        )
+    }
+
+    /// One column's grid: value `a·(q + off) + b` for codes `q` in `0..=max`, computed in the
+    /// dequantizer's order of operations.
+    #[derive(Clone, Copy)]
+    struct Col {
+        a: f32,
+        b: f32,
+        off: i32,
+        max: i32,
+    }
+
+    impl Col {
+        fn value(self, q: i32) -> f32 {
+            (q + self.off) as f32 * self.a + self.b
+        }
+
+        /// The code nearest `w` on this grid and its value.
+        fn nearest(self, w: f32) -> (u8, f32) {
+            let q = if self.a == 0.0 {
+                -self.off
+            } else {
+                ((w - self.b) / self.a).round() as i32 - self.off
+            }
+            .clamp(0, self.max);
+            (q as u8, self.value(q))
+        }
+    }
+
+    /// Fit the blocks, round compensated, and write the blocks with the new codes.
+    pub(super) fn quantize_row(
+        row: &mut [f32],
+        dtype: DType,
+        f: &Factor,
+        out: &mut [u8],
+        deq: &mut [f32],
+    ) {
+        let n = row.len();
+        let imp = &f.diag;
+        let mut cols = Vec::with_capacity(n);
+        let mut codes = vec![0u8; n];
+        let fitted = "a finite row of whole blocks, checked by the caller";
+        match dtype {
+            DType::Q5_0 => {
+                let mut blocks = q5::quantize_row_q5_0_weighted(row, imp).expect(fitted);
+                for b in &blocks {
+                    let a = b.d.to_f32();
+                    cols.extend(
+                        [Col {
+                            a,
+                            b: 0.0,
+                            off: -16,
+                            max: 31,
+                        }; QK],
+                    );
+                }
+                round_compensated(row, f, &mut codes, deq, |j, w| cols[j].nearest(w));
+                for (b, c) in blocks.iter_mut().zip(codes.chunks_exact(QK)) {
+                    (b.qh, b.qs) = pack_q5_codes(c.try_into().expect("a block"));
+                }
+                write(&blocks, out);
+            }
+            DType::Q5_1 => {
+                let mut blocks = q5::quantize_row_q5_1_weighted(row, imp).expect(fitted);
+                for b in &blocks {
+                    let (a, m) = (b.d.to_f32(), b.m.to_f32());
+                    cols.extend(
+                        [Col {
+                            a,
+                            b: m,
+                            off: 0,
+                            max: 31,
+                        }; QK],
+                    );
+                }
+                round_compensated(row, f, &mut codes, deq, |j, w| cols[j].nearest(w));
+                for (b, c) in blocks.iter_mut().zip(codes.chunks_exact(QK)) {
+                    (b.qh, b.qs) = pack_q5_codes(c.try_into().expect("a block"));
+                }
+                write(&blocks, out);
+            }
+            DType::Q4_K | DType::Q5_K => {
+                // Q4_K and Q5_K share the scale layout; only the code width differs.
+                let (max, params) = if dtype == DType::Q4_K {
+                    let b = kquants::quantize_row_q4_k_weighted(row, imp).expect(fitted);
+                    (
+                        15,
+                        b.iter()
+                            .map(|b| (b.d, b.dmin, b.scales))
+                            .collect::<Vec<_>>(),
+                    )
+                } else {
+                    let b = kquants::quantize_row_q5_k_weighted(row, imp).expect(fitted);
+                    (
+                        31,
+                        b.iter()
+                            .map(|b| (b.d, b.dmin, b.scales))
+                            .collect::<Vec<_>>(),
+                    )
+                };
+                for &(d, dmin, scales) in &params {
+                    for s in 0..QK_K / 32 {
+                        let (sc, m) = scale_min_k4(s, &scales);
+                        let a = d.to_f32() * f32::from(sc);
+                        let b = -(dmin.to_f32() * f32::from(m));
+                        cols.extend([Col { a, b, off: 0, max }; 32]);
+                    }
+                }
+                round_compensated(row, f, &mut codes, deq, |j, w| cols[j].nearest(w));
+                let blocks = params.iter().zip(codes.chunks_exact(QK_K));
+                if dtype == DType::Q4_K {
+                    let blocks: Vec<_> = blocks
+                        .map(|(&(d, dmin, scales), c)| kquants::BlockQ4K {
+                            d,
+                            dmin,
+                            scales,
+                            qs: pack_q4_k_codes(c.try_into().expect("a super-block")),
+                        })
+                        .collect();
+                    write(&blocks, out);
+                } else {
+                    let blocks: Vec<_> = blocks
+                        .map(|(&(d, dmin, scales), c)| {
+                            let (qh, qs) = pack_q5_k_codes(c.try_into().expect("a super-block"));
+                            kquants::BlockQ5K {
+                                d,
+                                dmin,
+                                scales,
+                                qh,
+                                qs,
+                            }
+                        })
+                        .collect();
+                    write(&blocks, out);
+                }
+            }
+            DType::Q6_K => {
+                let mut blocks = kquants::quantize_row_q6_k_weighted(row, imp).expect(fitted);
+                for b in &blocks {
+                    for &sc in &b.scales {
+                        let a = b.d.to_f32() * f32::from(sc);
+                        cols.extend(
+                            [Col {
+                                a,
+                                b: 0.0,
+                                off: -32,
+                                max: 63,
+                            }; 16],
+                        );
+                    }
+                }
+                round_compensated(row, f, &mut codes, deq, |j, w| cols[j].nearest(w));
+                for (b, c) in blocks.iter_mut().zip(codes.chunks_exact(QK_K)) {
+                    (b.ql, b.qh) = pack_q6_k_codes(c.try_into().expect("a super-block"));
+                }
+                write(&blocks, out);
+            }
+            other => unreachable!("{other} is not a grid type"),
+        }
+    }
+
+    fn write<B: Pod>(blocks: &[B], out: &mut [u8]) {
+        out.copy_from_slice(bytemuck::cast_slice(blocks));
     }
 }
 
@@ -401,6 +632,64 @@ mod tests {
             assert!(
                 e_gptq < 0.7 * e_ref,
                 "{dtype}: compensated {e_gptq} vs reference {e_ref}"
+            );
+        }
+    }
+
+    /// Q5_0, Q5_1 and the K-quants: the bytes decode to the values returned, and the output
+    /// error is well below that of GGML's importance-weighted rule (what the same blocks'
+    /// scales come from) with the same importance.
+    #[test]
+    fn compensated_rounding_in_q5_and_k_quant_layouts() {
+        let mut seed = 23u64;
+        let n = 256;
+        let rows = 12;
+        let x = inputs(1024, n, &mut seed);
+        let h = second_moment(&x, n);
+        let w: Vec<f32> = (0..rows * n).map(|_| rng(&mut seed) * 0.1).collect();
+        let f = factor(&h, n);
+        for dtype in [
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
+        ] {
+            let mut out = Vec::new();
+            let deq = quantize_matrix(&w, n, dtype, &f, &mut out);
+            assert_eq!(
+                out.len(),
+                rows * n / dtype.block_len() * dtype.block_bytes()
+            );
+            let mut back = vec![0.0f32; rows * n];
+            kiln_format::values::decode_rows_f32(dtype, n, &out, &mut back);
+            assert_eq!(back, deq, "{dtype}: the bytes hold the returned values");
+            let mut weighted = Vec::new();
+            let mut stats = crate::ErrorStats::default();
+            let imp: Vec<f32> = f.diag.clone();
+            crate::rows::convert_rows(
+                &w,
+                n,
+                dtype,
+                Method::Search,
+                Some(&imp),
+                &mut weighted,
+                &mut stats,
+            )
+            .unwrap();
+            let mut weighted_deq = vec![0.0f32; rows * n];
+            kiln_format::values::decode_rows_f32(dtype, n, &weighted, &mut weighted_deq);
+            let (e_gptq, e_weighted) = (
+                output_error(&w, &deq, &x, n),
+                output_error(&w, &weighted_deq, &x, n),
+            );
+            println!(
+                "{dtype}: compensated {e_gptq:.4e} weighted {e_weighted:.4e} ratio {:.3}",
+                e_gptq / e_weighted
+            );
+            assert!(
+                e_gptq < 0.8 * e_weighted,
+                "{dtype}: compensated {e_gptq} vs weighted {e_weighted}"
             );
         }
     }

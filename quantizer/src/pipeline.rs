@@ -513,7 +513,7 @@ impl Ctx<'_> {
 
     /// The site and second moment for error-compensating rounding of this tensor, if any.
     fn moment(&self, info: &TensorInfo, decision: &Decision) -> Option<(&str, &Arc<Vec<f32>>)> {
-        if !matches!(decision.dtype, DType::Q4_0 | DType::Q8_0) {
+        if !gptq::supports(decision.dtype) {
             return None;
         }
         let imp = self.calibration?;
