@@ -7,7 +7,8 @@
 //! - [`tokenizer`] maps `tokenizer.json` to `tokenizer.ggml.*` and back; [`rope`] reorders the
 //!   q/k rows between Hugging Face's and llama.cpp's rope layouts.
 //! - [`export`] writes a `.kiln` file as GGUF ([`export_gguf`]); [`import`] reads a GGUF file
-//!   into a `.kiln` file ([`import_gguf`]).
+//!   into a `.kiln` file ([`import_gguf`]); [`read_tokenizer`] rebuilds only the tokenizer
+//!   (vocabulary-only files too).
 
 pub mod dequant;
 pub mod export;
@@ -20,7 +21,7 @@ pub mod value;
 pub mod write;
 
 pub use export::{export_gguf, ExportOptions, ExportSummary};
-pub use import::{import_gguf, ImportOptions, ImportSummary};
+pub use import::{import_gguf, read_tokenizer, ImportOptions, ImportSummary};
 pub use read::{parse, GgufFile, GgufHeader, GgufTensor};
 pub use types::GgmlType;
 pub use value::{Array, Value};

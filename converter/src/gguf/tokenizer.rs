@@ -12,6 +12,11 @@
 //! blanks respelled); export writes a Gemma `tokenizer.json` back as scored tokens, each scoring
 //! minus the rank of the first merge that makes it, which llama.cpp's SentencePiece tokenizer
 //! joins in the same order.
+//!
+//! Other SentencePiece vocabularies (Llama 2, Mistral v0.1, Phi-3) are imported as the
+//! `tokenizer.json` transformers' `LlamaConverter` writes from the same model: BPE with byte
+//! fallback, merges ranked by the score of the token they make, `▁` prepended to the text
+//! (Hugging Face's "legacy" Llama tokenizer, which Phi-3's `tokenizer.json` is).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -396,7 +401,7 @@ fn wrong(file: &str, k: &str, v: &Value, want: &str) -> ConvertError {
     }
 }
 
-/// The two tokenizer families GGUF import rebuilds.
+/// The tokenizer families GGUF import rebuilds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flavour {
     /// `tokenizer.ggml.model = gpt2`: byte-level BPE, merges in the file.
@@ -404,6 +409,10 @@ enum Flavour {
     /// `tokenizer.ggml.model = llama` in a `gemma3` file: SentencePiece BPE with byte fallback,
     /// rebuilt as transformers' `GemmaTokenizer` is from the same file.
     Gemma,
+    /// `tokenizer.ggml.model = llama` in any other file (Llama 2, Mistral v0.1, Phi-3):
+    /// SentencePiece BPE with byte fallback, rebuilt as transformers' `LlamaConverter` writes
+    /// the `tokenizer.json` of the same model (merges ranked by score, `▁` prepended).
+    Llama,
 }
 
 /// The flavour of tokenizer a file describes, or why it cannot be rebuilt.
@@ -411,18 +420,22 @@ fn flavour(file: &str, model: &str, arch: &str) -> Result<Flavour> {
     match (model, arch) {
         ("gpt2", _) => Ok(Flavour::ByteLevel),
         ("llama", "gemma3") => Ok(Flavour::Gemma),
-        ("llama", _) => Err(unsupported(
+        // Gemma 1 and 2 spell and rank their vocabularies as Gemma 3 does, which only the
+        // `gemma3` rebuild has been checked against: a wrong id would go unnoticed.
+        ("llama", a) if a.starts_with("gemma") => Err(unsupported(
             file,
             format!(
-                "GGUF tokenizer model `llama` (SentencePiece) is rebuilt for `gemma3` files only; \
-                 this file's architecture is `{arch}` (convert its Hugging Face checkpoint instead)"
+                "GGUF tokenizer model `llama` (SentencePiece) of architecture `{arch}` is not \
+                 supported; Kiln rebuilds Gemma's vocabulary for `gemma3` files only \
+                 (convert the Hugging Face checkpoint instead)"
             ),
         )),
+        ("llama", _) => Ok(Flavour::Llama),
         _ => Err(unsupported(
             file,
             format!(
                 "GGUF tokenizer model `{model}` is not supported; Kiln imports byte-level BPE \
-                 (`gpt2`) tokenizers, and SentencePiece (`llama`) ones of `gemma3` files"
+                 (`gpt2`) and SentencePiece (`llama`) tokenizers"
             ),
         )),
     }
@@ -464,6 +477,48 @@ fn merges_from_vocab(tokens: &[String], vocab: &HashMap<&str, usize>) -> Vec<(St
     merges
 }
 
+/// The merges a SentencePiece vocabulary implies, ranked as transformers'
+/// `SentencePieceExtractor` ranks them for `LlamaConverter`: every split of a token into two
+/// pieces that are both tokens, ordered by the score of the token they make (best first; equal
+/// scores keep token order, Python's sort being stable), the splits of one token by the pieces'
+/// ids. Llama's scores follow its merge order except where a token was added by hand (`▁▁`
+/// scores -1e9 and must join last, or `" Hello"` would become `▁▁` `Hello`).
+fn merges_by_score(
+    tokens: &[String],
+    scores: &[f32],
+    vocab: &HashMap<&str, usize>,
+) -> Vec<(String, String)> {
+    let mut ranked: Vec<(f32, String, String)> = Vec::new();
+    for (t, &score) in tokens.iter().zip(scores) {
+        let mut local: Vec<(usize, usize, &str, &str)> = t
+            .char_indices()
+            .skip(1)
+            .filter_map(|(cut, _)| {
+                let (l, r) = t.split_at(cut);
+                Some((*vocab.get(l)?, *vocab.get(r)?, l, r))
+            })
+            .collect();
+        local.sort_by_key(|&(l, r, _, _)| (l, r));
+        ranked.extend(
+            local
+                .into_iter()
+                .map(|(_, _, l, r)| (score, l.to_string(), r.to_string())),
+        );
+    }
+    // Stable: ties keep the token order.
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
+    ranked.into_iter().map(|(_, l, r)| (l, r)).collect()
+}
+
+/// The `post_processor` that puts `bos` (the token spelled `s`) before every encoding.
+fn bos_processor(s: &str, bos: u32) -> Json {
+    json!({"type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": s, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": s, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": s, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {s: {"id": s, "ids": [bos], "tokens": [s]}}})
+}
+
 /// Rebuild `tokenizer.json` and `tokenizer_config.json` from GGUF tokenizer metadata.
 ///
 /// `get` looks a metadata key up; `arch` is the file's `general.architecture`, which decides
@@ -492,6 +547,7 @@ pub fn from_gguf<'h>(
         Flavour::Gemma => {
             json!({"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": false})
         }
+        Flavour::Llama => Json::Null,
         Flavour::ByteLevel => pre_tokenizer_json(pre).ok_or_else(|| {
             unsupported(
                 file,
@@ -556,7 +612,7 @@ pub fn from_gguf<'h>(
         }
     }
     let spelled: Vec<String> = match flavour {
-        Flavour::ByteLevel => tokens.clone(),
+        Flavour::ByteLevel | Flavour::Llama => tokens.clone(),
         Flavour::Gemma => tokens
             .iter()
             .map(|t| gemma_spelling(t).into_owned())
@@ -575,6 +631,21 @@ pub fn from_gguf<'h>(
     }
     if flavour == Flavour::Gemma && file_merges.is_none() {
         pairs = merges_from_vocab(&spelled, &seen);
+    }
+    if flavour == Flavour::Llama && file_merges.is_none() {
+        let scores_key = "tokenizer.ggml.scores";
+        let scores = match key(file, get, scores_key)? {
+            Value::Array(Array::F32(s)) if s.len() == tokens.len() => s,
+            v => {
+                return Err(wrong(
+                    file,
+                    scores_key,
+                    v,
+                    &format!("an array of {} f32", tokens.len()),
+                ))
+            }
+        };
+        pairs = merges_by_score(&spelled, scores, &seen);
     }
     let id = |k: &str| -> Result<Option<u32>> {
         match get(k) {
@@ -595,10 +666,18 @@ pub fn from_gguf<'h>(
     let pad = id("tokenizer.ggml.padding_token_id")?;
     let add_bos = match get("tokenizer.ggml.add_bos_token") {
         // llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise.
-        None => flavour == Flavour::Gemma,
+        None => flavour != Flavour::ByteLevel,
         Some(v) => v
             .as_bool()
             .ok_or_else(|| wrong(file, "tokenizer.ggml.add_bos_token", v, "a boolean"))?,
+    };
+    let space_key = "tokenizer.ggml.add_space_prefix";
+    let add_space_prefix = match get(space_key) {
+        // llama.cpp prepends a space to SentencePiece text unless told not to.
+        None => true,
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| wrong(file, space_key, v, "a boolean"))?,
     };
     let chat_template = match get("tokenizer.chat_template") {
         None => None,
@@ -614,10 +693,14 @@ pub fn from_gguf<'h>(
     for (i, (t, &ty)) in tokens.iter().zip(&types).enumerate() {
         // A user-defined token whose spelling the vocabulary respelled is not added whole,
         // as transformers skips it: its respelled form is reached through the merges.
+        // Llama's `<unk>` is typed unknown, and is a special token in its tokenizer.json.
+        let unk_special =
+            flavour == Flavour::Llama && ty == token_type::UNKNOWN && unk == Some(i as u32);
         let kept = ty == token_type::CONTROL
+            || unk_special
             || (ty == token_type::USER_DEFINED && seen.contains_key(t.as_str()));
         if kept {
-            let special = ty == token_type::CONTROL;
+            let special = ty == token_type::CONTROL || unk_special;
             let entry = json!({"id": i, "content": t, "single_word": false, "lstrip": false,
                 "rstrip": false, "normalized": false, "special": special});
             added.push(entry);
@@ -629,6 +712,10 @@ pub fn from_gguf<'h>(
         }
     }
     let merges: Vec<Json> = pairs.into_iter().map(|(a, b)| json!([a, b])).collect();
+    // Llama 3's BPE takes a whole pre-tokenized word that is itself a token without merging
+    // (`ignore_merges` in its tokenizer.json; llama.cpp sets it for `llama-bpe`): " Việt" is
+    // one token there, three through the merges.
+    let ignore_merges = pre == "llama-bpe";
     let tokenizer_json = match flavour {
         Flavour::ByteLevel => json!({
             "version": "1.0",
@@ -640,32 +727,39 @@ pub fn from_gguf<'h>(
             "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
             "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
             "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": ignore_merges,
                 "vocab": vocab, "merges": merges},
         }),
-        Flavour::Gemma => {
+        Flavour::Gemma | Flavour::Llama => {
             let post = match bos.filter(|_| add_bos) {
                 None => Json::Null,
-                Some(b) => {
-                    let s = &tokens[b as usize];
-                    json!({"type": "TemplateProcessing",
-                        "single": [{"SpecialToken": {"id": s, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-                        "pair": [{"SpecialToken": {"id": s, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                                 {"SpecialToken": {"id": s, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-                        "special_tokens": {s.clone(): {"id": s, "ids": [b], "tokens": [s]}}})
-                }
+                Some(b) => bos_processor(&tokens[b as usize], b),
+            };
+            let replace =
+                json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"});
+            let mut decoders = vec![
+                json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+                json!({"type": "ByteFallback"}),
+                json!({"type": "Fuse"}),
+            ];
+            // Llama: every text (each piece between added tokens, as Hugging Face's legacy
+            // Llama tokenizer does) gets a `▁` in front, and decoding strips one leading space.
+            let normalizer = if flavour == Flavour::Llama && add_space_prefix {
+                decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+                json!({"type": "Sequence", "normalizers": [
+                    {"type": "Prepend", "prepend": "\u{2581}"}, replace]})
+            } else {
+                replace
             };
             json!({
                 "version": "1.0",
                 "truncation": null,
                 "padding": null,
                 "added_tokens": added,
-                "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"},
+                "normalizer": normalizer,
                 "pre_tokenizer": pre_json,
                 "post_processor": post,
-                "decoder": {"type": "Sequence", "decoders": [
-                    {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
-                    {"type": "ByteFallback"}, {"type": "Fuse"}]},
+                "decoder": {"type": "Sequence", "decoders": decoders},
                 "model": {"type": "BPE", "dropout": null, "unk_token": unk.map(|u| tokens[u as usize].clone()),
                     "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": true,
                     "byte_fallback": true, "ignore_merges": false, "vocab": vocab, "merges": merges},
@@ -694,6 +788,7 @@ pub fn from_gguf<'h>(
         "tokenizer_class": match flavour {
             Flavour::ByteLevel => "GPT2Tokenizer",
             Flavour::Gemma => "GemmaTokenizer",
+            Flavour::Llama => "LlamaTokenizer",
         },
     });
     for (role, s) in &special_tokens {
@@ -800,12 +895,100 @@ mod tests {
     }
 
     #[test]
-    fn sentencepiece_outside_gemma_is_refused_naming_the_architecture() {
+    fn gemma_before_3_is_refused_naming_the_architecture() {
         let kv = gemma_keys(&["<unk>", "<bos>"], &[3, 3]);
-        let e = from_gguf("l.gguf", &|k| kv.get(k), "llama", 64).unwrap_err();
+        let e = from_gguf("g2.gguf", &|k| kv.get(k), "gemma2", 64).unwrap_err();
         let msg = e.to_string();
-        assert!(msg.contains("l.gguf") && msg.contains("`llama`"), "{msg}");
+        assert!(msg.contains("g2.gguf") && msg.contains("`gemma2`"), "{msg}");
         assert!(msg.contains("gemma3"), "{msg}");
+    }
+
+    #[test]
+    fn unknown_tokenizer_model_is_refused_naming_it() {
+        let mut kv = gemma_keys(&["<unk>", "<bos>"], &[3, 3]);
+        kv.insert("tokenizer.ggml.model".into(), Value::Str("bert".into()));
+        let e = from_gguf("b.gguf", &|k| kv.get(k), "bert", 64).unwrap_err();
+        assert!(
+            matches!(&e, ConvertError::UnsupportedTokenizer { reason, .. } if reason.contains("`bert`")),
+            "{e}"
+        );
+    }
+
+    /// A Llama 2 style vocabulary: scored pieces, `▁▁` added by hand with the worst score.
+    fn llama_keys() -> HashMap<String, Value> {
+        use token_type::{BYTE, CONTROL, NORMAL, UNKNOWN};
+        let tokens = [
+            "<unk>",
+            "<s>",
+            "</s>",
+            "<0x0A>",
+            "\u{2581}\u{2581}",
+            "\u{2581}",
+            "H",
+            "i",
+            "\u{2581}H",
+            "\u{2581}Hi",
+        ];
+        let types = [
+            UNKNOWN, CONTROL, CONTROL, BYTE, NORMAL, NORMAL, NORMAL, NORMAL, NORMAL, NORMAL,
+        ];
+        let scores = [0.0, 0.0, 0.0, 0.0, -1e9, -1.0, -2.0, -3.0, -4.0, -5.0];
+        let mut kv = gemma_keys(&tokens, &types);
+        kv.insert(
+            "tokenizer.ggml.scores".into(),
+            Value::Array(Array::F32(scores.to_vec())),
+        );
+        kv
+    }
+
+    #[test]
+    fn llama_vocabulary_becomes_bpe_with_merges_by_score() {
+        let kv = llama_keys();
+        let t = from_gguf("l.gguf", &|k| kv.get(k), "llama", 64).unwrap();
+        let j: Json = serde_json::from_str(t.tokenizer_json.as_deref().unwrap()).unwrap();
+        // `▁▁` is token 4 but scores worst: its merge comes last.
+        assert_eq!(
+            j["model"]["merges"],
+            json!([
+                ["\u{2581}", "H"],
+                ["\u{2581}H", "i"],
+                ["\u{2581}", "\u{2581}"]
+            ])
+        );
+        let added: Vec<(&str, bool)> = j["added_tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                (
+                    a["content"].as_str().unwrap(),
+                    a["special"].as_bool().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(added, [("<unk>", true), ("<s>", true), ("</s>", true)]);
+        assert_eq!(t.add_bos_token, Some(true));
+        let tok: tokenizers::Tokenizer = t.tokenizer_json.unwrap().parse().unwrap();
+        // `▁` is prepended: " Hi" is `▁▁Hi`, joined as `▁` `▁Hi` (not `▁▁` `H` `i`).
+        let enc = tok.encode(" Hi\n", true).unwrap();
+        assert_eq!(enc.get_ids(), [1, 5, 9, 3]);
+        assert_eq!(tok.decode(enc.get_ids(), true).unwrap(), " Hi\n");
+        assert_eq!(tok.encode("", false).unwrap().get_ids(), [0u32; 0]);
+    }
+
+    #[test]
+    fn llama_vocabulary_without_space_prefix_or_scores() {
+        let mut kv = llama_keys();
+        kv.insert("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false));
+        let t = from_gguf("l.gguf", &|k| kv.get(k), "phi3", 64).unwrap();
+        let tok: tokenizers::Tokenizer = t.tokenizer_json.unwrap().parse().unwrap();
+        assert_eq!(tok.encode("Hi", false).unwrap().get_ids(), [6, 7]);
+        kv.remove("tokenizer.ggml.scores");
+        let e = from_gguf("l.gguf", &|k| kv.get(k), "phi3", 64).unwrap_err();
+        assert!(
+            matches!(&e, ConvertError::GgufKey { key, .. } if key == "tokenizer.ggml.scores"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -837,6 +1020,30 @@ mod tests {
         assert_eq!(gemma_spelling(" \u{1f}"), "\u{2581}\u{2581}");
         assert_eq!(gemma_spelling("\n\n"), "\n\n", "no space: unchanged");
         assert_eq!(gemma_spelling(" a"), " a", "not all blank: unchanged");
+    }
+
+    /// Regression: a Llama 3 vocabulary imported with `ignore_merges` off tokenized " Việt"
+    /// as three tokens where transformers gives one (llama.cpp's ggml-vocab-llama-bpe test).
+    #[test]
+    fn llama3_byte_level_vocabulary_ignores_merges_for_whole_tokens() {
+        for (pre, want) in [("llama-bpe", true), ("qwen2", false), ("gpt-2", false)] {
+            let kv = HashMap::from([
+                (
+                    "tokenizer.ggml.model".to_string(),
+                    Value::Str("gpt2".into()),
+                ),
+                ("tokenizer.ggml.pre".to_string(), Value::Str(pre.into())),
+                (
+                    "tokenizer.ggml.tokens".to_string(),
+                    strs(&["a", "b", "c", "ab", "abc"]),
+                ),
+                ("tokenizer.ggml.merges".to_string(), strs(&["a b"])),
+            ]);
+            let t = from_gguf("b.gguf", &|k| kv.get(k), "llama", 64).unwrap();
+            let tok: tokenizers::Tokenizer = t.tokenizer_json.unwrap().parse().unwrap();
+            let ids = tok.encode("abc", false).unwrap().get_ids().to_vec();
+            assert_eq!(ids == [4], want, "{pre}: {ids:?}");
+        }
     }
 
     #[test]
