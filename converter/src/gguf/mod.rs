@@ -4,7 +4,8 @@
 //!   [`write`] plans and writes one atomically through [`GgufBuilder`].
 //! - [`types`] numbers GGML's tensor types and GGUF's value types; [`value`] holds metadata
 //!   values; [`dequant`] decodes the block types Kiln does not store.
-//! - [`tokenizer`] maps `tokenizer.json` to `tokenizer.ggml.*` and back; [`rope`] reorders the
+//! - [`tokenizer`] maps `tokenizer.json` to `tokenizer.ggml.*` and back ([`sentencepiece`]:
+//!   merges and scores of SentencePiece vocabularies); [`rope`] reorders the
 //!   q/k rows between Hugging Face's and llama.cpp's rope layouts.
 //! - [`export`] writes a `.kiln` file as GGUF ([`export_gguf`]); [`import`] reads a GGUF file
 //!   into a `.kiln` file ([`import_gguf`]); [`read_tokenizer`] rebuilds only the tokenizer
@@ -15,6 +16,7 @@ pub mod export;
 pub mod import;
 pub mod read;
 pub mod rope;
+pub mod sentencepiece;
 pub mod tokenizer;
 pub mod types;
 pub mod value;
