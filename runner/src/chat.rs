@@ -5,9 +5,11 @@
 //! (`raise_exception`, `strftime_now`, the special-token strings, `add_generation_prompt`) and
 //! Python string methods (`.strip()`, `.startswith()`…) through `minijinja-contrib`'s pycompat.
 //! A template's own default system prompt applies unless the messages start with one.
+//! [`TemplateVars`] are the variables a template reads beyond the conversation
+//! (`enable_thinking`, `tools`…), which transformers passes as `apply_chat_template(**kwargs)`.
 
 use minijinja::syntax::SyntaxConfig;
-use minijinja::{context, Environment, Error, ErrorKind, Value};
+use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::Serialize;
 
 use kiln_format::KilnFile;
@@ -33,12 +35,152 @@ impl Message {
     }
 }
 
+/// Most bytes of JSON all template variables together may hold. They come from the command
+/// line (a few bytes to a few KiB of tool schemas) but are rendered by an untrusted template,
+/// which may copy them many times over; 1 MiB keeps that within the output cap.
+pub const TEMPLATE_VARS_MAX_BYTES: usize = 1 << 20;
+
+/// Names the renderer sets itself and a variable may not: the conversation and the generation
+/// prompt (transformers refuses a `messages` keyword argument, "got multiple values", and
+/// `add_generation_prompt` is its own parameter), and the two functions the environment
+/// provides (a Jinja2 keyword argument would shadow the function, which only breaks the
+/// template). The special tokens (`bos_token`…) are not here: transformers lets keyword
+/// arguments override them (`{**special_tokens_map, **kwargs}`), and so does Kiln.
+pub const RESERVED_TEMPLATE_VARS: [&str; 4] = [
+    "messages",
+    "add_generation_prompt",
+    "raise_exception",
+    "strftime_now",
+];
+
+/// Variables a chat template reads beyond the conversation, such as Qwen3's `enable_thinking`
+/// or a `tools` list: what transformers' `apply_chat_template(..., **kwargs)` and llama.cpp's
+/// `--chat-template-kwargs` pass. Each value is JSON (kept as text, so that objects keep their
+/// key order as Python's dicts do); a name set twice keeps the last value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TemplateVars {
+    vars: Vec<(String, String)>,
+}
+
+impl TemplateVars {
+    /// No variables.
+    pub fn new() -> TemplateVars {
+        TemplateVars::default()
+    }
+
+    /// Whether no variable is set.
+    pub fn is_empty(&self) -> bool {
+        self.vars.is_empty()
+    }
+
+    /// The variables as (name, JSON text) pairs, in the order they were first set.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.vars.iter().map(|(n, v)| (n.as_str(), v.as_str()))
+    }
+
+    /// Set `name` to the JSON value `json` (`false`, `3`, `"x"`, `[{"type": "function"}]`).
+    pub fn set_json(&mut self, name: &str, json: &str) -> Result<()> {
+        let err = |reason: String| RunnerError::TemplateVar {
+            name: name.to_string(),
+            reason,
+        };
+        let identifier = name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !identifier {
+            return Err(err(
+                "a name is an identifier: letters, digits and `_`, not starting with a digit"
+                    .into(),
+            ));
+        }
+        if RESERVED_TEMPLATE_VARS.contains(&name) {
+            return Err(err(
+                "the renderer sets this one itself (reserved: messages, add_generation_prompt, \
+                 raise_exception, strftime_now)"
+                    .into(),
+            ));
+        }
+        // Parsed into minijinja's value, whose maps keep their key order (serde_json's sort
+        // theirs), and kept as compact text.
+        let parsed: Value =
+            serde_json::from_str(json).map_err(|e| err(format!("not JSON: {e}")))?;
+        let text = serde_json::to_string(&parsed).map_err(|e| err(e.to_string()))?;
+        let others: usize = self
+            .vars
+            .iter()
+            .filter(|(n, _)| n != name)
+            .map(|(n, v)| n.len() + v.len())
+            .sum();
+        if others + name.len() + text.len() > TEMPLATE_VARS_MAX_BYTES {
+            return Err(err(format!(
+                "the variables together exceed {TEMPLATE_VARS_MAX_BYTES} bytes"
+            )));
+        }
+        match self.vars.iter_mut().find(|(n, _)| n == name) {
+            Some((_, v)) => *v = text,
+            None => self.vars.push((name.to_string(), text)),
+        }
+        Ok(())
+    }
+
+    /// Set a variable from `NAME=VALUE`, as `kiln-run --template-var` takes it: VALUE is JSON
+    /// when it parses as JSON (`false`, `3`, `"x"`, `[1, 2]`, `{"a": 1}`, `null`), else the
+    /// string itself. Python's `True`, `False` and `None` are refused with the JSON spelling,
+    /// since taken as strings they would be truthy (`enable_thinking=False` would enable it).
+    pub fn set_assignment(&mut self, arg: &str) -> Result<()> {
+        let Some((name, value)) = arg.split_once('=') else {
+            return Err(RunnerError::TemplateVar {
+                name: arg.to_string(),
+                reason: "expected NAME=VALUE".into(),
+            });
+        };
+        if let Some(json) = match value {
+            "True" => Some("true"),
+            "False" => Some("false"),
+            "None" => Some("null"),
+            _ => None,
+        } {
+            return Err(RunnerError::TemplateVar {
+                name: name.to_string(),
+                reason: format!(
+                    "`{value}` is Python; write JSON `{json}` (or `\"{value}\"` for the string)"
+                ),
+            });
+        }
+        if serde_json::from_str::<serde::de::IgnoredAny>(value).is_ok() {
+            self.set_json(name, value)
+        } else {
+            let quoted = serde_json::to_string(value).expect("a string serialises");
+            self.set_json(name, &quoted)
+        }
+    }
+
+    /// The values, parsed for minijinja (objects keep their key order).
+    fn values(&self) -> Result<Vec<(String, Value)>> {
+        self.vars
+            .iter()
+            .map(|(n, v)| {
+                let value: Value =
+                    serde_json::from_str(v).map_err(|e| RunnerError::TemplateVar {
+                        name: n.clone(),
+                        reason: format!("not JSON: {e}"),
+                    })?;
+                Ok((n.clone(), value))
+            })
+            .collect()
+    }
+}
+
 /// A compiled chat template.
 #[derive(Debug)]
 pub struct ChatTemplate<'a> {
     env: Environment<'a>,
     source: &'a str,
     special: Value,
+    /// Variables beyond the conversation ([`TemplateVars`]).
+    vars: TemplateVars,
     /// What the template came from (the model file), for error messages.
     label: String,
     /// Render in a child process started from this executable ([`crate::sandbox`]).
@@ -112,9 +254,17 @@ impl<'a> ChatTemplate<'a> {
             env,
             source,
             special,
+            vars: TemplateVars::new(),
             label: label.to_string(),
             isolated: None,
         })
+    }
+
+    /// Render with `vars` set (each overriding a special token of the same name, as
+    /// transformers' keyword arguments do).
+    pub fn with_vars(mut self, vars: TemplateVars) -> ChatTemplate<'a> {
+        self.vars = vars;
+        self
     }
 
     /// Render in a child process started from `exe` (which calls
@@ -134,6 +284,7 @@ impl<'a> ChatTemplate<'a> {
                 self.source,
                 &self.special,
                 &self.label,
+                &self.vars,
                 messages,
                 add_generation_prompt,
             );
@@ -158,17 +309,22 @@ impl<'a> ChatTemplate<'a> {
             cap: TEMPLATE_MAX_OUTPUT,
             overflowed: false,
         };
-        let rendered = tmpl.render_captured_to(
-            context! {
-                messages => messages,
-                add_generation_prompt => add_generation_prompt,
-                bos_token => get("bos_token"),
-                eos_token => get("eos_token"),
-                pad_token => get("pad_token"),
-                unk_token => get("unk_token"),
-            },
-            &mut out,
-        );
+        // The special tokens, then the variables (which may override them), then what the
+        // renderer sets itself (which no variable may name).
+        let mut ctx: Vec<(String, Value)> = ["bos_token", "eos_token", "pad_token", "unk_token"]
+            .iter()
+            .map(|k| (k.to_string(), get(k)))
+            .collect();
+        for (name, value) in self.vars.values()? {
+            ctx.retain(|(k, _)| *k != name);
+            ctx.push((name, value));
+        }
+        ctx.push(("messages".into(), messages));
+        ctx.push((
+            "add_generation_prompt".into(),
+            Value::from(add_generation_prompt),
+        ));
+        let rendered = tmpl.render_captured_to(Value::from_pairs(ctx), &mut out);
         match rendered {
             Ok(_) => String::from_utf8(out.buf)
                 .map_err(|_| RunnerError::ChatTemplate("rendered text is not UTF-8".into())),
@@ -365,6 +521,98 @@ mod tests {
         let out = t.render(&[Message::new("user", " a ")], true).unwrap();
         assert!(out.starts_with("a|1|4|["), "{out}");
         assert!(out.contains("\"content\""), "{out}");
+    }
+
+    fn vars(args: &[&str]) -> Result<TemplateVars> {
+        let mut v = TemplateVars::new();
+        for a in args {
+            v.set_assignment(a)?;
+        }
+        Ok(v)
+    }
+
+    #[test]
+    fn template_vars_are_json_when_they_parse_else_strings() {
+        let v = vars(&[
+            "enable_thinking=false",
+            "n=3",
+            "s=\"x\"",
+            "word=hello world",
+            "list=[1, \"a\"]",
+            "empty=",
+            "n=4",
+        ])
+        .unwrap();
+        let got: Vec<(&str, &str)> = v.iter().collect();
+        assert_eq!(
+            got,
+            [
+                ("enable_thinking", "false"),
+                ("n", "4"),
+                ("s", "\"x\""),
+                ("word", "\"hello world\""),
+                ("list", "[1,\"a\"]"),
+                ("empty", "\"\""),
+            ],
+            "the last value of a name wins, in its first place"
+        );
+    }
+
+    #[test]
+    fn template_vars_refuse_bad_names_reserved_names_and_python_literals() {
+        for (arg, name, says) in [
+            ("noequals", "noequals", "NAME=VALUE"),
+            ("2x=1", "2x", "identifier"),
+            ("a-b=1", "a-b", "identifier"),
+            ("=1", "", "identifier"),
+            ("messages=[]", "messages", "sets this one itself"),
+            (
+                "add_generation_prompt=true",
+                "add_generation_prompt",
+                "itself",
+            ),
+            ("raise_exception=1", "raise_exception", "itself"),
+            ("enable_thinking=False", "enable_thinking", "JSON `false`"),
+            ("x=None", "x", "JSON `null`"),
+        ] {
+            let e = vars(&[arg]).unwrap_err();
+            assert!(
+                matches!(&e, RunnerError::TemplateVar { name: n, reason } if n == name && reason.contains(says)),
+                "{arg}: {e}"
+            );
+        }
+        let e = TemplateVars::new().set_json("x", "{oops").unwrap_err();
+        assert!(e.to_string().contains("not JSON"), "{e}");
+    }
+
+    #[test]
+    fn template_vars_are_capped_in_size() {
+        let mut v = TemplateVars::new();
+        let big = "a".repeat(TEMPLATE_VARS_MAX_BYTES / 2);
+        v.set_assignment(&format!("a={big}")).unwrap();
+        let e = v.set_assignment(&format!("b={big}")).unwrap_err();
+        assert!(e.to_string().contains("exceed"), "{e}");
+        // Replacing a value counts the new one only.
+        v.set_assignment(&format!("a={big}")).unwrap();
+    }
+
+    #[test]
+    fn template_vars_render_in_key_order_and_override_special_tokens() {
+        let src = "{{ bos_token }}|{{ tools | tojson }}|{% if enable_thinking is false %}off{% endif %}|{{ messages | tojson }}";
+        let special = Value::from_pairs([("bos_token", "<s>")]);
+        let t = ChatTemplate::new(src, special).unwrap().with_vars(
+            vars(&[
+                "tools=[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]",
+                "enable_thinking=false",
+                "bos_token=",
+            ])
+            .unwrap(),
+        );
+        assert_eq!(
+            t.render(&[Message::new("user", "hi")], true).unwrap(),
+            "|[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]|off|[{\"role\": \"user\", \"content\": \"hi\"}]",
+            "keys in the order given (Python's dicts), messages as role then content"
+        );
     }
 
     #[test]

@@ -109,6 +109,9 @@ pub enum RunnerError {
         reason: String,
         flag: &'static str,
     },
+    /// A chat-template variable (`--template-var NAME=VALUE`) that cannot be set.
+    #[error("template variable `{name}`: {reason}")]
+    TemplateVar { name: String, reason: String },
     #[error("invalid value for {arg}: {reason}")]
     InvalidArgument { arg: &'static str, reason: String },
     /// A token id outside the vocabulary.

@@ -34,7 +34,7 @@ pub mod threads;
 pub mod tokenizer;
 pub mod weights;
 
-pub use chat::{ChatTemplate, Message};
+pub use chat::{ChatTemplate, Message, TemplateVars};
 pub use config::{open_model, open_model_verified, Config};
 pub use error::{Result, RunnerError};
 pub use generate::{generate, Conversation, GenerateOptions, Generation, StopReason};

@@ -16,7 +16,7 @@ use kiln_runner::threads::{cap_notice, cap_threads, physical_cores};
 use kiln_runner::{
     generate, open_model_verified, CacheType, ChatTemplate, Conversation, GenerateOptions,
     Generation, Model, Result, RunnerError, Sampler, SamplerConfig, Session, SlidingCache,
-    Tokenizer,
+    TemplateVars, Tokenizer,
 };
 
 #[derive(Debug, Parser)]
@@ -117,6 +117,12 @@ struct GenerateArgs {
     /// System prompt for --chat (replaces the template's default).
     #[arg(long, requires = "chat")]
     system: Option<String>,
+    /// Set a variable the chat template reads, as transformers' `apply_chat_template(**kwargs)`
+    /// does (repeatable): VALUE is JSON when it parses (`false`, `3`, `"x"`, `[...]`), else a
+    /// string. E.g. `--template-var enable_thinking=false` for Qwen3. A special token's name
+    /// (`bos_token`…) overrides it; `messages` and `add_generation_prompt` are refused.
+    #[arg(long = "template-var", value_name = "NAME=VALUE", requires = "chat")]
+    template_var: Vec<String>,
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
@@ -134,6 +140,12 @@ struct ChatArgs {
     /// System prompt (replaces the template's default).
     #[arg(long)]
     system: Option<String>,
+    /// Set a variable the chat template reads, as transformers' `apply_chat_template(**kwargs)`
+    /// does (repeatable): VALUE is JSON when it parses (`false`, `3`, `"x"`, `[...]`), else a
+    /// string. E.g. `--template-var enable_thinking=false` for Qwen3. A special token's name
+    /// (`bos_token`…) overrides it; `messages` and `add_generation_prompt` are refused.
+    #[arg(long = "template-var", value_name = "NAME=VALUE")]
+    template_var: Vec<String>,
     /// Tokens per reply at most.
     #[arg(short = 'n', long, default_value_t = 512)]
     n_predict: usize,
@@ -374,6 +386,7 @@ fn print_summary(load_ms: f64, g: &Generation) {
 
 fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let threads = threads_arg(a.run.threads)?;
+    let vars = template_vars(&a.template_var)?;
     let text = prompt_text(a.prompt, a.file.as_deref())?;
     let t0 = Instant::now();
     let file = open_model_verified(&a.run.model, !a.run.no_verify)?;
@@ -382,7 +395,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let sampling = sampler_config(file.label(), &file.metadata().generation, &a.sampling)?;
     m.tokenizer.check_fits(&text, sess.ctx())?;
     let ids = if a.chat {
-        let template = isolated_template(&file)?;
+        let template = isolated_template(&file)?.with_vars(vars);
         let conv = Conversation::new(&template, a.system.as_deref());
         let rendered = conv.prompt_for(&text)?;
         m.tokenizer.check_fits(&rendered, sess.ctx())?;
@@ -444,10 +457,11 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
 
 fn cmd_chat(a: ChatArgs) -> Result<()> {
     let threads = threads_arg(a.run.threads)?;
+    let vars = template_vars(&a.template_var)?;
     let t0 = Instant::now();
     let file = open_model_verified(&a.run.model, !a.run.no_verify)?;
     let m = load(&file)?;
-    let template = isolated_template(&file)?;
+    let template = isolated_template(&file)?.with_vars(vars);
     let mut sess = session(&m.model, &a.run, threads)?;
     let mut sampler = Sampler::new(sampler_config(
         file.label(),
@@ -599,6 +613,15 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--template-var NAME=VALUE` arguments, checked before the model is loaded.
+fn template_vars(args: &[String]) -> Result<TemplateVars> {
+    let mut vars = TemplateVars::new();
+    for a in args {
+        vars.set_assignment(a)?;
+    }
+    Ok(vars)
 }
 
 /// The file's chat template, rendered in a child process with memory and CPU limits

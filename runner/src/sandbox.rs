@@ -22,7 +22,7 @@ use std::process::{Command, ExitCode, Stdio};
 use minijinja::Value;
 use serde::{Deserialize, Serialize};
 
-use crate::chat::{ChatTemplate, Message};
+use crate::chat::{ChatTemplate, Message, TemplateVars};
 use crate::error::{Result, RunnerError};
 
 /// First argument that makes `kiln-run` serve one rendering instead of parsing a command line.
@@ -41,6 +41,8 @@ struct Request {
     source: String,
     special: Vec<(String, String)>,
     label: String,
+    /// Template variables as (name, JSON text).
+    vars: Vec<(String, String)>,
     messages: Vec<(String, String)>,
     add_generation_prompt: bool,
 }
@@ -58,6 +60,7 @@ pub(crate) fn render_in_child(
     source: &str,
     special: &Value,
     label: &str,
+    vars: &TemplateVars,
     messages: &[Message],
     add_generation_prompt: bool,
 ) -> Result<String> {
@@ -66,6 +69,10 @@ pub(crate) fn render_in_child(
         source: source.to_string(),
         special: string_pairs(special),
         label: label.to_string(),
+        vars: vars
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect(),
         messages: messages
             .iter()
             .map(|m| (m.role.clone(), m.content.clone()))
@@ -174,13 +181,22 @@ fn serve() -> std::io::Result<()> {
         .iter()
         .map(|(role, content)| Message::new(role, content.as_str()))
         .collect();
-    let reply = match ChatTemplate::with_label(
-        &req.source,
-        Value::from_pairs(req.special.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
-        &req.label,
-    )
-    .and_then(|t| t.render(&messages, req.add_generation_prompt))
-    {
+    let mut vars = TemplateVars::new();
+    let reply = match req
+        .vars
+        .iter()
+        .try_for_each(|(n, v)| vars.set_json(n, v))
+        .and_then(|()| {
+            ChatTemplate::with_label(
+                &req.source,
+                Value::from_pairs(req.special.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+                &req.label,
+            )
+        })
+        .and_then(|t| {
+            t.with_vars(vars)
+                .render(&messages, req.add_generation_prompt)
+        }) {
         Ok(s) => Reply::Rendered(s),
         Err(RunnerError::ChatTemplateLimit { reason, .. }) => Reply::Limit(reason),
         Err(e) => Reply::Error(match e {

@@ -410,6 +410,44 @@ fn chat_flag_needs_a_template_and_system_needs_chat() {
     assert_eq!(o.status.code(), Some(USAGE));
 }
 
+/// `--template-var` reaches the template (rendered in the sandboxed child), checked before the
+/// model is loaded; `generate` takes it with `--chat` only.
+#[test]
+fn template_vars_reach_the_template_and_bad_ones_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny_with_template(
+        tmp.path(),
+        "{% if enable_thinking is false %}{{ 'a' }}{% else %}{{ 'b c d e f g h i j k' }}{% endif %}{{ messages[0]['content'] }}",
+    );
+    let m = m.to_str().unwrap();
+    let prompt_tokens = |extra: &[&str]| {
+        let mut args = vec!["generate", m, "-p", "hi", "-n", "1", "--chat", "--json"];
+        args.extend_from_slice(extra);
+        let o = kiln_run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["prompt_tokens"].as_u64().unwrap()
+    };
+    let thinking = prompt_tokens(&[]);
+    let off = prompt_tokens(&["--template-var", "enable_thinking=false"]);
+    assert!(off < thinking, "{off} < {thinking}");
+    assert_eq!(
+        prompt_tokens(&["--template-var", "enable_thinking=\"false\""]),
+        thinking,
+        "the string \"false\" is not false"
+    );
+    let o = kiln_run(&["chat", m, "--template-var", "messages=[]"]);
+    assert_fails(
+        &o,
+        USAGE,
+        &["template variable `messages`", "sets this one itself"],
+    );
+    let o = kiln_run(&["chat", m, "--template-var", "enable_thinking=False"]);
+    assert_fails(&o, USAGE, &["`enable_thinking`", "JSON `false`"]);
+    let o = kiln_run(&["generate", m, "-p", "hi", "--template-var", "x=1"]);
+    assert_eq!(o.status.code(), Some(USAGE), "--template-var needs --chat");
+}
+
 /// The tiny fixture converted after `edit` changed a copy of its directory.
 fn tiny_edited(dir: &Path, edit: impl FnOnce(&Path)) -> PathBuf {
     let src = root().join("fixtures/tiny/llama-tied-f32");

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 
 use common::root;
 use kiln_format::TokenizerFiles;
-use kiln_runner::{ChatTemplate, Message, RunnerError, Tokenizer};
+use kiln_runner::{ChatTemplate, Message, RunnerError, TemplateVars, Tokenizer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -264,4 +264,103 @@ fn gemma3_real_tokenizer_gives_the_gguf_fixture_s_ids() {
         let text = case["text"].as_str().unwrap();
         assert_eq!(tok.encode(text).unwrap(), ids(&case["ids"]), "{text:?}");
     }
+}
+
+/// Template variables (`apply_chat_template(..., **kwargs)`, `kiln-run --template-var`):
+/// Qwen3's template with `enable_thinking` and `tools`, and Phi-3's GGUF template with its
+/// `bos_token` overridden, render as transformers renders them
+/// (`fixtures/tokenizers/template_vars.json`); the names transformers refuses as keyword
+/// arguments are refused here too. NEEDS ci/llama-cpp-vocabs.sh's Phi-3 files as well.
+#[test]
+#[ignore = "real tokenizer: run ci/real-tokenizers.sh and ci/llama-cpp-vocabs.sh first; CI runs it with --include-ignored"]
+fn template_vars_match_transformers() {
+    let text =
+        std::fs::read_to_string(root().join("fixtures/tokenizers/template_vars.json")).unwrap();
+    let expected: Value = serde_json::from_str(&text).unwrap();
+    // The variables again, as minijinja values: objects keep their key order (the `tools`
+    // schemas print in the order transformers printed them).
+    let ordered: minijinja::Value = serde_json::from_str(&text).unwrap();
+    let qwen3 = family("qwen3");
+    let phi3_dir = root().join("target/tokenizers/phi3");
+    for (file, want) in expected["files_sha256"].as_object().unwrap() {
+        let path = root().join("target/tokenizers").join(file);
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; run ci/real-tokenizers.sh and ci/llama-cpp-vocabs.sh",
+                path.display()
+            )
+        });
+        assert_eq!(
+            format!("{:x}", Sha256::digest(&bytes)),
+            want.as_str().unwrap(),
+            "{} is not the file template_vars.json was made from",
+            path.display()
+        );
+    }
+    let phi3 = kiln_convert::gguf::read_tokenizer(&phi3_dir.join("ggml-vocab-phi-3.gguf")).unwrap();
+    let cases = expected["chats"].as_array().unwrap();
+    assert!(cases.len() >= 30, "only {} cases", cases.len());
+    let mut bad = Vec::new();
+    for (k, case) in cases.iter().enumerate() {
+        let files = match case["family"].as_str().unwrap() {
+            "qwen3" => &qwen3.files,
+            "phi3" => &phi3,
+            f => panic!("unknown family {f}"),
+        };
+        let mut vars = TemplateVars::new();
+        let case_vars = ordered
+            .get_item(&"chats".into())
+            .and_then(|c| c.get_item(&k.into()))
+            .and_then(|c| c.get_item(&"vars".into()))
+            .unwrap();
+        for name in case_vars.try_iter().unwrap() {
+            let value = case_vars.get_item(&name).unwrap();
+            vars.set_json(
+                name.as_str().unwrap(),
+                &serde_json::to_string(&value).unwrap(),
+            )
+            .unwrap();
+        }
+        let template = ChatTemplate::from_source(
+            files.chat_template.as_deref().unwrap(),
+            &files.special_tokens,
+            case["family"].as_str().unwrap(),
+        )
+        .unwrap()
+        .with_vars(vars);
+        let messages: Vec<Message> = case["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let gen = case["add_generation_prompt"].as_bool().unwrap();
+        let want = case["rendered"].as_str().unwrap();
+        match template.render(&messages, gen) {
+            Ok(text) if text == want => {}
+            Ok(text) => bad.push(format!(
+                "case {k} ({}): kiln renders {text:?}, transformers {want:?}",
+                case["vars"]
+            )),
+            Err(e) => bad.push(format!("case {k} ({}): kiln fails: {e}", case["vars"])),
+        }
+    }
+    for name in expected["refused"].as_object().unwrap().keys() {
+        if name == "conversations" {
+            // transformers' own parameter, which no template reads: Kiln has no such name.
+            continue;
+        }
+        let e = TemplateVars::new().set_json(name, "[]").unwrap_err();
+        assert!(
+            matches!(&e, RunnerError::TemplateVar { name: n, .. } if n == name),
+            "{name}: {e}"
+        );
+    }
+    assert!(
+        bad.is_empty(),
+        "{} of {} cases differ:\n{}",
+        bad.len(),
+        cases.len(),
+        bad.join("\n")
+    );
 }

@@ -623,6 +623,38 @@ struct Planned<'h> {
     minus_one: bool,
 }
 
+/// The tokenizer files of a GGUF file, rebuilt as [`import_gguf`] embeds them
+/// ([`super::tokenizer::from_gguf`], then the same validation), without reading any tensor or
+/// resolving the model's configuration: it also reads vocabulary-only files such as the
+/// `ggml-vocab-*.gguf` llama.cpp tests its tokenizers with. `model_max_length` is the file's
+/// `<arch>.context_length` when it has one, else 0.
+pub fn read_tokenizer(path: &Path) -> Result<kiln_format::TokenizerFiles> {
+    let g = GgufFile::open(path)?;
+    let file = path.display().to_string();
+    let h = g.header();
+    let arch_key = "general.architecture";
+    let arch = match h.get(arch_key) {
+        None => "",
+        Some(v) => v.as_str().ok_or_else(|| ConvertError::GgufKey {
+            file: file.clone(),
+            key: arch_key.into(),
+            reason: format!("expected a string, found {}", v.type_name()),
+        })?,
+    };
+    let context_key = format!("{arch}.context_length");
+    let context = match h.get(&context_key) {
+        None => 0,
+        Some(v) => v.as_u64().ok_or_else(|| ConvertError::GgufKey {
+            file: file.clone(),
+            key: context_key.clone(),
+            reason: format!("expected an unsigned integer, found {}", v.type_name()),
+        })?,
+    };
+    let tokenizer = tokenizer::from_gguf(&file, &|k| h.get(k), arch, context)?;
+    crate::tokenizer_files::validate(&tokenizer, &file)?;
+    Ok(tokenizer)
+}
+
 /// Import a GGUF file as a `.kiln` file.
 pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<ImportSummary> {
     let start = Instant::now();

@@ -12,12 +12,20 @@
 //! blanks respelled); export writes a Gemma `tokenizer.json` back as scored tokens, each scoring
 //! minus the rank of the first merge that makes it, which llama.cpp's SentencePiece tokenizer
 //! joins in the same order.
+//!
+//! Other SentencePiece vocabularies (Llama 2, Mistral v0.1, Phi-3) are imported as the
+//! `tokenizer.json` transformers' `LlamaConverter` writes from the same model: BPE with byte
+//! fallback, merges ranked by the score of the token they make, `▁` prepended to the text
+//! (Hugging Face's "legacy" Llama tokenizer, which Phi-3's `tokenizer.json` is).
 
 use std::collections::{BTreeMap, HashMap};
 
 use kiln_format::{ModelConfig, TokenizerFiles};
 use serde_json::{json, Map, Value as Json};
 
+use super::sentencepiece::{
+    gemma_spelling, merges_by_score, merges_from_vocab, sentencepiece_scores,
+};
 use super::value::{Array, KeyValues, Value};
 use crate::error::{ConvertError, Result};
 
@@ -329,57 +337,6 @@ pub fn to_gguf(
     Ok((kv, notices))
 }
 
-/// Scores and token types for a SentencePiece vocabulary written from BPE merges. llama.cpp's
-/// SentencePiece tokenizer joins, at each step, the adjacent pair whose joined text is the
-/// best-scoring token; a token therefore scores minus the rank of the first merge that makes it,
-/// so that joins happen in the merges' order (tokens no merge makes score below all of them).
-/// `<0xNN>` tokens become byte tokens. When the merges are not in the vocabulary's order, a
-/// re-import (which derives merges in token order, as transformers does) may tokenize some
-/// text differently: that is returned as a notice.
-fn sentencepiece_scores(
-    tokens: &[String],
-    mut types: Vec<i32>,
-    merges: &[String],
-) -> (Vec<f32>, Vec<i32>, Option<String>) {
-    let mut first: HashMap<String, usize> = HashMap::new();
-    for (rank, m) in merges.iter().enumerate() {
-        if let Some((a, b)) = m.split_once(' ') {
-            first.entry(format!("{a}{b}")).or_insert(rank);
-        }
-    }
-    let floor = -(merges.len() as f32) - 1.0;
-    let scores = tokens
-        .iter()
-        .map(|t| first.get(t).map_or(floor, |&r| -(r as f32)))
-        .collect();
-    for (t, ty) in tokens.iter().zip(types.iter_mut()) {
-        let byte = t.len() == 6
-            && t.starts_with("<0x")
-            && t.ends_with('>')
-            && t[3..5].chars().all(|c| c.is_ascii_hexdigit());
-        if byte && *ty == token_type::NORMAL {
-            *ty = token_type::BYTE;
-        }
-    }
-    let vocab: HashMap<&str, usize> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.as_str(), i))
-        .collect();
-    let derived = merges_from_vocab(tokens, &vocab);
-    let same = derived.len() == merges.len()
-        && derived.iter().zip(merges).all(|((a, b), m)| {
-            m.len() == a.len() + 1 + b.len() && m.starts_with(a.as_str()) && m.ends_with(b.as_str())
-        });
-    let notice = (!same).then(|| {
-        "the merges are not in the vocabulary's order: llama.cpp joins pieces by the score \
-         written for each token (minus the rank of the first merge making it), and a re-import \
-         derives merges in token order, so some text may tokenize differently"
-            .to_string()
-    });
-    (scores, types, notice)
-}
-
 fn key<'h>(file: &str, get: &dyn Fn(&str) -> Option<&'h Value>, k: &str) -> Result<&'h Value> {
     get(k).ok_or_else(|| ConvertError::GgufKey {
         file: file.to_string(),
@@ -396,7 +353,7 @@ fn wrong(file: &str, k: &str, v: &Value, want: &str) -> ConvertError {
     }
 }
 
-/// The two tokenizer families GGUF import rebuilds.
+/// The tokenizer families GGUF import rebuilds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flavour {
     /// `tokenizer.ggml.model = gpt2`: byte-level BPE, merges in the file.
@@ -404,6 +361,10 @@ enum Flavour {
     /// `tokenizer.ggml.model = llama` in a `gemma3` file: SentencePiece BPE with byte fallback,
     /// rebuilt as transformers' `GemmaTokenizer` is from the same file.
     Gemma,
+    /// `tokenizer.ggml.model = llama` in any other file (Llama 2, Mistral v0.1, Phi-3):
+    /// SentencePiece BPE with byte fallback, rebuilt as transformers' `LlamaConverter` writes
+    /// the `tokenizer.json` of the same model (merges ranked by score, `▁` prepended).
+    Llama,
 }
 
 /// The flavour of tokenizer a file describes, or why it cannot be rebuilt.
@@ -411,57 +372,34 @@ fn flavour(file: &str, model: &str, arch: &str) -> Result<Flavour> {
     match (model, arch) {
         ("gpt2", _) => Ok(Flavour::ByteLevel),
         ("llama", "gemma3") => Ok(Flavour::Gemma),
-        ("llama", _) => Err(unsupported(
+        // Gemma 1 and 2 spell and rank their vocabularies as Gemma 3 does, which only the
+        // `gemma3` rebuild has been checked against: a wrong id would go unnoticed.
+        ("llama", a) if a.starts_with("gemma") => Err(unsupported(
             file,
             format!(
-                "GGUF tokenizer model `llama` (SentencePiece) is rebuilt for `gemma3` files only; \
-                 this file's architecture is `{arch}` (convert its Hugging Face checkpoint instead)"
+                "GGUF tokenizer model `llama` (SentencePiece) of architecture `{arch}` is not \
+                 supported; Kiln rebuilds Gemma's vocabulary for `gemma3` files only \
+                 (convert the Hugging Face checkpoint instead)"
             ),
         )),
+        ("llama", _) => Ok(Flavour::Llama),
         _ => Err(unsupported(
             file,
             format!(
                 "GGUF tokenizer model `{model}` is not supported; Kiln imports byte-level BPE \
-                 (`gpt2`) tokenizers, and SentencePiece (`llama`) ones of `gemma3` files"
+                 (`gpt2`) and SentencePiece (`llama`) tokenizers"
             ),
         )),
     }
 }
 
-/// Python's `str.isspace`, which decides what Gemma's respelling touches: Unicode white space
-/// plus the four ASCII separators `\x1c`..`\x1f`, which Rust's `char::is_whitespace` leaves out.
-fn python_isspace(c: char) -> bool {
-    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
-}
-
-/// Gemma's GGUF spells a token of two or more blanks with real spaces (`"  "`), where its BPE
-/// vocabulary (spaces normalized to `▁`) needs `"▁▁"`: a token that holds a space and nothing
-/// but white space becomes that many `▁`, as transformers' GGUF loader respells it.
-fn gemma_spelling(t: &str) -> std::borrow::Cow<'_, str> {
-    if t.contains(' ') && t.chars().all(python_isspace) {
-        std::borrow::Cow::Owned("\u{2581}".repeat(t.chars().count()))
-    } else {
-        std::borrow::Cow::Borrowed(t)
-    }
-}
-
-/// The merges a SentencePiece vocabulary implies when the file lists none: every split of a
-/// token into two pieces that are both tokens, best first. Gemma's scores do not follow its
-/// merge order, but the order of the tokens in the file does, so tokens rank by id and, within
-/// a token, the longer left piece comes first: the order transformers' `generate_merges`
-/// gives for the same file, so that both tokenize alike.
-fn merges_from_vocab(tokens: &[String], vocab: &HashMap<&str, usize>) -> Vec<(String, String)> {
-    let mut merges = Vec::new();
-    for t in tokens {
-        let cuts: Vec<usize> = t.char_indices().map(|(i, _)| i).skip(1).collect();
-        for &cut in cuts.iter().rev() {
-            let (l, r) = t.split_at(cut);
-            if vocab.contains_key(l) && vocab.contains_key(r) {
-                merges.push((l.to_string(), r.to_string()));
-            }
-        }
-    }
-    merges
+/// The `post_processor` that puts `bos` (the token spelled `s`) before every encoding.
+fn bos_processor(s: &str, bos: u32) -> Json {
+    json!({"type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": s, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": s, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": s, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {s: {"id": s, "ids": [bos], "tokens": [s]}}})
 }
 
 /// Rebuild `tokenizer.json` and `tokenizer_config.json` from GGUF tokenizer metadata.
@@ -492,6 +430,7 @@ pub fn from_gguf<'h>(
         Flavour::Gemma => {
             json!({"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": false})
         }
+        Flavour::Llama => Json::Null,
         Flavour::ByteLevel => pre_tokenizer_json(pre).ok_or_else(|| {
             unsupported(
                 file,
@@ -556,7 +495,7 @@ pub fn from_gguf<'h>(
         }
     }
     let spelled: Vec<String> = match flavour {
-        Flavour::ByteLevel => tokens.clone(),
+        Flavour::ByteLevel | Flavour::Llama => tokens.clone(),
         Flavour::Gemma => tokens
             .iter()
             .map(|t| gemma_spelling(t).into_owned())
@@ -575,6 +514,21 @@ pub fn from_gguf<'h>(
     }
     if flavour == Flavour::Gemma && file_merges.is_none() {
         pairs = merges_from_vocab(&spelled, &seen);
+    }
+    if flavour == Flavour::Llama && file_merges.is_none() {
+        let scores_key = "tokenizer.ggml.scores";
+        let scores = match key(file, get, scores_key)? {
+            Value::Array(Array::F32(s)) if s.len() == tokens.len() => s,
+            v => {
+                return Err(wrong(
+                    file,
+                    scores_key,
+                    v,
+                    &format!("an array of {} f32", tokens.len()),
+                ))
+            }
+        };
+        pairs = merges_by_score(&spelled, scores, &seen);
     }
     let id = |k: &str| -> Result<Option<u32>> {
         match get(k) {
@@ -595,10 +549,18 @@ pub fn from_gguf<'h>(
     let pad = id("tokenizer.ggml.padding_token_id")?;
     let add_bos = match get("tokenizer.ggml.add_bos_token") {
         // llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise.
-        None => flavour == Flavour::Gemma,
+        None => flavour != Flavour::ByteLevel,
         Some(v) => v
             .as_bool()
             .ok_or_else(|| wrong(file, "tokenizer.ggml.add_bos_token", v, "a boolean"))?,
+    };
+    let space_key = "tokenizer.ggml.add_space_prefix";
+    let add_space_prefix = match get(space_key) {
+        // llama.cpp prepends a space to SentencePiece text unless told not to.
+        None => true,
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| wrong(file, space_key, v, "a boolean"))?,
     };
     let chat_template = match get("tokenizer.chat_template") {
         None => None,
@@ -614,10 +576,14 @@ pub fn from_gguf<'h>(
     for (i, (t, &ty)) in tokens.iter().zip(&types).enumerate() {
         // A user-defined token whose spelling the vocabulary respelled is not added whole,
         // as transformers skips it: its respelled form is reached through the merges.
+        // Llama's `<unk>` is typed unknown, and is a special token in its tokenizer.json.
+        let unk_special =
+            flavour == Flavour::Llama && ty == token_type::UNKNOWN && unk == Some(i as u32);
         let kept = ty == token_type::CONTROL
+            || unk_special
             || (ty == token_type::USER_DEFINED && seen.contains_key(t.as_str()));
         if kept {
-            let special = ty == token_type::CONTROL;
+            let special = ty == token_type::CONTROL || unk_special;
             let entry = json!({"id": i, "content": t, "single_word": false, "lstrip": false,
                 "rstrip": false, "normalized": false, "special": special});
             added.push(entry);
@@ -629,6 +595,10 @@ pub fn from_gguf<'h>(
         }
     }
     let merges: Vec<Json> = pairs.into_iter().map(|(a, b)| json!([a, b])).collect();
+    // Llama 3's BPE takes a whole pre-tokenized word that is itself a token without merging
+    // (`ignore_merges` in its tokenizer.json; llama.cpp sets it for `llama-bpe`): " Việt" is
+    // one token there, three through the merges.
+    let ignore_merges = pre == "llama-bpe";
     let tokenizer_json = match flavour {
         Flavour::ByteLevel => json!({
             "version": "1.0",
@@ -640,32 +610,39 @@ pub fn from_gguf<'h>(
             "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
             "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
             "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": ignore_merges,
                 "vocab": vocab, "merges": merges},
         }),
-        Flavour::Gemma => {
+        Flavour::Gemma | Flavour::Llama => {
             let post = match bos.filter(|_| add_bos) {
                 None => Json::Null,
-                Some(b) => {
-                    let s = &tokens[b as usize];
-                    json!({"type": "TemplateProcessing",
-                        "single": [{"SpecialToken": {"id": s, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-                        "pair": [{"SpecialToken": {"id": s, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                                 {"SpecialToken": {"id": s, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-                        "special_tokens": {s.clone(): {"id": s, "ids": [b], "tokens": [s]}}})
-                }
+                Some(b) => bos_processor(&tokens[b as usize], b),
+            };
+            let replace =
+                json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"});
+            let mut decoders = vec![
+                json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+                json!({"type": "ByteFallback"}),
+                json!({"type": "Fuse"}),
+            ];
+            // Llama: every text (each piece between added tokens, as Hugging Face's legacy
+            // Llama tokenizer does) gets a `▁` in front, and decoding strips one leading space.
+            let normalizer = if flavour == Flavour::Llama && add_space_prefix {
+                decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+                json!({"type": "Sequence", "normalizers": [
+                    {"type": "Prepend", "prepend": "\u{2581}"}, replace]})
+            } else {
+                replace
             };
             json!({
                 "version": "1.0",
                 "truncation": null,
                 "padding": null,
                 "added_tokens": added,
-                "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"},
+                "normalizer": normalizer,
                 "pre_tokenizer": pre_json,
                 "post_processor": post,
-                "decoder": {"type": "Sequence", "decoders": [
-                    {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
-                    {"type": "ByteFallback"}, {"type": "Fuse"}]},
+                "decoder": {"type": "Sequence", "decoders": decoders},
                 "model": {"type": "BPE", "dropout": null, "unk_token": unk.map(|u| tokens[u as usize].clone()),
                     "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": true,
                     "byte_fallback": true, "ignore_merges": false, "vocab": vocab, "merges": merges},
@@ -694,6 +671,7 @@ pub fn from_gguf<'h>(
         "tokenizer_class": match flavour {
             Flavour::ByteLevel => "GPT2Tokenizer",
             Flavour::Gemma => "GemmaTokenizer",
+            Flavour::Llama => "LlamaTokenizer",
         },
     });
     for (role, s) in &special_tokens {
@@ -800,43 +778,124 @@ mod tests {
     }
 
     #[test]
-    fn sentencepiece_outside_gemma_is_refused_naming_the_architecture() {
+    fn gemma_before_3_is_refused_naming_the_architecture() {
         let kv = gemma_keys(&["<unk>", "<bos>"], &[3, 3]);
-        let e = from_gguf("l.gguf", &|k| kv.get(k), "llama", 64).unwrap_err();
+        let e = from_gguf("g2.gguf", &|k| kv.get(k), "gemma2", 64).unwrap_err();
         let msg = e.to_string();
-        assert!(msg.contains("l.gguf") && msg.contains("`llama`"), "{msg}");
+        assert!(msg.contains("g2.gguf") && msg.contains("`gemma2`"), "{msg}");
         assert!(msg.contains("gemma3"), "{msg}");
     }
 
     #[test]
-    fn sentencepiece_scores_follow_the_first_merge_making_each_token() {
-        let tokens: Vec<String> = ["<unk>", "a", "b", "c", "ab", "abc", "<0x0A>"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let types = vec![token_type::CONTROL, 1, 1, 1, 1, 1, 1];
-        let in_order = ["a b".to_string(), "ab c".to_string()];
-        let (scores, types, notice) = sentencepiece_scores(&tokens, types, &in_order);
-        let floor = -3.0;
-        assert_eq!(scores, [floor, floor, floor, floor, 0.0, -1.0, floor]);
-        assert_eq!(types[6], token_type::BYTE);
-        assert_eq!(types[0], token_type::CONTROL);
+    fn unknown_tokenizer_model_is_refused_naming_it() {
+        let mut kv = gemma_keys(&["<unk>", "<bos>"], &[3, 3]);
+        kv.insert("tokenizer.ggml.model".into(), Value::Str("bert".into()));
+        let e = from_gguf("b.gguf", &|k| kv.get(k), "bert", 64).unwrap_err();
         assert!(
-            notice.is_none(),
-            "merges in token order re-import unchanged"
+            matches!(&e, ConvertError::UnsupportedTokenizer { reason, .. } if reason.contains("`bert`")),
+            "{e}"
         );
-        let reversed = ["ab c".to_string(), "a b".to_string()];
-        let (_, _, notice) = sentencepiece_scores(&tokens, vec![1; 7], &reversed);
-        assert!(notice.is_some_and(|n| n.contains("not in the vocabulary's order")));
+    }
+
+    /// A Llama 2 style vocabulary: scored pieces, `▁▁` added by hand with the worst score.
+    fn llama_keys() -> HashMap<String, Value> {
+        use token_type::{BYTE, CONTROL, NORMAL, UNKNOWN};
+        let tokens = [
+            "<unk>",
+            "<s>",
+            "</s>",
+            "<0x0A>",
+            "\u{2581}\u{2581}",
+            "\u{2581}",
+            "H",
+            "i",
+            "\u{2581}H",
+            "\u{2581}Hi",
+        ];
+        let types = [
+            UNKNOWN, CONTROL, CONTROL, BYTE, NORMAL, NORMAL, NORMAL, NORMAL, NORMAL, NORMAL,
+        ];
+        let scores = [0.0, 0.0, 0.0, 0.0, -1e9, -1.0, -2.0, -3.0, -4.0, -5.0];
+        let mut kv = gemma_keys(&tokens, &types);
+        kv.insert(
+            "tokenizer.ggml.scores".into(),
+            Value::Array(Array::F32(scores.to_vec())),
+        );
+        kv
     }
 
     #[test]
-    fn gemma_respelling_follows_python_isspace() {
-        assert_eq!(gemma_spelling("   "), "\u{2581}\u{2581}\u{2581}");
-        assert_eq!(gemma_spelling(" \n"), "\u{2581}\u{2581}");
-        assert_eq!(gemma_spelling(" \u{1f}"), "\u{2581}\u{2581}");
-        assert_eq!(gemma_spelling("\n\n"), "\n\n", "no space: unchanged");
-        assert_eq!(gemma_spelling(" a"), " a", "not all blank: unchanged");
+    fn llama_vocabulary_becomes_bpe_with_merges_by_score() {
+        let kv = llama_keys();
+        let t = from_gguf("l.gguf", &|k| kv.get(k), "llama", 64).unwrap();
+        let j: Json = serde_json::from_str(t.tokenizer_json.as_deref().unwrap()).unwrap();
+        // `▁▁` is token 4 but scores worst: its merge comes last.
+        assert_eq!(
+            j["model"]["merges"],
+            json!([
+                ["\u{2581}", "H"],
+                ["\u{2581}H", "i"],
+                ["\u{2581}", "\u{2581}"]
+            ])
+        );
+        let added: Vec<(&str, bool)> = j["added_tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                (
+                    a["content"].as_str().unwrap(),
+                    a["special"].as_bool().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(added, [("<unk>", true), ("<s>", true), ("</s>", true)]);
+        assert_eq!(t.add_bos_token, Some(true));
+        let tok: tokenizers::Tokenizer = t.tokenizer_json.unwrap().parse().unwrap();
+        // `▁` is prepended: " Hi" is `▁▁Hi`, joined as `▁` `▁Hi` (not `▁▁` `H` `i`).
+        let enc = tok.encode(" Hi\n", true).unwrap();
+        assert_eq!(enc.get_ids(), [1, 5, 9, 3]);
+        assert_eq!(tok.decode(enc.get_ids(), true).unwrap(), " Hi\n");
+        assert_eq!(tok.encode("", false).unwrap().get_ids(), [0u32; 0]);
+    }
+
+    #[test]
+    fn llama_vocabulary_without_space_prefix_or_scores() {
+        let mut kv = llama_keys();
+        kv.insert("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false));
+        let t = from_gguf("l.gguf", &|k| kv.get(k), "phi3", 64).unwrap();
+        let tok: tokenizers::Tokenizer = t.tokenizer_json.unwrap().parse().unwrap();
+        assert_eq!(tok.encode("Hi", false).unwrap().get_ids(), [6, 7]);
+        kv.remove("tokenizer.ggml.scores");
+        let e = from_gguf("l.gguf", &|k| kv.get(k), "phi3", 64).unwrap_err();
+        assert!(
+            matches!(&e, ConvertError::GgufKey { key, .. } if key == "tokenizer.ggml.scores"),
+            "{e}"
+        );
+    }
+
+    /// Regression: a Llama 3 vocabulary imported with `ignore_merges` off tokenized " Việt"
+    /// as three tokens where transformers gives one (llama.cpp's ggml-vocab-llama-bpe test).
+    #[test]
+    fn llama3_byte_level_vocabulary_ignores_merges_for_whole_tokens() {
+        for (pre, want) in [("llama-bpe", true), ("qwen2", false), ("gpt-2", false)] {
+            let kv = HashMap::from([
+                (
+                    "tokenizer.ggml.model".to_string(),
+                    Value::Str("gpt2".into()),
+                ),
+                ("tokenizer.ggml.pre".to_string(), Value::Str(pre.into())),
+                (
+                    "tokenizer.ggml.tokens".to_string(),
+                    strs(&["a", "b", "c", "ab", "abc"]),
+                ),
+                ("tokenizer.ggml.merges".to_string(), strs(&["a b"])),
+            ]);
+            let t = from_gguf("b.gguf", &|k| kv.get(k), "llama", 64).unwrap();
+            let tok: tokenizers::Tokenizer = t.tokenizer_json.unwrap().parse().unwrap();
+            let ids = tok.encode("abc", false).unwrap().get_ids().to_vec();
+            assert_eq!(ids == [4], want, "{pre}: {ids:?}");
+        }
     }
 
     #[test]
