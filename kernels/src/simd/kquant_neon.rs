@@ -485,3 +485,244 @@ pub(crate) const DOTPROD_TILES: KTiles = KTiles {
     q5_k: Tile::new(dotprod_tile::<_, 1>, TOKENS, dotprod_tile::<_, TOKENS>),
     q6_k: Tile::new(dotprod_tile::<_, 1>, TOKENS, dotprod_tile::<_, TOKENS>),
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kquant::dot_ref;
+    use crate::reference as r;
+    use bytemuck::Zeroable;
+    use kiln_format::{QK, QK_K};
+    use proptest::prelude::*;
+
+    /// A small deterministic generator (the tests take a seed from proptest).
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            self.0 >> 16
+        }
+        /// A finite scale of either sign, sometimes zero.
+        fn scale(&mut self) -> f16 {
+            let v = (self.next() % 2001) as f32 / 1000.0 - 1.0;
+            f16::from_f32(v * 0.05)
+        }
+        /// `n` blocks of random bytes (every byte pattern is a valid block), their f16 scales
+        /// then made finite by `fix`.
+        fn blocks<W: bytemuck::Pod>(&mut self, n: usize, fix: impl Fn(&mut W, &mut Rng)) -> Vec<W> {
+            let mut v = vec![W::zeroed(); n];
+            for b in bytemuck::cast_slice_mut::<W, u8>(&mut v) {
+                *b = self.next() as u8;
+            }
+            for w in &mut v {
+                fix(w, self);
+            }
+            v
+        }
+        fn floats(&mut self, n: usize, amp: f32) -> Vec<f32> {
+            (0..n)
+                .map(|_| ((self.next() % (1 << 24)) as f32 / (1u32 << 24) as f32 - 0.5) * amp)
+                .collect()
+        }
+    }
+
+    /// Each token through `tiles` (the multi-token tile over whole groups, the one-token tile
+    /// for the rest) against four rows gives the reference dot of every (row, token), bit for
+    /// bit.
+    fn check<W: KBlock>(
+        tiles: &Tile<W, W::X>,
+        rows: &[Vec<W>; TILE_ROWS],
+        xs: &[Vec<W::X>],
+        what: &str,
+    ) {
+        let rows: [&[W]; TILE_ROWS] = std::array::from_fn(|r| &rows[r][..]);
+        let mut t0 = 0;
+        while t0 < xs.len() {
+            let n = if xs.len() - t0 >= tiles.tokens {
+                tiles.tokens
+            } else {
+                1
+            };
+            let group: Vec<&[W::X]> = xs[t0..t0 + n].iter().map(|x| &x[..]).collect();
+            let mut out = vec![[f32::NAN; TILE_ROWS]; n];
+            let f = if n == 1 { tiles.one } else { tiles.many };
+            f(&rows, &group, &mut out);
+            for (t, o) in out.iter().enumerate() {
+                for (r, &got) in o.iter().enumerate() {
+                    let want = dot_ref(rows[r], group[t]);
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{what}: token {} row {r}: got {got}, reference {want}",
+                        t0 + t
+                    );
+                }
+            }
+            t0 += n;
+        }
+    }
+
+    /// Every Q5/K-quant tile of `tiles` against the reference, `nb` K-quant blocks a row
+    /// (eight times as many Q5 blocks, less `trim` so their count need not be a multiple of
+    /// eight).
+    fn check_all(
+        tiles: &KTiles,
+        nb: usize,
+        trim: usize,
+        n_tokens: usize,
+        amp: f32,
+        seed: u64,
+        what: &str,
+    ) {
+        let mut g = Rng(seed);
+        let n32 = nb * QK_K / QK - trim;
+        let x: Vec<Vec<f32>> = (0..n_tokens).map(|_| g.floats(nb * QK_K, amp)).collect();
+        let x8: Vec<Vec<BlockQ8_0>> = x
+            .iter()
+            .map(|x| {
+                let mut q = vec![BlockQ8_0::zeroed(); n32];
+                r::quantize_row_q8_0_act_ref(&x[..n32 * QK], &mut q);
+                q
+            })
+            .collect();
+        let xk: Vec<Vec<BlockQ8K>> = x
+            .iter()
+            .map(|x| {
+                let mut q = vec![BlockQ8K::zeroed(); nb];
+                r::quantize_row_q8_k_act_ref(x, &mut q);
+                q
+            })
+            .collect();
+        let q5_0 = std::array::from_fn(|_| g.blocks(n32, |w: &mut BlockQ5_0, g| w.d = g.scale()));
+        check(&tiles.q5_0, &q5_0, &x8, &format!("{what} q5_0"));
+        let q5_1 = std::array::from_fn(|_| {
+            g.blocks(n32, |w: &mut BlockQ5_1, g| {
+                (w.d, w.m) = (g.scale(), g.scale())
+            })
+        });
+        check(&tiles.q5_1, &q5_1, &x8, &format!("{what} q5_1"));
+        let q4_k = std::array::from_fn(|_| {
+            g.blocks(nb, |w: &mut BlockQ4K, g| {
+                (w.d, w.dmin) = (g.scale(), g.scale())
+            })
+        });
+        check(&tiles.q4_k, &q4_k, &xk, &format!("{what} q4_k"));
+        let q5_k = std::array::from_fn(|_| {
+            g.blocks(nb, |w: &mut BlockQ5K, g| {
+                (w.d, w.dmin) = (g.scale(), g.scale())
+            })
+        });
+        check(&tiles.q5_k, &q5_k, &xk, &format!("{what} q5_k"));
+        let q6_k = std::array::from_fn(|_| g.blocks(nb, |w: &mut BlockQ6K, g| w.d = g.scale()));
+        check(&tiles.q6_k, &q6_k, &xk, &format!("{what} q6_k"));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// The plain-NEON tiles, and the `dotprod` ones where this CPU has the extension, give
+        /// the reference's bits for every encoding, one token and several, for block counts
+        /// around the eight accumulators and activations of any magnitude.
+        #[test]
+        fn neon_tiles_equal_reference_bits(
+            nb in 1usize..11,
+            trim in 0usize..8,
+            n_tokens in 1usize..2 * TOKENS + 2,
+            amp in prop::sample::select(vec![1e-3f32, 1.0, 100.0]),
+            seed in any::<u64>(),
+        ) {
+            check_all(&PLAIN_TILES, nb, trim, n_tokens, amp, seed, "plain");
+            if has_dotprod() {
+                check_all(&DOTPROD_TILES, nb, trim, n_tokens, amp, seed, "dotprod");
+            }
+        }
+    }
+
+    /// Codes, scales and activations at their extremes (all bits set, Q6_K's scales at both
+    /// ends, activation codes at ±127 and −128): no 16-bit product or pair sum may saturate.
+    #[test]
+    fn extreme_blocks_give_reference_bits() {
+        let one = f16::from_f32(1.0);
+        for (byte, act) in [(0xffu8, -1.0f32), (0xff, 1.0), (0x00, -1.0), (0xaa, 1.0)] {
+            // Q8_K codes reach −128 when the largest magnitude is negative.
+            let x: Vec<f32> = (0..2 * QK_K)
+                .map(|i| if i % 3 == 0 { act } else { -act * 0.5 })
+                .collect();
+            let mut x8 = vec![BlockQ8_0::zeroed(); 2 * QK_K / QK];
+            r::quantize_row_q8_0_act_ref(&x, &mut x8);
+            let mut xk = vec![BlockQ8K::zeroed(); 2];
+            r::quantize_row_q8_k_act_ref(&x, &mut xk);
+            let q5_0 = BlockQ5_0 {
+                d: one,
+                qh: [byte; 4],
+                qs: [byte; 16],
+            };
+            let q5_1 = BlockQ5_1 {
+                d: one,
+                m: one,
+                qh: [byte; 4],
+                qs: [byte; 16],
+            };
+            let q4_k = BlockQ4K {
+                d: one,
+                dmin: one,
+                scales: [byte; 12],
+                qs: [byte; 128],
+            };
+            let q5_k = BlockQ5K {
+                d: one,
+                dmin: one,
+                scales: [byte; 12],
+                qh: [byte; 32],
+                qs: [byte; 128],
+            };
+            for tiles in [PLAIN_TILES, DOTPROD_TILES]
+                .iter()
+                .take(1 + usize::from(has_dotprod()))
+            {
+                check(
+                    &tiles.q5_0,
+                    &std::array::from_fn(|_| vec![q5_0; 16]),
+                    std::slice::from_ref(&x8),
+                    "q5_0",
+                );
+                check(
+                    &tiles.q5_1,
+                    &std::array::from_fn(|_| vec![q5_1; 16]),
+                    std::slice::from_ref(&x8),
+                    "q5_1",
+                );
+                check(
+                    &tiles.q4_k,
+                    &std::array::from_fn(|_| vec![q4_k; 2]),
+                    std::slice::from_ref(&xk),
+                    "q4_k",
+                );
+                check(
+                    &tiles.q5_k,
+                    &std::array::from_fn(|_| vec![q5_k; 2]),
+                    std::slice::from_ref(&xk),
+                    "q5_k",
+                );
+                for sc in [127i8, -128] {
+                    let q6_k = BlockQ6K {
+                        ql: [byte; 128],
+                        qh: [byte; 64],
+                        scales: [sc; 16],
+                        d: one,
+                    };
+                    check(
+                        &tiles.q6_k,
+                        &std::array::from_fn(|_| vec![q6_k; 2]),
+                        std::slice::from_ref(&xk),
+                        "q6_k",
+                    );
+                }
+            }
+        }
+    }
+}
