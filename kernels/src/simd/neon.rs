@@ -13,6 +13,9 @@
 //! across the keys with the reference axpy's multiply-then-add (this tier's axpy is the
 //! reference), so it has the reference's bits.
 //!
+//! The Q5_0, Q5_1 and K-quant tiles are [`super::kquant_neon`]'s; [`table`] takes their
+//! `dotprod` variant where the CPU has the extension.
+//!
 //! Only the matrix kernels, dots and the weighted sum are vectorized by hand here; softmax and
 //! SiLU are [`crate::approx`]'s (its polynomial `exp`, vectorized by the compiler), and RMSNorm
 //! and activation quantization are the scalar reference.
