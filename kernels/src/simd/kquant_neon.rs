@@ -54,6 +54,8 @@ impl ByteDot for Plain {
 struct DotProd;
 
 impl ByteDot for DotProd {
+    /// Always inlined, so the assembler sees the calling function's `dotprod` feature (it
+    /// rejects `sdot` in code compiled without it: a build error, never a wrong instruction).
     #[inline(always)]
     unsafe fn dot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
         // SAFETY: `dotprod` enabled (caller contract); `sdot` reads and writes only the three
@@ -460,7 +462,8 @@ fn dotprod_tile<W: NeonBlock, const T: usize>(
 ) {
     let xs = crate::simd::check_tile::<_, _, T>(rows, xs, out);
     // SAFETY: `DOTPROD_TILES`, the only way here, is put in the NEON table only when the CPU
-    // has `dotprod` (`super::neon::table`); lengths checked above.
+    // has `dotprod` (`super::neon::table`), and this module's tests check it before using
+    // them; lengths checked above.
     out.copy_from_slice(&unsafe { dotprod_imp::<W, T>(rows, xs) });
 }
 
