@@ -103,7 +103,10 @@ impl KBlock for BlockQ6K {
 /// (GGML's word-wise unpacking): the same values as
 /// [`kiln_format::kquants::scale_min_k4`] for `j` in 0..8.
 #[inline(always)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) fn scales_mins_k4(s: &[u8; K_SCALE_SIZE]) -> ([u8; 8], [u8; 8]) {
     const K1: u32 = 0x3f3f_3f3f;
     const K2: u32 = 0x0f0f_0f0f;
@@ -161,7 +164,10 @@ pub(crate) fn dot_ref<W: KBlock>(w: &[W], x: &[W::X]) -> f32 {
 /// token) accumulated in the reference's order: the SIMD tiers' tile, and the reference's
 /// bits whenever `ints` is exact.
 #[inline(always)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) fn tile_with<W: KBlock, U, const R: usize, const T: usize>(
     rows: &[&[W]; R],
     xs: &[&[W::X]; T],

@@ -7,7 +7,9 @@
 //! - `avx2`, `avx512`: the primitives for each ISA and the `#[target_feature]` entry points that
 //!   instantiate the generic kernels, collected in a [`crate::Kernels`] table.
 //! - `neon`: the aarch64 tier (4-lane float dots, exact 8-bit block dots), on its own
-//!   because the x86 primitives above are written against x86 vector types.
+//!   because the x86 primitives above are written against x86 vector types; `kquant_neon`:
+//!   its Q5_0, Q5_1 and K-quant tiles (exact block sums with `vmull_s8`, or `sdot` where the
+//!   CPU has `dotprod`).
 //! - [`avx512_pair`]: the AVX-512 tier's own Q8_0/Q4_0 tile, two blocks per 512-bit
 //!   `vpdpbusd` with the scales converted in registers (the generic block kernel spends more
 //!   on each block's scale than on its dot).
@@ -44,6 +46,8 @@ pub(crate) mod avx512_lanes;
 pub(crate) mod avx512_pair;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod float;
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod kquant_neon;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod kquant_x86;
 #[cfg(target_arch = "aarch64")]
@@ -56,7 +60,7 @@ pub(crate) mod quant;
 /// Check the lengths every tile kernel relies on (the token count is `T`, one output row per
 /// token, every weight row and token of the same length) and return the tokens as an array.
 /// The safe wrappers of the SIMD tiers call this before their `unsafe` kernel calls.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) fn check_tile<'a, R, X, const T: usize>(
     rows: &[&[R]; crate::TILE_ROWS],
     xs: &'a [&'a [X]],

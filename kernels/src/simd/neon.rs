@@ -13,6 +13,9 @@
 //! across the keys with the reference axpy's multiply-then-add (this tier's axpy is the
 //! reference), so it has the reference's bits.
 //!
+//! The Q5_0, Q5_1 and K-quant tiles are [`super::kquant_neon`]'s; [`table`] takes their
+//! `dotprod` variant where the CPU has the extension.
+//!
 //! Only the matrix kernels, dots and the weighted sum are vectorized by hand here; softmax and
 //! SiLU are [`crate::approx`]'s (its polynomial `exp`, vectorized by the compiler), and RMSNorm
 //! and activation quantization are the scalar reference.
@@ -329,50 +332,66 @@ fn weighted(probs: &[f32], stride: usize, v: &[f32], width: usize, out: &mut [f3
     unsafe { weighted_sum(probs, stride, v, width, out) }
 }
 
-/// This tier's table; [`crate::kernels`] only calls it on aarch64.
+/// This tier's table; [`crate::kernels`] only calls it on aarch64. Two tables that differ only
+/// in their Q5/K-quant tiles: the `dotprod` ones where the CPU has the extension, the plain
+/// NEON ones otherwise.
 pub(crate) fn table() -> &'static Kernels {
-    static TABLE: Kernels = Kernels {
-        isa: Isa::Neon,
-        dot_f32: float_dot::<f32>,
-        dot_f16_f32: float_dot::<f16>,
-        dot_bf16_f32: float_dot::<bf16>,
-        dot_q8_0_q8_0: quant_dot::<BlockQ8_0>,
-        dot_q4_0_q8_0: quant_dot::<BlockQ4_0>,
-        weighted_sum: weighted,
-        tile_f32: Tile::new(
-            |w, x, o| tile_ref(w, x, o, float_dot::<f32>),
-            1,
-            |w, x, o| tile_ref(w, x, o, float_dot::<f32>),
-        ),
-        tile_f16: Tile::new(
-            |w, x, o| tile_ref(w, x, o, float_dot::<f16>),
-            1,
-            |w, x, o| tile_ref(w, x, o, float_dot::<f16>),
-        ),
-        tile_bf16: Tile::new(
-            |w, x, o| tile_ref(w, x, o, float_dot::<bf16>),
-            1,
-            |w, x, o| tile_ref(w, x, o, float_dot::<bf16>),
-        ),
-        tile_q8_0: Tile::new(
-            |w, x, o| tile_ref(w, x, o, quant_dot::<BlockQ8_0>),
-            1,
-            |w, x, o| tile_ref(w, x, o, quant_dot::<BlockQ8_0>),
-        ),
-        tile_q4_0: Tile::new(
-            |w, x, o| tile_ref(w, x, o, quant_dot::<BlockQ4_0>),
-            1,
-            |w, x, o| tile_ref(w, x, o, quant_dot::<BlockQ4_0>),
-        ),
-        // NEON is baseline on aarch64, so the compiler vectorizes these as they stand.
-        silu_mul: crate::approx::silu_mul,
-        gelu_tanh_mul: crate::approx::gelu_tanh_mul,
-        softmax_inplace: crate::approx::softmax_inplace,
-        exp_sum: crate::approx::exp_sum,
-        ..SCALAR_TABLE
+    static PLAIN: Kernels = Kernels {
+        kq: super::kquant_neon::PLAIN_TILES,
+        ..BASE
     };
-    &TABLE
+    static DOTPROD: Kernels = Kernels {
+        kq: super::kquant_neon::DOTPROD_TILES,
+        ..BASE
+    };
+    if super::kquant_neon::has_dotprod() {
+        &DOTPROD
+    } else {
+        &PLAIN
+    }
 }
+
+/// The kernels both tables share.
+const BASE: Kernels = Kernels {
+    isa: Isa::Neon,
+    dot_f32: float_dot::<f32>,
+    dot_f16_f32: float_dot::<f16>,
+    dot_bf16_f32: float_dot::<bf16>,
+    dot_q8_0_q8_0: quant_dot::<BlockQ8_0>,
+    dot_q4_0_q8_0: quant_dot::<BlockQ4_0>,
+    weighted_sum: weighted,
+    tile_f32: Tile::new(
+        |w, x, o| tile_ref(w, x, o, float_dot::<f32>),
+        1,
+        |w, x, o| tile_ref(w, x, o, float_dot::<f32>),
+    ),
+    tile_f16: Tile::new(
+        |w, x, o| tile_ref(w, x, o, float_dot::<f16>),
+        1,
+        |w, x, o| tile_ref(w, x, o, float_dot::<f16>),
+    ),
+    tile_bf16: Tile::new(
+        |w, x, o| tile_ref(w, x, o, float_dot::<bf16>),
+        1,
+        |w, x, o| tile_ref(w, x, o, float_dot::<bf16>),
+    ),
+    tile_q8_0: Tile::new(
+        |w, x, o| tile_ref(w, x, o, quant_dot::<BlockQ8_0>),
+        1,
+        |w, x, o| tile_ref(w, x, o, quant_dot::<BlockQ8_0>),
+    ),
+    tile_q4_0: Tile::new(
+        |w, x, o| tile_ref(w, x, o, quant_dot::<BlockQ4_0>),
+        1,
+        |w, x, o| tile_ref(w, x, o, quant_dot::<BlockQ4_0>),
+    ),
+    // NEON is baseline on aarch64, so the compiler vectorizes these as they stand.
+    silu_mul: crate::approx::silu_mul,
+    gelu_tanh_mul: crate::approx::gelu_tanh_mul,
+    softmax_inplace: crate::approx::softmax_inplace,
+    exp_sum: crate::approx::exp_sum,
+    ..SCALAR_TABLE
+};
 
 #[cfg(test)]
 mod tests {
