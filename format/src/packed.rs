@@ -250,7 +250,8 @@ pub(crate) fn unpack(
             bad(
                 key,
                 format!(
-                    "unknown packed field (this build knows {}); the file may come from a newer Kiln",
+                    "unknown packed field (this build knows {}); the file may come from a \
+                     newer Kiln",
                     PackedField::ALL.map(PackedField::key).join(", ")
                 ),
             )

@@ -2,9 +2,10 @@
 //! separate, parallel checksum verification.
 //!
 //! [`KilnFile::open`] checks everything that is cheap (bounds, overlaps, alignment, dtype ×
-//! shape = byte length, limits, zero padding, and the header checksum over the header, metadata
-//! and index, a few megabytes at most) so that no later access can go out of bounds. It does not
-//! hash tensor data; [`KilnFile::verify_checksums`] does, over all cores.
+//! shape = byte length, limits, zero padding, and the header checksum over the header, metadata,
+//! index and files section, a few megabytes at most) so that no later access can go out of
+//! bounds, and decodes the packed metadata fields ([`crate::packed`]) into the [`Metadata`]. It
+//! does not hash tensor data; [`KilnFile::verify_checksums`] does, over all cores.
 
 use std::collections::HashMap;
 use std::fs::File;

@@ -5,10 +5,13 @@
 //! (positioned writes into their own slots, each hashed by the thread that writes it), and no
 //! tensor ever has to be held in memory beyond the chunk being written.
 //!
+//! Large tokenizer files are taken out of the metadata and compressed into the files section when
+//! the writer is created ([`crate::packed`]), since the layout depends on their size.
+//!
 //! Atomicity: everything goes to a temporary file beside the destination; [`KilnWriter::finish`]
-//! writes the index and header, fsyncs, and only then moves the file into place (without
-//! replacing an existing file unless overwriting was asked for) and fsyncs the directory. A
-//! writer dropped before `finish` (an error, a panic) deletes its temporary file, and
+//! writes the index, files section and header, fsyncs, and only then moves the file into place
+//! (without replacing an existing file unless overwriting was asked for) and fsyncs the
+//! directory. A writer dropped before `finish` (an error, a panic) deletes its temporary file, and
 //! [`crate::remove_pending_outputs`] lets a Ctrl-C handler do the same (see [`crate::atomic`]).
 
 use std::path::{Path, PathBuf};
