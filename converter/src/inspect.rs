@@ -125,6 +125,19 @@ pub struct Inspection {
     pub verify: Option<VerifyResult>,
 }
 
+/// A metadata field the file stores packed in its files section (format 1.3).
+#[derive(Debug, Clone, Serialize)]
+pub struct PackedRow {
+    /// The field's path in the metadata, e.g. `tokenizer.tokenizer_json`.
+    pub field: String,
+    /// `zlib` or `stored`.
+    pub encoding: String,
+    /// Decoded bytes.
+    pub len: u64,
+    /// Bytes in the file.
+    pub stored_len: u64,
+}
+
 /// The metadata, with the large tokenizer strings reduced to their sizes.
 #[derive(Debug, Clone, Serialize)]
 pub struct MetadataSummary {
@@ -136,6 +149,8 @@ pub struct MetadataSummary {
     pub add_bos_token: Option<bool>,
     pub generation: serde_json::Value,
     pub provenance: Vec<kiln_format::ProvenanceStep>,
+    /// The fields stored compressed outside the JSON document (empty when none are).
+    pub packed: Vec<PackedRow>,
 }
 
 impl From<&Metadata> for MetadataSummary {
@@ -153,6 +168,7 @@ impl From<&Metadata> for MetadataSummary {
             add_bos_token: m.tokenizer.add_bos_token,
             generation: m.generation.clone(),
             provenance: m.provenance.clone(),
+            packed: Vec::new(),
         }
     }
 }
@@ -223,7 +239,19 @@ pub fn inspect(path: &Path, verify: bool, progress: &dyn Progress) -> Result<Ins
         parameters,
         bytes_by_dtype,
         dtypes,
-        metadata: MetadataSummary::from(f.metadata()),
+        metadata: MetadataSummary {
+            packed: f
+                .packed_fields()
+                .iter()
+                .map(|p| PackedRow {
+                    field: p.field.key().to_string(),
+                    encoding: p.encoding.name().to_string(),
+                    len: p.len,
+                    stored_len: p.stored_len,
+                })
+                .collect(),
+            ..MetadataSummary::from(f.metadata())
+        },
         tensors,
         verify,
     })
@@ -287,6 +315,16 @@ pub fn render(i: &Inspection) -> String {
         if m.chat_template.is_some() { "present" } else { "absent" },
         m.special_tokens
     );
+    for p in &m.packed {
+        let _ = writeln!(
+            s,
+            "packed         {}: {} stored as {} {}",
+            p.field,
+            human(p.len),
+            human(p.stored_len),
+            p.encoding
+        );
+    }
     for p in &m.provenance {
         let _ = writeln!(
             s,

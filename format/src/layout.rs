@@ -5,6 +5,7 @@
 //! 0        fixed header (128 bytes)
 //! 128      metadata (UTF-8 JSON, metadata_len bytes)
 //! ..       tensor index (index_len bytes, tensor_count records)
+//! ..       files section (files_len bytes, since 1.3; empty in most files)
 //! ..       zero padding up to data_offset (a multiple of 64)
 //! data     tensors, each at a multiple of 64 from data_offset, zero padding between
 //! ```
@@ -17,8 +18,13 @@ pub const MAGIC: [u8; 8] = *b"KILN\r\n\x1a\n";
 /// The major version this build writes and reads. Readers refuse any other major version.
 pub const FORMAT_MAJOR: u16 = 1;
 /// The newest minor version this build writes. Minor versions only add; any minor is read.
-/// 1.1 added the `q4_0x16` dtype; 1.2 added `q5_0`, `q5_1`, `q4_k`, `q5_k` and `q6_k`.
-pub const FORMAT_MINOR: u16 = 2;
+/// 1.1 added the `q4_0x16` dtype; 1.2 added `q5_0`, `q5_1`, `q4_k`, `q5_k` and `q6_k`; 1.3
+/// added the files section (packed metadata fields, [`crate::packed`]).
+pub const FORMAT_MINOR: u16 = 3;
+
+/// The minor version that introduced the files section: a file with a non-empty one says at
+/// least this.
+pub const MINOR_FILES: u16 = 3;
 
 /// The minor version that introduced `dtype` (0 for the original ones).
 pub const fn minor_of(dtype: crate::DType) -> u16 {
@@ -47,6 +53,10 @@ pub const HEADER_SHA_RANGE: std::ops::Range<usize> = 96..128;
 /// Largest metadata section a reader accepts. The biggest tokenizers in use are ~10 MB of JSON;
 /// 256 MiB leaves room while refusing to parse a multi-gigabyte "metadata" from a corrupt file.
 pub const MAX_METADATA_LEN: u64 = 256 << 20;
+/// Largest files section a reader accepts. Its fields, decoded, count towards
+/// [`MAX_METADATA_LEN`] (they are metadata), and a zlib stream is never much longer than its
+/// text, so this is the same bound.
+pub const MAX_FILES_LEN: u64 = MAX_METADATA_LEN;
 /// Largest tensor index a reader accepts (a million tensors with long names fit).
 pub const MAX_INDEX_LEN: u64 = 128 << 20;
 /// Most tensors in one file. Large models have a few thousand.
@@ -78,7 +88,9 @@ pub struct FixedHeader {
     pub data_len: u64,
     pub tensor_count: u32,
     pub alignment: u32,
-    pub reserved: [u8; 24],
+    /// Length of the files section after the index (0 before 1.3, and when nothing is packed).
+    pub files_len: u64,
+    pub reserved: [u8; 16],
     pub header_sha256: [u8; 32],
 }
 
@@ -98,7 +110,8 @@ impl FixedHeader {
         b[56..64].copy_from_slice(&self.data_len.to_le_bytes());
         b[64..68].copy_from_slice(&self.tensor_count.to_le_bytes());
         b[68..72].copy_from_slice(&self.alignment.to_le_bytes());
-        b[72..96].copy_from_slice(&self.reserved);
+        b[72..80].copy_from_slice(&self.files_len.to_le_bytes());
+        b[80..96].copy_from_slice(&self.reserved);
         b[HEADER_SHA_RANGE].copy_from_slice(&self.header_sha256);
         b
     }
@@ -120,7 +133,8 @@ impl FixedHeader {
             data_len: u64_at(56),
             tensor_count: u32_at(64),
             alignment: u32_at(68),
-            reserved: b[72..96].try_into().expect("24 bytes"),
+            files_len: u64_at(72),
+            reserved: b[80..96].try_into().expect("16 bytes"),
             header_sha256: b[HEADER_SHA_RANGE].try_into().expect("32 bytes"),
         }
     }
@@ -163,11 +177,23 @@ impl IndexRecord {
 pub(crate) struct Cursor<'a> {
     bytes: &'a [u8],
     pos: usize,
+    /// The section read, as messages name it.
+    section: &'static str,
 }
 
 impl<'a> Cursor<'a> {
+    /// A cursor over the tensor index.
     pub(crate) fn new(bytes: &'a [u8]) -> Self {
-        Cursor { bytes, pos: 0 }
+        Self::over(bytes, "index")
+    }
+
+    /// A cursor over `section`, which messages name.
+    pub(crate) fn over(bytes: &'a [u8], section: &'static str) -> Self {
+        Cursor {
+            bytes,
+            pos: 0,
+            section,
+        }
     }
 
     pub(crate) fn remaining(&self) -> usize {
@@ -181,7 +207,8 @@ impl<'a> Cursor<'a> {
             .filter(|&e| e <= self.bytes.len())
             .ok_or_else(|| {
                 format!(
-                    "{what} needs {n} bytes at index offset {} but only {} remain",
+                    "{what} needs {n} bytes at {} offset {} but only {} remain",
+                    self.section,
                     self.pos,
                     self.remaining()
                 )
@@ -222,7 +249,8 @@ mod tests {
             data_len: 1 << 33,
             tensor_count: 12,
             alignment: 64,
-            reserved: [0; 24],
+            files_len: 5000,
+            reserved: [0; 16],
             header_sha256: [7; 32],
         };
         let b = h.encode();

@@ -12,6 +12,8 @@
 //! - [`blocks`] holds GGML's Q8_0/Q4_0 block layouts and their scalar reference quantizers,
 //!   the specification every faster path is tested against; [`q5`] and [`kquants`] hold
 //!   Q5_0/Q5_1 and the K-quant super-blocks (Q4_K, Q5_K, Q6_K, and Q8_K for activations).
+//! - [`packed`] stores the large metadata fields (tokenizer files) zlib-compressed in the
+//!   files section, and puts them back into the [`Metadata`] a reader hands out.
 //! - [`names`] defines the canonical tensor names, and [`shapes`] the tensors (names and
 //!   shapes) a [`ModelConfig`] implies.
 //!
@@ -28,6 +30,7 @@ pub mod kquants;
 pub mod layout;
 pub mod metadata;
 pub mod names;
+pub mod packed;
 pub mod q5;
 pub mod reader;
 pub mod shapes;

@@ -481,7 +481,8 @@ pub fn json_depth_exceeds(bytes: &[u8], max: usize) -> bool {
     false
 }
 
-/// Tokenizer files, kept byte for byte.
+/// Tokenizer files, kept byte for byte. A file stores the large ones packed (compressed, outside
+/// the JSON document: [`crate::packed`]); the reader puts them back, so they read the same here.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TokenizerFiles {
     /// `tokenizer.json`, exactly as in the source.

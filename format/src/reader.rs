@@ -2,9 +2,10 @@
 //! separate, parallel checksum verification.
 //!
 //! [`KilnFile::open`] checks everything that is cheap (bounds, overlaps, alignment, dtype ×
-//! shape = byte length, limits, zero padding, and the header checksum over the header, metadata
-//! and index, a few megabytes at most) so that no later access can go out of bounds. It does not
-//! hash tensor data; [`KilnFile::verify_checksums`] does, over all cores.
+//! shape = byte length, limits, zero padding, and the header checksum over the header, metadata,
+//! index and files section, a few megabytes at most) so that no later access can go out of
+//! bounds, and decodes the packed metadata fields ([`crate::packed`]) into the [`Metadata`]. It
+//! does not hash tensor data; [`KilnFile::verify_checksums`] does, over all cores.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -21,9 +22,10 @@ use crate::dtype::DType;
 use crate::error::{FormatError, Result};
 use crate::layout::{
     align_up, Cursor, FixedHeader, ALIGNMENT, FORMAT_MAJOR, HEADER_LEN, HEADER_SHA_RANGE, MAGIC,
-    MAX_DIM, MAX_DIMS, MAX_INDEX_LEN, MAX_METADATA_LEN, MAX_NAME_LEN, MAX_TENSORS,
+    MAX_DIM, MAX_DIMS, MAX_FILES_LEN, MAX_INDEX_LEN, MAX_METADATA_LEN, MAX_NAME_LEN, MAX_TENSORS,
 };
 use crate::metadata::Metadata;
+use crate::packed::PackedInfo;
 
 #[cfg(target_endian = "big")]
 compile_error!(
@@ -75,6 +77,7 @@ pub struct KilnFile {
     backing: Backing,
     header: FixedHeader,
     metadata: Metadata,
+    packed: Vec<PackedInfo>,
     tensors: Vec<TensorInfo>,
     by_name: HashMap<String, usize>,
 }
@@ -269,12 +272,23 @@ impl KilnFile {
             ));
         }
         let index_end = meta_end + header.index_len;
-        let expected_data = align_up(index_end).expect("bounded by limits");
+        if header.files_len > MAX_FILES_LEN {
+            return Err(bad(
+                "files_len",
+                format!(
+                    "{} exceeds the limit of {MAX_FILES_LEN} bytes",
+                    header.files_len
+                ),
+            ));
+        }
+        let files_end = index_end + header.files_len;
+        let expected_data = align_up(files_end).expect("bounded by limits");
         if header.data_offset != expected_data {
             return Err(bad(
                 "data_offset",
                 format!(
-                    "{} (must be the index end {index_end} rounded up to {ALIGNMENT}, {expected_data})",
+                    "{} (must be the end of the index and files section, {files_end}, rounded \
+                     up to {ALIGNMENT}: {expected_data})",
                     header.data_offset
                 ),
             ));
@@ -296,6 +310,9 @@ impl KilnFile {
                 index_end,
             ));
         }
+        if files_end > file_len {
+            return Err(truncated("the files section", index_end, files_end));
+        }
         if data_end > file_len {
             return Err(truncated("the tensor data", header.data_offset, data_end));
         }
@@ -309,10 +326,10 @@ impl KilnFile {
             ));
         }
 
-        // Header checksum: fixed header (minus the checksum itself), metadata and index.
+        // Header checksum: fixed header (minus the checksum itself), metadata, index and files.
         let mut h = Sha256::new();
         h.update(&bytes[..HEADER_SHA_RANGE.start]);
-        h.update(&bytes[HEADER_LEN as usize..index_end as usize]);
+        h.update(&bytes[HEADER_LEN as usize..files_end as usize]);
         let computed: [u8; 32] = h.finalize().into();
         if computed != header.header_sha256 {
             return Err(FormatError::HeaderChecksum {
@@ -321,7 +338,7 @@ impl KilnFile {
                 computed: hex(&computed),
             });
         }
-        if bytes[index_end as usize..header.data_offset as usize]
+        if bytes[files_end as usize..header.data_offset as usize]
             .iter()
             .any(|&b| b != 0)
         {
@@ -342,13 +359,20 @@ impl KilnFile {
                 ),
             });
         }
-        let metadata: Metadata = serde_json::from_slice(meta_bytes).map_err(|e| {
+        let mut metadata: Metadata = serde_json::from_slice(meta_bytes).map_err(|e| {
             unsupported_architecture(&label, meta_bytes).unwrap_or(FormatError::BadMetadata {
                 file: label.clone(),
                 field: if e.is_data() { "(document)" } else { "(json)" }.to_string(),
                 reason: e.to_string(),
             })
         })?;
+
+        let packed = crate::packed::unpack(
+            &label,
+            &bytes[index_end as usize..files_end as usize],
+            &mut metadata,
+            MAX_METADATA_LEN - header.metadata_len,
+        )?;
 
         if let Err(p) = metadata.config.check() {
             return Err(FormatError::BadMetadata {
@@ -376,6 +400,7 @@ impl KilnFile {
             backing,
             header,
             metadata,
+            packed,
             tensors,
             by_name,
         })
@@ -406,9 +431,16 @@ impl KilnFile {
         self.backing.bytes().len() as u64
     }
 
-    /// The parsed metadata.
+    /// The parsed metadata, with every packed field decoded into it: how every program reads
+    /// the tokenizer files, whichever way the file stores them.
     pub fn metadata(&self) -> &Metadata {
         &self.metadata
+    }
+
+    /// The metadata fields the file packs in its files section and how (empty before 1.3, and
+    /// when nothing is large enough to pack): for reports; their text is in [`Self::metadata`].
+    pub fn packed_fields(&self) -> &[PackedInfo] {
+        &self.packed
     }
 
     /// Every tensor, in file order.

@@ -5,10 +5,13 @@
 //! (positioned writes into their own slots, each hashed by the thread that writes it), and no
 //! tensor ever has to be held in memory beyond the chunk being written.
 //!
+//! Large tokenizer files are taken out of the metadata and compressed into the files section when
+//! the writer is created ([`crate::packed`]), since the layout depends on their size.
+//!
 //! Atomicity: everything goes to a temporary file beside the destination; [`KilnWriter::finish`]
-//! writes the index and header, fsyncs, and only then moves the file into place (without
-//! replacing an existing file unless overwriting was asked for) and fsyncs the directory. A
-//! writer dropped before `finish` (an error, a panic) deletes its temporary file, and
+//! writes the index, files section and header, fsyncs, and only then moves the file into place
+//! (without replacing an existing file unless overwriting was asked for) and fsyncs the
+//! directory. A writer dropped before `finish` (an error, a panic) deletes its temporary file, and
 //! [`crate::remove_pending_outputs`] lets a Ctrl-C handler do the same (see [`crate::atomic`]).
 
 use std::path::{Path, PathBuf};
@@ -21,8 +24,8 @@ use crate::dtype::DType;
 use crate::error::{FormatError, Result};
 use crate::layout::{
     align_up, minor_for, FixedHeader, IndexRecord, ALIGNMENT, FORMAT_MAJOR, HEADER_LEN,
-    HEADER_SHA_RANGE, MAX_DIM, MAX_DIMS, MAX_INDEX_LEN, MAX_METADATA_LEN, MAX_NAME_LEN,
-    MAX_TENSORS,
+    HEADER_SHA_RANGE, MAX_DIM, MAX_DIMS, MAX_FILES_LEN, MAX_INDEX_LEN, MAX_METADATA_LEN,
+    MAX_NAME_LEN, MAX_TENSORS, MINOR_FILES,
 };
 use crate::metadata::Metadata;
 
@@ -64,7 +67,12 @@ pub struct KilnWriter {
     dest: PathBuf,
     tmp: PathBuf,
     out: AtomicFile,
+    /// The JSON document, packed fields left out.
     metadata: Vec<u8>,
+    /// The files section: the packed fields, compressed.
+    files: Vec<u8>,
+    /// Digest of the packed fields' text, which [`KilnWriter::replace_metadata`] must keep.
+    packed_digest: [u8; 32],
     slots: Vec<Slot>,
     data_offset: u64,
     data_len: u64,
@@ -92,12 +100,11 @@ impl KilnWriter {
                 limit: MAX_TENSORS,
             });
         }
-        let metadata_bytes =
-            serde_json::to_vec(metadata).map_err(|e| FormatError::BadMetadata {
-                file: label.clone(),
-                field: "(document)".into(),
-                reason: e.to_string(),
-            })?;
+        let split = crate::packed::split(metadata).map_err(|e| FormatError::BadMetadata {
+            file: label.clone(),
+            field: "(document)".into(),
+            reason: e.to_string(),
+        })?;
         let mut slots = Vec::with_capacity(tensors.len());
         let mut seen = std::collections::HashSet::new();
         let mut offset = 0u64;
@@ -150,14 +157,15 @@ impl KilnWriter {
                 .ok_or_else(|| overflow(&label))?;
         }
         let data_len = slots.last().map(|s| s.offset + s.len).unwrap_or(0);
-        // Refuse what a reader would refuse, before writing anything.
-        if metadata_bytes.len() as u64 > MAX_METADATA_LEN {
+        // Refuse what a reader would refuse, before writing (or compressing) anything.
+        let decoded_len = split.json.len() as u64 + split.packed_len();
+        if decoded_len > MAX_METADATA_LEN {
             return Err(FormatError::BadMetadata {
                 file: label,
                 field: "(document)".into(),
                 reason: format!(
-                    "{} bytes of JSON exceed the limit of {MAX_METADATA_LEN} bytes",
-                    metadata_bytes.len()
+                    "{decoded_len} bytes of JSON and packed fields exceed the limit of \
+                     {MAX_METADATA_LEN} bytes"
                 ),
             });
         }
@@ -168,8 +176,22 @@ impl KilnWriter {
                 limit: MAX_INDEX_LEN,
             });
         }
+        let files = split.section();
+        if files.len() as u64 > MAX_FILES_LEN {
+            return Err(FormatError::BadMetadata {
+                file: label,
+                field: "(files section)".into(),
+                reason: format!(
+                    "{} bytes exceed the limit of {MAX_FILES_LEN} bytes",
+                    files.len()
+                ),
+            });
+        }
+        let packed_digest = split.digest();
+        let metadata_bytes = split.json;
         let index_end = HEADER_LEN + metadata_bytes.len() as u64 + index_len;
-        let data_offset = align_up(index_end).expect("bounded by the limits above");
+        let files_end = index_end + files.len() as u64;
+        let data_offset = align_up(files_end).expect("bounded by the limits above");
         if data_offset.checked_add(data_len).is_none() {
             return Err(overflow(&label));
         }
@@ -180,6 +202,8 @@ impl KilnWriter {
             tmp: out.tmp_path().to_path_buf(),
             out,
             metadata: metadata_bytes,
+            files,
+            packed_digest,
             slots,
             data_offset,
             data_len,
@@ -199,13 +223,24 @@ impl KilnWriter {
     /// same serialized length (the layout is already fixed).
     ///
     /// This lets a caller declare values it computes while tensors are written, such as source
-    /// file checksums, as fixed-width placeholders and fill them in before `finish`.
+    /// file checksums, as fixed-width placeholders and fill them in before `finish`. The packed
+    /// fields (the large tokenizer files) must be the same text as declared.
     pub fn replace_metadata(&mut self, metadata: &Metadata) -> Result<()> {
-        let bytes = serde_json::to_vec(metadata).map_err(|e| FormatError::BadMetadata {
+        let split = crate::packed::split(metadata).map_err(|e| FormatError::BadMetadata {
             file: self.dest.display().to_string(),
             field: "(document)".into(),
             reason: e.to_string(),
         })?;
+        if split.digest() != self.packed_digest {
+            return Err(FormatError::BadMetadata {
+                file: self.dest.display().to_string(),
+                field: "tokenizer".into(),
+                reason: "replacement metadata changes the packed tokenizer files, whose \
+                         compressed layout is already fixed"
+                    .into(),
+            });
+        }
+        let bytes = split.json;
         if bytes.len() != self.metadata.len() {
             return Err(FormatError::BadMetadata {
                 file: self.dest.display().to_string(),
@@ -323,9 +358,14 @@ impl KilnWriter {
             .encode(&mut index);
         }
         debug_assert_eq!(index.len() as u64, self.index_len);
+        let dtypes_minor = minor_for(self.slots.iter().map(|s| s.spec.dtype));
         let mut header = FixedHeader {
             major: FORMAT_MAJOR,
-            minor: minor_for(self.slots.iter().map(|s| s.spec.dtype)),
+            minor: if self.files.is_empty() {
+                dtypes_minor
+            } else {
+                dtypes_minor.max(MINOR_FILES)
+            },
             flags: 0,
             metadata_offset: HEADER_LEN,
             metadata_len: self.metadata.len() as u64,
@@ -335,7 +375,8 @@ impl KilnWriter {
             data_len: self.data_len,
             tensor_count: self.slots.len() as u32,
             alignment: ALIGNMENT as u32,
-            reserved: [0; 24],
+            files_len: self.files.len() as u64,
+            reserved: [0; 16],
             header_sha256: [0; 32],
         }
         .encode();
@@ -343,11 +384,14 @@ impl KilnWriter {
         h.update(&header[..HEADER_SHA_RANGE.start]);
         h.update(&self.metadata);
         h.update(&index);
+        h.update(&self.files);
         let sha: [u8; 32] = h.finalize().into();
         header[HEADER_SHA_RANGE].copy_from_slice(&sha);
 
+        let index_at = HEADER_LEN + self.metadata.len() as u64;
         self.write_at(&self.metadata, HEADER_LEN)?;
-        self.write_at(&index, HEADER_LEN + self.metadata.len() as u64)?;
+        self.write_at(&index, index_at)?;
+        self.write_at(&self.files, index_at + self.index_len)?;
         self.write_at(&header, 0)?;
         self.out.commit()?;
         Ok(WriteSummary {

@@ -308,7 +308,11 @@ fn header_flip_allows(i: usize, e: &FormatError) -> bool {
         56..64 => field(&["data_len"]) || matches!(e, Truncated { .. }),
         64..68 => field(&["tensor_count"]) || matches!(e, HeaderChecksum { .. }),
         68..72 => field(&["alignment"]),
-        72..96 => field(&["reserved"]),
+        72..80 => {
+            field(&["files_len", "data_offset"])
+                || matches!(e, Truncated { .. } | HeaderChecksum { .. })
+        }
+        80..96 => field(&["reserved"]),
         96..128 => matches!(e, HeaderChecksum { .. }),
         _ => unreachable!(),
     }

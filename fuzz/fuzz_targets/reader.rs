@@ -2,11 +2,13 @@
 //!
 //! Each input is tried twice: as given, and "re-sealed" (bytes 96..128 replaced by the correct
 //! header checksum for whatever the header claims), so that mutations get past the checksum and
-//! exercise the structural validation of the metadata and the tensor index. Whenever a file is
+//! exercise the structural validation of the metadata, the tensor index and the files section
+//! (packed, zlib-compressed tokenizer files). Whenever a file is
 //! accepted, every view, typed accessor and the checksum verification are touched: an accepted
 //! file must never make a later access panic or read out of bounds.
 #![no_main]
 
+use kiln_format::packed::PackedField;
 use kiln_format::{DType, KilnFile};
 use libfuzzer_sys::fuzz_target;
 use sha2::{Digest, Sha256};
@@ -29,6 +31,16 @@ fn exercise(bytes: Vec<u8>) {
     };
     let _ = f.version();
     let _ = f.metadata().quantization();
+    // Every packed field was decoded to exactly its declared length.
+    let tok = &f.metadata().tokenizer;
+    for p in f.packed_fields() {
+        let text = match p.field {
+            PackedField::TokenizerJson => &tok.tokenizer_json,
+            PackedField::TokenizerConfigJson => &tok.tokenizer_config_json,
+            PackedField::ChatTemplate => &tok.chat_template,
+        };
+        assert_eq!(text.as_ref().map(|t| t.len() as u64), Some(p.len));
+    }
     let mut total = 0u64;
     for info in f.tensors() {
         let by_name = f.tensor(&info.name).expect("every indexed name resolves");
@@ -68,13 +80,14 @@ fn exercise(bytes: Vec<u8>) {
     let _ = f.verify();
 }
 
-/// bytes[96..128] = sha256(bytes[0..96] ++ bytes[128..128 + metadata_len + index_len]),
-/// the covered range clamped to the input.
+/// bytes[96..128] = sha256(bytes[0..96] ++ bytes[128..128 + metadata_len + index_len +
+/// files_len]), the covered range clamped to the input.
 fn reseal(b: &mut [u8]) {
     let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
     let end = 128u64
         .saturating_add(u64_at(24))
         .saturating_add(u64_at(40))
+        .saturating_add(u64_at(72))
         .min(b.len() as u64) as usize;
     let mut h = Sha256::new();
     h.update(&b[..96]);

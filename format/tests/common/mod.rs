@@ -231,20 +231,23 @@ pub mod at {
     pub const DATA_LEN: usize = 56;
     pub const TENSOR_COUNT: usize = 64;
     pub const ALIGNMENT: usize = 68;
-    pub const RESERVED: usize = 72;
+    pub const FILES_LEN: usize = 72;
+    pub const RESERVED: usize = 80;
     pub const SHA: usize = 96;
 }
 
 /// Recompute the header checksum after patching: bytes 96..128 = sha256(bytes[0..96] ++
-/// metadata ++ index), with the sections taken from the (possibly patched) header fields and
+/// metadata ++ index ++ files), with the sections taken from the (possibly patched) header fields and
 /// clamped to the file, so that absurd lengths still produce a well-defined seal. A sealed
 /// file can only be refused by the structural checks, never by the checksum.
 pub fn reseal(b: &mut [u8]) {
     let meta_len = u64_at(b, at::METADATA_LEN);
     let index_len = u64_at(b, at::INDEX_LEN);
+    let files_len = u64_at(b, at::FILES_LEN);
     let end = 128u64
         .saturating_add(meta_len)
         .saturating_add(index_len)
+        .saturating_add(files_len)
         .min(b.len() as u64) as usize;
     let mut h = Sha256::new();
     h.update(&b[..at::SHA]);
@@ -256,12 +259,25 @@ pub fn reseal(b: &mut [u8]) {
 /// Assemble a file from raw sections, with a correct header (offsets, lengths, checksum).
 /// `records` is the raw index, `data` the raw data section.
 pub fn assemble(metadata: &[u8], index: &[u8], tensor_count: u32, data: &[u8]) -> Vec<u8> {
+    assemble_with_files(metadata, index, tensor_count, &[], data)
+}
+
+/// [`assemble`] with a files section (raw records) after the index; minor 3 when it is not
+/// empty, as the writer does.
+pub fn assemble_with_files(
+    metadata: &[u8],
+    index: &[u8],
+    tensor_count: u32,
+    files: &[u8],
+    data: &[u8],
+) -> Vec<u8> {
     let index_end = 128 + metadata.len() + index.len();
-    let data_offset = index_end.div_ceil(64) * 64;
+    let files_end = index_end + files.len();
+    let data_offset = files_end.div_ceil(64) * 64;
     let mut b = vec![0u8; data_offset + data.len()];
     b[..8].copy_from_slice(b"KILN\r\n\x1a\n");
     set_u16(&mut b, at::MAJOR, 1);
-    set_u16(&mut b, at::MINOR, 0);
+    set_u16(&mut b, at::MINOR, if files.is_empty() { 0 } else { 3 });
     set_u64(&mut b, at::METADATA_OFFSET, 128);
     set_u64(&mut b, at::METADATA_LEN, metadata.len() as u64);
     set_u64(&mut b, at::INDEX_OFFSET, 128 + metadata.len() as u64);
@@ -270,8 +286,10 @@ pub fn assemble(metadata: &[u8], index: &[u8], tensor_count: u32, data: &[u8]) -
     set_u64(&mut b, at::DATA_LEN, data.len() as u64);
     set_u32(&mut b, at::TENSOR_COUNT, tensor_count);
     set_u32(&mut b, at::ALIGNMENT, 64);
+    set_u64(&mut b, at::FILES_LEN, files.len() as u64);
     b[128..128 + metadata.len()].copy_from_slice(metadata);
     b[128 + metadata.len()..index_end].copy_from_slice(index);
+    b[index_end..files_end].copy_from_slice(files);
     b[data_offset..].copy_from_slice(data);
     reseal(&mut b);
     b
