@@ -29,6 +29,7 @@ mod dispatch;
 mod error;
 mod interleaved;
 mod isa;
+mod klanes;
 mod kquant;
 mod lanes;
 mod matmul;
@@ -50,8 +51,8 @@ pub use dispatch::{active, kernels, Kernels, TILE_ROWS};
 pub use error::KernelError;
 pub use isa::{best_isa, isa, supported_isas, Isa, ISA_ENV};
 pub use matmul::{
-    matmul, matmul_many, FLOAT_LANES_MIN_TOKENS, INTERLEAVED_LANES_MIN_TOKENS, LANES_MIN_TOKENS,
-    ROW_CHUNK,
+    matmul, matmul_many, FLOAT_LANES_MIN_TOKENS, INTERLEAVED_LANES_MIN_TOKENS, KLANES_MIN_TOKENS,
+    LANES_MIN_TOKENS, ROW_CHUNK,
 };
 pub use matrix::{Matrix, OwnedWeights, WeightData};
 pub use pool::{cap_threads, max_threads, Pool};

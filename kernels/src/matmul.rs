@@ -52,6 +52,10 @@ pub const LANES_MIN_TOKENS: usize = 8;
 /// fast; at 64 tokens the lanes kernel is ahead (1.1× at one thread), at 128 by 1.05–1.2×.
 pub const INTERLEAVED_LANES_MIN_TOKENS: usize = 48;
 
+/// The same for K-quant weights (Q4_K, Q5_K, Q6_K) and the tier's K-quant lanes kernel (see
+/// [`crate::klanes`]). Both paths give the reference's bits, so this only chooses the faster.
+pub const KLANES_MIN_TOKENS: usize = 8;
+
 /// The same for float weights and the float lanes kernel, which gains less per token.
 pub const FLOAT_LANES_MIN_TOKENS: usize = 16;
 
@@ -68,7 +72,7 @@ const FLOAT_COLS: usize = 128;
 
 /// Output rows per parallel task of the block lanes kernel, for the same reason as
 /// [`FLOAT_ROW_CHUNK`]; a multiple of sixteen, as interleaved Q4_0 needs.
-const LANES_ROW_CHUNK: usize = 64;
+pub(crate) const LANES_ROW_CHUNK: usize = 64;
 const _: () = assert!(LANES_ROW_CHUNK.is_multiple_of(GROUP_ROWS));
 
 /// Blocks (of 32 columns) per column block of the block lanes product (see [`lanes_chunk`]).
@@ -690,7 +694,7 @@ fn float_lanes_chunk<W: LaneFloat>(
 /// how, so it changes no bits.
 ///
 /// `ws[i]` is `(weights, rows)`; `outs[i]` is `n_tokens × rows_i`.
-fn run_chunks<W: Sync>(
+pub(crate) fn run_chunks<W: Sync>(
     ws: &[(&[W], usize)],
     n_tokens: usize,
     outs: &mut [&mut [f32]],

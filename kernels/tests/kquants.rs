@@ -418,8 +418,33 @@ fn matvec_and_prefill_shapes() {
     }
 }
 
+/// Batches through the K-quant lanes kernel: more than eight super-blocks a row (the eight
+/// accumulators wrap), chunks of 64 rows and a short last one, one group of sixteen tokens and
+/// pairs of groups with a partial last group.
+#[test]
+fn prefill_batches_through_the_lanes_kernels_give_reference_bits() {
+    for (rows, cols, n) in [
+        (8, 256, 8),
+        (12, 9 * 256, 16),
+        (70, 10 * 256, 33),
+        (5, 3 * 256, 48),
+    ] {
+        check_matmul(rows, cols, n, (rows * 7919 + cols + n) as u64);
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(12))]
+    #[test]
+    fn random_prefill_shapes_give_reference_bits(
+        rows in 1usize..70,
+        blocks in 1usize..11,
+        n_tokens in 8usize..40,
+        seed in any::<u64>(),
+    ) {
+        check_matmul(rows, blocks * QK_K, n_tokens, seed);
+    }
+
     #[test]
     fn random_matmul_shapes_give_reference_bits(
         rows in 1usize..40,

@@ -484,6 +484,18 @@ fn lanes_tile(
     }
 }
 
+fn klanes_tile(
+    kind: crate::klanes::KKind,
+    rows: &[&crate::klanes::KLaneRow; TILE_ROWS],
+    x0: &crate::klanes::KLaneBlock,
+    x1: Option<&crate::klanes::KLaneBlock>,
+    acc: &mut crate::lanes::LanesAcc,
+) {
+    // SAFETY: this tier's table, the only way here, is handed out only when the CPU has the
+    // tier's features (`crate::kernels`); the layouts are fixed-size types.
+    unsafe { super::avx2_klanes::ktile(kind, rows, x0, x1, acc) }
+}
+
 /// This tier's table; [`crate::kernels`] only calls it when the CPU supports the tier.
 pub(crate) fn table() -> &'static Kernels {
     static TABLE: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
@@ -491,6 +503,7 @@ pub(crate) fn table() -> &'static Kernels {
         group_q4_0x16: Some(group_q4_0x16),
         lanes: Some(lanes_tile),
         lanes_wide_only: true,
+        klanes: Some(klanes_tile),
         kq: super::kquant_x86::AVX2_TILES,
         ..table_for(Isa::Avx2)
     })

@@ -345,6 +345,17 @@ fn lanes_tile(
     }
 }
 
+fn klanes_tile(
+    kind: crate::klanes::KKind,
+    rows: &[&crate::klanes::KLaneRow; TILE_ROWS],
+    x0: &crate::klanes::KLaneBlock,
+    x1: Option<&crate::klanes::KLaneBlock>,
+    acc: &mut LanesAcc,
+) {
+    // SAFETY: features supported (see above); the layouts are fixed-size types.
+    unsafe { super::avx512_klanes::ktile(kind, rows, x0, x1, acc) }
+}
+
 fn group_q4_0x16(w: &[BlockQ4_0x16], x: &[GroupX], out: &mut [f32; GROUP_ROWS]) {
     assert_eq!(w.len(), x.len(), "group kernel: block count mismatch");
     // SAFETY: this tier's table, the only way here, is handed out only when the CPU has the
@@ -369,6 +380,7 @@ pub(crate) fn table() -> &'static Kernels {
         prepared_q8_0: Some(prepared::<BlockQ8_0>()),
         prepared_q4_0: Some(prepared::<BlockQ4_0>()),
         lanes: Some(lanes_tile),
+        klanes: Some(klanes_tile),
         group_q4_0x16: Some(group_q4_0x16),
         kq: super::kquant_x86::AVX512_TILES,
         ..table_for(Isa::Avx512)

@@ -16,6 +16,8 @@
 //! - [`kquant_x86`]: both x86 tiers' Q5_0, Q5_1 and K-quant block sums (exact integers, so
 //!   their tiles give the reference's bits); [`q5_x86`]: the Q5_0/Q5_1 tile, eight blocks'
 //!   terms in the lanes of one register.
+//! - [`avx512_klanes`], [`avx2_klanes`]: the K-quant lanes kernels ([`crate::klanes`]), a
+//!   token per 32-bit lane.
 //! - [`avx512_group`], [`avx2_group`]: the one-token kernels for sixteen interleaved Q4_0
 //!   rows ([`crate::interleaved`]), a row per 32-bit lane.
 //!
@@ -33,11 +35,15 @@ pub(crate) mod avx2_convert;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_group;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_klanes;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_lanes;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_group;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_klanes;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_lanes;
 #[cfg(target_arch = "x86_64")]
