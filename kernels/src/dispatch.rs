@@ -102,6 +102,8 @@ pub struct Kernels {
     pub(crate) dot_q8_0_q8_0: fn(&[BlockQ8_0], &[BlockQ8_0]) -> f32,
     pub(crate) dot_q4_0_q8_0: fn(&[BlockQ4_0], &[BlockQ8_0]) -> f32,
     pub(crate) quantize_row_q8_0_act: fn(&[f32], &mut [BlockQ8_0]),
+    /// The K-quant products' activations (the reference's bits in every tier).
+    pub(crate) quantize_row_q8_k_act: fn(&[f32], &mut [kiln_format::BlockQ8K]),
     pub(crate) rmsnorm: fn(&[f32], &[f32], f32, &mut [f32]),
     pub(crate) softmax_inplace: fn(&mut [f32]),
     pub(crate) exp_sum: fn(&mut [f32], f32) -> f32,
@@ -219,6 +221,7 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     dot_q8_0_q8_0: r::dot_q8_0_q8_0_ref,
     dot_q4_0_q8_0: r::dot_q4_0_q8_0_ref,
     quantize_row_q8_0_act: r::quantize_row_q8_0_act_ref,
+    quantize_row_q8_k_act: r::quantize_row_q8_k_act_ref,
     rmsnorm: r::rmsnorm_ref,
     softmax_inplace: r::softmax_inplace_ref,
     exp_sum: r::exp_sum_ref,
@@ -392,6 +395,18 @@ impl Kernels {
             "quantize_row_q8_0_act: x must hold 32 values per output block"
         );
         (self.quantize_row_q8_0_act)(x, out)
+    }
+
+    /// Quantize activations to Q8_K (GGML's rule, the bits of
+    /// [`crate::reference::quantize_row_q8_k_act_ref`] in every tier). Panics unless
+    /// `x.len() == 256·out.len()`.
+    pub fn quantize_row_q8_k_act(&self, x: &[f32], out: &mut [kiln_format::BlockQ8K]) {
+        assert_eq!(
+            x.len(),
+            out.len() * kiln_format::QK_K,
+            "quantize_row_q8_k_act: x must hold 256 values per output block"
+        );
+        (self.quantize_row_q8_k_act)(x, out)
     }
 
     /// RMSNorm of one row. Panics if the lengths differ.

@@ -42,7 +42,7 @@ use crate::kquant::scales_mins_k4;
 use crate::lanes::{LanesAcc, LANES};
 use crate::matmul::{per_token, run_chunks, LANES_ROW_CHUNK};
 use crate::pool::Pool;
-use crate::reference::{sum_lanes8, BLOCK_LANES};
+use crate::reference::BLOCK_LANES;
 
 /// Sub-blocks of sixteen codes in a super-block (Q8_K's `bsums`).
 pub(crate) const KSUBS: usize = QK_K / 16;
@@ -335,8 +335,8 @@ pub(crate) fn run_klanes<W: KLaneWeight + Sync>(
 /// for 64 rows) and meets every pair of token groups' super-block (9 KiB), in L1 across the
 /// chunk's sixteen four-row tiles, so the activations stream from memory once per chunk. The
 /// terms go to the accumulator of the super-block's index modulo eight (the reference's
-/// order), whose running sums wait in a per-thread buffer; the eight are summed by
-/// [`sum_lanes8`] at the end.
+/// order), whose running sums wait in a per-thread buffer; the eight are summed in
+/// [`crate::reference::sum_lanes8`]'s tree at the end.
 fn klanes_chunk<W: KLaneWeight>(
     w: &[W],
     nb: usize,
@@ -371,21 +371,32 @@ fn klanes_chunk<W: KLaneWeight>(
                 }
             }
         }
-        // Each (row, token): its eight accumulators summed in the reference's tree.
+        // Each (row, token): its eight accumulators summed in the reference's tree, a whole
+        // (row tile, pair) at a time (element-wise over arrays, which vectorizes), then
+        // transposed into the outputs.
         for p in 0..pairs {
-            for g in 0..2 {
-                let t0 = (2 * p + g) * LANES;
-                let t1 = n_tokens.min(t0 + LANES);
-                if t0 >= t1 {
-                    break;
+            for rt in 0..row_tiles {
+                let i = p * row_tiles + rt;
+                let a = |k: usize| &acc[k * per_lane + i];
+                let mut sum: LanesAcc = [[[0.0; LANES]; 2]; TILE_ROWS];
+                for (j, s) in sum.iter_mut().enumerate() {
+                    for (g, s) in s.iter_mut().enumerate() {
+                        for (l, s) in s.iter_mut().enumerate() {
+                            let v = |k: usize| a(k)[j][g][l];
+                            *s = ((v(0) + v(4)) + (v(2) + v(6))) + ((v(1) + v(5)) + (v(3) + v(7)));
+                        }
+                    }
                 }
-                for (l, o) in outs[t0..t1].iter_mut().enumerate() {
-                    for (rt, o) in o.chunks_mut(TILE_ROWS).enumerate() {
-                        let i = p * row_tiles + rt;
-                        for (j, v) in o.iter_mut().enumerate() {
-                            let lanes: [f32; BLOCK_LANES] =
-                                std::array::from_fn(|k| acc[k * per_lane + i][j][g][l]);
-                            *v = sum_lanes8(&lanes);
+                for g in 0..2 {
+                    let t0 = (2 * p + g) * LANES;
+                    let t1 = n_tokens.min(t0 + LANES);
+                    if t0 >= t1 {
+                        break;
+                    }
+                    for (l, o) in outs[t0..t1].iter_mut().enumerate() {
+                        let o = &mut o[rt * TILE_ROWS..rows.min((rt + 1) * TILE_ROWS)];
+                        for (v, s) in o.iter_mut().zip(&sum) {
+                            *v = s[g][l];
                         }
                     }
                 }

@@ -244,8 +244,8 @@ impl Kernels {
         })
     }
 
-    /// K-quant rows: the activations quantized to Q8_K once (GGML's rule, the reference in
-    /// every tier), then batches of [`crate::KLANES_MIN_TOKENS`] or more through the tier's
+    /// K-quant rows: the activations quantized to Q8_K once (GGML's rule, the reference's
+    /// bits in every tier), then batches of [`crate::KLANES_MIN_TOKENS`] or more through the tier's
     /// K-quant lanes kernel where it has one ([`crate::klanes::run_klanes`]), others through
     /// `tile` over row chunks. Both give the reference's bits.
     pub(crate) fn run_q8_k_tiles<W: crate::klanes::KLaneWeight + Sync>(
@@ -263,8 +263,9 @@ impl Kernels {
             xq.clear();
             xq.resize(n_tokens * nb, bytemuck::Zeroable::zeroed());
             if nb > 0 {
+                let quantize = self.quantize_row_q8_k_act;
                 crate::matmul::per_token(pool, xq, nb, |t, q| {
-                    r::quantize_row_q8_k_act_ref(&x[t * cols..(t + 1) * cols], q)
+                    quantize(&x[t * cols..(t + 1) * cols], q)
                 });
             }
             if let Some(kernel) = self
