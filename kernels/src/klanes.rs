@@ -247,14 +247,13 @@ pub(crate) fn ktile_ref(
     acc: &mut LanesAcc,
 ) {
     for (g, x) in std::iter::once(x0).chain(x1).enumerate() {
-        for (r, w) in rows.iter().enumerate() {
-            for t in 0..LANES {
+        for (w, acc) in rows.iter().zip(acc.iter_mut()) {
+            for (t, a) in acc[g].iter_mut().enumerate() {
                 let ints = ints_ref(kind, w, x, t);
-                let term = match kind {
+                *a += match kind {
                     KKind::Affine => crate::reference::term_k(w.d, w.dmin, x.dx[t], ints),
                     KKind::Offset => crate::reference::term_q6_k(w.d, x.dx[t], ints.0),
                 };
-                acc[r][g][t] += term;
             }
         }
     }
@@ -434,10 +433,10 @@ mod tests {
         let u = w.unpack();
         let mut acc: LanesAcc = [[[0.0; LANES]; 2]; TILE_ROWS];
         ktile_ref(W::KIND, &[&u; TILE_ROWS], &x[0], Some(&x[0]), &mut acc);
-        for t in 0..LANES {
+        for (t, &term) in acc[0][1].iter().enumerate() {
             // One block: accumulator 0 holds the term, the other seven +0.
             let mut lanes = [0.0f32; 8];
-            lanes[0] = acc[0][1][t];
+            lanes[0] = term;
             let got = r::sum_lanes8(&lanes);
             let want = xs.get(t).map_or(0.0, |x| {
                 dot(std::slice::from_ref(w), std::slice::from_ref(x))
