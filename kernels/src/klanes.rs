@@ -31,6 +31,16 @@
 //! Each weight row is unpacked once per product, a super-block at a time ([`KLaneRow`], 384
 //! bytes for 256 weights), and the activations transposed once per product into
 //! [`KLaneBlock`]s (4.6 KiB per super-block of sixteen tokens).
+//!
+//! Why not unpack K-quant rows into [`crate::lanes`]' Q4_0-style blocks (32 codes and one f32
+//! scale each, against Q8_0 activations)? Folding a sub-block's scale and min into a per-block
+//! f32 would change the activations (Q8_0, a scale per 32 codes, instead of GGML's Q8_K) and
+//! the order of the float work, so a K-quant matrix would give different numbers in prefill
+//! than in decode and than llama.cpp's pairing; it would also spend a float conversion and
+//! two multiplies per 32 weights where this layout spends one integer multiply. Keeping Q8_K
+//! and the exact per-super-block sums costs one `vpmulld` per sub-block (an eighth of the
+//! `vpdpbusd` count for Q4_K, a quarter for Q6_K) and eight accumulators per (row, token)
+//! kept in memory.
 
 use std::cell::RefCell;
 

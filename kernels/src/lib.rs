@@ -20,7 +20,8 @@
 //!
 //! Module map: `reference` (the scalar spec), `dispatch` (the table and the safe, length-checking
 //! entry points), `simd::{avx2, avx512}` (the `#[target_feature]` kernels), `kquant` and
-//! `simd::kquant_x86` (Q5_0, Q5_1 and K-quant tiles), `matmul` (tiling and
+//! `simd::kquant_x86` (Q5_0, Q5_1 and K-quant tiles), `lanes` and `klanes` (prefill with
+//! tokens in vector lanes: block and float weights, K-quants), `matmul` (tiling and
 //! threading), `isa` (detection), `stats` ([`ErrorStats`], whose order of additions the
 //! quantization kernels share), `pool`, `matrix`, `error`.
 
