@@ -102,6 +102,8 @@ pub struct Kernels {
     pub(crate) dot_q8_0_q8_0: fn(&[BlockQ8_0], &[BlockQ8_0]) -> f32,
     pub(crate) dot_q4_0_q8_0: fn(&[BlockQ4_0], &[BlockQ8_0]) -> f32,
     pub(crate) quantize_row_q8_0_act: fn(&[f32], &mut [BlockQ8_0]),
+    /// The K-quant products' activations (the reference's bits in every tier).
+    pub(crate) quantize_row_q8_k_act: fn(&[f32], &mut [kiln_format::BlockQ8K]),
     pub(crate) rmsnorm: fn(&[f32], &[f32], f32, &mut [f32]),
     pub(crate) softmax_inplace: fn(&mut [f32]),
     pub(crate) exp_sum: fn(&mut [f32], f32) -> f32,
@@ -129,6 +131,10 @@ pub struct Kernels {
     /// (Q8_0's): at AVX2, whose lanes kernel has no `vpdpbusd`, the tier's own Q4_0/Q5_0 kernels
     /// are faster and the lanes kernel only beats the Q8_0 tiles.
     pub(crate) lanes_wide_only: bool,
+    /// The tokens-in-lanes kernel for K-quant weights (Q4_K, Q5_K, Q6_K), where the tier has
+    /// one (used for batches of [`crate::KLANES_MIN_TOKENS`] tokens and more; see
+    /// [`crate::klanes`]).
+    pub(crate) klanes: Option<crate::klanes::KLanesFn>,
     /// The same for float weights (F32, F16, BF16, widened once per row).
     pub(crate) float_lanes: Option<crate::lanes::FloatLanesFn>,
     /// The one-token kernel for sixteen interleaved Q4_0 rows, where the tier has one (other
@@ -215,6 +221,7 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     dot_q8_0_q8_0: r::dot_q8_0_q8_0_ref,
     dot_q4_0_q8_0: r::dot_q4_0_q8_0_ref,
     quantize_row_q8_0_act: r::quantize_row_q8_0_act_ref,
+    quantize_row_q8_k_act: r::quantize_row_q8_k_act_ref,
     rmsnorm: r::rmsnorm_ref,
     softmax_inplace: r::softmax_inplace_ref,
     exp_sum: r::exp_sum_ref,
@@ -252,6 +259,7 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     prepared_q4_0: None,
     lanes: None,
     lanes_wide_only: false,
+    klanes: None,
     float_lanes: None,
     group_q4_0x16: None,
     kq: crate::kquant::SCALAR_TILES,
@@ -291,7 +299,9 @@ impl Kernels {
     /// Whether this tier multiplies weights of encoding `w` by batches of
     /// [`crate::LANES_MIN_TOKENS`] tokens or more (or [`crate::INTERLEAVED_LANES_MIN_TOKENS`]
     /// for `q4_0x16`) through its block lanes kernel, whose every result is the scalar
-    /// reference's bits: Q8_0, Q4_0, `q4_0x16` and Q5_0 at AVX-512, Q8_0 at AVX2.
+    /// reference's bits: Q8_0, Q4_0, `q4_0x16` and Q5_0 at AVX-512, Q8_0 at AVX2; and Q4_K,
+    /// Q5_K and Q6_K by batches of [`crate::KLANES_MIN_TOKENS`] through its K-quant lanes
+    /// kernel (AVX-512), whose results are the reference's bits too.
     pub fn has_lanes(&self, w: &crate::WeightData) -> bool {
         use crate::lanes::LaneWeight;
         use crate::WeightData as D;
@@ -299,6 +309,7 @@ impl Kernels {
             D::Q8_0(_) => kiln_format::BlockQ8_0::OFFSET,
             D::Q4_0(_) | D::Q4_0x16(_) => kiln_format::BlockQ4_0::OFFSET,
             D::Q5_0(_) => kiln_format::BlockQ5_0::OFFSET,
+            D::Q4_K(_) | D::Q5_K(_) | D::Q6_K(_) => return self.klanes.is_some(),
             _ => return false,
         };
         self.lanes.is_some() && (!self.lanes_wide_only || offset > 127)
@@ -384,6 +395,18 @@ impl Kernels {
             "quantize_row_q8_0_act: x must hold 32 values per output block"
         );
         (self.quantize_row_q8_0_act)(x, out)
+    }
+
+    /// Quantize activations to Q8_K (GGML's rule, the bits of
+    /// [`crate::reference::quantize_row_q8_k_act_ref`] in every tier). Panics unless
+    /// `x.len() == 256·out.len()`.
+    pub fn quantize_row_q8_k_act(&self, x: &[f32], out: &mut [kiln_format::BlockQ8K]) {
+        assert_eq!(
+            x.len(),
+            out.len() * kiln_format::QK_K,
+            "quantize_row_q8_k_act: x must hold 256 values per output block"
+        );
+        (self.quantize_row_q8_k_act)(x, out)
     }
 
     /// RMSNorm of one row. Panics if the lengths differ.

@@ -250,9 +250,11 @@ impl Kernels {
         })
     }
 
-    /// K-quant rows: the activations quantized to Q8_K once (GGML's rule, the reference in
-    /// every tier), then `tile` over row chunks.
-    pub(crate) fn run_q8_k_tiles<W: Sync>(
+    /// K-quant rows: the activations quantized to Q8_K once (GGML's rule, the reference's
+    /// bits in every tier), then batches of [`crate::KLANES_MIN_TOKENS`] or more through the tier's
+    /// K-quant lanes kernel where it has one ([`crate::klanes::run_klanes`]), others through
+    /// `tile` over row chunks. Both give the reference's bits.
+    pub(crate) fn run_q8_k_tiles<W: crate::klanes::KLaneWeight + Sync>(
         &self,
         ws: &[(&[W], usize)],
         x: &[f32],
@@ -267,9 +269,16 @@ impl Kernels {
             xq.clear();
             xq.resize(n_tokens * nb, bytemuck::Zeroable::zeroed());
             if nb > 0 {
+                let quantize = self.quantize_row_q8_k_act;
                 crate::matmul::per_token(pool, xq, nb, |t, q| {
-                    r::quantize_row_q8_k_act_ref(&x[t * cols..(t + 1) * cols], q)
+                    quantize(&x[t * cols..(t + 1) * cols], q)
                 });
+            }
+            if let Some(kernel) = self
+                .klanes
+                .filter(|_| nb > 0 && n_tokens >= crate::KLANES_MIN_TOKENS)
+            {
+                return crate::klanes::run_klanes(ws, nb, xq, n_tokens, outs, pool, kernel);
             }
             crate::matmul::run_tiles(ws, nb, xq, nb, n_tokens, outs, pool, tile)
         })

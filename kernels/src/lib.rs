@@ -20,7 +20,8 @@
 //!
 //! Module map: `reference` (the scalar spec), `dispatch` (the table and the safe, length-checking
 //! entry points), `simd::{avx2, avx512}` (the `#[target_feature]` kernels), `kquant` and
-//! `simd::kquant_x86` (Q5_0, Q5_1 and K-quant tiles), `matmul` (tiling and
+//! `simd::kquant_x86` (Q5_0, Q5_1 and K-quant tiles), `lanes` and `klanes` (prefill with
+//! tokens in vector lanes: block and float weights, K-quants), `matmul` (tiling and
 //! threading), `isa` (detection), `stats` ([`ErrorStats`], whose order of additions the
 //! quantization kernels share), `pool`, `matrix`, `error`.
 
@@ -29,6 +30,7 @@ mod dispatch;
 mod error;
 mod interleaved;
 mod isa;
+mod klanes;
 mod kquant;
 mod lanes;
 mod matmul;
@@ -50,8 +52,8 @@ pub use dispatch::{active, kernels, Kernels, TILE_ROWS};
 pub use error::KernelError;
 pub use isa::{best_isa, isa, supported_isas, Isa, ISA_ENV};
 pub use matmul::{
-    matmul, matmul_many, FLOAT_LANES_MIN_TOKENS, INTERLEAVED_LANES_MIN_TOKENS, LANES_MIN_TOKENS,
-    ROW_CHUNK,
+    matmul, matmul_many, FLOAT_LANES_MIN_TOKENS, INTERLEAVED_LANES_MIN_TOKENS, KLANES_MIN_TOKENS,
+    LANES_MIN_TOKENS, ROW_CHUNK,
 };
 pub use matrix::{Matrix, OwnedWeights, WeightData};
 pub use pool::{cap_threads, max_threads, Pool};

@@ -16,7 +16,9 @@
 //! unpacked or widened once per product. Below that size a token's result does not depend on
 //! the other tokens of the batch; at or above it, it is the scalar reference's for block
 //! weights and the lanes kernel's own fixed order for float weights, which differ from the
-//! one-token tiles' in the last bits.
+//! one-token tiles' in the last bits. K-quant batches of [`KLANES_MIN_TOKENS`] or more take
+//! the tier's K-quant lanes kernel where it has one (AVX-512, AVX2; see [`crate::klanes`]),
+//! which gives the reference's bits, as the one-token tiles do.
 
 use std::cell::RefCell;
 
@@ -52,6 +54,12 @@ pub const LANES_MIN_TOKENS: usize = 8;
 /// fast; at 64 tokens the lanes kernel is ahead (1.1× at one thread), at 128 by 1.05–1.2×.
 pub const INTERLEAVED_LANES_MIN_TOKENS: usize = 48;
 
+/// The same for K-quant weights (Q4_K, Q5_K, Q6_K) and the tier's K-quant lanes kernel (see
+/// [`crate::klanes`]). Both paths give the reference's bits, so this only chooses the faster:
+/// at 8 tokens the lanes kernel already is (1B-shape Q4_K_M pp8, two threads on a busy
+/// host: 24 tok/s through the eight-token tiles, 54 through the lanes kernel).
+pub const KLANES_MIN_TOKENS: usize = 8;
+
 /// The same for float weights and the float lanes kernel, which gains less per token.
 pub const FLOAT_LANES_MIN_TOKENS: usize = 16;
 
@@ -68,7 +76,7 @@ const FLOAT_COLS: usize = 128;
 
 /// Output rows per parallel task of the block lanes kernel, for the same reason as
 /// [`FLOAT_ROW_CHUNK`]; a multiple of sixteen, as interleaved Q4_0 needs.
-const LANES_ROW_CHUNK: usize = 64;
+pub(crate) const LANES_ROW_CHUNK: usize = 64;
 const _: () = assert!(LANES_ROW_CHUNK.is_multiple_of(GROUP_ROWS));
 
 /// Blocks (of 32 columns) per column block of the block lanes product (see [`lanes_chunk`]).
@@ -690,7 +698,7 @@ fn float_lanes_chunk<W: LaneFloat>(
 /// how, so it changes no bits.
 ///
 /// `ws[i]` is `(weights, rows)`; `outs[i]` is `n_tokens × rows_i`.
-fn run_chunks<W: Sync>(
+pub(crate) fn run_chunks<W: Sync>(
     ws: &[(&[W], usize)],
     n_tokens: usize,
     outs: &mut [&mut [f32]],

@@ -418,8 +418,33 @@ fn matvec_and_prefill_shapes() {
     }
 }
 
+/// Batches through the K-quant lanes kernel: more than eight super-blocks a row (the eight
+/// accumulators wrap), chunks of 64 rows and a short last one, one group of sixteen tokens and
+/// pairs of groups with a partial last group.
+#[test]
+fn prefill_batches_through_the_lanes_kernels_give_reference_bits() {
+    for (rows, cols, n) in [
+        (8, 256, 8),
+        (12, 9 * 256, 16),
+        (70, 10 * 256, 33),
+        (5, 3 * 256, 48),
+    ] {
+        check_matmul(rows, cols, n, (rows * 7919 + cols + n) as u64);
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(12))]
+    #[test]
+    fn random_prefill_shapes_give_reference_bits(
+        rows in 1usize..70,
+        blocks in 1usize..11,
+        n_tokens in 8usize..40,
+        seed in any::<u64>(),
+    ) {
+        check_matmul(rows, blocks * QK_K, n_tokens, seed);
+    }
+
     #[test]
     fn random_matmul_shapes_give_reference_bits(
         rows in 1usize..40,
@@ -429,6 +454,80 @@ proptest! {
     ) {
         check_matmul(rows, blocks * QK_K, n_tokens, seed);
     }
+}
+
+const Q8K_ZERO: BlockQ8K = BlockQ8K {
+    d: 0.0,
+    qs: [0; QK_K],
+    bsums: [0; QK_K / 16],
+};
+
+/// Every tier's Q8_K quantization of activations is the reference's, byte for byte (the scale
+/// compared by bits): random rows, rows whose largest magnitude occurs with both signs, rows
+/// with NaN and infinities, all-zero and all-NaN blocks.
+fn q8_k_act_same_bytes(x: &[f32], what: &str) {
+    let mut want = vec![Q8K_ZERO; x.len() / QK_K];
+    r::quantize_row_q8_k_act_ref(x, &mut want);
+    for k in tiers() {
+        let mut got = vec![Q8K_ZERO; x.len() / QK_K];
+        k.quantize_row_q8_k_act(x, &mut got);
+        for (b, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.d.to_bits(),
+                w.d.to_bits(),
+                "{what} block {b} scale, {:?}",
+                k.isa()
+            );
+            assert_eq!(g.qs, w.qs, "{what} block {b} codes, {:?}", k.isa());
+            assert_eq!(g.bsums, w.bsums, "{what} block {b} sums, {:?}", k.isa());
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn every_tier_quantizes_q8_k_activations_as_the_reference(
+        blocks in 1usize..4,
+        seed in any::<u64>(),
+        amp in prop::sample::select(vec![1e-30f32, 1e-3, 1.0, 3.0, 1e30]),
+        specials in prop::collection::vec((0usize..1024, 0usize..6), 0..6),
+    ) {
+        let mut g = Rng(seed);
+        let mut x = g.floats(blocks * QK_K, amp);
+        for (i, kind) in specials {
+            let i = i % x.len();
+            x[i] = match kind {
+                0 => f32::NAN,
+                1 => f32::INFINITY,
+                2 => f32::NEG_INFINITY,
+                3 => -x[(i + 7) % x.len()],
+                4 => 0.0,
+                _ => -0.0,
+            };
+        }
+        // The largest magnitude with both signs, the negative first.
+        if let Some((m, _)) = x.iter().enumerate().max_by(|a, b| a.1.abs().total_cmp(&b.1.abs())) {
+            let v = x[m].abs();
+            if v.is_finite() {
+                x[m] = v;
+                x[m / 2] = -v;
+            }
+        }
+        q8_k_act_same_bytes(&x, "random");
+    }
+}
+
+#[test]
+fn q8_k_activation_edge_blocks() {
+    q8_k_act_same_bytes(&[0.0; QK_K], "zeros");
+    q8_k_act_same_bytes(&[f32::NAN; QK_K], "NaN");
+    q8_k_act_same_bytes(&[-0.0; QK_K], "negative zeros");
+    let mut x = vec![1.0f32; 2 * QK_K];
+    x[300] = f32::INFINITY;
+    x[5] = f32::NAN;
+    q8_k_act_same_bytes(&x, "infinity");
+    let ramp: Vec<f32> = (0..QK_K).map(|i| i as f32 - 127.5).collect();
+    q8_k_act_same_bytes(&ramp, "ramp");
 }
 
 #[test]

@@ -484,6 +484,29 @@ fn lanes_tile(
     }
 }
 
+fn klanes_tile(
+    kind: crate::klanes::KKind,
+    rows: &[&crate::klanes::KLaneRow; TILE_ROWS],
+    x0: &crate::klanes::KLaneBlock,
+    x1: Option<&crate::klanes::KLaneBlock>,
+    acc: &mut crate::lanes::LanesAcc,
+) {
+    // SAFETY: this tier's table, the only way here, is handed out only when the CPU has the
+    // tier's features (`crate::kernels`); the layouts are fixed-size types.
+    unsafe { super::avx2_klanes::ktile(kind, rows, x0, x1, acc) }
+}
+
+fn quantize_row_q8_k_act(x: &[f32], out: &mut [kiln_format::BlockQ8K]) {
+    assert_eq!(
+        x.len(),
+        out.len() * kiln_format::QK_K,
+        "quantize_row_q8_k_act: length mismatch"
+    );
+    // SAFETY: this tier's table, the only way here, is handed out only when the CPU has the
+    // tier's features (`crate::kernels`); lengths checked.
+    unsafe { super::q8k_x86::quantize_avx2(x, out) }
+}
+
 /// This tier's table; [`crate::kernels`] only calls it when the CPU supports the tier.
 pub(crate) fn table() -> &'static Kernels {
     static TABLE: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
@@ -491,6 +514,8 @@ pub(crate) fn table() -> &'static Kernels {
         group_q4_0x16: Some(group_q4_0x16),
         lanes: Some(lanes_tile),
         lanes_wide_only: true,
+        klanes: Some(klanes_tile),
+        quantize_row_q8_k_act,
         kq: super::kquant_x86::AVX2_TILES,
         ..table_for(Isa::Avx2)
     })

@@ -345,6 +345,27 @@ fn lanes_tile(
     }
 }
 
+fn klanes_tile(
+    kind: crate::klanes::KKind,
+    rows: &[&crate::klanes::KLaneRow; TILE_ROWS],
+    x0: &crate::klanes::KLaneBlock,
+    x1: Option<&crate::klanes::KLaneBlock>,
+    acc: &mut LanesAcc,
+) {
+    // SAFETY: features supported (see above); the layouts are fixed-size types.
+    unsafe { super::avx512_klanes::ktile(kind, rows, x0, x1, acc) }
+}
+
+fn quantize_row_q8_k_act(x: &[f32], out: &mut [kiln_format::BlockQ8K]) {
+    assert_eq!(
+        x.len(),
+        out.len() * kiln_format::QK_K,
+        "quantize_row_q8_k_act: length mismatch"
+    );
+    // SAFETY: features supported (see above); lengths checked.
+    unsafe { super::q8k_x86::quantize_avx512(x, out) }
+}
+
 fn group_q4_0x16(w: &[BlockQ4_0x16], x: &[GroupX], out: &mut [f32; GROUP_ROWS]) {
     assert_eq!(w.len(), x.len(), "group kernel: block count mismatch");
     // SAFETY: this tier's table, the only way here, is handed out only when the CPU has the
@@ -369,6 +390,8 @@ pub(crate) fn table() -> &'static Kernels {
         prepared_q8_0: Some(prepared::<BlockQ8_0>()),
         prepared_q4_0: Some(prepared::<BlockQ4_0>()),
         lanes: Some(lanes_tile),
+        klanes: Some(klanes_tile),
+        quantize_row_q8_k_act,
         group_q4_0x16: Some(group_q4_0x16),
         kq: super::kquant_x86::AVX512_TILES,
         ..table_for(Isa::Avx512)

@@ -17,7 +17,10 @@
 //!   quantization with its round-trip statistics), shared by both x86 tiers.
 //! - [`kquant_x86`]: both x86 tiers' Q5_0, Q5_1 and K-quant block sums (exact integers, so
 //!   their tiles give the reference's bits); [`q5_x86`]: the Q5_0/Q5_1 tile, eight blocks'
-//!   terms in the lanes of one register.
+//!   terms in the lanes of one register; [`q8k_x86`]: both x86 tiers' quantization of
+//!   activations to Q8_K.
+//! - [`avx512_klanes`], [`avx2_klanes`]: the K-quant lanes kernels ([`crate::klanes`]), a
+//!   token per 32-bit lane.
 //! - [`avx512_group`], [`avx2_group`]: the one-token kernels for sixteen interleaved Q4_0
 //!   rows ([`crate::interleaved`]), a row per 32-bit lane.
 //!
@@ -35,11 +38,15 @@ pub(crate) mod avx2_convert;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_group;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_klanes;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_lanes;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_group;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_klanes;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_lanes;
 #[cfg(target_arch = "x86_64")]
@@ -54,6 +61,8 @@ pub(crate) mod kquant_x86;
 pub(crate) mod neon;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod q5_x86;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod q8k_x86;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod quant;
 

@@ -1,0 +1,563 @@
+//! K-quant prefill with tokens in vector lanes: the layouts behind the K-quant lanes kernels
+//! (Q4_K, Q5_K, Q6_K rows against batches of Q8_K activations).
+//!
+//! The K-quant tiles of [`crate::kquant`] take a few tokens per unpacked super-block and reduce
+//! each (row, token) dot across the lanes of a register, which costs as much per token as the
+//! dot itself at prefill sizes. Here, as in [`crate::lanes`], a 32-bit lane is a token: four
+//! codes of a weight row, broadcast to every lane, meet four codes of sixteen tokens in one
+//! `vpdpbusd` (AVX-512) or `vpmaddubsw` (AVX2), and nothing is ever reduced across lanes.
+//!
+//! What the K-quants add to Q4_0's lanes kernel is the sub-block scales and the offsets:
+//!
+//! - Each sub-block's integer dot (32 weights for Q4_K/Q5_K, 16 for Q6_K) is multiplied by its
+//!   scale before it joins the block's sum ([`KLaneRow::scales`], one i32 per sub-block).
+//! - The codes stay unsigned as stored (0..=15, 0..=31, 0..=63), so no offset touches them. The
+//!   mins of Q4_K/Q5_K and Q6_K's −32 both multiply the sum of a sub-block's activations, which
+//!   Q8_K carries per 16 codes (`bsums`): the activations carry them per token as pairs of i16
+//!   ([`KLaneBlock::bsums`]), the weights as pairs of i16 factors ([`KLaneRow::pairs`]: `(m, m)`
+//!   for a 32-weight sub-block's min, `(−32·sc, −32·sc)` per two 16-weight sub-blocks of
+//!   Q6_K), and one `vpdpwssd` (or `vpmaddwd`) per pair gives Q4_K's `mins` or Q6_K's offset
+//!   term, added into its `isum`.
+//!
+//! Every sum is exact, and each super-block's f32 term is [`crate::reference::term_k`] or
+//! [`crate::reference::term_q6_k`] of those sums, added into accumulator `b % 8` of its (row,
+//! token) and the eight summed by [`crate::reference::sum_lanes8`]: the order of
+//! [`crate::reference::dot_q4_k_q8_k_ref`] and its siblings. So a batch through the K-quant
+//! lanes kernel gives every token the reference's bits, the same bits the one-token tiles give
+//! it (unlike the Q4_0/Q8_0 lanes kernels, whose reference order differs from their one-token
+//! tiles'), in every tier and at any thread count. [`ktile_ref`] is the scalar statement of the
+//! kernel over these layouts, which the SIMD kernels are tested against.
+//!
+//! Each weight row is unpacked once per product, a super-block at a time ([`KLaneRow`], 384
+//! bytes for 256 weights), and the activations transposed once per product into
+//! [`KLaneBlock`]s (4.6 KiB per super-block of sixteen tokens).
+//!
+//! Why not unpack K-quant rows into [`crate::lanes`]' Q4_0-style blocks (32 codes and one f32
+//! scale each, against Q8_0 activations)? Folding a sub-block's scale and min into a per-block
+//! f32 would change the activations (Q8_0, a scale per 32 codes, instead of GGML's Q8_K) and
+//! the order of the float work, so a K-quant matrix would give different numbers in prefill
+//! than in decode and than llama.cpp's pairing; it would also spend a float conversion and
+//! two multiplies per 32 weights where this layout spends one integer multiply. Keeping Q8_K
+//! and the exact per-super-block sums costs one `vpmulld` per sub-block (an eighth of the
+//! `vpdpbusd` count for Q4_K, a quarter for Q6_K) and eight accumulators per (row, token)
+//! kept in memory.
+
+use std::cell::RefCell;
+
+use kiln_format::kquants::{q5_k_codes, q6_k_codes};
+use kiln_format::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+
+use crate::dispatch::TILE_ROWS;
+use crate::kquant::scales_mins_k4;
+use crate::lanes::{LanesAcc, LANES};
+use crate::matmul::{per_token, run_chunks, LANES_ROW_CHUNK};
+use crate::pool::Pool;
+use crate::reference::BLOCK_LANES;
+
+/// Sub-blocks of sixteen codes in a super-block (Q8_K's `bsums`).
+pub(crate) const KSUBS: usize = QK_K / 16;
+
+/// One super-block of sixteen tokens' Q8_K activations, transposed for the lanes kernels.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct KLaneBlock {
+    /// `codes[g][t]`: codes `4g..4g + 4` of token `t`.
+    pub(crate) codes: [[[i8; 4]; LANES]; QK_K / 4],
+    /// `bsums[k][t]`: Q8_K's `(bsums[2k], bsums[2k + 1])` of token `t`, a pair of i16 per
+    /// 32-bit lane (the sums of codes `32k..32k + 16` and `32k + 16..32k + 32`).
+    pub(crate) bsums: [[[i16; 2]; LANES]; KSUBS / 2],
+    /// The super-block's scale, per token.
+    pub(crate) dx: [f32; LANES],
+}
+const _: () = assert!(std::mem::size_of::<KLaneBlock>() == 73 * 64);
+
+impl KLaneBlock {
+    /// Zero codes and scales: a padding token, whose results are exact zeros.
+    pub(crate) const ZERO: KLaneBlock = KLaneBlock {
+        codes: [[[0; 4]; LANES]; QK_K / 4],
+        bsums: [[[0; 2]; LANES]; KSUBS / 2],
+        dx: [0.0; LANES],
+    };
+}
+
+/// How a K-quant encoding's sub-block scales and offsets enter its sums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KKind {
+    /// Q4_K and Q5_K: eight sub-blocks of 32 with unsigned scales, and mins
+    /// (`w = d·sc·q − dmin·m`): the term is [`crate::reference::term_k`].
+    Affine,
+    /// Q6_K: sixteen sub-blocks of 16 with signed scales, codes offset by 32 (`w = d·sc·(q −
+    /// 32)`): the term is [`crate::reference::term_q6_k`].
+    Offset,
+}
+
+impl KKind {
+    /// Codes per sub-block: what each scale multiplies.
+    #[cfg(test)]
+    pub(crate) const fn sub(self) -> usize {
+        match self {
+            KKind::Affine => 32,
+            KKind::Offset => 16,
+        }
+    }
+}
+
+/// One super-block of one weight row, unpacked for the lanes kernels.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct KLaneRow {
+    /// The codes as stored, unsigned (weight `j` in byte `j`).
+    pub(crate) codes: [u8; QK_K],
+    /// The sub-blocks' scales (the first eight for [`KKind::Affine`]).
+    pub(crate) scales: [i32; KSUBS],
+    /// `pairs[k]`: the factors of Q8_K's `(bsums[2k], bsums[2k + 1])`: `(m_k, m_k)` (the mins,
+    /// [`KKind::Affine`]) or `(−32·sc_2k, −32·sc_2k+1)` (the offset, [`KKind::Offset`]).
+    pub(crate) pairs: [[i16; 2]; KSUBS / 2],
+    /// The super-block scale, widened from f16.
+    pub(crate) d: f32,
+    /// The super-block scale of the mins, widened from f16 (zero for [`KKind::Offset`]).
+    pub(crate) dmin: f32,
+}
+const _: () = assert!(std::mem::size_of::<KLaneRow>() == 6 * 64);
+
+impl KLaneRow {
+    /// All zeros: a valid row whose terms are zero.
+    pub(crate) const ZERO: KLaneRow = KLaneRow {
+        codes: [0; QK_K],
+        scales: [0; KSUBS],
+        pairs: [[0; 2]; KSUBS / 2],
+        d: 0.0,
+        dmin: 0.0,
+    };
+}
+
+/// A pair of i16 as one 32-bit lane, the first in the low half (`vpdpwssd`'s order).
+#[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) fn pair_word(p: [i16; 2]) -> i32 {
+    (u32::from(p[0] as u16) | (u32::from(p[1] as u16) << 16)) as i32
+}
+
+/// A K-quant block encoding the lanes kernels take.
+pub(crate) trait KLaneWeight: Copy {
+    /// How its scales and offsets enter the sums.
+    const KIND: KKind;
+    /// Unpack the block into `row` (every field written).
+    fn unpack_into(&self, row: &mut KLaneRow);
+
+    /// The block unpacked.
+    #[cfg(test)]
+    fn unpack(&self) -> KLaneRow {
+        let mut row = KLaneRow::ZERO;
+        self.unpack_into(&mut row);
+        row
+    }
+}
+
+/// Q4_K/Q5_K's scales and mins into a row (its codes set apart).
+fn affine_scales(row: &mut KLaneRow, scales: &[u8; 12], d: f32, dmin: f32) {
+    let (sc, m) = scales_mins_k4(scales);
+    for s in 0..8 {
+        row.scales[s] = i32::from(sc[s]);
+        row.scales[s + 8] = 0;
+        row.pairs[s] = [i16::from(m[s]); 2];
+    }
+    row.d = d;
+    row.dmin = dmin;
+}
+
+impl KLaneWeight for BlockQ4K {
+    const KIND: KKind = KKind::Affine;
+    /// The nibbles in [`kiln_format::kquants::q4_k_codes`]' order, written in place by
+    /// whole-slice loops the compiler vectorizes (a row is unpacked once per product, but at
+    /// short prompts that is a visible share of the work).
+    fn unpack_into(&self, row: &mut KLaneRow) {
+        for (qs, out) in self.qs.chunks_exact(32).zip(row.codes.chunks_exact_mut(64)) {
+            let (lo, hi) = out.split_at_mut(32);
+            for ((l, h), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(qs) {
+                *l = q & 0x0f;
+                *h = q >> 4;
+            }
+        }
+        affine_scales(row, &self.scales, self.d.to_f32(), self.dmin.to_f32());
+    }
+}
+
+impl KLaneWeight for BlockQ5K {
+    const KIND: KKind = KKind::Affine;
+    fn unpack_into(&self, row: &mut KLaneRow) {
+        row.codes = q5_k_codes(self);
+        affine_scales(row, &self.scales, self.d.to_f32(), self.dmin.to_f32());
+    }
+}
+
+impl KLaneWeight for BlockQ6K {
+    const KIND: KKind = KKind::Offset;
+    fn unpack_into(&self, row: &mut KLaneRow) {
+        row.codes = q6_k_codes(self);
+        for (s, &sc) in self.scales.iter().enumerate() {
+            row.scales[s] = i32::from(sc);
+        }
+        for (k, p) in row.pairs.iter_mut().enumerate() {
+            // |−32·sc| ≤ 4096: an i16.
+            *p = [
+                -32 * i16::from(self.scales[2 * k]),
+                -32 * i16::from(self.scales[2 * k + 1]),
+            ];
+        }
+        row.d = self.d.to_f32();
+        row.dmin = 0.0;
+    }
+}
+
+/// The K-quant lanes kernel of a tier: one super-block of `TILE_ROWS` unpacked weight rows
+/// (`rows`, encodings of kind `kind`) against the same super-block of one group of sixteen
+/// tokens (`x0`), or two (`x1` too), adding the block's term to `acc[r][g][t]`.
+///
+/// The caller adds super-block `b`'s terms into its accumulator `b % 8` and sums the eight with
+/// [`crate::reference::sum_lanes8`]; every tier's kernel adds exactly [`ktile_ref`]'s term, so
+/// the result is the scalar reference dot's bits.
+pub(crate) type KLanesFn =
+    fn(KKind, &[&KLaneRow; TILE_ROWS], &KLaneBlock, Option<&KLaneBlock>, &mut LanesAcc);
+
+/// The exact integer sums of one unpacked super-block against one token (lane `t` of `x`):
+/// `(isum, mins)` of [`crate::reference::term_k`] for [`KKind::Affine`] (the sums of
+/// [`crate::reference::isum_q4_k`]), `(isum, 0)` of [`crate::reference::term_q6_k`] for
+/// [`KKind::Offset`] (the offset's term already in `isum`, [`crate::reference::isum_q6_k`]).
+#[cfg(test)]
+pub(crate) fn ints_ref(kind: KKind, w: &KLaneRow, x: &KLaneBlock, t: usize) -> (i32, i32) {
+    let sub = kind.sub();
+    let mut isum = 0i32;
+    for s in 0..QK_K / sub {
+        let dot: i32 = (s * sub..(s + 1) * sub)
+            .map(|j| i32::from(w.codes[j]) * i32::from(x.codes[j / 4][t][j % 4]))
+            .sum();
+        isum += w.scales[s] * dot;
+    }
+    let pairs: i32 = (0..KSUBS / 2)
+        .map(|k| {
+            let (p, b) = (w.pairs[k], x.bsums[k][t]);
+            i32::from(p[0]) * i32::from(b[0]) + i32::from(p[1]) * i32::from(b[1])
+        })
+        .sum();
+    match kind {
+        KKind::Affine => (isum, pairs),
+        KKind::Offset => (isum + pairs, 0),
+    }
+}
+
+/// The scalar statement of [`KLanesFn`]: each (row, token)'s term from [`ints_ref`], formed as
+/// the reference forms it, added to `acc`.
+#[cfg(test)]
+pub(crate) fn ktile_ref(
+    kind: KKind,
+    rows: &[&KLaneRow; TILE_ROWS],
+    x0: &KLaneBlock,
+    x1: Option<&KLaneBlock>,
+    acc: &mut LanesAcc,
+) {
+    for (g, x) in std::iter::once(x0).chain(x1).enumerate() {
+        for (w, acc) in rows.iter().zip(acc.iter_mut()) {
+            for (t, a) in acc[g].iter_mut().enumerate() {
+                let ints = ints_ref(kind, w, x, t);
+                *a += match kind {
+                    KKind::Affine => crate::reference::term_k(w.d, w.dmin, x.dx[t], ints),
+                    KKind::Offset => crate::reference::term_q6_k(w.d, x.dx[t], ints.0),
+                };
+            }
+        }
+    }
+}
+
+/// Transpose up to sixteen tokens' Q8_K rows (`xq`, `nb` super-blocks each) into `out` (`nb`
+/// super-blocks); missing tokens are zero lanes.
+pub(crate) fn prepare_kgroup(xq: &[BlockQ8K], nb: usize, out: &mut [KLaneBlock]) {
+    debug_assert!(xq.len() <= LANES * nb && out.len() == nb);
+    for (b, o) in out.iter_mut().enumerate() {
+        *o = KLaneBlock::ZERO;
+        for (t, row) in xq.chunks_exact(nb).enumerate() {
+            let x = &row[b];
+            for (g, q) in x.qs.chunks_exact(4).enumerate() {
+                o.codes[g][t].copy_from_slice(q);
+            }
+            for (k, s) in x.bsums.chunks_exact(2).enumerate() {
+                o.bsums[k][t] = [s[0], s[1]];
+            }
+            o.dx[t] = x.d;
+        }
+    }
+}
+
+thread_local! {
+    /// The calling thread's Q8_K activations transposed for the K-quant lanes kernel.
+    static ACT_KLANES: RefCell<Vec<KLaneBlock>> = const { RefCell::new(Vec::new()) };
+    /// A worker's unpacked super-block of a chunk's rows, and its running sums:
+    /// `acc[(lane·pairs + p)·row_tiles + rt]` for accumulator `lane` (super-blocks `b` with
+    /// `b % 8 == lane`), pair of token groups `p` and four-row tile `rt`.
+    static KLANES_SCRATCH: RefCell<(Vec<KLaneRow>, Vec<LanesAcc>)> =
+        const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// K-quant rows (`ws[i]`: `(blocks, rows)`, `nb` super-blocks a row) against every token's
+/// Q8_K row (`xq`) through the lanes `kernel`: the activations transposed once, then
+/// [`LANES_ROW_CHUNK`] rows a task (see [`klanes_chunk`]).
+pub(crate) fn run_klanes<W: KLaneWeight + Sync>(
+    ws: &[(&[W], usize)],
+    nb: usize,
+    xq: &[BlockQ8K],
+    n_tokens: usize,
+    outs: &mut [&mut [f32]],
+    pool: &Pool,
+    kernel: KLanesFn,
+) {
+    ACT_KLANES.with_borrow_mut(|xl| {
+        xl.clear();
+        xl.resize(n_tokens.div_ceil(LANES) * nb, KLaneBlock::ZERO);
+        per_token(pool, xl, nb, |g, o| {
+            let t1 = n_tokens.min((g + 1) * LANES);
+            prepare_kgroup(&xq[g * LANES * nb..t1 * nb], nb, o)
+        });
+        let xl = &*xl;
+        run_chunks(
+            ws,
+            n_tokens,
+            outs,
+            pool,
+            LANES_ROW_CHUNK,
+            |w, r0, r1, outs| {
+                klanes_chunk(
+                    &w[r0 * nb..r1 * nb],
+                    nb,
+                    r1 - r0,
+                    xl,
+                    n_tokens,
+                    outs,
+                    kernel,
+                )
+            },
+        );
+    })
+}
+
+/// The `rows` rows of a chunk (`w`, `nb` super-blocks each) against every token group of `xl`
+/// (`nb` super-blocks each) through the K-quant lanes `kernel`.
+///
+/// Super-block after super-block: its column of the chunk's rows is unpacked once (24 KiB
+/// for 64 rows) and meets every pair of token groups' super-block (9 KiB), in L1 across the
+/// chunk's sixteen four-row tiles, so the activations stream from memory once per chunk. The
+/// terms go to the accumulator of the super-block's index modulo eight (the reference's
+/// order), whose running sums wait in a per-thread buffer; the eight are summed in
+/// [`crate::reference::sum_lanes8`]'s tree at the end.
+fn klanes_chunk<W: KLaneWeight>(
+    w: &[W],
+    nb: usize,
+    rows: usize,
+    xl: &[KLaneBlock],
+    n_tokens: usize,
+    outs: &mut [&mut [f32]],
+    kernel: KLanesFn,
+) {
+    let row_tiles = rows.div_ceil(TILE_ROWS);
+    let groups = n_tokens.div_ceil(LANES);
+    let pairs = groups.div_ceil(2);
+    let per_lane = pairs * row_tiles;
+    KLANES_SCRATCH.with_borrow_mut(|(unpacked, acc)| {
+        acc.clear();
+        acc.resize(BLOCK_LANES * per_lane, [[[0.0; LANES]; 2]; TILE_ROWS]);
+        unpacked.resize(row_tiles * TILE_ROWS, KLaneRow::ZERO);
+        for b in 0..nb {
+            // Rows past the chunk's last (a short chunk) repeat it; their sums are dropped.
+            for (i, u) in unpacked.iter_mut().enumerate() {
+                w[i.min(rows - 1) * nb + b].unpack_into(u);
+            }
+            let acc = &mut acc[(b % BLOCK_LANES) * per_lane..][..per_lane];
+            for (p, acc) in acc.chunks_exact_mut(row_tiles).enumerate() {
+                let g = 2 * p;
+                let x0 = &xl[g * nb + b];
+                let x1 = (g + 1 < groups).then(|| &xl[(g + 1) * nb + b]);
+                for (rt, acc) in acc.iter_mut().enumerate() {
+                    let wr: [&KLaneRow; TILE_ROWS] =
+                        std::array::from_fn(|j| &unpacked[rt * TILE_ROWS + j]);
+                    kernel(W::KIND, &wr, x0, x1, acc);
+                }
+            }
+        }
+        // Each (row, token): its eight accumulators summed in the reference's tree, a whole
+        // (row tile, pair) at a time (element-wise over arrays, which vectorizes), then
+        // transposed into the outputs.
+        for p in 0..pairs {
+            for rt in 0..row_tiles {
+                let i = p * row_tiles + rt;
+                let a = |k: usize| &acc[k * per_lane + i];
+                let mut sum: LanesAcc = [[[0.0; LANES]; 2]; TILE_ROWS];
+                for (j, s) in sum.iter_mut().enumerate() {
+                    for (g, s) in s.iter_mut().enumerate() {
+                        for (l, s) in s.iter_mut().enumerate() {
+                            let v = |k: usize| a(k)[j][g][l];
+                            *s = ((v(0) + v(4)) + (v(2) + v(6))) + ((v(1) + v(5)) + (v(3) + v(7)));
+                        }
+                    }
+                }
+                for g in 0..2 {
+                    let t0 = (2 * p + g) * LANES;
+                    let t1 = n_tokens.min(t0 + LANES);
+                    if t0 >= t1 {
+                        break;
+                    }
+                    for (l, o) in outs[t0..t1].iter_mut().enumerate() {
+                        let o = &mut o[rt * TILE_ROWS..rows.min((rt + 1) * TILE_ROWS)];
+                        for (v, s) in o.iter_mut().zip(&sum) {
+                            *v = s[g][l];
+                        }
+                    }
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference as r;
+    use half::f16;
+    use proptest::prelude::*;
+
+    fn q8_k(seed: u64) -> BlockQ8K {
+        let mut s = seed;
+        let mut next = move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 24) as u32
+        };
+        let v: Vec<f32> = (0..QK_K)
+            .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        kiln_format::kquants::quantize_block_q8_k_ref(v.as_slice().try_into().unwrap())
+    }
+
+    fn check<W: KLaneWeight>(w: &W, xs: &[BlockQ8K], dot: fn(&[W], &[BlockQ8K]) -> f32) {
+        let mut x = [KLaneBlock::ZERO];
+        prepare_kgroup(xs, 1, &mut x);
+        let u = w.unpack();
+        let mut acc: LanesAcc = [[[0.0; LANES]; 2]; TILE_ROWS];
+        ktile_ref(W::KIND, &[&u; TILE_ROWS], &x[0], Some(&x[0]), &mut acc);
+        for (t, &term) in acc[0][1].iter().enumerate() {
+            // One block: accumulator 0 holds the term, the other seven +0.
+            let mut lanes = [0.0f32; 8];
+            lanes[0] = term;
+            let got = r::sum_lanes8(&lanes);
+            let want = xs.get(t).map_or(0.0, |x| {
+                dot(std::slice::from_ref(w), std::slice::from_ref(x))
+            });
+            assert_eq!(got.to_bits(), want.to_bits(), "token {t}");
+        }
+    }
+
+    proptest! {
+        /// Q4_K's in-place unpacking orders the codes as the format crate does.
+        #[test]
+        fn q4_k_unpacking_matches_the_format(qs in prop::collection::vec(any::<u8>(), 128)) {
+            let b = BlockQ4K {
+                d: f16::ONE,
+                dmin: f16::ONE,
+                scales: [0; 12],
+                qs: qs.try_into().unwrap(),
+            };
+            prop_assert_eq!(b.unpack().codes, kiln_format::kquants::q4_k_codes(&b));
+        }
+
+        /// The unpacked layouts and [`ktile_ref`] give the reference dot's bits for one block,
+        /// for every encoding, with the tokens past the batch zero.
+        #[test]
+        fn ktile_ref_is_the_reference_dot(
+            seed in any::<u64>(),
+            scales in prop::array::uniform12(any::<u8>()),
+            qs in prop::collection::vec(any::<u8>(), 128 + 64 + 32),
+            d in -1.0f32..1.0,
+            n in 1usize..=16,
+        ) {
+            let xs: Vec<BlockQ8K> = (0..n as u64).map(|t| q8_k(seed ^ t)).collect();
+            let (d, dmin) = (f16::from_f32(d), f16::from_f32(d * 0.3));
+            let q4 = BlockQ4K { d, dmin, scales, qs: qs[..128].try_into().unwrap() };
+            let q5 = BlockQ5K {
+                d, dmin, scales,
+                qh: qs[128..160].try_into().unwrap(),
+                qs: qs[..128].try_into().unwrap(),
+            };
+            let q6 = BlockQ6K {
+                ql: qs[..128].try_into().unwrap(),
+                qh: qs[128..192].try_into().unwrap(),
+                scales: std::array::from_fn(|i| qs[192 + i] as i8),
+                d,
+            };
+            check(&q4, &xs, r::dot_q4_k_q8_k_ref);
+            check(&q5, &xs, r::dot_q5_k_q8_k_ref);
+            check(&q6, &xs, r::dot_q6_k_q8_k_ref);
+        }
+
+        /// Every tier's K-quant lanes kernel adds [`ktile_ref`]'s terms, bit for bit, for one
+        /// group and two, onto running sums, for both kinds (four different rows each).
+        #[test]
+        fn every_tier_kernel_matches_ktile_ref(
+            seed in any::<u64>(),
+            bytes in prop::collection::vec(any::<u8>(), TILE_ROWS * 210),
+            n in 1usize..=16,
+        ) {
+            let xs: Vec<BlockQ8K> = (0..2 * n as u64).map(|t| q8_k(seed ^ (t << 32))).collect();
+            let mut x = [KLaneBlock::ZERO; 2];
+            prepare_kgroup(&xs[..n], 1, &mut x[..1]);
+            prepare_kgroup(&xs[n..], 1, &mut x[1..]);
+            let rows = |kind: KKind| -> Vec<KLaneRow> {
+                bytes.chunks_exact(210).enumerate().map(|(i, b)| {
+                    let d = f16::from_bits(u16::from_le_bytes([b[0], b[1] & 0x3f]));
+                    let dmin = f16::from_bits(u16::from_le_bytes([b[2], b[3] & 0x3f]));
+                    let qs: [u8; 128] = b[16..144].try_into().unwrap();
+                    match kind {
+                        KKind::Affine if i % 2 == 0 => BlockQ4K {
+                            d, dmin, scales: b[4..16].try_into().unwrap(), qs,
+                        }.unpack(),
+                        KKind::Affine => BlockQ5K {
+                            d, dmin, scales: b[4..16].try_into().unwrap(),
+                            qh: b[144..176].try_into().unwrap(), qs,
+                        }.unpack(),
+                        KKind::Offset => BlockQ6K {
+                            ql: qs,
+                            qh: b[144..208].try_into().unwrap(),
+                            scales: std::array::from_fn(|j| b[4 + j] as i8),
+                            d,
+                        }.unpack(),
+                    }
+                }).collect()
+            };
+            for kind in [KKind::Affine, KKind::Offset] {
+                let u = rows(kind);
+                let wr: [&KLaneRow; TILE_ROWS] = std::array::from_fn(|r| &u[r]);
+                let start: LanesAcc = std::array::from_fn(|r| {
+                    std::array::from_fn(|g| std::array::from_fn(|t| (r + g + t) as f32 * 0.25))
+                });
+                let mut want = start;
+                ktile_ref(kind, &wr, &x[0], Some(&x[1]), &mut want);
+                for isa in crate::supported_isas() {
+                    let Some(kernel) = crate::kernels(isa).and_then(|k| k.klanes) else {
+                        continue;
+                    };
+                    let mut two = start;
+                    kernel(kind, &wr, &x[0], Some(&x[1]), &mut two);
+                    let mut one = start;
+                    kernel(kind, &wr, &x[0], None, &mut one);
+                    for r in 0..TILE_ROWS {
+                        for t in 0..LANES {
+                            let what = format!("{isa:?} {kind:?} row {r} token {t}");
+                            prop_assert_eq!(two[r][0][t].to_bits(), want[r][0][t].to_bits(), "{}", what);
+                            prop_assert_eq!(two[r][1][t].to_bits(), want[r][1][t].to_bits(), "{}", what);
+                            prop_assert_eq!(one[r][0][t].to_bits(), want[r][0][t].to_bits(), "{}", what);
+                            prop_assert_eq!(one[r][1][t].to_bits(), start[r][1][t].to_bits(), "{}", what);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
