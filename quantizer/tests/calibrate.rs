@@ -204,6 +204,57 @@ fn calibrated_quantization_runs_end_to_end_and_is_recorded() {
     }
 }
 
+/// Compensated rounding inside the Q5 layouts (the tiny model's 64-column rows are too short
+/// for K-quant super-blocks; `gptq.rs` tests those): the file verifies, the report's error is
+/// what a reader decodes, the weights stay within twice the weighted rule's error (the
+/// compensation trades weight error for output error), and the runner runs it.
+#[test]
+fn compensated_rounding_in_q5_layouts_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = convert("qwen2-bias-f32", dir.path());
+    let file = KilnFile::open(&path).unwrap();
+    let imp = calibrate(&file, &corpus(), &options(true), &NoProgress).unwrap();
+    for dtype in [DType::Q5_0, DType::Q5_1] {
+        let mut rmse = Vec::new();
+        for method in [Method::Search, Method::Gptq] {
+            let out = dir.path().join(format!("{dtype}-{method}.kiln"));
+            let mut o = QuantizeOptions::new(&path, &out, Policy::new(dtype, vec![]).unwrap());
+            o.method = method;
+            o.importance = Some(imp.clone());
+            let report = quantize_file(&o, &NoProgress).unwrap();
+            let q = KilnFile::open(&out).unwrap();
+            assert!(q.verify_checksums(&|_| {}).is_empty());
+            let mut total = 0.0f64;
+            for t in report.tensors.iter().filter(|t| t.to == dtype) {
+                let x = file.tensor(&t.name).unwrap().to_f32_vec();
+                let y = q.tensor(&t.name).unwrap().to_f32_vec();
+                let mut s = kiln_quantize::ErrorStats::default();
+                s.add(&x, &y);
+                assert!(
+                    (s.rmse() - t.rmse).abs() <= 1e-9 * t.rmse,
+                    "{dtype} {method} {}",
+                    t.name
+                );
+                total += t.rmse;
+            }
+            assert!(total > 0.0, "{dtype}: some tensors quantized");
+            rmse.push(total);
+            let model = Model::load(&q).unwrap();
+            let ids = Tokenizer::from_file(&q).unwrap().encode("the fox").unwrap();
+            let logits = model
+                .session(64, 1)
+                .unwrap()
+                .forward(&ids, Logits::Last, None)
+                .unwrap()
+                .to_vec();
+            assert!(logits.iter().all(|v| v.is_finite()));
+        }
+        // Compensation trades weight error for output error, within bounds: the weights move
+        // no more than twice as far as the weighted rule moves them.
+        assert!(rmse[1] < 2.0 * rmse[0], "{dtype}: {rmse:?}");
+    }
+}
+
 #[test]
 fn importance_from_another_model_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
