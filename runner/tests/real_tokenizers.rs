@@ -364,3 +364,77 @@ fn template_vars_match_transformers() {
         bad.join("\n")
     );
 }
+
+/// GPT-4o's real o200k tokenizer (`target/tokenizers/gpt4o/`, whose split pattern is
+/// Phi-4-mini's) through a GGUF and back, as `kiln-convert export-gguf` and `kiln-convert
+/// gguf` carry it: the pre-tokenizer is recognised as llama.cpp's `gpt-4o` (its file writes the
+/// pattern as tiktoken-derived files do, gaps removed and inverted), and the rebuilt tokenizer
+/// gives the original's ids on every text of the agreement set and on its chat prompts.
+#[test]
+#[ignore = "needs the files ci/real-tokenizers.sh fetches; CI runs it with --include-ignored"]
+fn gpt4o_pre_tokenizer_survives_the_gguf_round_trip() {
+    use kiln_convert::gguf::{tokenizer, Value as GgufValue};
+    use kiln_format::{Architecture, ModelConfig};
+    let dir = root().join("target/tokenizers/gpt4o");
+    let files = kiln_convert::tokenizer_files::read(&dir).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run ci/real-tokenizers.sh to fetch it",
+            dir.display()
+        )
+    });
+    let config = ModelConfig {
+        architecture: Architecture::Phi3,
+        source_architecture: "Phi3ForCausalLM".into(),
+        hidden_size: 64,
+        intermediate_size: 128,
+        num_layers: 1,
+        num_heads: 2,
+        num_kv_heads: 2,
+        head_dim: 32,
+        vocab_size: 200_064,
+        max_position_embeddings: 4096,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        rope_scaling: None,
+        tie_word_embeddings: true,
+        attention_bias: false,
+        sliding_window: None,
+        bos_token_id: Some(199_999),
+        eos_token_ids: vec![199_999],
+        family: Default::default(),
+    };
+    let (kv, _) = tokenizer::to_gguf("gpt4o.kiln", &files, &config).unwrap();
+    let get = |k: &str| kv.iter().find(|(n, _)| n == k).map(|(_, v)| v);
+    assert_eq!(
+        get("tokenizer.ggml.pre").and_then(GgufValue::as_str),
+        Some("gpt-4o")
+    );
+    let back = tokenizer::from_gguf("gpt4o.gguf", &get, "phi3", 4096).unwrap();
+    let eos = [199_999];
+    let hf = Tokenizer::from_parts("gpt4o", &files, None, &eos).unwrap();
+    let gguf = Tokenizer::from_parts("gpt4o.gguf", &back, None, &eos).unwrap();
+    let expected: Value = serde_json::from_slice(
+        &std::fs::read(root().join("fixtures/tokenizers/qwen3.json")).unwrap(),
+    )
+    .unwrap();
+    let mut texts: Vec<String> = expected["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["text"].as_str().unwrap().to_string())
+        .collect();
+    texts.extend(
+        expected["chats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["rendered"].as_str().map(str::to_string)),
+    );
+    for text in &texts {
+        assert_eq!(
+            gguf.encode_rendered(text).unwrap(),
+            hf.encode_rendered(text).unwrap(),
+            "{text:?}"
+        );
+    }
+}

@@ -45,6 +45,11 @@ const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 /// Qwen2's split pattern (`tokenizer.ggml.pre = "qwen2"`): Llama 3's with single digits.
 const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// GPT-4o's split pattern (`o200k`; `tokenizer.ggml.pre = "gpt-4o"`), which Phi-4-mini's
+/// tokenizer uses: cased words with their apostrophe suffixes, numbers in threes, and no
+/// `ignore_merges` (llama.cpp sets it only for Llama 3's).
+const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 fn byte_level(use_regex: bool) -> Json {
     json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex})
 }
@@ -55,7 +60,7 @@ fn split(pattern: &str) -> Json {
 
 /// `tokenizer.ggml.pre` names Kiln reads and writes, with the `tokenizer.json` pre-tokenizer
 /// each stands for.
-pub const PRE_TOKENIZERS: &[&str] = &["gpt-2", "default", "smollm", "llama-bpe", "qwen2"];
+pub const PRE_TOKENIZERS: &[&str] = &["gpt-2", "default", "smollm", "llama-bpe", "qwen2", "gpt-4o"];
 
 fn pre_tokenizer_json(pre: &str) -> Option<Json> {
     Some(match pre {
@@ -67,6 +72,9 @@ fn pre_tokenizer_json(pre: &str) -> Option<Json> {
         }
         "qwen2" => {
             json!({"type": "Sequence", "pretokenizers": [split(QWEN2_SPLIT), byte_level(false)]})
+        }
+        "gpt-4o" => {
+            json!({"type": "Sequence", "pretokenizers": [split(GPT4O_SPLIT), byte_level(false)]})
         }
         _ => return None,
     })
@@ -94,11 +102,23 @@ fn recognise_pre(pre: &Json) -> Option<&'static str> {
                 {
                     Some("smollm")
                 }
-                "Split" if !regex(b) => match a.get("pattern")?.get("Regex")?.as_str()? {
-                    p if p == LLAMA3_SPLIT => Some("llama-bpe"),
-                    p if p == QWEN2_SPLIT => Some("qwen2"),
-                    _ => None,
-                },
+                // A pattern that matches every character splits the same way whether the
+                // matches are isolated or the gaps removed and the result inverted (as
+                // tiktoken-derived files such as GPT-4o's write it).
+                "Split"
+                    if !regex(b)
+                        && matches!(
+                            (a.get("behavior")?.as_str()?, a.get("invert")?.as_bool()?),
+                            ("Isolated", false) | ("Removed", true)
+                        ) =>
+                {
+                    match a.get("pattern")?.get("Regex")?.as_str()? {
+                        p if p == LLAMA3_SPLIT => Some("llama-bpe"),
+                        p if p == QWEN2_SPLIT => Some("qwen2"),
+                        p if p == GPT4O_SPLIT => Some("gpt-4o"),
+                        _ => None,
+                    }
+                }
                 _ => None,
             }
         }
