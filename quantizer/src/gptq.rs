@@ -367,42 +367,28 @@ mod grid {
         let fitted = "a finite row of whole blocks, checked by the caller";
         match dtype {
             DType::Q5_0 => {
-                let mut blocks = q5::quantize_row_q5_0_weighted(row, imp).expect(fitted);
-                for b in &blocks {
-                    let a = b.d.to_f32();
-                    cols.extend(
-                        [Col {
-                            a,
-                            b: 0.0,
-                            off: -16,
-                            max: 31,
-                        }; QK],
-                    );
-                }
-                round_compensated(row, f, &mut codes, deq, |j, w| cols[j].nearest(w));
-                for (b, c) in blocks.iter_mut().zip(codes.chunks_exact(QK)) {
-                    (b.qh, b.qs) = pack_q5_codes(c.try_into().expect("a block"));
-                }
-                write(&blocks, out);
+                let blocks = q5::quantize_row_q5_0_weighted(row, imp).expect(fitted);
+                let col = |b: &q5::BlockQ5_0| Col {
+                    a: b.d.to_f32(),
+                    b: 0.0,
+                    off: -16,
+                    max: 31,
+                };
+                q5_row(row, f, out, deq, blocks, col, |b, (qh, qs)| {
+                    (b.qh, b.qs) = (qh, qs)
+                });
             }
             DType::Q5_1 => {
-                let mut blocks = q5::quantize_row_q5_1_weighted(row, imp).expect(fitted);
-                for b in &blocks {
-                    let (a, m) = (b.d.to_f32(), b.m.to_f32());
-                    cols.extend(
-                        [Col {
-                            a,
-                            b: m,
-                            off: 0,
-                            max: 31,
-                        }; QK],
-                    );
-                }
-                round_compensated(row, f, &mut codes, deq, |j, w| cols[j].nearest(w));
-                for (b, c) in blocks.iter_mut().zip(codes.chunks_exact(QK)) {
-                    (b.qh, b.qs) = pack_q5_codes(c.try_into().expect("a block"));
-                }
-                write(&blocks, out);
+                let blocks = q5::quantize_row_q5_1_weighted(row, imp).expect(fitted);
+                let col = |b: &q5::BlockQ5_1| Col {
+                    a: b.d.to_f32(),
+                    b: b.m.to_f32(),
+                    off: 0,
+                    max: 31,
+                };
+                q5_row(row, f, out, deq, blocks, col, |b, (qh, qs)| {
+                    (b.qh, b.qs) = (qh, qs)
+                });
             }
             DType::Q4_K | DType::Q5_K => {
                 // Q4_K and Q5_K share the scale layout; only the code width differs.
@@ -482,6 +468,25 @@ mod grid {
             }
             other => unreachable!("{other} is not a grid type"),
         }
+    }
+
+    /// Q5_0 and Q5_1: one grid per 32-weight block (`col`), codes packed alike (`set`).
+    fn q5_row<B: Pod>(
+        row: &mut [f32],
+        f: &Factor,
+        out: &mut [u8],
+        deq: &mut [f32],
+        mut blocks: Vec<B>,
+        col: impl Fn(&B) -> Col,
+        set: impl Fn(&mut B, ([u8; 4], [u8; QK / 2])),
+    ) {
+        let cols: Vec<Col> = blocks.iter().flat_map(|b| [col(b); QK]).collect();
+        let mut codes = vec![0u8; row.len()];
+        round_compensated(row, f, &mut codes, deq, |j, w| cols[j].nearest(w));
+        for (b, c) in blocks.iter_mut().zip(codes.chunks_exact(QK)) {
+            set(b, pack_q5_codes(c.try_into().expect("a block")));
+        }
+        write(&blocks, out);
     }
 
     fn write<B: Pod>(blocks: &[B], out: &mut [u8]) {
