@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use common::root;
 use kiln_convert::ConvertError;
 use kiln_format::TokenizerFiles;
-use kiln_runner::{ChatTemplate, Message, RunnerError, Tokenizer};
+use kiln_runner::{ChatTemplate, Tokenizer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -199,45 +199,6 @@ fn phi3_fixture() -> Value {
     expected
 }
 
-/// Render each case of `cases` with `template` and compare with transformers' rendering (or
-/// refusal); returns the disagreements.
-fn compare_chats(what: &str, template: &ChatTemplate<'_>, cases: &[Value]) -> Vec<String> {
-    let mut bad = Vec::new();
-    for (k, case) in cases.iter().enumerate() {
-        let messages: Vec<Message> = case["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
-            .collect();
-        let gen = case["add_generation_prompt"].as_bool().unwrap();
-        let what = format!("{what} chat {k} (add_generation_prompt {gen})");
-        match (template.render(&messages, gen), case.get("error")) {
-            (Ok(text), None) => {
-                let want = case["rendered"].as_str().unwrap();
-                if text != want {
-                    bad.push(format!(
-                        "{what}: kiln renders {text:?}, transformers {want:?}"
-                    ));
-                }
-            }
-            (Err(RunnerError::ChatTemplate(msg)), Some(refusal)) => {
-                let refusal = refusal.as_str().unwrap();
-                if !msg.contains(refusal) {
-                    bad.push(format!(
-                        "{what}: kiln refuses with {msg:?}, transformers with {refusal:?}"
-                    ));
-                }
-            }
-            (Ok(text), Some(refusal)) => bad.push(format!(
-                "{what}: kiln renders {text:?}, transformers refuses ({refusal})"
-            )),
-            (Err(e), _) => bad.push(format!("{what}: kiln fails: {e}")),
-        }
-    }
-    bad
-}
-
 /// Phi-3.5-mini-instruct's template (llama.cpp's models/templates/) and the one embedded in
 /// ggml-vocab-phi-3.gguf (Phi-3-mini-4k-instruct's), with the special tokens Kiln's import
 /// gives, render as transformers renders them.
@@ -273,7 +234,12 @@ fn phi3_chat_templates_match_transformers() {
             "{key}: only {} conversations",
             cases.len()
         );
-        bad.extend(compare_chats(what, &template, cases));
+        bad.extend(common::compare_chats(
+            &format!("{what} "),
+            &template,
+            cases,
+            &|_, _| None,
+        ));
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

@@ -140,45 +140,11 @@ impl Family {
         let template = ChatTemplate::from_source(source, &self.files.special_tokens, self.name)
             .unwrap_or_else(|e| panic!("{}: the chat template does not compile: {e}", self.name));
         let chats = self.expected["chats"].as_array().unwrap();
-        let mut bad = Vec::new();
-        for (k, case) in chats.iter().enumerate() {
-            let messages: Vec<Message> = case["messages"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
-                .collect();
-            let gen = case["add_generation_prompt"].as_bool().unwrap();
-            let what = format!("chat {k} (add_generation_prompt {gen})");
-            match (template.render(&messages, gen), case.get("error")) {
-                (Ok(text), None) => {
-                    let want = case["rendered"].as_str().unwrap();
-                    if text != want {
-                        bad.push(format!(
-                            "{what}: kiln renders {text:?}, transformers {want:?}"
-                        ));
-                        continue;
-                    }
-                    let got = tok.encode_rendered(&text).unwrap();
-                    let want = ids(&case["ids"]);
-                    if got != want {
-                        bad.push(format!("{what}: kiln ids {got:?}, transformers {want:?}"));
-                    }
-                }
-                (Err(RunnerError::ChatTemplate(msg)), Some(refusal)) => {
-                    let refusal = refusal.as_str().unwrap();
-                    if !msg.contains(refusal) {
-                        bad.push(format!(
-                            "{what}: kiln refuses with {msg:?}, transformers with {refusal:?}"
-                        ));
-                    }
-                }
-                (Ok(text), Some(refusal)) => bad.push(format!(
-                    "{what}: kiln renders {text:?}, transformers refuses ({refusal})"
-                )),
-                (Err(e), _) => bad.push(format!("{what}: kiln fails: {e}")),
-            }
-        }
+        let bad = common::compare_chats("", &template, chats, &|text, case| {
+            let got = tok.encode_rendered(text).unwrap();
+            let want = ids(&case["ids"]);
+            (got != want).then(|| format!("kiln ids {got:?}, transformers {want:?}"))
+        });
         (bad, chats.len())
     }
 }

@@ -221,3 +221,52 @@ pub fn compare_dump(
     assert_eq!(g.tokens, r.greedy_ids, "{}: greedy ids", dump.display());
     worst.0
 }
+
+/// Render each case of `cases` (transformers' `apply_chat_template` results: `messages`,
+/// `add_generation_prompt`, then `rendered`, or `error` where the template refused) with
+/// `template`, and return the disagreements, each prefixed with `what`; a rendering that
+/// agrees is checked further by `then` (its token ids, say), which returns a disagreement.
+pub fn compare_chats(
+    what: &str,
+    template: &kiln_runner::ChatTemplate<'_>,
+    cases: &[serde_json::Value],
+    then: &dyn Fn(&str, &serde_json::Value) -> Option<String>,
+) -> Vec<String> {
+    use kiln_runner::{Message, RunnerError};
+    let mut bad = Vec::new();
+    for (k, case) in cases.iter().enumerate() {
+        let messages: Vec<Message> = case["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let gen = case["add_generation_prompt"].as_bool().unwrap();
+        let what = format!("{what}chat {k} (add_generation_prompt {gen})");
+        match (template.render(&messages, gen), case.get("error")) {
+            (Ok(text), None) => {
+                let want = case["rendered"].as_str().unwrap();
+                if text != want {
+                    bad.push(format!(
+                        "{what}: kiln renders {text:?}, transformers {want:?}"
+                    ));
+                } else if let Some(e) = then(&text, case) {
+                    bad.push(format!("{what}: {e}"));
+                }
+            }
+            (Err(RunnerError::ChatTemplate(msg)), Some(refusal)) => {
+                let refusal = refusal.as_str().unwrap();
+                if !msg.contains(refusal) {
+                    bad.push(format!(
+                        "{what}: kiln refuses with {msg:?}, transformers with {refusal:?}"
+                    ));
+                }
+            }
+            (Ok(text), Some(refusal)) => bad.push(format!(
+                "{what}: kiln renders {text:?}, transformers refuses ({refusal})"
+            )),
+            (Err(e), _) => bad.push(format!("{what}: kiln fails: {e}")),
+        }
+    }
+    bad
+}
