@@ -5,7 +5,8 @@
 
 Each round runs `kiln-run bench -p PP -n TG -d DEPTHS -r REPS` (f16 KV cache, Kiln's default)
 and then `llama-bench -p PP -n TG -d DEPTHS -r REPS -fa 0,1` (f16 KV cache, llama.cpp's
-default; flash attention off and on), 2 threads unless THREADS says otherwise. Each run
+default; flash attention off and on); both run a prompt in 512-token passes (Kiln's `-b` and
+llama-bench's `-ub` defaults), 2 threads unless THREADS says otherwise. Each run
 counts as the median of its repetitions; the table reports each tool's median over the rounds
 and the ratios Kiln / llama.cpp. Progress goes to stderr, the Markdown table to stdout.
 

@@ -1,5 +1,7 @@
-//! Throughput measurement in the manner of `llama-bench`: `ppN` runs an N-token prompt as one
-//! batch, `tgN` generates N tokens one forward pass at a time; each test repeated, reported as
+//! Throughput measurement in the manner of `llama-bench`: `ppN` runs an N-token prompt in
+//! forward passes of at most `batch` tokens (512 by default, as `kiln-run generate` prefills
+//! and as `llama-bench` cuts its micro-batches), `tgN` generates N tokens one forward pass at a
+//! time; each test repeated, reported as
 //! median and spread of tokens per second. By default both start from an empty cache; with a
 //! depth D (`llama-bench -d`) they start with D tokens already in the cache (`pp512 @ d4096`),
 //! which is what a long conversation or document costs: attention reads the whole cache.
@@ -27,6 +29,8 @@ pub struct BenchOptions {
     pub warmup: bool,
     /// Tokens already in the cache when each test starts (0: an empty cache).
     pub depth: usize,
+    /// Most prompt tokens per forward pass of the prefill test.
+    pub batch: usize,
 }
 
 /// One test's result.
@@ -38,6 +42,8 @@ pub struct BenchResult {
     pub n_tokens: usize,
     /// Tokens in the cache before each repetition (`llama-bench`'s `n_depth`).
     pub n_depth: usize,
+    /// Most prompt tokens per forward pass (`llama-bench`'s `n_ubatch`).
+    pub n_batch: usize,
     /// Compute threads.
     pub threads: usize,
     /// Median tokens per second.
@@ -65,6 +71,12 @@ pub fn bench(session: &mut Session<'_>, opts: &BenchOptions) -> Result<Vec<Bench
             reason: "at least one repetition is needed".into(),
         });
     }
+    if opts.batch == 0 {
+        return Err(RunnerError::InvalidArgument {
+            arg: "--batch-size",
+            reason: "a forward pass needs at least one token".into(),
+        });
+    }
     let need = opts.depth + opts.prompt_tokens.max(opts.gen_tokens);
     if need > session.ctx() {
         return Err(RunnerError::ContextOverflow {
@@ -84,9 +96,17 @@ pub fn bench(session: &mut Session<'_>, opts: &BenchOptions) -> Result<Vec<Bench
     if opts.prompt_tokens > 0 {
         let tokens = bench_tokens(opts.prompt_tokens, vocab);
         let run = |s: &mut Session<'_>| -> Result<f64> {
-            at_depth(s, &context)?;
+            at_depth(s, &context, opts.batch)?;
             let t = Instant::now();
-            s.forward(&tokens, Logits::Last, None)?;
+            let batches = tokens.len().div_ceil(opts.batch);
+            for (i, batch) in tokens.chunks(opts.batch).enumerate() {
+                let logits = if i + 1 == batches {
+                    Logits::Last
+                } else {
+                    Logits::None
+                };
+                s.forward(batch, logits, None)?;
+            }
             Ok(t.elapsed().as_secs_f64())
         };
         results.push(measure(
@@ -100,7 +120,7 @@ pub fn bench(session: &mut Session<'_>, opts: &BenchOptions) -> Result<Vec<Bench
     if opts.gen_tokens > 0 {
         let tokens = bench_tokens(opts.gen_tokens, vocab);
         let run = |s: &mut Session<'_>| -> Result<f64> {
-            at_depth(s, &context)?;
+            at_depth(s, &context, opts.batch)?;
             let t = Instant::now();
             for &id in &tokens {
                 s.forward(&[id], Logits::Last, None)?;
@@ -119,19 +139,16 @@ pub fn bench(session: &mut Session<'_>, opts: &BenchOptions) -> Result<Vec<Bench
     Ok(results)
 }
 
-/// Tokens per forward pass when filling the cache to a depth.
-const DEPTH_BATCH: usize = 512;
-
 /// Leave exactly `context` in the session's cache: rewind to it when the cache starts with it
 /// (every repetition after the first) and still holds it whole, otherwise run it, unmeasured.
-fn at_depth(s: &mut Session<'_>, context: &[u32]) -> Result<()> {
+fn at_depth(s: &mut Session<'_>, context: &[u32], batch: usize) -> Result<()> {
     if s.tokens().starts_with(context) && s.rewind(context.len()) == context.len() {
         return Ok(());
     }
     s.reset();
     // In batches, so that a deep context costs the memory of a normal prompt.
-    for batch in context.chunks(DEPTH_BATCH) {
-        s.forward(batch, Logits::None, None)?;
+    for part in context.chunks(batch) {
+        s.forward(part, Logits::None, None)?;
     }
     Ok(())
 }
@@ -154,6 +171,7 @@ fn measure(
         test,
         n_tokens: n,
         n_depth: opts.depth,
+        n_batch: opts.batch,
         threads: session.threads(),
         tok_s: median,
         tok_s_min: min,

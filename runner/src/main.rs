@@ -12,6 +12,7 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand};
 use kiln_format::{ExitStatus, KilnFile};
 use kiln_runner::bench::{bench, BenchOptions, BenchResult};
+use kiln_runner::generate::DEFAULT_PREFILL_BATCH;
 use kiln_runner::threads::{cap_notice, cap_threads, physical_cores};
 use kiln_runner::{
     generate, open_model_verified, CacheType, ChatTemplate, Conversation, GenerateOptions,
@@ -173,6 +174,10 @@ struct BenchArgs {
     /// llama-bench -d): `pp512 @ d4096` is a 512-token prompt after 4096 cached tokens.
     #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
     depth: Vec<usize>,
+    /// Most prompt tokens per forward pass (like llama-bench -ub): a longer prompt is run in
+    /// batches of this size, as `generate` and `chat` run it.
+    #[arg(short = 'b', long = "batch-size", default_value_t = DEFAULT_PREFILL_BATCH)]
+    batch_size: usize,
     /// How the KV cache stores keys and values: f16 (half of f32's memory and reads), q8_0
     /// (GGML's blocks, about a quarter; heads must be a multiple of 32 wide) or f32 (exact).
     #[arg(long = "cache-type", default_value_t = CacheType::F16)]
@@ -566,6 +571,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
                 reps: a.repetitions,
                 warmup: true,
                 depth,
+                batch: a.batch_size,
             };
             results.extend(bench(&mut sess, &opts)?);
         }

@@ -195,6 +195,32 @@ fn bench_json_names_tests_like_llama_bench() {
     assert!(String::from_utf8_lossy(&table.stdout).contains("| pp8 |"));
 }
 
+/// `-b`: a prompt longer than the batch runs in several forward passes (reported as
+/// `n_batch`); a batch of zero tokens is bad input naming the option.
+#[test]
+fn bench_prefills_in_batches_of_the_size_asked_for() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    for (b, want) in [("5", 5), ("512", 512)] {
+        let results = bench_json(&m, &["-p", "12", "-n", "0", "-r", "1", "-t", "1", "-b", b]);
+        assert_eq!(results.len(), 1);
+        assert_eq!(results[0]["test"], "pp12");
+        assert_eq!(results[0]["n_batch"].as_u64(), Some(want));
+        assert!(results[0]["tok_s"].as_f64().unwrap() > 0.0);
+    }
+    let o = kiln_run(&[
+        "bench",
+        m.to_str().unwrap(),
+        "-p",
+        "8",
+        "-b",
+        "0",
+        "-r",
+        "1",
+    ]);
+    assert_fails(&o, USAGE, &["--batch-size"]);
+}
+
 #[test]
 fn bench_depth_starts_each_test_with_that_many_cached_tokens() {
     let tmp = tempfile::tempdir().unwrap();
