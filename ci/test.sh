@@ -36,5 +36,7 @@ ci/accuracy.sh
 step "cargo test (including real-model tests)"
 cargo test --workspace --release -- --include-ignored
 
-step "kernels with the one-token kernels' software prefetching on (the distance Intel CPUs use)"
+step "kernels with the one-token kernels' software prefetching on (Intel's distance; and into L1)"
 KILN_STREAM_PREFETCH=4096 cargo test --release -p kiln-kernels --test tiers --test matmul
+KILN_STREAM_PREFETCH=8192 KILN_STREAM_HINT=t0 \
+    cargo test --release -p kiln-kernels --test tiers --test matmul

@@ -15,6 +15,34 @@ use std::sync::OnceLock;
 
 /// The environment variable that overrides [`distances`].
 pub const STREAM_PREFETCH_ENV: &str = "KILN_STREAM_PREFETCH";
+/// The environment variable that overrides [`StreamPrefetch::hint`].
+pub const STREAM_HINT_ENV: &str = "KILN_STREAM_HINT";
+
+/// The cache level a software prefetch fills (`prefetcht0`, `t1`, `t2`, `prefetchnta`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hint {
+    /// Every level, L1 included.
+    T0,
+    /// L2 and below.
+    T1,
+    /// The last level (on most cores the same as T1).
+    T2,
+    /// Non-temporal: close to the core, kept out of the outer levels where the CPU can.
+    Nta,
+}
+
+impl Hint {
+    /// `t0`, `t1`, `t2` or `nta`.
+    pub fn parse(s: &str) -> Option<Hint> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "t0" => Some(Hint::T0),
+            "t1" => Some(Hint::T1),
+            "t2" => Some(Hint::T2),
+            "nta" => Some(Hint::Nta),
+            _ => None,
+        }
+    }
+}
 
 /// Prefetch distances in bytes for the one-token kernels' weight streams (0: none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +51,9 @@ pub struct StreamPrefetch {
     pub float_rows: usize,
     /// Sixteen-row interleaved Q4_0 groups.
     pub q4_0x16: usize,
+    /// The level prefetches fill; `None`: each kernel's own (L2 for float rows, L1 for Q4_0
+    /// groups).
+    pub hint: Option<Hint>,
 }
 
 /// The CPU's vendor string (`GenuineIntel`, `AuthenticAMD`, …), empty off x86-64.
@@ -49,11 +80,13 @@ pub fn defaults_for(vendor: &str) -> StreamPrefetch {
         StreamPrefetch {
             float_rows: INTEL_DISTANCE,
             q4_0x16: INTEL_DISTANCE,
+            hint: None,
         }
     } else {
         StreamPrefetch {
             float_rows: 0,
             q4_0x16: 4 * 288,
+            hint: None,
         }
     }
 }
@@ -65,24 +98,35 @@ const INTEL_DISTANCE: usize = 4096;
 /// to be used).
 const MAX_DISTANCE: usize = 1 << 20;
 
-/// The distances in use: the environment's if it sets a valid one, else the vendor's.
+/// The settings in use: the vendor's, with whatever the environment sets validly instead.
 pub fn distances() -> StreamPrefetch {
     static CHOSEN: OnceLock<StreamPrefetch> = OnceLock::new();
     *CHOSEN.get_or_init(|| {
-        match std::env::var(STREAM_PREFETCH_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-        {
-            Some(d) => {
-                let d = d.min(MAX_DISTANCE);
-                StreamPrefetch {
-                    float_rows: d,
-                    q4_0x16: d,
-                }
-            }
-            None => defaults_for(&cpu_vendor()),
-        }
+        let var = |name| std::env::var(name).ok();
+        with_overrides(
+            defaults_for(&cpu_vendor()),
+            var(STREAM_PREFETCH_ENV).as_deref(),
+            var(STREAM_HINT_ENV).as_deref(),
+        )
     })
+}
+
+/// `base` with a valid distance and hint put in (an invalid value is ignored: these are
+/// measurement settings, never needed for a correct run).
+fn with_overrides(
+    base: StreamPrefetch,
+    distance: Option<&str>,
+    hint: Option<&str>,
+) -> StreamPrefetch {
+    let mut sp = base;
+    if let Some(d) = distance.and_then(|v| v.trim().parse::<usize>().ok()) {
+        let d = d.min(MAX_DISTANCE);
+        (sp.float_rows, sp.q4_0x16) = (d, d);
+    }
+    if let Some(h) = hint.and_then(Hint::parse) {
+        sp.hint = Some(h);
+    }
+    sp
 }
 
 #[cfg(test)]
@@ -97,6 +141,19 @@ mod tests {
         let intel = defaults_for("GenuineIntel");
         assert!(intel.float_rows > 0 && intel.q4_0x16 > 0);
         assert_eq!(defaults_for(""), amd);
+    }
+
+    #[test]
+    fn the_environment_overrides_only_what_it_sets_validly() {
+        let amd = defaults_for("AuthenticAMD");
+        assert_eq!(with_overrides(amd, None, None), amd);
+        let sp = with_overrides(amd, Some(" 8192"), Some("NTA"));
+        assert_eq!((sp.float_rows, sp.q4_0x16), (8192, 8192));
+        assert_eq!(sp.hint, Some(Hint::Nta));
+        assert_eq!(with_overrides(amd, Some("far"), Some("t9")), amd);
+        let sp = with_overrides(amd, Some("99999999"), Some("t2"));
+        assert_eq!(sp.float_rows, MAX_DISTANCE);
+        assert_eq!(sp.hint, Some(Hint::T2));
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -12,7 +12,9 @@ use std::arch::x86_64::*;
 
 use kiln_format::{BlockQ4_0x16, GROUP_ROWS};
 
+use super::float::prefetch_line;
 use crate::interleaved::GroupX;
+use crate::stream::Hint;
 
 /// `out[r] = Σ_b isum(w[b], row r; x[b])·(d_r·dx_b)`, blocks in order.
 ///
@@ -29,14 +31,14 @@ pub(crate) unsafe fn matvec(w: &[BlockQ4_0x16], x: &[GroupX]) -> [f32; GROUP_ROW
         let mut acc = [_mm256_setzero_ps(); 2];
         // Groups ahead of the current one whose weights are asked for (288 bytes each; the
         // distance is the CPU's, see `crate::stream`).
-        let ahead_groups = crate::stream::distances()
-            .q4_0x16
-            .div_ceil(std::mem::size_of::<BlockQ4_0x16>());
+        let sp = crate::stream::distances();
+        let ahead_groups = sp.q4_0x16.div_ceil(std::mem::size_of::<BlockQ4_0x16>());
+        let hint = sp.hint.unwrap_or(Hint::T0);
         for (b, (g, xb)) in w.iter().zip(x).enumerate() {
             if ahead_groups != 0 {
                 let ahead = w.as_ptr().wrapping_add(b + ahead_groups) as *const i8;
                 for line in 0..5 {
-                    _mm_prefetch(ahead.wrapping_add(64 * line), _MM_HINT_T0);
+                    prefetch_line(ahead.wrapping_add(64 * line), hint);
                 }
             }
             let xq = xb.qs.as_ptr() as *const i32;

@@ -3,6 +3,7 @@
 use half::{bf16, f16};
 
 use crate::lanes::{FloatAcc, FLOAT_ROWS, FLOAT_TILE};
+use crate::stream::Hint;
 
 /// One ISA's f32 vector primitives.
 ///
@@ -132,7 +133,8 @@ pub(crate) unsafe fn tile<S: F32Simd, W: Weight, const R: usize, const T: usize>
 #[inline(always)]
 pub(crate) unsafe fn rows16<S: F32Simd, W: Weight>(w: &[W], x: &[f32]) -> [f32; 16] {
     let n = x.len();
-    let ahead = crate::stream::distances().float_rows;
+    let sp = crate::stream::distances();
+    let (ahead, hint) = (sp.float_rows, sp.hint.unwrap_or(Hint::T1));
     // SAFETY: features enabled (caller contract).
     let mut v = [unsafe { S::zero() }; 16];
     for (r, vr) in v.iter_mut().enumerate() {
@@ -142,7 +144,7 @@ pub(crate) unsafe fn rows16<S: F32Simd, W: Weight>(w: &[W], x: &[f32]) -> [f32; 
             if ahead == 0 {
                 tile_sums::<S, W, 1, 1>(&[row], &[x])[0][0]
             } else {
-                row_sums_prefetching::<S, W>(row, x, ahead)
+                row_sums_prefetching::<S, W>(row, x, ahead, hint)
             }
         };
     }
@@ -155,12 +157,17 @@ pub(crate) unsafe fn rows16<S: F32Simd, W: Weight>(w: &[W], x: &[f32]) -> [f32; 
 }
 
 /// [`tile_sums`] for one row and one token, asking for the line `ahead` bytes past each one it
-/// reads: the same loads and FMAs in the same order, so the same bits.
+/// reads at the level `hint` names: the same loads and FMAs in the same order, so the same bits.
 ///
 /// # Safety
 /// The ISA's features are enabled and `w.len() == x.len()`.
 #[inline(always)]
-unsafe fn row_sums_prefetching<S: F32Simd, W: Weight>(w: &[W], x: &[f32], ahead: usize) -> S::V {
+unsafe fn row_sums_prefetching<S: F32Simd, W: Weight>(
+    w: &[W],
+    x: &[f32],
+    ahead: usize,
+    hint: Hint,
+) -> S::V {
     let n = x.len();
     let step = 2 * S::LANES;
     let main = n - n % step;
@@ -169,7 +176,7 @@ unsafe fn row_sums_prefetching<S: F32Simd, W: Weight>(w: &[W], x: &[f32], ahead:
     let (mut acc0, mut acc1) = unsafe { (S::zero(), S::zero()) };
     let mut i = 0;
     while i < main {
-        prefetch_at(wp.wrapping_add(i), ahead, step * std::mem::size_of::<W>());
+        prefetch_hinted(wp.wrapping_add(i), ahead, step * size_of::<W>(), hint);
         // SAFETY: i + 2·LANES <= main <= n, and both slices have n elements (caller contract).
         unsafe {
             let x0 = S::load(xp.add(i));
@@ -343,17 +350,34 @@ pub(crate) fn prefetch_ahead<T>(p: *const T, len: usize) {
 /// [`prefetch_ahead`]).
 #[inline(always)]
 pub(crate) fn prefetch_at<T>(p: *const T, ahead: usize, len: usize) {
+    prefetch_hinted(p, ahead, len, Hint::T1)
+}
+
+/// Prefetch the cache lines `ahead` bytes past each line of `p..p+len` into the level `hint`
+/// names.
+#[inline(always)]
+pub(crate) fn prefetch_hinted<T>(p: *const T, ahead: usize, len: usize, hint: Hint) {
     let p = p.cast::<i8>().wrapping_add(ahead);
     let mut off = 0;
     while off < len {
-        // SAFETY: `_mm_prefetch` is SSE (baseline x86-64) and only hints the cache; it does
-        // not access memory architecturally, so any address is allowed.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                p.wrapping_add(off),
-            )
-        };
+        prefetch_line(p.wrapping_add(off), hint);
         off += 64;
+    }
+}
+
+/// Ask for the cache line holding `p` at the level `hint` names.
+#[inline(always)]
+pub(crate) fn prefetch_line(p: *const i8, hint: Hint) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_NTA, _MM_HINT_T0, _MM_HINT_T1, _MM_HINT_T2};
+    // SAFETY: `_mm_prefetch` is SSE (baseline x86-64) and only hints the cache; it does not
+    // access memory architecturally, so any address is allowed.
+    unsafe {
+        match hint {
+            Hint::T0 => _mm_prefetch::<_MM_HINT_T0>(p),
+            Hint::T1 => _mm_prefetch::<_MM_HINT_T1>(p),
+            Hint::T2 => _mm_prefetch::<_MM_HINT_T2>(p),
+            Hint::Nta => _mm_prefetch::<_MM_HINT_NTA>(p),
+        }
     }
 }
 
