@@ -12,7 +12,6 @@ use std::arch::x86_64::*;
 
 use kiln_format::{BlockQ4_0x16, GROUP_ROWS};
 
-use super::float::prefetch_line;
 use crate::interleaved::GroupX;
 use crate::stream::Hint;
 
@@ -22,6 +21,33 @@ use crate::stream::Hint;
 /// AVX2, FMA and F16C are enabled, and `w.len() == x.len()`.
 #[inline(always)]
 pub(crate) unsafe fn matvec(w: &[BlockQ4_0x16], x: &[GroupX]) -> [f32; GROUP_ROWS] {
+    // Groups ahead of the current one whose weights are asked for (288 bytes each), and the
+    // cache level they fill: the CPU's, see `crate::stream`; the level is chosen here, once,
+    // not per line.
+    let sp = crate::stream::distances();
+    let ahead = sp.q4_0x16.div_ceil(std::mem::size_of::<BlockQ4_0x16>());
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        match sp.hint.unwrap_or(Hint::T0) {
+            Hint::T0 => matvec_hinted::<_MM_HINT_T0>(w, x, ahead),
+            Hint::T1 => matvec_hinted::<_MM_HINT_T1>(w, x, ahead),
+            Hint::T2 => matvec_hinted::<_MM_HINT_T2>(w, x, ahead),
+            Hint::Nta => matvec_hinted::<_MM_HINT_NTA>(w, x, ahead),
+        }
+    }
+}
+
+/// [`matvec`], asking for the lines of the group `ahead_groups` ahead (none for 0) with
+/// `_mm_prefetch` strategy `H`.
+///
+/// # Safety
+/// As [`matvec`].
+#[inline(always)]
+unsafe fn matvec_hinted<const H: i32>(
+    w: &[BlockQ4_0x16],
+    x: &[GroupX],
+    ahead_groups: usize,
+) -> [f32; GROUP_ROWS] {
     // SAFETY: every pointer read below is inside `w[b]` or `x[b]` for b < w.len() == x.len()
     // (caller contract); a prefetch of an address past the end is only a hint and never faults;
     // features enabled (caller contract).
@@ -29,16 +55,11 @@ pub(crate) unsafe fn matvec(w: &[BlockQ4_0x16], x: &[GroupX]) -> [f32; GROUP_ROW
         let mask = _mm256_set1_epi8(0x0f);
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); 2];
-        // Groups ahead of the current one whose weights are asked for (288 bytes each; the
-        // distance is the CPU's, see `crate::stream`).
-        let sp = crate::stream::distances();
-        let ahead_groups = sp.q4_0x16.div_ceil(std::mem::size_of::<BlockQ4_0x16>());
-        let hint = sp.hint.unwrap_or(Hint::T0);
         for (b, (g, xb)) in w.iter().zip(x).enumerate() {
             if ahead_groups != 0 {
                 let ahead = w.as_ptr().wrapping_add(b + ahead_groups) as *const i8;
                 for line in 0..5 {
-                    prefetch_line(ahead.wrapping_add(64 * line), hint);
+                    _mm_prefetch::<H>(ahead.wrapping_add(64 * line));
                 }
             }
             let xq = xb.qs.as_ptr() as *const i32;

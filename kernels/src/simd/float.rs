@@ -144,7 +144,13 @@ pub(crate) unsafe fn rows16<S: F32Simd, W: Weight>(w: &[W], x: &[f32]) -> [f32; 
             if ahead == 0 {
                 tile_sums::<S, W, 1, 1>(&[row], &[x])[0][0]
             } else {
-                row_sums_prefetching::<S, W>(row, x, ahead, hint)
+                use std::arch::x86_64::{_MM_HINT_NTA, _MM_HINT_T0, _MM_HINT_T1, _MM_HINT_T2};
+                match hint {
+                    Hint::T0 => row_sums_prefetching::<S, W, _MM_HINT_T0>(row, x, ahead),
+                    Hint::T1 => row_sums_prefetching::<S, W, _MM_HINT_T1>(row, x, ahead),
+                    Hint::T2 => row_sums_prefetching::<S, W, _MM_HINT_T2>(row, x, ahead),
+                    Hint::Nta => row_sums_prefetching::<S, W, _MM_HINT_NTA>(row, x, ahead),
+                }
             }
         };
     }
@@ -157,16 +163,16 @@ pub(crate) unsafe fn rows16<S: F32Simd, W: Weight>(w: &[W], x: &[f32]) -> [f32; 
 }
 
 /// [`tile_sums`] for one row and one token, asking for the line `ahead` bytes past each one it
-/// reads at the level `hint` names: the same loads and FMAs in the same order, so the same bits.
+/// reads with `_mm_prefetch` strategy `H`: the same loads and FMAs in the same order, so the
+/// same bits.
 ///
 /// # Safety
 /// The ISA's features are enabled and `w.len() == x.len()`.
 #[inline(always)]
-unsafe fn row_sums_prefetching<S: F32Simd, W: Weight>(
+unsafe fn row_sums_prefetching<S: F32Simd, W: Weight, const H: i32>(
     w: &[W],
     x: &[f32],
     ahead: usize,
-    hint: Hint,
 ) -> S::V {
     let n = x.len();
     let step = 2 * S::LANES;
@@ -176,7 +182,7 @@ unsafe fn row_sums_prefetching<S: F32Simd, W: Weight>(
     let (mut acc0, mut acc1) = unsafe { (S::zero(), S::zero()) };
     let mut i = 0;
     while i < main {
-        prefetch_hinted(wp.wrapping_add(i), ahead, step * size_of::<W>(), hint);
+        prefetch_lines::<H, W>(wp.wrapping_add(i), ahead, step * size_of::<W>());
         // SAFETY: i + 2·LANES <= main <= n, and both slices have n elements (caller contract).
         unsafe {
             let x0 = S::load(xp.add(i));
@@ -350,34 +356,20 @@ pub(crate) fn prefetch_ahead<T>(p: *const T, len: usize) {
 /// [`prefetch_ahead`]).
 #[inline(always)]
 pub(crate) fn prefetch_at<T>(p: *const T, ahead: usize, len: usize) {
-    prefetch_hinted(p, ahead, len, Hint::T1)
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T1 }, T>(p, ahead, len)
 }
 
-/// Prefetch the cache lines `ahead` bytes past each line of `p..p+len` into the level `hint`
-/// names.
+/// Prefetch the cache lines `ahead` bytes past each line of `p..p+len` with `_mm_prefetch`
+/// strategy `H` (the level the lines fill).
 #[inline(always)]
-pub(crate) fn prefetch_hinted<T>(p: *const T, ahead: usize, len: usize, hint: Hint) {
+pub(crate) fn prefetch_lines<const H: i32, T>(p: *const T, ahead: usize, len: usize) {
     let p = p.cast::<i8>().wrapping_add(ahead);
     let mut off = 0;
     while off < len {
-        prefetch_line(p.wrapping_add(off), hint);
+        // SAFETY: `_mm_prefetch` is SSE (baseline x86-64) and only hints the cache; it does
+        // not access memory architecturally, so any address is allowed.
+        unsafe { std::arch::x86_64::_mm_prefetch::<H>(p.wrapping_add(off)) };
         off += 64;
-    }
-}
-
-/// Ask for the cache line holding `p` at the level `hint` names.
-#[inline(always)]
-pub(crate) fn prefetch_line(p: *const i8, hint: Hint) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_NTA, _MM_HINT_T0, _MM_HINT_T1, _MM_HINT_T2};
-    // SAFETY: `_mm_prefetch` is SSE (baseline x86-64) and only hints the cache; it does not
-    // access memory architecturally, so any address is allowed.
-    unsafe {
-        match hint {
-            Hint::T0 => _mm_prefetch::<_MM_HINT_T0>(p),
-            Hint::T1 => _mm_prefetch::<_MM_HINT_T1>(p),
-            Hint::T2 => _mm_prefetch::<_MM_HINT_T2>(p),
-            Hint::Nta => _mm_prefetch::<_MM_HINT_NTA>(p),
-        }
     }
 }
 
