@@ -13,6 +13,7 @@ use std::arch::x86_64::*;
 
 use kiln_format::{BlockQ4_0x16, GROUP_ROWS};
 
+use super::float::with_prefetch_hint;
 use crate::interleaved::GroupX;
 use crate::stream::Hint;
 
@@ -23,19 +24,11 @@ use crate::stream::Hint;
 #[inline(always)]
 pub(crate) unsafe fn matvec(w: &[BlockQ4_0x16], x: &[GroupX]) -> [f32; GROUP_ROWS] {
     // Groups ahead of the current one whose weights are asked for (288 bytes each), and the
-    // cache level they fill: the CPU's, see `crate::stream`; the level is chosen here, once,
-    // not per line.
+    // cache level they fill: the CPU's, see `crate::stream`.
     let sp = crate::stream::distances();
     let ahead = sp.q4_0x16.div_ceil(std::mem::size_of::<BlockQ4_0x16>());
     // SAFETY: the caller's contract, passed on.
-    unsafe {
-        match sp.hint.unwrap_or(Hint::T0) {
-            Hint::T0 => matvec_hinted::<_MM_HINT_T0>(w, x, ahead),
-            Hint::T1 => matvec_hinted::<_MM_HINT_T1>(w, x, ahead),
-            Hint::T2 => matvec_hinted::<_MM_HINT_T2>(w, x, ahead),
-            Hint::Nta => matvec_hinted::<_MM_HINT_NTA>(w, x, ahead),
-        }
-    }
+    unsafe { with_prefetch_hint!(sp.hint.unwrap_or(Hint::T0), matvec_hinted(w, x, ahead)) }
 }
 
 /// [`matvec`], asking for the lines of the group `ahead_groups` ahead (none for 0) with

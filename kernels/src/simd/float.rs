@@ -144,13 +144,7 @@ pub(crate) unsafe fn rows16<S: F32Simd, W: Weight>(w: &[W], x: &[f32]) -> [f32; 
             if ahead == 0 {
                 tile_sums::<S, W, 1, 1>(&[row], &[x])[0][0]
             } else {
-                use std::arch::x86_64::{_MM_HINT_NTA, _MM_HINT_T0, _MM_HINT_T1, _MM_HINT_T2};
-                match hint {
-                    Hint::T0 => row_sums_prefetching::<S, W, _MM_HINT_T0>(row, x, ahead),
-                    Hint::T1 => row_sums_prefetching::<S, W, _MM_HINT_T1>(row, x, ahead),
-                    Hint::T2 => row_sums_prefetching::<S, W, _MM_HINT_T2>(row, x, ahead),
-                    Hint::Nta => row_sums_prefetching::<S, W, _MM_HINT_NTA>(row, x, ahead),
-                }
+                with_prefetch_hint!(hint, row_sums_prefetching::<S, W>(row, x, ahead))
             }
         };
     }
@@ -358,6 +352,22 @@ pub(crate) fn prefetch_ahead<T>(p: *const T, len: usize) {
 pub(crate) fn prefetch_at<T>(p: *const T, ahead: usize, len: usize) {
     prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T1 }, T>(p, ahead, len)
 }
+
+/// `$f::<G…, H>(args…)` with `H` the `_mm_prefetch` strategy of the [`Hint`] `$hint`: a
+/// kernel generic over its prefetch level is instantiated once per level and the level is
+/// picked once per call, never per cache line.
+macro_rules! with_prefetch_hint {
+    ($hint:expr, $f:ident $(::<$($g:ty),*>)? ($($arg:expr),* $(,)?)) => {{
+        use std::arch::x86_64::{_MM_HINT_NTA, _MM_HINT_T0, _MM_HINT_T1, _MM_HINT_T2};
+        match $hint {
+            $crate::stream::Hint::T0 => $f::<$($($g,)*)? _MM_HINT_T0>($($arg),*),
+            $crate::stream::Hint::T1 => $f::<$($($g,)*)? _MM_HINT_T1>($($arg),*),
+            $crate::stream::Hint::T2 => $f::<$($($g,)*)? _MM_HINT_T2>($($arg),*),
+            $crate::stream::Hint::Nta => $f::<$($($g,)*)? _MM_HINT_NTA>($($arg),*),
+        }
+    }};
+}
+pub(crate) use with_prefetch_hint;
 
 /// Prefetch the cache lines `ahead` bytes past each line of `p..p+len` with `_mm_prefetch`
 /// strategy `H` (the level the lines fill).
