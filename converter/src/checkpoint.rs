@@ -13,8 +13,10 @@ use serde_json::Value;
 use crate::error::{ConvertError, Result};
 use crate::names::{self, Source};
 
-/// Largest JSON side file read (config, tokenizer, index): tokenizers are the big ones, ~10 MB.
-const MAX_JSON_FILE: u64 = 64 << 20;
+/// Largest side file read (config, generation config, tokenizer files, chat template, shard
+/// index): what is kept of them goes into the output's metadata, which holds at most this
+/// (tokenizers are the big ones, tens of MB).
+pub const MAX_SIDE_FILE: u64 = kiln_format::layout::MAX_METADATA_LEN;
 /// Most shards accepted from an index.
 const MAX_SHARDS: usize = 10_000;
 
@@ -37,7 +39,8 @@ impl std::fmt::Debug for Shard {
 impl Shard {
     fn open(dir: &Path, name: &str) -> Result<Shard> {
         let path = dir.join(name);
-        let file = File::open(&path).map_err(|e| ConvertError::io(&path, "cannot open", e))?;
+        // A FIFO or a device named as a shard is refused without blocking on it.
+        let file = kiln_format::open_regular(&path, "safetensors")?;
         // SAFETY: read-only private map; the checkpoint must not be modified while it is
         // being converted (the same contract as every memory-mapped model loader).
         let map =
@@ -104,24 +107,25 @@ pub struct Checkpoint {
     pub index_file: Option<String>,
 }
 
-/// Read a small side file as text, refusing anything absurdly large.
+/// Read a side file as text: a regular file (a FIFO or a device is refused without blocking)
+/// of at most [`MAX_SIDE_FILE`] bytes (refused by its size before anything is allocated).
 pub fn read_text(path: &Path) -> Result<String> {
-    let meta = std::fs::metadata(path).map_err(|e| ConvertError::io(path, "cannot read", e))?;
-    if meta.len() > MAX_JSON_FILE {
-        return Err(ConvertError::Json {
-            path: path.display().to_string(),
-            reason: format!(
-                "{} bytes is larger than the {MAX_JSON_FILE}-byte limit for side files",
-                meta.len()
-            ),
-        });
-    }
-    std::fs::read_to_string(path).map_err(|e| ConvertError::io(path, "cannot read", e))
+    read_text_as(path, "checkpoint side")
+}
+
+/// [`read_text`], naming what the file should be (`config.json`) in its errors.
+pub fn read_text_as(path: &Path, what: &'static str) -> Result<String> {
+    Ok(kiln_format::read_text_bounded(path, MAX_SIDE_FILE, what)?)
 }
 
 /// Read and parse a JSON side file.
 pub fn read_json(path: &Path) -> Result<Value> {
-    serde_json::from_str(&read_text(path)?).map_err(|e| ConvertError::Json {
+    read_json_as(path, "checkpoint side")
+}
+
+/// [`read_json`], naming what the file should be in its errors.
+pub fn read_json_as(path: &Path, what: &'static str) -> Result<Value> {
+    serde_json::from_str(&read_text_as(path, what)?).map_err(|e| ConvertError::Json {
         path: path.display().to_string(),
         reason: e.to_string(),
     })
@@ -294,22 +298,21 @@ fn split_rows(
     config: &kiln_format::ModelConfig,
     path: &Path,
 ) -> Result<Vec<SourceTensor>> {
-    let expected = kiln_format::expected_tensors(config);
-    let shapes: Vec<&Vec<u64>> = parts
+    // Each part's shape from its name: the full list is not built before the layer count
+    // is bounded by the checkpoint's tensors.
+    let shapes: Vec<Vec<u64>> = parts
         .iter()
         .map(|p| {
-            expected
-                .iter()
-                .find(|(n, _)| n == p)
-                .map(|(_, s)| s)
-                .ok_or_else(|| ConvertError::UnknownTensor {
+            kiln_format::shapes::expected_shape(config, *p).ok_or_else(|| {
+                ConvertError::UnknownTensor {
                     path: path.display().to_string(),
                     tensor: whole.source_name.clone(),
                     arch: format!(
                         "{} ({} layers)",
                         config.source_architecture, config.num_layers
                     ),
-                })
+                }
+            })
         })
         .collect::<Result<_>>()?;
     let cols = shapes[0][1];
@@ -348,7 +351,7 @@ fn split_rows(
                 ),
                 shard: whole.shard,
                 dtype: whole.dtype,
-                shape: shape.clone(),
+                shape,
                 range: start..start + len,
             };
             start += len;

@@ -18,7 +18,7 @@ use kiln_format::{
 use rayon::prelude::*;
 use serde_json::{json, Value};
 
-use crate::checkpoint::{read_json, read_text, Checkpoint, SourceTensor};
+use crate::checkpoint::{read_json_as, read_text_as, Checkpoint, SourceTensor};
 use crate::error::{ConvertError, Result};
 use crate::{hf_config, tokenizer_files, Progress};
 
@@ -139,7 +139,7 @@ fn plan<'c>(
 
 /// A source file's size and sha256, for provenance (`name` is how provenance lists it).
 pub(crate) fn sha256_file(path: &Path, name: &str) -> Result<SourceFile> {
-    let f = std::fs::File::open(path).map_err(|e| ConvertError::io(path, "cannot open", e))?;
+    let f = kiln_format::open_regular(path, "source")?;
     let bytes = f
         .metadata()
         .map_err(|e| ConvertError::io(path, "cannot read", e))?
@@ -180,7 +180,9 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
         }
     }
     let config_path = dir.join("config.json");
-    if !config_path.is_file() {
+    // `exists`, not `is_file`: a FIFO or a device under the name is refused as what it is
+    // (without blocking on it) rather than reported missing.
+    if !config_path.exists() {
         return Err(ConvertError::MissingFile {
             dir: dir.display().to_string(),
             file: "config.json".into(),
@@ -188,15 +190,31 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
         });
     }
     let gen_path = dir.join("generation_config.json");
-    let generation = if gen_path.is_file() {
-        Some(read_json(&gen_path)?)
+    let generation = if gen_path.exists() {
+        Some(read_json_as(&gen_path, "generation_config.json")?)
     } else {
         None
     };
-    let config_text = read_text(&config_path)?;
+    let config_text = read_text_as(&config_path, "config.json")?;
+    // Resolves and runs the check every reader of the output runs (ModelConfig::check).
     let config = hf_config::parse(&config_path, &config_text, generation.as_ref())?;
     let tokenizer = tokenizer_files::read(dir)?;
     let ck = Checkpoint::open(dir, &config)?;
+    // The layer count against the tensors the checkpoint holds, before the plan lists every
+    // tensor the layers imply.
+    if let Err(need) =
+        kiln_format::shapes::check_layer_count(config.num_layers, ck.tensors.len() as u64)
+    {
+        return Err(ConvertError::field(
+            &config_path,
+            "num_hidden_layers",
+            format!(
+                "{} layers need at least {need} tensors, but the checkpoint holds {}",
+                config.num_layers,
+                ck.tensors.len()
+            ),
+        ));
+    }
     let mut skipped = ck.skipped.clone();
     let planned = plan(&ck, &config, &mut skipped)?;
 

@@ -460,7 +460,7 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
         }
     }
 
-    Ok(ModelConfig {
+    let config = ModelConfig {
         architecture,
         source_architecture: source_class.to_string(),
         hidden_size,
@@ -480,7 +480,30 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
         bos_token_id,
         eos_token_ids,
         family,
-    })
+    };
+    // The one validation every reader of the output runs, here so that a config its readers
+    // would refuse is refused before anything is written, naming the field as config.json does.
+    config
+        .check()
+        .map_err(|p| ConvertError::field(path, hf_spelling(p.field), p.reason))?;
+    Ok(config)
+}
+
+/// The `config.json` key behind a [`ModelConfig`] field, for messages.
+fn hf_spelling(field: &'static str) -> &'static str {
+    match field {
+        "num_layers" => "num_hidden_layers",
+        "num_heads" => "num_attention_heads",
+        "num_kv_heads" => "num_key_value_heads",
+        "rotary_dim" => "partial_rotary_factor",
+        "layer_kinds" => "layer_types",
+        // Gemma 3's score scale is `query_pre_attn_scalar^-½`, its embedding scale `√hidden`.
+        "attn_scale" => "query_pre_attn_scalar",
+        "embed_scale" => "hidden_size",
+        "rope_local_theta" => "rope_local_base_freq",
+        "eos_token_ids" => "eos_token_id",
+        other => other,
+    }
 }
 
 /// A RoPE parameter object's base and frequency scaling (`ctx` prefixes field names in
@@ -918,6 +941,44 @@ mod tests {
         l["partial_rotary_factor"] = serde_json::json!(0.5);
         let e = parse_value(&l).unwrap_err().to_string();
         assert!(e.contains("partial_rotary_factor"), "{e}");
+    }
+
+    /// Values every reader refuses are refused here, by the same check, under the key
+    /// config.json spells them with: a layer count whose tensors no file holds, a RoPE base
+    /// of 1, a score scale (`query_pre_attn_scalar^-½`) that is infinite as an f32.
+    #[test]
+    fn values_every_reader_refuses_are_refused_at_parse() {
+        let cases = [
+            (
+                "num_hidden_layers",
+                serde_json::json!(1u64 << 24),
+                "num_hidden_layers",
+            ),
+            ("rope_theta", serde_json::json!(1.0), "rope_theta"),
+            (
+                "max_position_embeddings",
+                serde_json::json!(1u64 << 32),
+                "max_position_embeddings",
+            ),
+        ];
+        for (key, val, field) in cases {
+            let mut v = base();
+            v[key] = val;
+            let e = parse_value(&v).unwrap_err();
+            assert!(
+                matches!(&e, ConvertError::ConfigField { field: f, .. } if f == field),
+                "{key}: {e}"
+            );
+        }
+        let mut v = base();
+        v["architectures"] = serde_json::json!(["Gemma3ForCausalLM"]);
+        v["head_dim"] = serde_json::json!(16);
+        v["query_pre_attn_scalar"] = serde_json::json!(1e-300);
+        let e = parse_value(&v).unwrap_err();
+        assert!(
+            matches!(&e, ConvertError::ConfigField { field, .. } if field == "query_pre_attn_scalar"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -209,11 +209,11 @@ pub fn inspect(path: &Path, verify: bool, progress: &dyn Progress) -> Result<Ins
     let verify = verify.then(|| {
         progress.start(f.data_len(), f.tensors().len());
         let t = Instant::now();
-        let failures = f.verify_checksums(&|n| progress.advance(n, 0));
+        // One pass: each chunk hashed, then scanned for NaN and infinity while in cache.
+        let (failures, non_finite) = f.check_tensors(&|n| progress.advance(n, 0));
         progress.finish();
         let seconds = t.elapsed().as_secs_f64();
-        let non_finite: Vec<NonFinite> = f
-            .non_finite()
+        let non_finite: Vec<NonFinite> = non_finite
             .into_iter()
             .map(|n| NonFinite {
                 tensor: n.tensor,

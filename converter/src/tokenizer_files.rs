@@ -74,7 +74,7 @@ fn kind(v: &Value) -> &'static str {
 /// Read the tokenizer files of a checkpoint directory.
 pub fn read(dir: &Path) -> Result<TokenizerFiles> {
     let tj = dir.join("tokenizer.json");
-    if !tj.is_file() {
+    if !tj.exists() {
         return Err(ConvertError::MissingFile {
             dir: dir.display().to_string(),
             file: "tokenizer.json".into(),
@@ -95,7 +95,7 @@ pub fn read(dir: &Path) -> Result<TokenizerFiles> {
     let mut special: BTreeMap<String, String> = BTreeMap::new();
 
     let map_path = dir.join("special_tokens_map.json");
-    if map_path.is_file() {
+    if map_path.exists() {
         if let Value::Object(m) = read_json(&map_path)? {
             for (k, v) in m {
                 if let Some(s) = token_string(&v) {
@@ -106,7 +106,7 @@ pub fn read(dir: &Path) -> Result<TokenizerFiles> {
     }
 
     let tc = dir.join("tokenizer_config.json");
-    if tc.is_file() {
+    if tc.exists() {
         let text = read_text(&tc)?;
         let v: Value = serde_json::from_str(&text).map_err(|e| ConvertError::Json {
             path: tc.display().to_string(),
@@ -130,9 +130,9 @@ pub fn read(dir: &Path) -> Result<TokenizerFiles> {
     if files.chat_template.is_none() {
         let jinja = dir.join("chat_template.jinja");
         let json = dir.join("chat_template.json");
-        if jinja.is_file() {
+        if jinja.exists() {
             files.chat_template = Some(read_text(&jinja)?);
-        } else if json.is_file() {
+        } else if json.exists() {
             let v = read_json(&json)?;
             files.chat_template =
                 template_of(v.get("chat_template").unwrap_or(&Value::Null), &json)?;

@@ -629,3 +629,128 @@ fn bad_partial_rotary_and_longrope_fields_are_named() {
         expect_error(d.path(), &n);
     }
 }
+
+/// `config.json` of a copy of `fixture` with `key` set to `value`.
+fn with_config_value(fixture: &str, key: &str, value: serde_json::Value) -> tempfile::TempDir {
+    let d = copy_of(fixture);
+    let path = d.path().join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    v[key] = value;
+    std::fs::write(&path, v.to_string()).unwrap();
+    d
+}
+
+/// Regression: a one-line `config.json` change (`num_hidden_layers` 2^24) made conversion
+/// list 150 million tensors before looking at the checkpoint, past 5 GB until the allocator
+/// aborted. The layer count is now bounded by what any file can hold, and a smaller one by
+/// the tensors the checkpoint holds, before any list is built.
+#[test]
+fn a_layer_count_the_checkpoint_cannot_hold_is_refused_before_the_plan() {
+    let d = with_config_value("llama-tied-f32", "num_hidden_layers", (1u64 << 24).into());
+    let e = expect_error(
+        d.path(),
+        &["config.json", "num_hidden_layers", "16777216", "1048576"],
+    );
+    assert!(
+        matches!(&e, ConvertError::ConfigField { field, .. } if field == "num_hidden_layers"),
+        "{e}"
+    );
+    // Within what a file can hold, but far more than this checkpoint's 20 tensors.
+    let d = with_config_value("llama-tied-f32", "num_hidden_layers", 100_000.into());
+    let e = expect_error(
+        d.path(),
+        &[
+            "config.json",
+            "num_hidden_layers",
+            "100000",
+            "600002",
+            "holds 20",
+        ],
+    );
+    assert!(
+        matches!(&e, ConvertError::ConfigField { field, .. } if field == "num_hidden_layers"),
+        "{e}"
+    );
+}
+
+/// Regression: values `kiln-run` refuses at open (`ModelConfig::check`) converted with exit
+/// 0. Conversion now runs the same check before writing, naming the key as config.json
+/// spells it, and writes nothing.
+#[test]
+fn a_config_every_reader_refuses_is_refused_at_conversion() {
+    let cases: [(&str, &str, serde_json::Value, &str); 4] = [
+        (
+            "llama-tied-f32",
+            "max_position_embeddings",
+            (1u64 << 32).into(),
+            "max_position_embeddings",
+        ),
+        (
+            "mistral-f32",
+            "sliding_window",
+            (1u64 << 32).into(),
+            "sliding_window",
+        ),
+        (
+            "llama-tied-f32",
+            "rope_parameters",
+            serde_json::json!({"rope_theta": 1.0, "rope_type": "default"}),
+            "rope_theta",
+        ),
+        // A score scale of query_pre_attn_scalar^-½ = 1e150: finite as an f64, not as the
+        // f32 the runner computes with.
+        (
+            "gemma3-f32",
+            "query_pre_attn_scalar",
+            1e-300.into(),
+            "query_pre_attn_scalar",
+        ),
+    ];
+    for (fixture, key, value, field) in cases {
+        let d = with_config_value(fixture, key, value);
+        let e = expect_error(d.path(), &["config.json", field]);
+        assert!(
+            matches!(&e, ConvertError::ConfigField { field: f, .. } if f == field),
+            "{fixture} {key}: {e}"
+        );
+    }
+}
+
+/// A FIFO named `config.json` or `generation_config.json` (nobody writes to it) is refused at
+/// once, naming it, instead of blocking the conversion forever.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_fifo_as_a_config_file_is_refused_without_blocking() {
+    for name in [
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "chat_template.jinja",
+    ] {
+        let d = copy_of("llama-tied-f32");
+        let path = d.path().join(name);
+        let _ = std::fs::remove_file(&path);
+        assert!(Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .unwrap()
+            .success());
+        let out = tempfile::tempdir().unwrap();
+        let start = std::time::Instant::now();
+        let r = cli()
+            .arg("hf")
+            .arg(d.path())
+            .arg("-o")
+            .arg(out.path().join("m.kiln"))
+            .output()
+            .unwrap();
+        assert!(start.elapsed() < std::time::Duration::from_secs(20));
+        assert_eq!(r.status.code(), Some(2), "{name}");
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert!(err.contains(name) && err.contains("FIFO"), "{err}");
+        assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0);
+    }
+}

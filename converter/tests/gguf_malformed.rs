@@ -2,7 +2,14 @@
 //! message naming the field at fault; plus truncation at every byte and byte flips, which must
 //! give errors, never panics.
 
-use kiln_convert::gguf::{import_gguf, parse, Array, GgmlType, GgufBuilder, ImportOptions, Value};
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use kiln_convert::gguf::{
+    export_gguf, import_gguf, parse, read, Array, ExportOptions, GgmlType, GgufBuilder,
+    ImportOptions, Value,
+};
 use kiln_convert::{ConvertError, NoProgress};
 use kiln_format::DType;
 
@@ -540,7 +547,7 @@ fn metadata_that_contradicts_itself_is_refused_naming_the_key() {
 #[test]
 fn metadata_that_agrees_with_itself_still_resolves() {
     // The same keys with consistent values get past the metadata checks: the import then
-    // stops at the first missing tensor.
+    // stops where the layers are counted against the tensors (none here).
     let mut b = GgufBuilder::new();
     llama_keys(&mut b, "llama");
     b.set("llama.rope.dimension_count", Value::U32(16));
@@ -551,5 +558,162 @@ fn metadata_that_agrees_with_itself_still_resolves() {
         Value::Array(Array::I32(vec![0, 1, 3, 6])),
     );
     let e = import_err(b, vec![]);
-    assert!(matches!(e, ConvertError::MissingTensor { .. }), "{e}");
+    assert!(
+        matches!(&e, ConvertError::GgufKey { key, .. } if key == "llama.block_count"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("declares 0"), "{e}");
+}
+
+/// A GGUF file exported from the tiny `fixture`, with `edit` applied to its metadata (tensors
+/// unchanged), at `dir/edited.gguf`.
+fn edited_export(
+    dir: &Path,
+    fixture: &str,
+    edit: impl FnOnce(&mut Vec<(String, Value)>),
+) -> PathBuf {
+    let kiln = dir.join("src.kiln");
+    common::convert(&common::repo().join("fixtures/tiny").join(fixture), &kiln);
+    let src = dir.join("src.gguf");
+    export_gguf(
+        &ExportOptions {
+            input: kiln,
+            output: src.clone(),
+            overwrite: false,
+        },
+        &NoProgress,
+    )
+    .unwrap();
+    let bytes = std::fs::read(&src).unwrap();
+    let h = parse("src.gguf", &bytes).unwrap();
+    let mut meta = h.metadata.clone();
+    edit(&mut meta);
+    let mut b = GgufBuilder::new();
+    for (k, v) in meta {
+        b.set(&k, v);
+    }
+    for t in &h.tensors {
+        b.add_tensor(&t.name, t.dims.clone(), t.ggml_type).unwrap();
+    }
+    let dst = dir.join("edited.gguf");
+    b.write(&dst, false, |i| {
+        Ok(read::tensor_bytes(&bytes, &h.tensors[i]).to_vec().into())
+    })
+    .unwrap();
+    dst
+}
+
+fn set_key(meta: &mut Vec<(String, Value)>, key: &str, value: Value) {
+    match meta.iter_mut().find(|(k, _)| k == key) {
+        Some(slot) => slot.1 = value,
+        None => meta.push((key.to_string(), value)),
+    }
+}
+
+/// Regression: a GGUF whose values `kiln-run` refuses at open (`ModelConfig::check`) imported
+/// with exit 0: a context or a sliding window of 2^32, a RoPE base of 1, an attention factor
+/// of 1e150 (finite as an f64, infinite as the runner's f32). Import now runs the same check
+/// before writing, naming the GGUF key, and writes nothing.
+#[test]
+fn values_every_reader_refuses_are_refused_at_import_naming_the_key() {
+    type Edit = fn(&mut Vec<(String, Value)>);
+    let cases: [(&str, Edit, &str); 4] = [
+        (
+            "llama-tied-f32",
+            |m| set_key(m, "llama.context_length", Value::U64(1 << 32)),
+            "llama.context_length",
+        ),
+        (
+            "phi3-f32",
+            |m| set_key(m, "phi3.attention.sliding_window", Value::U64(1 << 32)),
+            "phi3.attention.sliding_window",
+        ),
+        (
+            "llama-tied-f32",
+            |m| set_key(m, "llama.rope.freq_base", Value::F32(1.0)),
+            "llama.rope.freq_base",
+        ),
+        (
+            "phi3-f32",
+            |m| {
+                // Kiln's own exact copy of the factors would disagree first: leave it out.
+                m.retain(|(k, _)| k != "kiln.rope_scaling");
+                set_key(m, "phi3.rope.scaling.attn_factor", Value::F64(1e150));
+            },
+            "phi3.rope.scaling.attn_factor",
+        ),
+    ];
+    for (fixture, edit, key) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let input = edited_export(tmp.path(), fixture, edit);
+        let out = tmp.path().join("out.kiln");
+        let e = import_gguf(
+            &ImportOptions {
+                input,
+                output: out.clone(),
+                overwrite: false,
+                dequantize_to: DType::F16,
+                dequantize_all: false,
+                allow_non_finite: false,
+            },
+            &NoProgress,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, ConvertError::GgufKey { key: k, .. } if k == key),
+            "{fixture} {key}: {e}"
+        );
+        assert!(e.to_string().contains("edited.gguf"), "{e}");
+        assert!(!out.exists(), "nothing written on error");
+    }
+}
+
+/// A layer count beyond the tensors the file declares is refused before anything is built
+/// per layer, naming `<arch>.block_count` and both counts (Gemma 3 builds its per-layer
+/// attention kinds while its configuration is resolved: the bound comes first there too).
+#[test]
+fn a_block_count_beyond_the_declared_tensors_is_refused_naming_both_counts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = edited_export(tmp.path(), "llama-tied-f32", |m| {
+        set_key(m, "llama.block_count", Value::U64(1 << 24))
+    });
+    let e = import_err_at(&input);
+    assert!(
+        matches!(&e, ConvertError::GgufKey { key, .. } if key == "llama.block_count"),
+        "{e}"
+    );
+    let m = e.to_string();
+    assert!(m.contains("16777216") && m.contains("declares 20"), "{m}");
+
+    // Gemma 3: refused while the configuration is resolved, before the tokenizer (which
+    // would refuse `t5`) and before the per-layer attention kinds are listed.
+    let mut b = GgufBuilder::new();
+    llama_keys(&mut b, "gemma3");
+    b.set("gemma3.attention.sliding_window", Value::U32(8));
+    b.set("gemma3.block_count", Value::U64(1 << 32));
+    b.set("tokenizer.ggml.model", Value::Str("t5".into()));
+    let e = import_err(b, vec![]);
+    assert!(
+        matches!(&e, ConvertError::GgufKey { key, .. } if key == "gemma3.block_count"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("4294967296"), "{e}");
+}
+
+fn import_err_at(input: &Path) -> ConvertError {
+    let out = input.with_extension("kiln");
+    let e = import_gguf(
+        &ImportOptions {
+            input: input.to_path_buf(),
+            output: out.clone(),
+            overwrite: false,
+            dequantize_to: DType::F16,
+            dequantize_all: false,
+            allow_non_finite: false,
+        },
+        &NoProgress,
+    )
+    .unwrap_err();
+    assert!(!out.exists(), "nothing written on error");
+    e
 }

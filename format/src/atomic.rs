@@ -201,6 +201,51 @@ pub fn refuse_output_is_input<'a>(
     Ok(())
 }
 
+/// Refuse a run whose outputs could destroy what it reads or each other: every output is
+/// checked against every input ([`refuse_output_is_input`]: path, symlinks, `..`, hard links)
+/// and against every other output (two names for one file, whether or not it exists yet).
+///
+/// The one check every program runs before writing anything, with the whole list of paths it
+/// reads (model, texts, importance files, references) and writes (the model, saved importance,
+/// saved logits), so that no flag combination and no `--force` lets one path overwrite
+/// another.
+pub fn refuse_clobbering(outputs: &[&Path], inputs: &[&Path]) -> Result<()> {
+    for (i, out) in outputs.iter().enumerate() {
+        refuse_output_is_input(out, inputs.iter().copied())?;
+        for other in &outputs[..i] {
+            if same_file_or_path(out, other) {
+                return Err(FormatError::OutputsCollide {
+                    file: out.display().to_string(),
+                    other: other.display().to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether two output paths name one file: the same inode if both exist, else the same
+/// absolute path once the (existing) parent directory is resolved.
+fn same_file_or_path(a: &Path, b: &Path) -> bool {
+    if let (Ok(ma), Ok(mb)) = (fs::metadata(a), fs::metadata(b)) {
+        return same_inode(&ma, &mb)
+            || (fs::canonicalize(a).ok().is_some()
+                && fs::canonicalize(a).ok() == fs::canonicalize(b).ok());
+    }
+    let resolve = |p: &Path| -> Option<PathBuf> {
+        let name = p.file_name()?;
+        let parent = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Some(fs::canonicalize(parent).ok()?.join(name))
+    };
+    match (resolve(a), resolve(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
 #[cfg(unix)]
 fn same_inode(a: &fs::Metadata, b: &fs::Metadata) -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -290,6 +335,36 @@ fn sync_parent_dir(_path: &Path) {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refuses_outputs_that_are_inputs_or_each_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model.kiln");
+        let text = dir.path().join("text.txt");
+        fs::write(&model, b"m").unwrap();
+        fs::write(&text, b"t").unwrap();
+        let out = dir.path().join("out.kiln");
+        let imp = dir.path().join("imp.safetensors");
+        let inputs = [model.as_path(), text.as_path()];
+        // Distinct paths pass, whether or not the outputs exist.
+        refuse_clobbering(&[&out, &imp], &inputs).unwrap();
+        // A second output that replaces an input (the input model, the calibration text).
+        for victim in [&model, &text] {
+            let e = refuse_clobbering(&[&out, victim], &inputs).unwrap_err();
+            assert!(matches!(e, FormatError::OutputIsInput { .. }), "{e}");
+        }
+        // Two outputs naming one file that does not exist yet, through `..`.
+        let alias = dir.path().join("sub").join("..").join("out.kiln");
+        fs::create_dir(dir.path().join("sub")).unwrap();
+        let e = refuse_clobbering(&[&out, &alias], &inputs).unwrap_err();
+        assert!(matches!(e, FormatError::OutputsCollide { .. }), "{e}");
+        // And through a hard link once they exist.
+        fs::write(&out, b"o").unwrap();
+        let link = dir.path().join("link");
+        fs::hard_link(&out, &link).unwrap();
+        let e = refuse_clobbering(&[&out, &link], &inputs).unwrap_err();
+        assert!(matches!(e, FormatError::OutputsCollide { .. }), "{e}");
+    }
 
     #[test]
     fn writes_atomically_and_refuses_to_clobber() {

@@ -106,6 +106,19 @@ pub enum FormatError {
         stored: String,
         computed: String,
     },
+    /// A tensor holding NaN or infinity in a file whose checksums match (they were computed
+    /// over the bad values): the model would produce garbage or stop after one token.
+    #[error(
+        "{file}: tensor `{tensor}`: {count} value(s) are NaN or infinite (the first at element \
+         {first}): the file holds NaN/Inf weights; `kiln-verify integrity {file}` lists every \
+         such tensor; re-create the file from a finite checkpoint"
+    )]
+    TensorNonFinite {
+        file: String,
+        tensor: String,
+        count: usize,
+        first: usize,
+    },
     /// A tensor was asked for by name and is not in the file.
     #[error("{file}: no tensor named `{tensor}`")]
     TensorNotFound { file: String, tensor: String },
@@ -127,6 +140,27 @@ pub enum FormatError {
         what: &'static str,
         expected: &'static str,
     },
+    /// An input file larger than what the program reads of that kind.
+    #[error(
+        "{file}: {size} bytes is over the limit of {limit} bytes for a {what}; \
+         give a smaller file"
+    )]
+    InputTooLarge {
+        file: String,
+        what: &'static str,
+        size: u64,
+        limit: u64,
+    },
+    /// An input text that is not UTF-8.
+    #[error("{file}: the {what} is not UTF-8 (invalid byte sequence at byte {offset})")]
+    NotUtf8 {
+        file: String,
+        what: &'static str,
+        offset: usize,
+    },
+    /// Two outputs of one run are the same file.
+    #[error("{file}: named as two outputs ({other}); give each output its own path")]
+    OutputsCollide { file: String, other: String },
     /// The destination exists and is not a regular file (a directory, a device, a pipe):
     /// `--force` replaces files, never anything else.
     #[error("{file}: exists and is not a regular file; choose a file path as the output")]

@@ -25,6 +25,7 @@ pub mod blocks;
 pub mod dtype;
 pub mod error;
 pub mod exit;
+pub mod input;
 pub mod io;
 pub mod kquants;
 pub mod layout;
@@ -38,13 +39,14 @@ pub mod values;
 pub mod writer;
 
 pub use atomic::{
-    check_destination, refuse_output_is_input, remove_pending_outputs, write_file_atomic,
-    AtomicFile,
+    check_destination, refuse_clobbering, refuse_output_is_input, remove_pending_outputs,
+    write_file_atomic, AtomicFile,
 };
 pub use blocks::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 pub use dtype::DType;
 pub use error::{FormatError, Result};
 pub use exit::{install_interrupt_handler, ExitStatus};
+pub use input::{open_regular, read_bounded, read_text_bounded};
 pub use kquants::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 pub use metadata::{
     Architecture, FamilyOptions, LayerKind, Metadata, MlpActivation, ModelConfig, NormStyle,

@@ -242,6 +242,13 @@ pub struct ModelConfig {
 /// enough that `dim × dim` products of activations cannot overflow).
 pub const MAX_CONFIG_DIM: u64 = 1 << 24;
 
+/// Whether `v` is a positive finite number that stays one as the f32 the runner computes
+/// with: `1e150` is finite as an f64 but infinite as an f32, `1e-300` becomes zero.
+fn positive_f32(v: f64) -> bool {
+    let narrow = v as f32;
+    v > 0.0 && v.is_finite() && narrow > 0.0 && narrow.is_finite()
+}
+
 /// What is wrong with a [`ModelConfig`]: the field (as the config names it) and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigProblem {
@@ -253,8 +260,9 @@ pub struct ConfigProblem {
 
 impl ModelConfig {
     /// Check that the configuration describes a model that can be built: every dimension in
-    /// `1..=MAX_CONFIG_DIM`, heads that group, an even head width, positive epsilon and RoPE
-    /// base, sane RoPE scaling, special tokens inside the vocabulary.
+    /// `1..=MAX_CONFIG_DIM`, no more implied tensors than a file can hold, heads that group,
+    /// an even head width, positive epsilon and RoPE base, sane RoPE scaling, scales and
+    /// factors that stay finite and positive as f32, special tokens inside the vocabulary.
     ///
     /// The one validation of a model configuration: [`crate::KilnFile::open`] runs it, so every
     /// program refuses the same files, and the runner's resolved config relies on it.
@@ -280,6 +288,18 @@ impl ModelConfig {
                     return bad(field, format!("{v} is outside 1..={MAX_CONFIG_DIM}"));
                 }
             }
+        }
+        // Counted, never listed: the list is what this bound protects.
+        let implied = crate::shapes::expected_tensor_count(self);
+        if implied > u64::from(crate::layout::MAX_TENSORS) {
+            return bad(
+                "num_layers",
+                format!(
+                    "{} layers imply {implied} tensors, more than the {} a .kiln file can hold",
+                    self.num_layers,
+                    crate::layout::MAX_TENSORS
+                ),
+            );
         }
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad(
@@ -322,7 +342,7 @@ impl ModelConfig {
             }
         }
         match &self.rope_scaling {
-            Some(RopeScaling::Linear { factor }) if !factor.is_finite() || *factor <= 0.0 => {
+            Some(RopeScaling::Linear { factor }) if !positive_f32(*factor) => {
                 return bad("rope_scaling.factor", format!("{factor} must be positive"));
             }
             Some(RopeScaling::Llama3 {
@@ -330,8 +350,9 @@ impl ModelConfig {
                 low_freq_factor,
                 high_freq_factor,
                 original_max_position_embeddings,
-            }) if !(*factor > 0.0
-                && *low_freq_factor > 0.0
+            }) if !(positive_f32(*factor)
+                && positive_f32(*low_freq_factor)
+                && positive_f32(*high_freq_factor)
                 && high_freq_factor > low_freq_factor
                 && *original_max_position_embeddings > 0) =>
             {
@@ -365,7 +386,7 @@ impl ModelConfig {
                             ),
                         );
                     }
-                    if let Some(x) = f.iter().find(|x| !(x.is_finite() && **x > 0.0)) {
+                    if let Some(x) = f.iter().find(|x| !positive_f32(**x)) {
                         return bad(field, format!("{x} must be a positive number"));
                     }
                 }
@@ -375,7 +396,7 @@ impl ModelConfig {
                         "0 must be positive".into(),
                     );
                 }
-                if !(attention_factor.is_finite() && *attention_factor > 0.0) {
+                if !positive_f32(*attention_factor) {
                     return bad(
                         "rope_scaling.attention_factor",
                         format!("{attention_factor} must be positive"),
@@ -414,7 +435,7 @@ impl ModelConfig {
             ("attn_scale", self.family.attn_scale),
         ] {
             if let Some(v) = v {
-                if !(v > 0.0 && v.is_finite() && (v as f32).is_finite()) {
+                if !positive_f32(v) {
                     return bad(field, format!("{v} must be a positive finite number"));
                 }
             }
@@ -675,6 +696,46 @@ mod tests {
             edit(&mut c);
             assert_eq!(c.check().unwrap_err().field, field);
         }
+    }
+
+    /// Values that fit an f64 or a u64 but not what the runner narrows them to, and layer
+    /// counts whose tensors no file can hold, are refused by the check, naming the field.
+    #[test]
+    fn values_that_overflow_when_narrowed_are_refused() {
+        type Edit = fn(&mut ModelConfig);
+        let cases: [(Edit, &str); 9] = [
+            (
+                |c| c.max_position_embeddings = 1 << 32,
+                "max_position_embeddings",
+            ),
+            (|c| c.sliding_window = Some(1 << 32), "sliding_window"),
+            (|c| c.rope_theta = 1.0, "rope_theta"),
+            (|c| c.family.attn_scale = Some(1e150), "attn_scale"),
+            (|c| c.family.attn_scale = Some(1e-300), "attn_scale"),
+            (|c| c.family.embed_scale = Some(1e39), "embed_scale"),
+            (|c| c.num_layers = 1 << 24, "num_layers"),
+            (|c| c.num_layers = 1 << 20, "num_layers"),
+            (
+                |c| {
+                    if let Some(RopeScaling::LongRope {
+                        attention_factor, ..
+                    }) = &mut c.rope_scaling
+                    {
+                        *attention_factor = 1e150;
+                    }
+                },
+                "rope_scaling.attention_factor",
+            ),
+        ];
+        for (edit, field) in cases {
+            let mut c = phi_like();
+            edit(&mut c);
+            let p = c.check().unwrap_err();
+            assert_eq!(p.field, field, "{}", p.reason);
+        }
+        let mut c = phi_like();
+        c.num_layers = 1 << 16;
+        assert_eq!(c.check(), Ok(()), "a large layer count a file can hold");
     }
 
     #[test]

@@ -8,7 +8,6 @@
 //! does not hash tensor data; [`KilnFile::verify_checksums`] does, over all cores.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -141,22 +140,8 @@ impl KilnFile {
     /// Memory-map and validate a file. Tensor data is not read.
     pub fn open(path: impl AsRef<Path>) -> Result<KilnFile> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| FormatError::io(path, "cannot open", e))?;
-        let kind = file
-            .metadata()
-            .map_err(|e| FormatError::io(path, "cannot inspect", e))?
-            .file_type();
-        if !kind.is_file() {
-            return Err(FormatError::NotAFile {
-                file: path.display().to_string(),
-                what: if kind.is_dir() {
-                    "a directory"
-                } else {
-                    "not a regular file"
-                },
-                expected: ".kiln",
-            });
-        }
+        // A FIFO or a device is refused without blocking or reading it.
+        let file = crate::input::open_regular(path, ".kiln")?;
         // SAFETY: the map is read-only and private to this process. Like every memory-mapped
         // reader (safetensors, candle, llama.cpp) we rely on the file not being truncated or
         // rewritten by another process while it is open; Kiln's own writer never modifies a
@@ -374,11 +359,21 @@ impl KilnFile {
             MAX_METADATA_LEN - header.metadata_len,
         )?;
 
+        // The one validation, before anything is sized by the configuration: it also bounds
+        // the tensors `num_layers` implies (counted, not listed) by what a file can hold.
         if let Err(p) = metadata.config.check() {
+            let reason = if p.field == "num_layers" {
+                format!(
+                    "{} (this file's index declares {})",
+                    p.reason, header.tensor_count
+                )
+            } else {
+                p.reason
+            };
             return Err(FormatError::BadMetadata {
                 file: label.clone(),
                 field: format!("config.{}", p.field),
-                reason: p.reason,
+                reason,
             });
         }
 
@@ -533,9 +528,119 @@ impl KilnFile {
         }
     }
 
+    /// Hash every tensor and scan its values in one pass over the data, on every CPU: each
+    /// chunk ([`CHECK_CHUNK`] bytes, whole storage units) is hashed and then scanned while it
+    /// is still in the core's cache, so the scan costs little beside the hashing. Returns every
+    /// checksum mismatch and every tensor holding NaN or infinity (as
+    /// [`KilnFile::verify_checksums`] and [`KilnFile::non_finite`] would), each sorted by name.
+    ///
+    /// `progress` is called with the number of bytes just checked, from worker threads.
+    pub fn check_tensors(
+        &self,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> (Vec<ChecksumFailure>, Vec<NonFiniteTensor>) {
+        let results: Vec<(Option<ChecksumFailure>, Option<NonFiniteTensor>)> = self
+            .tensors
+            .par_iter()
+            .map(|t| {
+                let bytes = self.view(t).bytes;
+                let unit_bytes = t.dtype.block_bytes();
+                let unit_values = t.dtype.block_len();
+                let chunk = (CHECK_CHUNK / unit_bytes).max(1) * unit_bytes;
+                let mut h = Sha256::new();
+                let mut count = 0;
+                let mut first = None;
+                for (i, c) in bytes.chunks(chunk).enumerate() {
+                    h.update(c);
+                    if may_hold_non_finite(t.dtype, c) {
+                        let (n, f) = crate::values::count_non_finite(t.dtype, c);
+                        count += n;
+                        if let Some(f) = f {
+                            first.get_or_insert(i * (chunk / unit_bytes) * unit_values + f);
+                        }
+                    }
+                    progress(c.len() as u64);
+                }
+                let computed: [u8; 32] = h.finalize().into();
+                let checksum = (computed != t.sha256).then(|| ChecksumFailure {
+                    tensor: t.name.clone(),
+                    stored: hex(&t.sha256),
+                    computed: hex(&computed),
+                });
+                let non_finite = first.map(|first| NonFiniteTensor {
+                    tensor: t.name.clone(),
+                    count,
+                    first,
+                });
+                (checksum, non_finite)
+            })
+            .collect();
+        let mut failures = Vec::new();
+        let mut found = Vec::new();
+        for (checksum, non_finite) in results {
+            failures.extend(checksum);
+            found.extend(non_finite);
+        }
+        failures.sort_by(|a, b| a.tensor.cmp(&b.tensor));
+        found.sort_by(|a, b| a.tensor.cmp(&b.tensor));
+        (failures, found)
+    }
+
+    /// [`KilnFile::check_tensors`] as a `Result`: every checksum and every value in one pass.
+    /// The error is the first checksum mismatch (by name), else the first tensor (by name)
+    /// holding NaN or infinity ([`FormatError::TensorNonFinite`], with its count and first
+    /// element). What a program runs before using a model's weights.
+    pub fn verify_data(&self) -> Result<()> {
+        let (failures, non_finite) = self.check_tensors(&|_| {});
+        if let Some(f) = failures.into_iter().next() {
+            return Err(FormatError::TensorChecksum {
+                file: self.label.clone(),
+                tensor: f.tensor,
+                stored: f.stored,
+                computed: f.computed,
+            });
+        }
+        match non_finite.into_iter().next() {
+            None => Ok(()),
+            Some(n) => Err(FormatError::TensorNonFinite {
+                file: self.label.clone(),
+                tensor: n.tensor,
+                count: n.count,
+                first: n.first,
+            }),
+        }
+    }
+
     /// Total bytes of tensor data.
     pub fn data_len(&self) -> u64 {
         self.header.data_len
+    }
+}
+
+/// Bytes [`KilnFile::check_tensors`] hashes and then scans at a time (rounded down to whole
+/// storage units): small enough that the chunk is still in a core's L2 cache when the scan
+/// reads it after the hash, large enough that the per-chunk work is negligible.
+pub const CHECK_CHUNK: usize = 256 << 10;
+
+/// Whether `bytes` of `dtype` may hold a non-finite value: for the plain floats, one
+/// branch-free pass the compiler vectorizes (a value is non-finite when its exponent bits are
+/// all ones), so that [`crate::values::count_non_finite`] runs only on a chunk that has one.
+/// Block types read only their scales, which is cheap already: always `true`.
+fn may_hold_non_finite(dtype: DType, bytes: &[u8]) -> bool {
+    fn any_exponent_all_ones<const N: usize>(bytes: &[u8], mask: u32) -> bool {
+        let mut bad = false;
+        for c in bytes.chunks_exact(N) {
+            let mut e = [0u8; 4];
+            e[..N].copy_from_slice(c);
+            bad |= u32::from_le_bytes(e) & mask == mask;
+        }
+        bad
+    }
+    match dtype {
+        DType::F32 => any_exponent_all_ones::<4>(bytes, 0x7f80_0000),
+        DType::F16 => any_exponent_all_ones::<2>(bytes, 0x7c00),
+        DType::BF16 => any_exponent_all_ones::<2>(bytes, 0x7f80),
+        _ => true,
     }
 }
 

@@ -81,7 +81,8 @@ pub struct KilnWriter {
 
 impl KilnWriter {
     /// Create the temporary file and plan the layout. Fails early if `dest` exists and
-    /// `overwrite` is false, or if any spec could not be read back by a reader.
+    /// `overwrite` is false, if the model configuration fails the check every reader runs
+    /// ([`crate::ModelConfig::check`]), or if any spec could not be read back by a reader.
     pub fn create(
         dest: impl AsRef<Path>,
         metadata: &Metadata,
@@ -98,6 +99,15 @@ impl KilnWriter {
                 file: label,
                 count: tensors.len(),
                 limit: MAX_TENSORS,
+            });
+        }
+        // What every reader runs at open (`ModelConfig::check`), so no writer produces a file
+        // its readers refuse.
+        if let Err(p) = metadata.config.check() {
+            return Err(FormatError::BadMetadata {
+                file: label,
+                field: format!("config.{}", p.field),
+                reason: p.reason,
             });
         }
         let split = crate::packed::split(metadata).map_err(|e| FormatError::BadMetadata {

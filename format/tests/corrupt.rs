@@ -941,6 +941,89 @@ fn assembled_sample_is_byte_identical_to_the_writers() {
     assert_eq!(with_metadata(&bytes, &map, &bytes[map.meta.clone()]), bytes);
 }
 
+/// The sample with `edit` applied to its metadata JSON (header rebuilt and sealed).
+fn with_config(bytes: &[u8], map: &Map, edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+    let mut doc: serde_json::Value = serde_json::from_slice(&bytes[map.meta.clone()]).unwrap();
+    edit(&mut doc);
+    with_metadata(bytes, map, &serde_json::to_vec(&doc).unwrap())
+}
+
+/// Regression: a file whose metadata claims 2^24 layers opened, and the programs that list the
+/// tensors a configuration implies (the runner, GGUF export) then allocated past 5 GB. The
+/// implied tensors are counted, not listed, at open: more than any file can hold is refused,
+/// naming `num_layers`, the count, the limit and the tensors this file declares.
+#[test]
+fn a_layer_count_implying_more_tensors_than_a_file_holds_is_refused_at_open() {
+    let (bytes, map) = sample();
+    let b = with_config(&bytes, &map, |d| {
+        d["config"]["num_layers"] = (1u64 << 24).into()
+    });
+    match refuse(b) {
+        e @ FormatError::BadMetadata { .. } => {
+            let msg = e.to_string();
+            for needle in ["config.num_layers", "16777216", "1048576", "declares 5"] {
+                assert!(msg.contains(needle), "{needle:?} not in {msg}");
+            }
+        }
+        other => panic!("expected BadMetadata, got {other:?}"),
+    }
+}
+
+/// Values that are finite or in range as the metadata stores them (f64, u64) but not as the
+/// runner narrows them (f32, usize) are refused at open, naming the field.
+#[test]
+fn config_values_that_overflow_when_narrowed_are_refused_at_open() {
+    let (bytes, map) = sample();
+    let cases: [(&str, serde_json::Value); 4] = [
+        ("max_position_embeddings", (1u64 << 32).into()),
+        ("sliding_window", (1u64 << 32).into()),
+        ("rope_theta", 1.0.into()),
+        ("attn_scale", 1e150.into()),
+    ];
+    for (field, value) in cases {
+        let b = with_config(&bytes, &map, |d| d["config"][field] = value);
+        match refuse(b) {
+            FormatError::BadMetadata { field: f, .. } => assert_eq!(f, format!("config.{field}")),
+            other => panic!("{field}: expected BadMetadata, got {other:?}"),
+        }
+    }
+}
+
+/// The writer runs the check every reader runs, before creating anything: no writer can
+/// produce a file its readers refuse.
+#[test]
+fn the_writer_refuses_a_config_every_reader_refuses() {
+    type Edit = fn(&mut kiln_format::ModelConfig);
+    let cases: [(Edit, &str); 5] = [
+        (|c| c.num_layers = 1 << 24, "num_layers"),
+        (
+            |c| c.max_position_embeddings = 1 << 32,
+            "max_position_embeddings",
+        ),
+        (|c| c.sliding_window = Some(1 << 32), "sliding_window"),
+        (|c| c.rope_theta = 1.0, "rope_theta"),
+        (|c| c.family.attn_scale = Some(1e150), "attn_scale"),
+    ];
+    for (edit, field) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let mut meta = common::sample_metadata();
+        edit(&mut meta.config);
+        let e = kiln_format::KilnWriter::create(
+            dir.path().join("m.kiln"),
+            &meta,
+            common::sample_specs(),
+            false,
+        )
+        .unwrap_err();
+        match &e {
+            FormatError::BadMetadata { field: f, .. } => assert_eq!(*f, format!("config.{field}")),
+            other => panic!("{field}: expected BadMetadata, got {other:?}"),
+        }
+        assert!(e.to_string().contains("m.kiln"), "{e}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{field}");
+    }
+}
+
 #[test]
 fn metadata_that_is_not_json_is_refused() {
     let (bytes, map) = sample();

@@ -5,7 +5,8 @@
 //! exercise the structural validation of the metadata, the tensor index and the files section
 //! (packed, zlib-compressed tokenizer files). Whenever a file is
 //! accepted, every view, typed accessor and the checksum verification are touched: an accepted
-//! file must never make a later access panic or read out of bounds.
+//! file must never make a later access panic or read out of bounds, and the tensors its
+//! configuration implies are listed (bounded at open, whatever `num_layers` claims).
 #![no_main]
 
 use kiln_format::packed::PackedField;
@@ -76,6 +77,14 @@ fn exercise(bytes: Vec<u8>) {
         let _ = DType::from_id(info.dtype.id());
     }
     assert!(total <= f.data_len());
+    // The tensors the configuration implies, as the runner and GGUF export list them: the
+    // count read from the file (`num_layers`) was bounded at open, so listing them is too.
+    let config = &f.metadata().config;
+    let implied = kiln_format::shapes::expected_tensor_count(config);
+    assert!(implied <= u64::from(kiln_format::layout::MAX_TENSORS));
+    let expected = kiln_format::expected_tensors(config);
+    assert_eq!(expected.len() as u64, implied);
+    let _ = kiln_format::shapes::check_layer_count(config.num_layers, f.tensors().len() as u64);
     let _ = f.verify_checksums(&|_| {});
     let _ = f.verify();
 }

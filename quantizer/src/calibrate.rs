@@ -32,6 +32,9 @@ use crate::pipeline::Progress;
 
 /// Default number of calibration tokens.
 pub const DEFAULT_TOKENS: usize = 12 * 1024;
+/// Most calibration tokens a run may ask for: a hundred times the default, far more than
+/// importance statistics need, and a bound on the text read and tokenized for them.
+pub const MAX_TOKENS: usize = 1_000_000;
 /// Default window length.
 pub const DEFAULT_CTX: usize = 512;
 
@@ -153,10 +156,28 @@ pub fn calibrate(
         file: label.clone(),
         reason: e.to_string(),
     };
-    let model = Model::load(file).map_err(runner)?;
     let tokenizer = Tokenizer::from_file(file).map_err(runner)?;
     let mut tokens = tokenizer.encode(text).map_err(runner)?;
     tokens.truncate(options.max_tokens);
+    let text_sha256 = Sha256::digest(text.as_bytes()).into();
+    calibrate_tokens(file, &tokens, text_sha256, options, progress)
+}
+
+/// Run `file`'s model over `tokens` (of a text whose sha256 is `text_sha256`) and return the
+/// importance of every quantizable matrix.
+fn calibrate_tokens(
+    file: &KilnFile,
+    tokens: &[u32],
+    text_sha256: [u8; 32],
+    options: &CalibrationOptions,
+    progress: &dyn Progress,
+) -> Result<Importance> {
+    let label = file.label().to_string();
+    let runner = |e: kiln_runner::RunnerError| QuantizeError::Calibration {
+        file: label.clone(),
+        reason: e.to_string(),
+    };
+    let model = Model::load(file).map_err(runner)?;
     let ctx = options.ctx.min(model.default_ctx()).max(1);
     if tokens.len() < ctx.min(64) {
         return Err(QuantizeError::CalibrationText {
@@ -220,7 +241,7 @@ pub fn calibrate(
         moments,
         info: CalibrationInfo {
             model_sha256: hex(&file.header_sha256()),
-            text_sha256: hex(&Sha256::digest(text.as_bytes())),
+            text_sha256: hex(&text_sha256),
             tokens: tokens.len() as u64,
             chunks: windows.len() as u64,
             ctx: ctx as u64,
@@ -228,30 +249,48 @@ pub fn calibrate(
     })
 }
 
-/// Read the calibration text at `text_path` and run [`calibrate`] on the model at `model`.
+/// Run [`calibrate`] on the model at `model` over the calibration text at `text_path`, reading
+/// and tokenizing only the part of the text that `options.max_tokens` needs (a long text costs
+/// no more than that; the file must be a regular file).
 pub fn calibrate_path(
     model: &Path,
     text_path: &Path,
     options: &CalibrationOptions,
     progress: &dyn Progress,
 ) -> Result<Importance> {
-    let bytes = std::fs::read(text_path).map_err(|e| QuantizeError::Io {
-        file: text_path.display().to_string(),
-        action: "cannot read the calibration text",
-        source: e,
-    })?;
-    let text = String::from_utf8(bytes).map_err(|e| QuantizeError::CalibrationText {
-        reason: format!(
-            "{}: not UTF-8 text (invalid byte at offset {})",
-            text_path.display(),
-            e.utf8_error().valid_up_to()
-        ),
-    })?;
     let file = kiln_runner::open_model(model).map_err(|e| QuantizeError::Calibration {
         file: model.display().to_string(),
         reason: e.to_string(),
     })?;
-    calibrate(&file, &text, options, progress)
+    // The tokenizer is loaded once the text is known to be readable UTF-8, so the text's own
+    // faults are reported first.
+    let mut tokenizer = None;
+    let mut encode = |text: &str| -> kiln_runner::Result<Vec<u32>> {
+        if tokenizer.is_none() {
+            tokenizer = Some(Tokenizer::from_file(&file)?);
+        }
+        tokenizer.as_ref().expect("loaded above").encode(text)
+    };
+    let text = kiln_runner::text_file::tokenize_file(
+        &mut encode,
+        text_path,
+        Some(options.max_tokens),
+        "calibration text",
+    )
+    .map_err(|e| match e {
+        // The text's own faults (not a file, not UTF-8, unreadable) name the text.
+        kiln_runner::RunnerError::Format(f) => QuantizeError::Format(f),
+        kiln_runner::RunnerError::Io { source, .. } => QuantizeError::Io {
+            file: text_path.display().to_string(),
+            action: "cannot read the calibration text",
+            source,
+        },
+        e => QuantizeError::Calibration {
+            file: model.display().to_string(),
+            reason: e.to_string(),
+        },
+    })?;
+    calibrate_tokens(&file, &text.tokens, text.sha256, options, progress)
 }
 
 #[cfg(test)]

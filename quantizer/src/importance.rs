@@ -26,8 +26,8 @@
 //!   `ctx`, and `sites`: a JSON object mapping each matrix name to its input site.
 //!
 //! Loading checks every field: names must be canonical, lengths must match, values must be
-//! finite and non-negative (diagonals of second moments included), and every matrix must name a
-//! site. The quantizer then checks the names and lengths against the model being quantized.
+//! finite, non-negative (diagonals of second moments included) and at most
+//! [`MAX_MEAN_SQUARE`], and every matrix must name a site. The file must be a regular file. The quantizer then checks the names and lengths against the model being quantized.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -45,6 +45,13 @@ const CONTENT: &str = "kiln importance";
 const VERSION: &str = "1";
 /// Prefix of second-moment tensor names.
 const MOMENT_PREFIX: &str = "second_moment.";
+/// Largest importance file read: it is read whole, and second moments at an 8B model's widths
+/// take tens of GB, so this only keeps an absurd size from being tried.
+const MAX_FILE_BYTES: u64 = 1 << 40;
+/// Largest mean square (and second-moment entry) accepted: activations with an RMS of 10^10,
+/// far beyond any model's. Larger finite values (3e38) would overflow the quantizer's
+/// weighted sums to infinity, which then looks like a fault of the model's tensor.
+pub const MAX_MEAN_SQUARE: f32 = 1e20;
 
 /// How the statistics were measured (recorded in the file and in the output's provenance).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -123,11 +130,7 @@ impl Importance {
 
     /// Read and validate a file written by [`Importance::save`].
     pub fn load(path: &Path) -> Result<Importance> {
-        let bytes = std::fs::read(path).map_err(|e| QuantizeError::Io {
-            file: path.display().to_string(),
-            action: "cannot read the importance file",
-            source: e,
-        })?;
+        let bytes = kiln_format::read_bounded(path, MAX_FILE_BYTES, "importance file")?;
         let (_, header) = SafeTensors::read_metadata(&bytes)
             .map_err(|e| bad(path, format!("not a safetensors file: {e}")))?;
         let st = SafeTensors::deserialize(&bytes)
@@ -208,8 +211,18 @@ impl Importance {
                         ),
                     ));
                 }
-                if let Some(p) = data.iter().position(|v| !v.is_finite()) {
-                    return Err(bad(path, format!("`{name}`: element {p} is not finite")));
+                if let Some(p) = data
+                    .iter()
+                    .position(|v| v.is_nan() || v.abs() > MAX_MEAN_SQUARE)
+                {
+                    return Err(bad(
+                        path,
+                        format!(
+                            "`{name}`: element {p} is {}; second moments must be finite and \
+                             at most {MAX_MEAN_SQUARE:e} in magnitude",
+                            data[p]
+                        ),
+                    ));
                 }
                 moments.insert(site.to_string(), Arc::new(data));
             } else {
@@ -228,12 +241,15 @@ impl Importance {
                         ),
                     ));
                 }
-                if let Some(p) = data.iter().position(|v| !(v.is_finite() && *v >= 0.0)) {
+                if let Some(p) = data
+                    .iter()
+                    .position(|v| !(*v >= 0.0 && *v <= MAX_MEAN_SQUARE))
+                {
                     return Err(bad(
                         path,
                         format!(
-                            "`{name}`: element {p} is {}; importance must be finite and \
-                             non-negative",
+                            "`{name}`: element {p} is {}; importance must be finite, \
+                             non-negative and at most {MAX_MEAN_SQUARE:e}",
                             data[p]
                         ),
                     ));
@@ -353,6 +369,20 @@ mod tests {
                 i.columns.get_mut("layers.0.attn.q.weight").unwrap()[0] = f32::NAN;
             },
             "non-negative",
+        );
+        // Finite, but it would overflow the weighted sums and be blamed on the model.
+        rejects(
+            |i| {
+                i.columns.get_mut("layers.0.attn.q.weight").unwrap()[1] = 3e38;
+            },
+            "at most 1e20",
+        );
+        rejects(
+            |i| {
+                let m = i.moments.values_mut().next().unwrap();
+                Arc::make_mut(m)[1] = -3e38;
+            },
+            "at most 1e20 in magnitude",
         );
         rejects(
             |i| {

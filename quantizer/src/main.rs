@@ -7,7 +7,7 @@
 //! or JSON with `--json`), and errors are printed once.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use kiln_format::ExitStatus;
@@ -54,9 +54,12 @@ struct Args {
     /// how large its input columns are (see docs/QUANTIZE.md).
     #[arg(long, value_name = "TEXT", conflicts_with = "importance")]
     calibrate: Option<PathBuf>,
-    /// At most this many tokens of the calibration text are used.
+    /// At most this many tokens of the calibration text are used (only the part of the text
+    /// that holds them is read; at most 1 000 000).
     #[arg(long, value_name = "N", default_value_t = kiln_quantize::calibrate::DEFAULT_TOKENS,
-          value_parser = clap::value_parser!(u64).range(64..=100_000_000).map(|v| v as usize))]
+          value_parser = clap::value_parser!(u64)
+              .range(64..=kiln_quantize::calibrate::MAX_TOKENS as u64)
+              .map(|v| v as usize))]
     calib_tokens: usize,
     /// Calibration window in tokens (the KV cache is reset between windows).
     #[arg(long, value_name = "N", default_value_t = kiln_quantize::calibrate::DEFAULT_CTX,
@@ -187,6 +190,19 @@ fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
 
 fn run(args: Args) -> Result<(), QuantizeError> {
     let mut options = options(&args)?;
+    // Before an hour of calibration, not after it: no output may replace anything this run
+    // reads (the model, the calibration text, the importance file) or another output.
+    let outputs: Vec<&Path> = std::iter::once(args.output.as_path())
+        .chain(args.save_importance.as_deref())
+        .collect();
+    let inputs: Vec<&Path> = std::iter::once(args.input.as_path())
+        .chain(args.calibrate.as_deref())
+        .chain(args.importance.as_deref())
+        .collect();
+    kiln_format::refuse_clobbering(&outputs, &inputs)?;
+    for out in &outputs {
+        kiln_format::check_destination(out, args.force)?;
+    }
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("{msg:>14} [{bar:40}] {percent:>3}% {elapsed_precise}")
             .unwrap_or_else(|_| ProgressStyle::default_bar())

@@ -8,12 +8,16 @@
 //!
 //! The D context tokens are run once, unmeasured, and each repetition rewinds the cache to
 //! them, so a deep test costs its own tokens only.
+//!
+//! An [`Interrupt`] raised while it runs stops it before the next forward pass; the tests
+//! already completed are returned.
 
 use std::time::Instant;
 
 use serde::Serialize;
 
 use crate::error::{Result, RunnerError};
+use crate::generate::{raised, Interrupt};
 use crate::model::{Logits, Session};
 
 /// What to measure.
@@ -31,6 +35,9 @@ pub struct BenchOptions {
     pub depth: usize,
     /// Most prompt tokens per forward pass of the prefill test.
     pub batch: usize,
+    /// Checked before every forward pass: once raised, the run stops and returns the tests
+    /// completed so far.
+    pub interrupt: Option<Interrupt>,
 }
 
 /// One test's result.
@@ -63,7 +70,8 @@ fn bench_tokens(n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 7919 + 13) % vocab) as u32).collect()
 }
 
-/// Run the tests on `session` (its cache is reset before each repetition).
+/// Run the tests on `session` (its cache is reset before each repetition). When
+/// `opts.interrupt` is raised, the tests completed so far (possibly none).
 pub fn bench(session: &mut Session<'_>, opts: &BenchOptions) -> Result<Vec<BenchResult>> {
     if opts.reps == 0 {
         return Err(RunnerError::InvalidArgument {
@@ -95,11 +103,16 @@ pub fn bench(session: &mut Session<'_>, opts: &BenchOptions) -> Result<Vec<Bench
     let mut results = Vec::new();
     if opts.prompt_tokens > 0 {
         let tokens = bench_tokens(opts.prompt_tokens, vocab);
-        let run = |s: &mut Session<'_>| -> Result<f64> {
-            at_depth(s, &context, opts.batch)?;
+        let run = |s: &mut Session<'_>| -> Result<Option<f64>> {
+            if !at_depth(s, &context, opts)? {
+                return Ok(None);
+            }
             let t = Instant::now();
             let batches = tokens.len().div_ceil(opts.batch);
             for (i, batch) in tokens.chunks(opts.batch).enumerate() {
+                if raised(opts.interrupt.as_ref()) {
+                    return Ok(None);
+                }
                 let logits = if i + 1 == batches {
                     Logits::Last
                 } else {
@@ -107,33 +120,34 @@ pub fn bench(session: &mut Session<'_>, opts: &BenchOptions) -> Result<Vec<Bench
                 };
                 s.forward(batch, logits, None)?;
             }
-            Ok(t.elapsed().as_secs_f64())
+            Ok(Some(t.elapsed().as_secs_f64()))
         };
-        results.push(measure(
-            session,
-            format!("pp{}{suffix}", opts.prompt_tokens),
-            opts,
-            opts.prompt_tokens,
-            run,
-        )?);
+        let test = format!("pp{}{suffix}", opts.prompt_tokens);
+        match measure(session, test, opts, opts.prompt_tokens, run)? {
+            Some(r) => results.push(r),
+            None => {
+                session.reset();
+                return Ok(results);
+            }
+        }
     }
     if opts.gen_tokens > 0 {
         let tokens = bench_tokens(opts.gen_tokens, vocab);
-        let run = |s: &mut Session<'_>| -> Result<f64> {
-            at_depth(s, &context, opts.batch)?;
+        let run = |s: &mut Session<'_>| -> Result<Option<f64>> {
+            if !at_depth(s, &context, opts)? {
+                return Ok(None);
+            }
             let t = Instant::now();
             for &id in &tokens {
+                if raised(opts.interrupt.as_ref()) {
+                    return Ok(None);
+                }
                 s.forward(&[id], Logits::Last, None)?;
             }
-            Ok(t.elapsed().as_secs_f64())
+            Ok(Some(t.elapsed().as_secs_f64()))
         };
-        results.push(measure(
-            session,
-            format!("tg{}{suffix}", opts.gen_tokens),
-            opts,
-            opts.gen_tokens,
-            run,
-        )?);
+        let test = format!("tg{}{suffix}", opts.gen_tokens);
+        results.extend(measure(session, test, opts, opts.gen_tokens, run)?);
     }
     session.reset();
     Ok(results)
@@ -141,16 +155,20 @@ pub fn bench(session: &mut Session<'_>, opts: &BenchOptions) -> Result<Vec<Bench
 
 /// Leave exactly `context` in the session's cache: rewind to it when the cache starts with it
 /// (every repetition after the first) and still holds it whole, otherwise run it, unmeasured.
-fn at_depth(s: &mut Session<'_>, context: &[u32], batch: usize) -> Result<()> {
+/// `false` when `opts.interrupt` was raised before it was done.
+fn at_depth(s: &mut Session<'_>, context: &[u32], opts: &BenchOptions) -> Result<bool> {
     if s.tokens().starts_with(context) && s.rewind(context.len()) == context.len() {
-        return Ok(());
+        return Ok(true);
     }
     s.reset();
     // In batches, so that a deep context costs the memory of a normal prompt.
-    for part in context.chunks(batch) {
+    for part in context.chunks(opts.batch) {
+        if raised(opts.interrupt.as_ref()) {
+            return Ok(false);
+        }
         s.forward(part, Logits::None, None)?;
     }
-    Ok(())
+    Ok(true)
 }
 
 fn measure(
@@ -158,16 +176,20 @@ fn measure(
     test: String,
     opts: &BenchOptions,
     n: usize,
-    run: impl Fn(&mut Session<'_>) -> Result<f64>,
-) -> Result<BenchResult> {
-    if opts.warmup {
-        run(session)?;
+    run: impl Fn(&mut Session<'_>) -> Result<Option<f64>>,
+) -> Result<Option<BenchResult>> {
+    if opts.warmup && run(session)?.is_none() {
+        return Ok(None);
     }
-    let samples = (0..opts.reps)
-        .map(|_| run(session).map(|s| n as f64 / s.max(1e-12)))
-        .collect::<Result<Vec<f64>>>()?;
+    let mut samples = Vec::with_capacity(opts.reps);
+    for _ in 0..opts.reps {
+        match run(session)? {
+            Some(s) => samples.push(n as f64 / s.max(1e-12)),
+            None => return Ok(None),
+        }
+    }
     let (median, min, max, stddev) = summarize(&samples);
-    Ok(BenchResult {
+    Ok(Some(BenchResult {
         test,
         n_tokens: n,
         n_depth: opts.depth,
@@ -178,7 +200,7 @@ fn measure(
         tok_s_max: max,
         tok_s_stddev: stddev,
         samples,
-    })
+    }))
 }
 
 /// Median, min, max and sample standard deviation.

@@ -180,7 +180,20 @@ impl Config {
     /// left unused.
     pub fn check_tensors(&self, file: &KilnFile) -> Result<()> {
         let label = file.label();
-        let expected = kiln_format::expected_tensors(&file.metadata().config);
+        let config = &file.metadata().config;
+        // The layer count against the tensors the file holds, before listing what it implies.
+        let declared = file.tensors().len() as u64;
+        if let Err(need) = kiln_format::shapes::check_layer_count(config.num_layers, declared) {
+            return Err(RunnerError::BadConfig {
+                file: label.to_string(),
+                field: "num_layers",
+                reason: format!(
+                    "{} layers need at least {need} tensors, but the file holds {declared}",
+                    config.num_layers
+                ),
+            });
+        }
+        let expected = kiln_format::expected_tensors(config);
         for (name, shape) in &expected {
             let tensor = name.to_string();
             let info = file
@@ -248,16 +261,19 @@ pub fn open_model(path: &Path) -> Result<KilnFile> {
 }
 
 /// [`open_model`], then, unless `verify` is false, hash every tensor and compare with the
-/// index: a model is untrusted input, and a flipped byte in a weight would otherwise change
-/// the output without a word. The error names the file and the first tensor that failed.
+/// index, and scan every value for NaN and infinity in the same pass
+/// ([`KilnFile::verify_data`]): a model is untrusted input, a flipped byte in a weight would
+/// otherwise change the output without a word, and a file written with NaN in it has matching
+/// checksums. The error names the file, the first tensor that failed and, for non-finite
+/// values, their count and the first.
 ///
-/// The hashing runs on every CPU and reads the file once, which also brings its pages into
-/// memory before the first token (docs/BENCHMARKS.md measures the cost); `--no-verify` skips
+/// The pass runs on every CPU and reads the file once, which also brings its pages into
+/// memory before the first token (docs/SECURITY.md measures the cost); `--no-verify` skips
 /// it for a file the caller has already verified.
 pub fn open_model_verified(path: &Path, verify: bool) -> Result<KilnFile> {
     let file = open_model(path)?;
     if verify {
-        file.verify()?;
+        file.verify_data()?;
     }
     Ok(file)
 }

@@ -1,6 +1,9 @@
 //! The generation loop: batched prefill, then one token at a time until a stop token, the
-//! token budget or the end of the context, streaming text as it becomes valid UTF-8.
+//! token budget, the end of the context or an [`Interrupt`], streaming text as it becomes valid
+//! UTF-8.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -24,6 +27,9 @@ pub struct GenerateOptions {
     pub ignore_eos: bool,
     /// Tokens per prefill batch.
     pub prefill_batch: usize,
+    /// Checked before each prefill batch and each token: once raised, generation stops with
+    /// [`StopReason::Interrupted`].
+    pub interrupt: Option<Interrupt>,
 }
 
 impl Default for GenerateOptions {
@@ -32,8 +38,57 @@ impl Default for GenerateOptions {
             max_tokens: 128,
             ignore_eos: false,
             prefill_batch: DEFAULT_PREFILL_BATCH,
+            interrupt: None,
         }
     }
+}
+
+/// A flag that another thread (`kiln-run`'s signal watcher, a UI) raises to stop a generation
+/// or a benchmark at its next token or forward pass. Clones share the flag; checking it is one
+/// atomic load. The library installs no signal handlers: a program raises it.
+#[derive(Debug, Clone, Default)]
+pub struct Interrupt(Arc<AtomicUsize>);
+
+impl Interrupt {
+    /// A flag not yet raised.
+    pub fn new() -> Interrupt {
+        Interrupt::default()
+    }
+
+    /// Raise the flag with a nonzero `cause` (`kiln-run` gives the signal number; 0 is taken
+    /// as 1). The first cause is kept.
+    pub fn raise(&self, cause: usize) {
+        let _ = self
+            .0
+            .compare_exchange(0, cause.max(1), Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// The cause the flag was raised with, if it was.
+    pub fn cause(&self) -> Option<usize> {
+        match self.0.load(Ordering::SeqCst) {
+            0 => None,
+            c => Some(c),
+        }
+    }
+
+    /// Whether the flag was raised.
+    pub fn is_raised(&self) -> bool {
+        self.cause().is_some()
+    }
+}
+
+/// Two handles are equal when they share one flag.
+impl PartialEq for Interrupt {
+    fn eq(&self, other: &Interrupt) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Interrupt {}
+
+/// Whether `interrupt` is given and raised.
+pub(crate) fn raised(interrupt: Option<&Interrupt>) -> bool {
+    interrupt.is_some_and(Interrupt::is_raised)
 }
 
 /// Why generation ended.
@@ -46,6 +101,22 @@ pub enum StopReason {
     Length,
     /// The context window is full.
     Context,
+    /// The [`GenerateOptions::interrupt`] flag was raised (`kiln-run`: SIGINT, SIGTERM or
+    /// SIGHUP); the tokens generated so far are kept.
+    Interrupted,
+}
+
+impl StopReason {
+    /// The lower-case name reports print (`eos`, `length`, `context`, `interrupted`), as
+    /// serialized.
+    pub fn name(self) -> &'static str {
+        match self {
+            StopReason::Eos => "eos",
+            StopReason::Length => "length",
+            StopReason::Context => "context",
+            StopReason::Interrupted => "interrupted",
+        }
+    }
 }
 
 /// Timings of one generation.
@@ -123,10 +194,22 @@ pub fn generate(
         prompt_tokens: prompt.len(),
         ..Default::default()
     };
+    let interrupted = || raised(opts.interrupt.as_ref());
     let reused = session.reuse_prefix(prompt);
     let t0 = Instant::now();
     let mut logits = Vec::new();
     for chunk in prompt[reused..].chunks(opts.prefill_batch.max(1)) {
+        if interrupted() {
+            // Stopped inside the prompt: nothing to sample from yet.
+            stats.prefill_tokens = session.tokens().len().saturating_sub(reused);
+            stats.prefill_s = t0.elapsed().as_secs_f64();
+            return Ok(Generation {
+                tokens: Vec::new(),
+                text: String::new(),
+                stop: StopReason::Interrupted,
+                stats,
+            });
+        }
         let l = session.forward(chunk, Logits::Last, None)?;
         logits.clear();
         logits.extend_from_slice(l);
@@ -141,6 +224,9 @@ pub fn generate(
     let stop_reason = loop {
         if tokens.len() >= opts.max_tokens {
             break StopReason::Length;
+        }
+        if interrupted() {
+            break StopReason::Interrupted;
         }
         let id = sampler.sample(&logits, &history);
         tokens.push(id);

@@ -2,12 +2,19 @@
 //!
 //! A thin layer over `kiln_runner`: clap arguments are validated into library settings, every
 //! error is printed once with its context, and a closed stdout (`| head`) ends quietly.
+//!
+//! SIGINT, SIGTERM and SIGHUP raise an [`Interrupt`] that generation and bench check before
+//! every forward pass: the run stops at the next token, prints its summary (stop reason
+//! `interrupted`) and exits with 130 (143 for SIGTERM). A run that has not ended
+//! [`SIGNAL_GRACE`] after the signal (a long prefill batch, the checksum pass), a second
+//! signal, or a chat waiting for input, exits at once with the same status.
 
 use std::ffi::OsString;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use kiln_format::{ExitStatus, KilnFile};
@@ -16,9 +23,27 @@ use kiln_runner::generate::DEFAULT_PREFILL_BATCH;
 use kiln_runner::threads::{cap_notice, cap_threads, physical_cores};
 use kiln_runner::{
     generate, open_model_verified, CacheType, ChatTemplate, Conversation, GenerateOptions,
-    Generation, Model, Result, RunnerError, Sampler, SamplerConfig, Session, SlidingCache,
-    TemplateVars, Tokenizer,
+    Generation, Interrupt, Model, Result, RunnerError, Sampler, SamplerConfig, Session,
+    SlidingCache, StopReason, TemplateVars, Tokenizer,
 };
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+
+/// Largest prompt file `-f` reads: 64 MiB, far above any context's worth of text (128k tokens
+/// of English are about half a megabyte), so only a wrong file (a disk image, a log) is refused
+/// here, by its size, before anything is allocated; a smaller prompt too long for the context
+/// is refused by its length before tokenizing.
+const MAX_PROMPT_FILE_BYTES: u64 = 64 << 20;
+
+/// How long the signal watcher lets a run reach its next token and print its summary before
+/// it exits on its own: a forward pass over a prefill batch of a large model takes seconds.
+const SIGNAL_GRACE: Duration = Duration::from_secs(2);
+
+/// Exit status after SIGTERM: 128 + 15, what a shell reports for a process SIGTERM ended.
+/// SIGINT and SIGHUP end with [`ExitStatus::Interrupted`] (130), as in every Kiln program.
+const TERMINATED: u8 = 128 + 15;
+
+/// Set while `chat` waits for a line on stdin: a signal then ends the program at once.
+static WAITING_FOR_INPUT: AtomicBool = AtomicBool::new(false);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -60,8 +85,8 @@ struct RunArgs {
     /// (a chat reusing an earlier turn) keeps its whole prefix instead of recomputing it.
     #[arg(long)]
     swa_full: bool,
-    /// Skip checking every tensor's sha256 before running (for a file already verified, e.g.
-    /// with `kiln-convert inspect --verify`).
+    /// Skip checking every tensor's sha256, and every value for NaN and infinity, before
+    /// running (for a file already verified, e.g. with `kiln-convert inspect --verify`).
     #[arg(long)]
     no_verify: bool,
 }
@@ -190,7 +215,8 @@ struct BenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
-    /// Skip checking every tensor's sha256 before running.
+    /// Skip checking every tensor's sha256, and every value for NaN and infinity, before
+    /// running.
     #[arg(long)]
     no_verify: bool,
 }
@@ -210,7 +236,24 @@ fn main() -> ExitCode {
             };
         }
     };
-    match run(cli) {
+    let interrupt = Interrupt::new();
+    if let Err(e) = watch_signals(interrupt.clone()) {
+        eprintln!(
+            "kiln-run: warning: cannot watch for signals ({e}); Ctrl-C ends without a summary"
+        );
+    }
+    let result = run(cli, &interrupt);
+    if let Some(signal) = interrupt.cause() {
+        match result {
+            Err(e) if !e.is_broken_pipe() => {
+                eprintln!("kiln-run: interrupted by {}: {e}", signal_name(signal))
+            }
+            _ => eprintln!("kiln-run: interrupted by {}", signal_name(signal)),
+        }
+        kiln_format::remove_pending_outputs();
+        return ExitCode::from(interrupted_status(signal));
+    }
+    match result {
         Ok(()) => ExitStatus::Success.into(),
         Err(e) if e.is_broken_pipe() => ExitStatus::Success.into(),
         Err(e) => {
@@ -220,12 +263,61 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> Result<()> {
+fn run(cli: Cli, interrupt: &Interrupt) -> Result<()> {
     match cli.command {
-        Command::Generate(a) => cmd_generate(a),
-        Command::Chat(a) => cmd_chat(a),
-        Command::Bench(a) => cmd_bench(a),
+        Command::Generate(a) => cmd_generate(a, interrupt),
+        Command::Chat(a) => cmd_chat(a, interrupt),
+        Command::Bench(a) => cmd_bench(a, interrupt),
     }
+}
+
+/// The exit status for a run stopped by `signal`.
+fn interrupted_status(signal: usize) -> u8 {
+    if signal == SIGTERM as usize {
+        TERMINATED
+    } else {
+        ExitStatus::Interrupted as u8
+    }
+}
+
+fn signal_name(signal: usize) -> &'static str {
+    match i32::try_from(signal) {
+        Ok(SIGINT) => "SIGINT",
+        Ok(SIGTERM) => "SIGTERM",
+        Ok(SIGHUP) => "SIGHUP",
+        _ => "a signal",
+    }
+}
+
+/// Watch SIGINT, SIGTERM and SIGHUP on a thread of its own. The first raises `interrupt`, and
+/// the run stops at its next token; if it has not ended within [`SIGNAL_GRACE`], or a second
+/// signal comes, or `chat` is waiting for input, the watcher removes unfinished outputs and
+/// exits with the signal's status itself.
+fn watch_signals(interrupt: Interrupt) -> std::io::Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let Some(signal) = signals.forever().next() else {
+                return;
+            };
+            let signal = usize::try_from(signal).unwrap_or(0);
+            interrupt.raise(signal);
+            let deadline = Instant::now() + SIGNAL_GRACE;
+            while Instant::now() < deadline && !WAITING_FOR_INPUT.load(Ordering::SeqCst) {
+                if signals.pending().next().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if WAITING_FOR_INPUT.load(Ordering::SeqCst) {
+                eprintln!();
+            }
+            eprintln!("kiln-run: interrupted by {}", signal_name(signal));
+            kiln_format::remove_pending_outputs();
+            std::process::exit(i32::from(interrupted_status(signal)));
+        })?;
+    Ok(())
 }
 
 /// A `--threads` value: at least one, at most the CPUs available (with a notice).
@@ -250,7 +342,7 @@ fn prompt_text(prompt: Option<OsString>, file: Option<&Path>) -> Result<String> 
     let (bytes, source_name) = match (prompt, file) {
         (Some(p), _) => (p.into_encoded_bytes(), "given with -p".to_string()),
         (None, Some(f)) => (
-            std::fs::read(f).map_err(|e| RunnerError::io(format!("{}", f.display()), e))?,
+            kiln_format::read_bounded(f, MAX_PROMPT_FILE_BYTES, "prompt")?,
             format!("in {}", f.display()),
         ),
         (None, None) => unreachable!("clap requires -p or -f"),
@@ -382,14 +474,11 @@ fn print_summary(load_ms: f64, g: &Generation) {
         s.prefill_tok_s(),
         s.generated_tokens,
         s.decode_tok_s(),
-        serde_json::to_value(g.stop)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default(),
+        g.stop.name(),
     );
 }
 
-fn cmd_generate(a: GenerateArgs) -> Result<()> {
+fn cmd_generate(a: GenerateArgs, interrupt: &Interrupt) -> Result<()> {
     let threads = threads_arg(a.run.threads)?;
     let vars = template_vars(&a.template_var)?;
     let text = prompt_text(a.prompt, a.file.as_deref())?;
@@ -415,6 +504,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let opts = GenerateOptions {
         max_tokens: a.n_predict,
         ignore_eos: a.ignore_eos,
+        interrupt: Some(interrupt.clone()),
         ..GenerateOptions::default()
     };
     let seed = sampling.seed;
@@ -460,7 +550,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-fn cmd_chat(a: ChatArgs) -> Result<()> {
+fn cmd_chat(a: ChatArgs, interrupt: &Interrupt) -> Result<()> {
     let threads = threads_arg(a.run.threads)?;
     let vars = template_vars(&a.template_var)?;
     let t0 = Instant::now();
@@ -475,6 +565,7 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
     )?);
     let opts = GenerateOptions {
         max_tokens: a.n_predict,
+        interrupt: Some(interrupt.clone()),
         ..GenerateOptions::default()
     };
     eprintln!(
@@ -491,12 +582,15 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
     let stdin = std::io::stdin();
     let mut line = String::new();
     loop {
+        if interrupt.is_raised() {
+            break;
+        }
+        WAITING_FOR_INPUT.store(true, Ordering::SeqCst);
         eprint!("> ");
         line.clear();
-        let n = stdin
-            .lock()
-            .read_line(&mut line)
-            .map_err(|e| RunnerError::io("reading stdin", e))?;
+        let read = stdin.lock().read_line(&mut line);
+        WAITING_FOR_INPUT.store(false, Ordering::SeqCst);
+        let n = read.map_err(|e| RunnerError::io("reading stdin", e))?;
         if n == 0 {
             break;
         }
@@ -522,8 +616,13 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
             Ok(g) => {
                 stdout_writer()("\n")?;
                 let s = &g.stats;
+                let stop = if g.stop == StopReason::Interrupted {
+                    " | stop: interrupted"
+                } else {
+                    ""
+                };
                 eprintln!(
-                    "[{} new prompt tokens ({} cached), {:.1} tok/s | {} tokens, {:.1} tok/s]",
+                    "[{} new prompt tokens ({} cached), {:.1} tok/s | {} tokens, {:.1} tok/s{stop}]",
                     s.prefill_tokens,
                     s.prompt_tokens - s.prefill_tokens,
                     s.prefill_tok_s(),
@@ -541,7 +640,7 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
     Ok(())
 }
 
-fn cmd_bench(a: BenchArgs) -> Result<()> {
+fn cmd_bench(a: BenchArgs, interrupt: &Interrupt) -> Result<()> {
     let threads: Vec<usize> = if a.threads.is_empty() {
         vec![physical_cores()]
     } else {
@@ -562,7 +661,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
             reason: "too large".into(),
         })?;
     let mut results: Vec<BenchResult> = Vec::new();
-    for &t in &threads {
+    'threads: for &t in &threads {
         let mut sess = model.session_sliding(ctx, t, a.cache_type, sliding(a.swa_full))?;
         for &depth in &a.depth {
             let opts = BenchOptions {
@@ -572,8 +671,13 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
                 warmup: true,
                 depth,
                 batch: a.batch_size,
+                interrupt: Some(interrupt.clone()),
             };
             results.extend(bench(&mut sess, &opts)?);
+            // Interrupted: report the tests measured so far.
+            if interrupt.is_raised() {
+                break 'threads;
+            }
         }
     }
     let weights = weight_summary(&file);

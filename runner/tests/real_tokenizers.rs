@@ -404,3 +404,27 @@ fn gpt4o_pre_tokenizer_survives_the_gguf_round_trip() {
         );
     }
 }
+
+/// A text file tokenized for its first N tokens (a calibration or perplexity text) reads only a
+/// prefix cut at a line end, and must give exactly the first N tokens of the whole text.
+#[test]
+#[ignore = "real tokenizer: run ci/real-tokenizers.sh first; CI runs it with --include-ignored"]
+fn a_text_file_s_first_tokens_are_the_whole_text_s() {
+    for name in ["qwen3", "gemma3"] {
+        let tokenizer = family(name).tokenizer();
+        for text in ["fixtures/text/gpl-3.txt", "fixtures/text/calibration.txt"] {
+            let path = root().join(text);
+            let whole = tokenizer
+                .encode(&std::fs::read_to_string(&path).unwrap())
+                .unwrap();
+            for n in [1, 100, 1000, 2048, 4000, whole.len(), whole.len() + 10] {
+                let mut encode = |s: &str| tokenizer.encode(s);
+                let got =
+                    kiln_runner::text_file::tokenize_file(&mut encode, &path, Some(n), "text")
+                        .unwrap();
+                let n = n.min(whole.len());
+                assert_eq!(got.tokens, whole[..n], "{name}, {text}, first {n} tokens");
+            }
+        }
+    }
+}

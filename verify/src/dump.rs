@@ -37,15 +37,8 @@ impl Dump {
             path: path.display().to_string(),
             reason,
         };
-        let len = std::fs::metadata(path)
-            .map_err(|e| VerifyError::io(path, "cannot read", e))?
-            .len();
-        if len > MAX_DUMP_BYTES {
-            return Err(bad(format!(
-                "{len} bytes is larger than the {MAX_DUMP_BYTES}-byte limit for a dump"
-            )));
-        }
-        let bytes = std::fs::read(path).map_err(|e| VerifyError::io(path, "cannot read", e))?;
+        // A regular file only (`/dev/zero` or a FIFO is refused at once), at most the limit.
+        let bytes = kiln_format::read_bounded(path, MAX_DUMP_BYTES, "reference dump")?;
         let (_, meta) = SafeTensors::read_metadata(&bytes)
             .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
         let st = SafeTensors::deserialize(&bytes)
@@ -114,6 +107,16 @@ impl Dump {
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
                 .collect();
+            // A reference that is not a number cannot judge the model: bad input, not a
+            // model out of tolerance.
+            if let Some(p) = data.iter().position(|x| !x.is_finite()) {
+                let count = data.iter().filter(|x| !x.is_finite()).count();
+                return Err(bad(format!(
+                    "`{name}` holds {count} NaN or infinite value(s), the first at element {p} \
+                     ({}); regenerate the reference",
+                    data[p]
+                )));
+            }
             activations.push((name, [shape[0], shape[1]], data));
         }
         Ok(Dump {

@@ -7,14 +7,6 @@ use kiln_runner::RunnerError;
 /// Why a verification could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {
-    /// A file that cannot be read.
-    #[error("{path}: {action}: {source}")]
-    Io {
-        path: String,
-        action: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
     /// A reference dump that is not the documented safetensors layout.
     #[error("{path}: {reason}")]
     BadDump { path: String, reason: String },
@@ -44,13 +36,3 @@ pub enum VerifyError {
 
 /// Result alias for the verifier.
 pub type Result<T, E = VerifyError> = std::result::Result<T, E>;
-
-impl VerifyError {
-    pub(crate) fn io(path: &std::path::Path, action: &'static str, source: std::io::Error) -> Self {
-        VerifyError::Io {
-            path: path.display().to_string(),
-            action,
-            source,
-        }
-    }
-}

@@ -2,7 +2,7 @@
 //! tolerance or a checksum mismatch, 2 could not run (bad input, I/O).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -187,10 +187,10 @@ fn run(cli: Cli) -> Result<bool> {
                 .expect("template")
                 .progress_chars("=> "),
             );
-            let failures = f.verify_checksums(&|n| pb.inc(n));
+            // Checksums cover what was written: a file written with NaN in it matches them, so
+            // every value is scanned too, in the same pass.
+            let (failures, non_finite) = f.check_tensors(&|n| pb.inc(n));
             pb.finish_and_clear();
-            // Checksums cover what was written: a file written with NaN in it matches them.
-            let non_finite = f.non_finite();
             let secs = t0.elapsed().as_secs_f64();
             let pass = failures.is_empty() && non_finite.is_empty();
             if j {
@@ -247,23 +247,51 @@ fn run(cli: Cli) -> Result<bool> {
             threads: t,
             json: j,
         } => {
-            // Refuse a destination before an hour of scoring, not after it.
+            // Refuse a destination before an hour of scoring, not after it: it must not be
+            // anything this run reads.
             if let Some(p) = &save_logits {
                 kiln_format::check_destination(p, force)?;
-                let inputs = [Some(&model), Some(&text), kl_base.as_ref()];
-                kiln_format::refuse_output_is_input(
-                    p,
-                    inputs.into_iter().flatten().map(PathBuf::as_path),
-                )?;
+                let inputs: Vec<&Path> = [Some(&model), Some(&text), kl_base.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .map(PathBuf::as_path)
+                    .collect();
+                kiln_format::refuse_clobbering(&[p], &inputs)?;
+            }
+            if ctx < 8 {
+                return Err(VerifyError::Usage(format!(
+                    "-c {ctx}: the context must be at least 8 tokens"
+                )));
             }
             let f = kiln_runner::open_model_verified(&model, !no_verify)?;
-            let body = std::fs::read(&text).map_err(|e| VerifyError::Text {
-                path: text.display().to_string(),
-                reason: format!("cannot read: {e}"),
-            })?;
-            let body = String::from_utf8(body).map_err(|e| VerifyError::Text {
-                path: text.display().to_string(),
-                reason: format!("not UTF-8 (byte {})", e.utf8_error().valid_up_to()),
+            // Only the text the chunks need is read and tokenized (at least two chunks, as the
+            // protocol needs); all of it only when no --chunks is given.
+            let wanted = chunks.map(|c| c.max(2).saturating_mul(ctx));
+            let tokenizer = kiln_runner::Tokenizer::from_file(&f)?;
+            let mut encode = |s: &str| tokenizer.encode(s);
+            let body = kiln_runner::text_file::tokenize_file(
+                &mut encode,
+                &text,
+                wanted,
+                "perplexity text",
+            )
+            .map_err(|e| match e {
+                kiln_runner::RunnerError::Format(kiln_format::FormatError::InputTooLarge {
+                    size,
+                    limit,
+                    ..
+                }) => VerifyError::Text {
+                    path: text.display().to_string(),
+                    reason: format!(
+                        "{size} bytes is over the {limit}-byte limit for a text used \
+                                 whole; pass --chunks N to read only the text N chunks need"
+                    ),
+                },
+                kiln_runner::RunnerError::Format(f) => VerifyError::Format(f),
+                e => VerifyError::Text {
+                    path: text.display().to_string(),
+                    reason: e.to_string(),
+                },
             })?;
             let base = kl_base.as_deref().map(ScoredLogits::load).transpose()?;
             let pb = ProgressBar::new(1);
@@ -280,10 +308,10 @@ fn run(cli: Cli) -> Result<bool> {
                 threads: threads(t)?,
                 cache_type,
             };
-            let (r, kept) = perplexity::perplexity(
+            let (r, kept) = perplexity::perplexity_tokens(
                 &f,
                 &text,
-                &body,
+                body.tokens,
                 &opts,
                 base.as_ref(),
                 save_logits.is_some(),

@@ -34,6 +34,10 @@ pub struct PerplexityOptions {
     pub cache_type: CacheType,
 }
 
+/// Largest saved-logits file read (it is read whole): 4096 chunks of 512 positions at a
+/// 256k vocabulary in f16 is about 270 GB; the limit only keeps an absurd size from being tried.
+const MAX_LOGITS_BYTES: u64 = 1 << 40;
+
 /// Running figures, reported after every chunk.
 pub trait PerplexityProgress {
     /// `done` of `total` chunks, with the estimate so far.
@@ -90,6 +94,22 @@ pub fn perplexity(
     keep: bool,
     progress: &dyn PerplexityProgress,
 ) -> Result<(PerplexityReport, Option<ScoredLogits>)> {
+    let tok = Tokenizer::from_file(file)?;
+    let tokens = tok.encode(text)?;
+    perplexity_tokens(file, text_path, tokens, opts, base, keep, progress)
+}
+
+/// [`perplexity`] over text already tokenized with `file`'s tokenizer (for a text file read in
+/// bounded memory by [`kiln_runner::text_file::tokenize_file`]).
+pub fn perplexity_tokens(
+    file: &KilnFile,
+    text_path: &Path,
+    mut tokens: Vec<u32>,
+    opts: &PerplexityOptions,
+    base: Option<&ScoredLogits>,
+    keep: bool,
+    progress: &dyn PerplexityProgress,
+) -> Result<(PerplexityReport, Option<ScoredLogits>)> {
     let ctx = opts.ctx;
     if ctx < 8 {
         return Err(VerifyError::Usage(format!(
@@ -97,8 +117,6 @@ pub fn perplexity(
         )));
     }
     let model = Model::load(file)?;
-    let tok = Tokenizer::from_file(file)?;
-    let mut tokens = tok.encode(text)?;
     let bos = file.metadata().config.bos_token_id;
     let add_bos = bos.is_some() && tokens.first().copied() == bos;
     if tokens.len() < 2 * ctx {
@@ -247,7 +265,8 @@ impl ScoredLogits {
             path: path.display().to_string(),
             reason,
         };
-        let bytes = std::fs::read(path).map_err(|e| VerifyError::io(path, "cannot read", e))?;
+        // A regular file only (`/dev/zero` or a FIFO is refused at once), read whole.
+        let bytes = kiln_format::read_bounded(path, MAX_LOGITS_BYTES, "saved logits file")?;
         let (_, meta) = SafeTensors::read_metadata(&bytes)
             .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
         let st = SafeTensors::deserialize(&bytes)
@@ -289,12 +308,23 @@ impl ScoredLogits {
                     v.shape()
                 )));
             }
-            chunks.push(
-                v.data()
-                    .chunks_exact(2)
-                    .map(|c| f16::from_le_bytes([c[0], c[1]]))
-                    .collect(),
-            );
+            let values: Vec<f16> = v
+                .data()
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]))
+                .collect();
+            // A log-probability may be -inf (a token the base ruled out), never NaN or +inf.
+            if let Some(p) = values
+                .iter()
+                .position(|x| x.is_nan() || *x == f16::INFINITY)
+            {
+                return Err(bad(format!(
+                    "`chunk.{i}` element {p} is {}, not a log-probability; save the logits \
+                     again",
+                    values[p]
+                )));
+            }
+            chunks.push(values);
         }
         Ok(ScoredLogits {
             tokens,

@@ -391,7 +391,9 @@ pub fn export_gguf(opts: &ExportOptions, progress: &dyn Progress) -> Result<Expo
     kiln_format::refuse_output_is_input(&opts.output, [opts.input.as_path()])?;
     let f = KilnFile::open(&opts.input)?;
     let label = opts.input.display().to_string();
-    let failures = f.verify_checksums(&|_| {});
+    // Checksums and values in one pass: a file whose checksums match may still hold NaN or
+    // infinity (they were computed over the bad values), and llama.cpp would run it silently.
+    let (failures, non_finite) = f.check_tensors(&|_| {});
     if !failures.is_empty() {
         let names: Vec<&str> = failures.iter().map(|x| x.tensor.as_str()).collect();
         return Err(ConvertError::ChecksumMismatch {
@@ -399,6 +401,15 @@ pub fn export_gguf(opts: &ExportOptions, progress: &dyn Progress) -> Result<Expo
             count: names.len(),
             tensors: names.join(", "),
         });
+    }
+    if let Some(n) = non_finite.into_iter().next() {
+        return Err(kiln_format::FormatError::TensorNonFinite {
+            file: label,
+            tensor: n.tensor,
+            count: n.count,
+            first: n.first,
+        }
+        .into());
     }
     let meta = f.metadata();
     let c = &meta.config;

@@ -167,8 +167,7 @@ impl<'h> Keys<'h> {
     }
 }
 
-fn resolve_config(file: &str, g: &GgufFile) -> Result<ModelConfig> {
-    let h = g.header();
+fn resolve_config(file: &str, h: &GgufHeader, bytes: &[u8]) -> Result<ModelConfig> {
     let arch_key = "general.architecture";
     let arch = h
         .get(arch_key)
@@ -242,7 +241,7 @@ fn resolve_config(file: &str, g: &GgufFile) -> Result<ModelConfig> {
     };
     let rope_theta = k.f64_opt("rope.freq_base")?.unwrap_or(10_000.0);
     let rope_scaling = if architecture == Architecture::Phi3 {
-        match longrope_scaling(file, g, &k, rotary_dim)? {
+        match longrope_scaling(file, h, bytes, &k, rotary_dim)? {
             Some(s) => Some(s),
             None => rope_scaling,
         }
@@ -255,10 +254,20 @@ fn resolve_config(file: &str, g: &GgufFile) -> Result<ModelConfig> {
             Some(_) => Some(llama3_scaling(file, h, rope_theta, head_dim)?),
         }
     };
-    let id = |key: &str| h.get(key).and_then(Value::as_u64).map(|v| v as u32);
+    // A token id that does not fit a u32 is refused, not truncated into another token.
+    let id = |key: &str| -> Result<Option<u32>> {
+        match h.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| k.err(key, format!("expected a token id, found {v:?}"))),
+        }
+    };
     let mut eos_token_ids: Vec<u32> = Vec::new();
     for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
-        if let Some(e) = id(key) {
+        if let Some(e) = id(key)? {
             if !eos_token_ids.contains(&e) {
                 eos_token_ids.push(e);
             }
@@ -279,10 +288,13 @@ fn resolve_config(file: &str, g: &GgufFile) -> Result<ModelConfig> {
     }
     let num_layers = k.u64("block_count")?;
     let (family, sliding_window) = match architecture {
-        Architecture::Gemma3 => (
-            gemma3_family(&k, num_layers, hidden, heads, head_dim)?,
-            Some(k.u64("attention.sliding_window")?),
-        ),
+        Architecture::Gemma3 => {
+            let window = k.u64("attention.sliding_window")?;
+            (
+                gemma3_family(&k, num_layers, hidden, heads, head_dim)?,
+                Some(window),
+            )
+        }
         Architecture::Phi3 | Architecture::Glm4 | Architecture::Glm => {
             glm_phi3_family(&k, architecture, rotary_dim, head_dim)?
         }
@@ -319,9 +331,73 @@ fn resolve_config(file: &str, g: &GgufFile) -> Result<ModelConfig> {
         attention_bias: h.tensor("blk.0.attn_q.bias").is_some()
             || h.tensor("blk.0.attn_qkv.bias").is_some(),
         sliding_window,
-        bos_token_id: id("tokenizer.ggml.bos_token_id"),
+        bos_token_id: id("tokenizer.ggml.bos_token_id")?,
         eos_token_ids,
         family,
+    })
+}
+
+/// The configuration an import of the GGUF file `bytes` (parsed into `h`; `file` names it in
+/// errors) writes, checked as the import checks it before listing any tensor: the layer count
+/// against the tensors the file declares, then [`ModelConfig::check`].
+pub fn checked_config(file: &str, h: &GgufHeader, bytes: &[u8]) -> Result<ModelConfig> {
+    let config = resolve_config(file, h, bytes)?;
+    check_config(file, h, &config)?;
+    Ok(config)
+}
+
+/// The GGUF key behind a [`ModelConfig`] field (`arch`-prefixed where llama.cpp prefixes it),
+/// for messages.
+fn gguf_spelling(arch: &str, field: &str) -> String {
+    let suffix = match field {
+        "bos_token_id" => return "tokenizer.ggml.bos_token_id".into(),
+        "eos_token_ids" => return "tokenizer.ggml.eos_token_id".into(),
+        "rope_scaling.short_factor" => return rope::LONGROPE_SHORT.into(),
+        "rope_scaling.long_factor" => return rope::LONGROPE_LONG.into(),
+        "hidden_size" | "embed_scale" => "embedding_length",
+        "intermediate_size" => "feed_forward_length",
+        "num_layers" => "block_count",
+        "num_heads" => "attention.head_count",
+        "num_kv_heads" => "attention.head_count_kv",
+        // Gemma 3's score scale is derived from the head width.
+        "head_dim" | "attn_scale" => "attention.key_length",
+        "max_position_embeddings" => "context_length",
+        "sliding_window" => "attention.sliding_window",
+        "rms_norm_eps" => "attention.layer_norm_rms_epsilon",
+        "rope_theta" => "rope.freq_base",
+        "rotary_dim" => "rope.dimension_count",
+        "rope_scaling.factor" => "rope.scaling.factor",
+        "rope_scaling.attention_factor" => "rope.scaling.attn_factor",
+        "rope_scaling.original_max_position_embeddings" => "rope.scaling.original_context_length",
+        "layer_kinds" => "attention.sliding_window_pattern",
+        other => other,
+    };
+    format!("{arch}.{suffix}")
+}
+
+/// Before anything is listed per layer: the layer count against the tensors the file
+/// declares, then the one validation every reader of the output runs
+/// ([`ModelConfig::check`]), each naming the GGUF key at fault.
+fn check_config(file: &str, h: &GgufHeader, config: &ModelConfig) -> Result<()> {
+    let arch = h
+        .get("general.architecture")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let declared = h.tensors.len() as u64;
+    if let Err(need) = kiln_format::shapes::check_layer_count(config.num_layers, declared) {
+        return Err(ConvertError::GgufKey {
+            file: file.into(),
+            key: format!("{arch}.block_count"),
+            reason: format!(
+                "{} layers need at least {need} tensors, but the file declares {declared}",
+                config.num_layers
+            ),
+        });
+    }
+    config.check().map_err(|p| ConvertError::GgufKey {
+        file: file.into(),
+        key: gguf_spelling(arch, p.field),
+        reason: p.reason,
     })
 }
 
@@ -344,6 +420,14 @@ fn gemma3_family(
         }
     }
     let pattern = k.u64_opt("attention.sliding_window_pattern")?.unwrap_or(6);
+    // One entry a layer: the count is bounded by the tensors the file declares first.
+    let declared = k.header.tensors.len() as u64;
+    if let Err(need) = kiln_format::shapes::check_layer_count(num_layers, declared) {
+        return Err(k.err(
+            &format!("{}.block_count", k.arch),
+            format!("{num_layers} layers need at least {need} tensors, but the file declares {declared}"),
+        ));
+    }
     let layer_kinds = (0..num_layers)
         .map(|i| {
             if (i + 1) % pattern == 0 {
@@ -485,11 +569,11 @@ fn glm_phi3_family(
 /// to f32 rounding; a file whose tensors and keys disagree is refused.
 fn longrope_scaling(
     file: &str,
-    g: &GgufFile,
+    h: &GgufHeader,
+    bytes: &[u8],
     k: &Keys,
     rotary_dim: u64,
 ) -> Result<Option<RopeScaling>> {
-    let h = g.header();
     let (long, short) = (
         h.tensor(rope::LONGROPE_LONG),
         h.tensor(rope::LONGROPE_SHORT),
@@ -524,7 +608,7 @@ fn longrope_scaling(
             )));
         }
         let mut x = Vec::new();
-        dequantize(t.ggml_type, g.tensor_bytes(t), &mut x)
+        dequantize(t.ggml_type, super::read::tensor_bytes(bytes, t), &mut x)
             .ok_or_else(|| bad(format!("cannot decode {} factors", t.ggml_type.name)))?;
         if let Some(v) = x.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
             return Err(bad(format!("{v} is not a positive factor")));
@@ -669,7 +753,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
     let g = GgufFile::open(&opts.input)?;
     let file = opts.input.display().to_string();
     let h = g.header();
-    let config = resolve_config(&file, &g)?;
+    let config = resolve_config(&file, h, g.bytes())?;
     let context = config.max_position_embeddings;
     let arch = h
         .get("general.architecture")
@@ -696,6 +780,16 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
         };
         if folded {
             continue; // folded into the configuration above
+        }
+        // Every tensor left is imported (or refused as unknown): its type is checked here.
+        if t.ggml_type.kiln_dtype().is_none() && !DEQUANTIZED.contains(&t.ggml_type.name) {
+            return Err(ConvertError::UnsupportedGgufType {
+                file: file.clone(),
+                tensor: t.name.clone(),
+                ggml_type: t.ggml_type.name.into(),
+                kept: kept_type_names(),
+                dequantized: DEQUANTIZED.join(", "),
+            });
         }
         let parts =
             match names::fused_parts(Source::Gguf, config.architecture, &t.name) {
@@ -725,12 +819,13 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
             }
         }
     }
+    check_config(&file, h, &config)?;
     let mut planned = Vec::new();
     let mut dequantized: BTreeMap<String, usize> = BTreeMap::new();
     let mut vectors_to_f32: BTreeMap<String, usize> = BTreeMap::new();
     let mut kept: BTreeMap<String, usize> = BTreeMap::new();
     let expected = expected_tensors(&config);
-    let expected_shape = |n: &TensorName| expected.iter().find(|(e, _)| e == n).map(|(_, s)| s);
+    let expected_shape = |n: &TensorName| kiln_format::shapes::expected_shape(&config, *n);
     for (name, shape) in &expected {
         let (t, part, of) = by_name
             .remove(name)
@@ -746,7 +841,7 @@ pub fn import_gguf(opts: &ImportOptions, progress: &dyn Progress) -> Result<Impo
         } else {
             let parts =
                 names::fused_parts(Source::Gguf, config.architecture, &t.name).unwrap_or_default();
-            let shapes: Vec<&Vec<u64>> = parts.iter().filter_map(expected_shape).collect();
+            let shapes: Vec<Vec<u64>> = parts.iter().filter_map(expected_shape).collect();
             if shapes.len() != of {
                 return Err(ConvertError::UnknownTensor {
                     path: file.clone(),

@@ -7,7 +7,6 @@
 //! guarantees that every tensor's bytes lie inside the file, aligned and without overlap.
 
 use std::collections::HashSet;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -107,7 +106,8 @@ impl GgufFile {
     /// Map and parse a GGUF file.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|e| ConvertError::io(&path, "cannot open", e))?;
+        // A FIFO or a device (`/dev/zero`) is refused without blocking or reading it.
+        let file = kiln_format::open_regular(&path, "GGUF")?;
         // SAFETY: a read-only private map; the input must not be modified while it is being
         // read (the contract of every memory-mapped model loader). All access goes through
         // `parse`'s bounds-checked header.
@@ -125,6 +125,11 @@ impl GgufFile {
     /// The parsed header.
     pub fn header(&self) -> &GgufHeader {
         &self.header
+    }
+
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
     }
 
     /// The bytes of a tensor of this file's header.
