@@ -151,16 +151,20 @@ pub fn calibrate(
     options: &CalibrationOptions,
     progress: &dyn Progress,
 ) -> Result<Importance> {
-    let label = file.label().to_string();
-    let runner = |e: kiln_runner::RunnerError| QuantizeError::Calibration {
-        file: label.clone(),
-        reason: e.to_string(),
-    };
-    let tokenizer = Tokenizer::from_file(file).map_err(runner)?;
-    let mut tokens = tokenizer.encode(text).map_err(runner)?;
+    let runner = model_error(file);
+    let tokenizer = Tokenizer::from_file(file).map_err(&runner)?;
+    let mut tokens = tokenizer.encode(text).map_err(&runner)?;
     tokens.truncate(options.max_tokens);
     let text_sha256 = Sha256::digest(text.as_bytes()).into();
     calibrate_tokens(file, &tokens, text_sha256, options, progress)
+}
+
+/// A runner failure while calibrating on `file`, named as the model's.
+fn model_error(file: &KilnFile) -> impl Fn(kiln_runner::RunnerError) -> QuantizeError + '_ {
+    move |e| QuantizeError::Calibration {
+        file: file.label().to_string(),
+        reason: e.to_string(),
+    }
 }
 
 /// Run `file`'s model over `tokens` (of a text whose sha256 is `text_sha256`) and return the
@@ -172,12 +176,8 @@ fn calibrate_tokens(
     options: &CalibrationOptions,
     progress: &dyn Progress,
 ) -> Result<Importance> {
-    let label = file.label().to_string();
-    let runner = |e: kiln_runner::RunnerError| QuantizeError::Calibration {
-        file: label.clone(),
-        reason: e.to_string(),
-    };
-    let model = Model::load(file).map_err(runner)?;
+    let runner = model_error(file);
+    let model = Model::load(file).map_err(&runner)?;
     let ctx = options.ctx.min(model.default_ctx()).max(1);
     if tokens.len() < ctx.min(64) {
         return Err(QuantizeError::CalibrationText {
@@ -201,14 +201,14 @@ fn calibrate_tokens(
         moments: vec![Vec::new(); n_sites],
         second_moments: options.second_moments,
     };
-    let mut session = model.session(ctx, options.threads).map_err(runner)?;
+    let mut session = model.session(ctx, options.threads).map_err(&runner)?;
     progress.phase("calibrating", tokens.len() as u64);
     let windows: Vec<&[u32]> = tokens.chunks(ctx).collect();
     for w in &windows {
         session.reset();
         session
             .forward(w, Logits::None, Some(&mut collector))
-            .map_err(runner)?;
+            .map_err(&runner)?;
         progress.advance(w.len() as u64);
     }
     let n = tokens.len() as f64;
