@@ -7,8 +7,9 @@
 # then: formatting, clippy with warnings denied, every Rust test including the ones marked
 # as needing the real model or tokenizers, the fixture checks, the kernels'
 # tests on aarch64 under qemu (ci/aarch64.sh), a short fuzzing run of the .kiln and GGUF
-# readers, chat-template rendering and tokenizer loading, and
-# the accuracy gate on the real model (ci/accuracy.sh).
+# readers, chat-template rendering and tokenizer loading,
+# the accuracy gate on the real model (ci/accuracy.sh), and docs/CI.md's workflow on it with
+# the HTML reports opened in Debian's chromium (ci/verify-reports.sh).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -32,6 +33,9 @@ ci/fuzz.sh "${KILN_FUZZ_SECONDS:-60}"
 
 step "accuracy gate on the real SmolLM2 (layers, integrity, perplexity, KL-divergence)"
 ci/accuracy.sh
+
+step "docs/CI.md's workflow on SmolLM2: JUnit results, a corrupted layer named, gates, the HTML reports in chromium"
+ci/verify-reports.sh
 
 step "cargo test (including real-model tests)"
 cargo test --workspace --release -- --include-ignored

@@ -2,7 +2,9 @@
 //!
 //! Layout (documented in `docs/ACCURACY.md` and `fixtures/README.md`): `input_ids` (i64 or
 //! i32, `[T]`), and f32 activations named by the transformers module path plus `.output`
-//! (`model.layers.3.output`, `logits`, …), `[T, width]`, batch dimension dropped. Any other
+//! (`model.layers.3.output`, `logits`, …), `[T, width]`. A dump saved straight from
+//! transformers keeps its batch dimension (`input_ids` `[1, T]`, activations `[1, T, width]`);
+//! a batch of one is read as the unbatched shape, any other batch size is refused. Any other
 //! tensors are listed as not compared. Dumps come from anyone's script, so every field is
 //! checked before use.
 
@@ -46,13 +48,14 @@ impl Dump {
         let ids = st
             .tensor("input_ids")
             .map_err(|_| bad("no `input_ids` tensor".into()))?;
-        if ids.shape().len() != 1 || ids.shape()[0] == 0 {
+        let ids_shape = unbatched("input_ids", ids.shape(), 1).map_err(&bad)?;
+        if ids_shape.len() != 1 || ids_shape[0] == 0 {
             return Err(bad(format!(
-                "`input_ids` has shape {:?}, expected [T] with T ≥ 1",
+                "`input_ids` has shape {:?}, expected [T] or [1, T] with T ≥ 1",
                 ids.shape()
             )));
         }
-        let t = ids.shape()[0];
+        let t = ids_shape[0];
         let input_ids: Vec<u32> = match ids.dtype() {
             Dtype::I64 => ids
                 .data()
@@ -96,10 +99,12 @@ impl Dump {
                     v.dtype()
                 )));
             }
-            let shape = v.shape();
+            let shape = unbatched(&name, v.shape(), 2).map_err(&bad)?;
             if shape.len() != 2 || shape[0] != t || shape[1] == 0 {
                 return Err(bad(format!(
-                    "`{name}` has shape {shape:?}, expected [{t}, width] (T from input_ids)"
+                    "`{name}` has shape {:?}, expected [{t}, width] or [1, {t}, width] (T from \
+                     input_ids)",
+                    v.shape()
                 )));
             }
             let data: Vec<f32> = v
@@ -131,5 +136,53 @@ impl Dump {
                 .into_iter()
                 .collect(),
         })
+    }
+}
+
+/// `shape` without a leading batch dimension, for a tensor whose unbatched rank is `rank`: a
+/// shape of rank `rank + 1` must lead with a batch of 1 (transformers' `[1, T, …]`); any other
+/// shape is returned as it is, for the caller's own check.
+fn unbatched<'a>(name: &str, shape: &'a [usize], rank: usize) -> Result<&'a [usize], String> {
+    match shape.split_first() {
+        Some((&1, rest)) if shape.len() == rank + 1 => Ok(rest),
+        Some((&b, _)) if shape.len() == rank + 1 => Err(format!(
+            "`{name}` has shape {shape:?}: a batch of {b} prompts; a dump holds one prompt \
+             (batch 1, or no batch dimension)"
+        )),
+        _ => Ok(shape),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unbatched;
+
+    /// (shape, unbatched rank, the shape read, or `None` when refused).
+    type Case = (&'static [usize], usize, Option<&'static [usize]>);
+
+    #[test]
+    fn a_batch_of_one_is_dropped_and_other_batches_are_refused() {
+        let cases: &[Case] = &[
+            (&[5], 1, Some(&[5])),
+            (&[1, 5], 1, Some(&[5])),
+            (&[2, 5], 1, None),
+            (&[5, 8], 2, Some(&[5, 8])),
+            (&[1, 5, 8], 2, Some(&[5, 8])),
+            (&[3, 5, 8], 2, None),
+            // Shapes of other ranks are left for the caller to refuse.
+            (&[1, 1, 5, 8], 2, Some(&[1, 1, 5, 8])),
+        ];
+        for &(shape, rank, want) in cases {
+            match (unbatched("x", shape, rank), want) {
+                (Ok(got), Some(w)) => assert_eq!(got, w, "{shape:?}"),
+                (Err(e), None) => {
+                    assert!(
+                        e.contains("`x`") && e.contains(&format!("{shape:?}")),
+                        "{e}"
+                    )
+                }
+                (got, want) => panic!("{shape:?}: got {got:?}, want {want:?}"),
+            }
+        }
     }
 }

@@ -8,16 +8,20 @@
 //!   the [`tolerance::Tolerance`] of the file's weight encoding;
 //! - [`perplexity::perplexity`] follows llama.cpp's `llama-perplexity` protocol, with
 //!   KL-divergence against a base model's saved log-probabilities;
-//! - [`diff::diff`] compares two files tensor by tensor.
+//! - [`diff::diff`] compares two files tensor by tensor;
+//! - [`junit`] turns any of these reports into JUnit XML for CI, and [`report`] renders the
+//!   `layers` and `perplexity` reports as a self-contained HTML page of inline SVG charts.
 //!
 //! Checksums are verified by `kiln_format::KilnFile::verify_checksums`.
 
 pub mod diff;
 pub mod dump;
 pub mod error;
+pub mod junit;
 pub mod layers;
 pub mod metrics;
 pub mod perplexity;
+pub mod report;
 pub mod tolerance;
 
 pub use error::{Result, VerifyError};

@@ -10,8 +10,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kiln_format::{ExitStatus, KilnFile};
 use kiln_runner::CacheType;
 use kiln_verify::perplexity::{PerplexityOptions, PerplexityProgress, ScoredLogits};
-use kiln_verify::tolerance::Tolerance;
-use kiln_verify::{diff, dump, layers, perplexity, Result, VerifyError};
+use kiln_verify::tolerance::{Tolerance, WeightClass};
+use kiln_verify::{diff, dump, junit, layers, perplexity, report, Result, VerifyError};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -19,7 +19,10 @@ Examples:
   kiln-verify integrity smollm2-q4_0.kiln
   kiln-verify diff smollm2-bf16.kiln smollm2-q4_0.kiln
   kiln-verify perplexity smollm2-f16.kiln --text wiki.txt -c 512 --save-logits base.logits
-  kiln-verify perplexity smollm2-q4_0.kiln --text wiki.txt -c 512 --kl-base base.logits";
+  kiln-verify perplexity smollm2-q4_0.kiln --text wiki.txt -c 512 --kl-base base.logits
+  kiln-verify perplexity smollm2-q4_0.kiln --text wiki.txt -c 512 --kl-base base.logits \\
+      --max-kld 0.05 --max-ppl-ratio 1.05 --junit ppl.xml --report ppl.html
+  kiln-verify layers smollm2-q8_0.kiln --reference ref/0.safetensors --tolerance q8_0 --junit layers.xml";
 
 /// Numerical accuracy checks for .kiln models.
 #[derive(Parser, Debug)]
@@ -43,16 +46,29 @@ enum Command {
         /// Override the smallest top-1 agreement of the logits (0..1).
         #[arg(long, value_parser = fraction)]
         min_top1: Option<f64>,
+        /// Judge by a named tolerance class instead of the file's own weight class: f32, f16,
+        /// bf16 (or half), q8_0, q4_0. --max-nmse and --min-top1 still override it.
+        #[arg(long, value_name = "CLASS")]
+        tolerance: Option<String>,
         #[arg(short, long)]
         threads: Option<usize>,
         #[arg(long)]
         json: bool,
+        /// Also write the results as JUnit XML (one test case per activation site).
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
+        /// Also write an HTML page of NMSE and cosine charts by activation site and the table.
+        #[arg(long, value_name = "FILE.html")]
+        report: Option<PathBuf>,
     },
     /// Verify every checksum, and that every value is finite.
     Integrity {
         model: PathBuf,
         #[arg(long)]
         json: bool,
+        /// Also write the results as JUnit XML (one test case per tensor).
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
     },
     /// Tensor-by-tensor error between two files of the same model.
     Diff {
@@ -60,6 +76,9 @@ enum Command {
         b: PathBuf,
         #[arg(long)]
         json: bool,
+        /// Also write the results as JUnit XML (one test case per tensor).
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
     },
     /// Perplexity by llama.cpp's protocol; KL-divergence against a base model's saved logits.
     Perplexity {
@@ -85,6 +104,13 @@ enum Command {
         /// Base model's saved log-probabilities: report mean KL-divergence and top-token agreement.
         #[arg(long)]
         kl_base: Option<PathBuf>,
+        /// Fail (exit 1) if the mean KL-divergence against --kl-base is over this.
+        #[arg(long, value_parser = non_negative, requires = "kl_base")]
+        max_kld: Option<f64>,
+        /// Fail (exit 1) if this model's perplexity divided by the base's (computed from the
+        /// --kl-base file over the same tokens) is over this.
+        #[arg(long, value_parser = non_negative, requires = "kl_base")]
+        max_ppl_ratio: Option<f64>,
         /// How the KV cache stores keys and values: f32 (exact, the default here, so that the
         /// figures measure the weights), or f16 / q8_0 as `kiln-run --cache-type` runs them.
         #[arg(long = "cache-type", default_value_t = CacheType::F32)]
@@ -93,7 +119,34 @@ enum Command {
         threads: Option<usize>,
         #[arg(long)]
         json: bool,
+        /// Also write the results as JUnit XML (one test case per chunk and per gate).
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
+        /// Also write an HTML page of the per-chunk figures and the KL-divergence histogram.
+        #[arg(long, value_name = "FILE.html")]
+        report: Option<PathBuf>,
     },
+}
+
+/// Refuse, before any work, results files that are not regular files or that name something
+/// the run reads (or each other): `outputs` pairs each path with whether it may replace an
+/// existing file.
+fn check_outputs(outputs: &[(&Path, bool)], inputs: &[&Path]) -> Result<()> {
+    for &(p, overwrite) in outputs {
+        kiln_format::check_destination(p, overwrite)?;
+    }
+    let paths: Vec<&Path> = outputs.iter().map(|&(p, _)| p).collect();
+    kiln_format::refuse_clobbering(&paths, inputs)?;
+    Ok(())
+}
+
+/// `--junit`/`--report` paths, which replace an earlier results file of the same name.
+fn results_files<'a>(paths: &[&'a Option<PathBuf>]) -> Vec<(&'a Path, bool)> {
+    paths
+        .iter()
+        .filter_map(|p| p.as_deref())
+        .map(|p| (p, true))
+        .collect()
 }
 
 fn threads(t: Option<usize>) -> Result<usize> {
@@ -157,18 +210,37 @@ fn run(cli: Cli) -> Result<bool> {
             reference,
             max_nmse,
             min_top1,
+            tolerance,
             threads: t,
             json: j,
+            junit: junit_path,
+            report: report_path,
         } => {
+            let t0 = std::time::Instant::now();
+            let class = tolerance
+                .as_deref()
+                .map(WeightClass::from_name)
+                .transpose()?;
+            check_outputs(
+                &results_files(&[&junit_path, &report_path]),
+                &[&model, &reference],
+            )?;
             // The data under test must be the data the file claims: checksums first.
             let f = kiln_runner::open_model_verified(&model, true)?;
             let d = dump::Dump::load(&reference)?;
-            let default = Tolerance::for_class(kiln_verify::tolerance::WeightClass::of_file(&f));
-            let tol = (max_nmse.is_some() || min_top1.is_some()).then(|| Tolerance {
-                max_nmse: max_nmse.unwrap_or(default.max_nmse),
-                min_top1: min_top1.unwrap_or(default.min_top1),
-            });
+            let default = Tolerance::for_class(class.unwrap_or_else(|| WeightClass::of_file(&f)));
+            let tol =
+                (class.is_some() || max_nmse.is_some() || min_top1.is_some()).then(|| Tolerance {
+                    max_nmse: max_nmse.unwrap_or(default.max_nmse),
+                    min_top1: min_top1.unwrap_or(default.min_top1),
+                });
             let r = layers::verify_layers(&f, &d, tol, threads(t)?)?;
+            if let Some(p) = &junit_path {
+                junit::write(p, &[junit::layers_suite(&r, t0.elapsed().as_secs_f64())])?;
+            }
+            if let Some(p) = &report_path {
+                report::write(p, &report::layers_html(&r))?;
+            }
             if j {
                 json(&r);
             } else {
@@ -176,8 +248,13 @@ fn run(cli: Cli) -> Result<bool> {
             }
             Ok(r.pass)
         }
-        Command::Integrity { model, json: j } => {
+        Command::Integrity {
+            model,
+            json: j,
+            junit: junit_path,
+        } => {
             let t0 = std::time::Instant::now();
+            check_outputs(&results_files(&[&junit_path]), &[&model])?;
             let f = KilnFile::open(&model)?;
             let pb = ProgressBar::new(f.data_len());
             pb.set_style(
@@ -193,6 +270,35 @@ fn run(cli: Cli) -> Result<bool> {
             pb.finish_and_clear();
             let secs = t0.elapsed().as_secs_f64();
             let pass = failures.is_empty() && non_finite.is_empty();
+            if let Some(p) = &junit_path {
+                let names: Vec<String> = f.tensors().iter().map(|t| t.name.clone()).collect();
+                let problems: Vec<(String, String)> = failures
+                    .iter()
+                    .map(|x| {
+                        (
+                            x.tensor.clone(),
+                            format!(
+                                "checksum mismatch (stored {}, computed {})",
+                                x.stored, x.computed
+                            ),
+                        )
+                    })
+                    .chain(non_finite.iter().map(|x| {
+                        (
+                            x.tensor.clone(),
+                            format!(
+                                "{} value(s) are NaN or infinite (allowed 0), the first at \
+                                 element {}",
+                                x.count, x.first
+                            ),
+                        )
+                    }))
+                    .collect();
+                junit::write(
+                    p,
+                    &[junit::integrity_suite(f.label(), &names, &problems, secs)],
+                )?;
+            }
             if j {
                 json(&serde_json::json!({
                     "file": f.label(), "pass": pass, "tensors": f.tensors().len(),
@@ -224,9 +330,19 @@ fn run(cli: Cli) -> Result<bool> {
             }
             Ok(pass)
         }
-        Command::Diff { a, b, json: j } => {
+        Command::Diff {
+            a,
+            b,
+            json: j,
+            junit: junit_path,
+        } => {
+            let t0 = std::time::Instant::now();
+            check_outputs(&results_files(&[&junit_path]), &[&a, &b])?;
             let (fa, fb) = (KilnFile::open(&a)?, KilnFile::open(&b)?);
             let r = diff::diff(&fa, &fb)?;
+            if let Some(p) = &junit_path {
+                junit::write(p, &[junit::diff_suite(&r, t0.elapsed().as_secs_f64())])?;
+            }
             if j {
                 json(&r);
             } else {
@@ -243,21 +359,27 @@ fn run(cli: Cli) -> Result<bool> {
             force,
             no_verify,
             kl_base,
+            max_kld,
+            max_ppl_ratio,
             cache_type,
             threads: t,
             json: j,
+            junit: junit_path,
+            report: report_path,
         } => {
+            let t0 = std::time::Instant::now();
             // Refuse a destination before an hour of scoring, not after it: it must not be
-            // anything this run reads.
+            // anything this run reads, nor another of its outputs.
+            let inputs: Vec<&Path> = [Some(&model), Some(&text), kl_base.as_ref()]
+                .into_iter()
+                .flatten()
+                .map(PathBuf::as_path)
+                .collect();
+            let mut outputs = results_files(&[&junit_path, &report_path]);
             if let Some(p) = &save_logits {
-                kiln_format::check_destination(p, force)?;
-                let inputs: Vec<&Path> = [Some(&model), Some(&text), kl_base.as_ref()]
-                    .into_iter()
-                    .flatten()
-                    .map(PathBuf::as_path)
-                    .collect();
-                kiln_format::refuse_clobbering(&[p], &inputs)?;
+                outputs.insert(0, (p.as_path(), force));
             }
+            check_outputs(&outputs, &inputs)?;
             if ctx < 8 {
                 return Err(VerifyError::Usage(format!(
                     "-c {ctx}: the context must be at least 8 tokens"
@@ -308,7 +430,7 @@ fn run(cli: Cli) -> Result<bool> {
                 threads: threads(t)?,
                 cache_type,
             };
-            let (r, kept) = perplexity::perplexity_tokens(
+            let (mut r, kept) = perplexity::perplexity_tokens(
                 &f,
                 &text,
                 body.tokens,
@@ -320,6 +442,28 @@ fn run(cli: Cli) -> Result<bool> {
             pb.finish_and_clear();
             if let (Some(p), Some(k)) = (&save_logits, kept) {
                 k.save(p, force)?;
+            }
+            r.gates = perplexity::check_gates(&r, max_kld, max_ppl_ratio)?;
+            // A perplexity that is not a number (NaN or infinite logits) fails like a gate.
+            let finite = r.per_chunk.iter().all(|c| c.ppl.is_finite());
+            let pass = finite && r.gates.iter().all(|g| g.pass);
+            if !finite {
+                eprintln!(
+                    "kiln-verify: FAIL: perplexity {} is not a finite number (see the chunks)",
+                    r.ppl
+                );
+            }
+            if let Some(p) = &junit_path {
+                junit::write(
+                    p,
+                    &[junit::perplexity_suite(&r, t0.elapsed().as_secs_f64())],
+                )?;
+            }
+            if let Some(p) = &report_path {
+                report::write(p, &report::perplexity_html(&r))?;
+            }
+            for g in r.gates.iter().filter(|g| !g.pass) {
+                eprintln!("kiln-verify: FAIL: {}", g.describe());
             }
             if j {
                 json(&r);
@@ -334,9 +478,22 @@ fn run(cli: Cli) -> Result<bool> {
                         p * 100.0
                     );
                 }
+                if let Some(b) = r.base_ppl {
+                    s += &format!(
+                        "base perplexity {b:.4} (from the saved log-probabilities), ratio {:.6}\n",
+                        r.ppl / b
+                    );
+                }
+                for g in &r.gates {
+                    s += &format!(
+                        "{}: {}\n",
+                        if g.pass { "PASS" } else { "FAIL" },
+                        g.describe()
+                    );
+                }
                 out(&s);
             }
-            Ok(true)
+            Ok(pass)
         }
     }
 }

@@ -79,8 +79,104 @@ pub struct PerplexityReport {
     /// Fraction of scored positions whose top token equals the base model's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub same_top_p: Option<f64>,
+    /// Perplexity of the base model's saved log-probabilities over the same scored tokens,
+    /// with `--kl-base`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base_ppl: Option<f64>,
     /// Scored tokens per second.
     pub tok_s: f64,
+    /// Figures of each chunk, in text order.
+    pub per_chunk: Vec<ChunkFigures>,
+    /// KL(base ‖ model) of every scored position, in order (empty without `--kl-base`).
+    #[serde(skip)]
+    pub kld_positions: Vec<f32>,
+    /// Pass/fail limits checked on this report ([`check_gates`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gates: Vec<Gate>,
+}
+
+/// One chunk's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChunkFigures {
+    /// exp(mean NLL) over this chunk's scored tokens.
+    pub ppl: f64,
+    /// Mean KL(base ‖ model) over this chunk's scored tokens, with `--kl-base`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kld_mean: Option<f64>,
+    /// Wall time of the chunk's forward pass and scoring.
+    pub seconds: f64,
+}
+
+/// A limit on one perplexity figure.
+#[derive(Debug, Clone, Serialize)]
+pub struct Gate {
+    /// The command-line option that set it (`--max-kld`, `--max-ppl-ratio`).
+    pub name: &'static str,
+    /// The figure measured.
+    pub measured: f64,
+    /// The largest value allowed.
+    pub allowed: f64,
+    /// `measured <= allowed`.
+    pub pass: bool,
+}
+
+impl Gate {
+    fn new(name: &'static str, measured: f64, allowed: f64) -> Gate {
+        Gate {
+            name,
+            measured,
+            allowed,
+            // NaN never passes.
+            pass: measured <= allowed,
+        }
+    }
+
+    /// "mean KL-divergence 0.0123 is over the allowed 0.01 by 0.0023".
+    pub fn describe(&self) -> String {
+        let what = match self.name {
+            "--max-kld" => "mean KL-divergence",
+            "--max-ppl-ratio" => "perplexity ratio (this model / base)",
+            n => n,
+        };
+        if self.pass {
+            format!(
+                "{what} {:.6} is within the allowed {} ({})",
+                self.measured, self.allowed, self.name
+            )
+        } else {
+            format!(
+                "{what} {:.6} is over the allowed {} by {:.6} ({})",
+                self.measured,
+                self.allowed,
+                self.measured - self.allowed,
+                self.name
+            )
+        }
+    }
+}
+
+/// Check `--max-kld` and `--max-ppl-ratio` on a report made with a base (`--kl-base`); either
+/// limit without base figures in the report is a usage error.
+pub fn check_gates(
+    r: &PerplexityReport,
+    max_kld: Option<f64>,
+    max_ppl_ratio: Option<f64>,
+) -> Result<Vec<Gate>> {
+    let need = |opt: &str| {
+        VerifyError::Usage(format!(
+            "{opt} compares with a base model: pass --kl-base FILE (saved by --save-logits)"
+        ))
+    };
+    let mut gates = Vec::new();
+    if let Some(max) = max_kld {
+        let k = r.kld_mean.ok_or_else(|| need("--max-kld"))?;
+        gates.push(Gate::new("--max-kld", k, max));
+    }
+    if let Some(max) = max_ppl_ratio {
+        let b = r.base_ppl.ok_or_else(|| need("--max-ppl-ratio"))?;
+        gates.push(Gate::new("--max-ppl-ratio", r.ppl / b, max));
+    }
+    Ok(gates)
 }
 
 /// Measure perplexity of `file` on `text`; optionally keep the scored log-probabilities and
@@ -160,10 +256,14 @@ pub fn perplexity_tokens(
     let mut session = model.session_with(ctx, opts.threads, opts.cache_type)?;
     let start = Instant::now();
     let (mut nll_sum, mut nll2_sum, mut count) = (0f64, 0f64, 0usize);
-    let (mut kl_sum, mut same) = (0f64, 0usize);
+    let (mut kl_sum, mut same, mut base_nll_sum) = (0f64, 0usize, 0f64);
     let mut kept = Vec::new();
+    let mut per_chunk = Vec::with_capacity(n_chunks);
+    let mut kld_positions = Vec::new();
     let mut logp = vec![0f32; vocab];
     for c in 0..n_chunks {
+        let chunk_start = Instant::now();
+        let (chunk_nll, chunk_kl) = (nll_sum, kl_sum);
         session.reset();
         let chunk = &tokens[c * ctx..(c + 1) * ctx];
         let logits = session.forward(chunk, Logits::All, None)?;
@@ -182,8 +282,11 @@ pub fn perplexity_tokens(
             if let Some(b) = base {
                 let brow = &b.chunks[c][k * vocab..(k + 1) * vocab];
                 let blogp: Vec<f32> = brow.iter().map(|v| v.to_f32()).collect();
-                kl_sum += kl_divergence(&blogp, &logp);
+                let kl = kl_divergence(&blogp, &logp);
+                kl_sum += kl;
+                kld_positions.push(kl as f32);
                 same += usize::from(argmax(&blogp) == argmax(&logp));
+                base_nll_sum -= blogp[chunk[j + 1] as usize] as f64;
             }
             if keep {
                 block.extend(logp.iter().map(|&v| f16::from_f32(v)));
@@ -192,6 +295,11 @@ pub fn perplexity_tokens(
         if keep {
             kept.push(block);
         }
+        per_chunk.push(ChunkFigures {
+            ppl: ((nll_sum - chunk_nll) / scored_per_chunk as f64).exp(),
+            kld_mean: base.map(|_| (kl_sum - chunk_kl) / scored_per_chunk as f64),
+            seconds: chunk_start.elapsed().as_secs_f64(),
+        });
         progress.chunk(c + 1, n_chunks, (nll_sum / count as f64).exp());
     }
     let mean = nll_sum / count as f64;
@@ -210,7 +318,11 @@ pub fn perplexity_tokens(
         ppl_stderr: ppl * nll_se,
         kld_mean: base.map(|_| kl_sum / count as f64),
         same_top_p: base.map(|_| same as f64 / count as f64),
+        base_ppl: base.map(|_| (base_nll_sum / count as f64).exp()),
         tok_s: (n_chunks * ctx) as f64 / seconds,
+        per_chunk,
+        kld_positions,
+        gates: Vec::new(),
     };
     let kept = keep.then_some(ScoredLogits {
         tokens,
@@ -337,4 +449,78 @@ impl ScoredLogits {
 
 fn bytemuck_f16(v: &[f16]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(kld: Option<f64>, base_ppl: Option<f64>) -> PerplexityReport {
+        PerplexityReport {
+            model: "m.kiln".into(),
+            text: "t.txt".into(),
+            ctx: 64,
+            cache_type: "f32",
+            chunks: 1,
+            tokens_scored: 31,
+            ppl: 12.0,
+            ppl_stderr: 0.5,
+            kld_mean: kld,
+            same_top_p: kld.map(|_| 0.9),
+            base_ppl,
+            tok_s: 1.0,
+            per_chunk: Vec::new(),
+            kld_positions: Vec::new(),
+            gates: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn gates_pass_at_their_limit_and_say_by_how_much_they_fail() {
+        let r = report(Some(0.02), Some(10.0));
+        // (max KLD, max ratio, KLD passes, ratio passes); the ratio is 12 / 10 = 1.2.
+        let table = [
+            (0.02, 1.2, true, true),
+            (0.019, 1.19, false, false),
+            (1.0, 2.0, true, true),
+            (0.0, 1.0, false, false),
+        ];
+        for (kld, ratio, kld_pass, ratio_pass) in table {
+            let g = check_gates(&r, Some(kld), Some(ratio)).unwrap();
+            assert_eq!(g.len(), 2);
+            assert_eq!((g[0].name, g[0].pass), ("--max-kld", kld_pass), "{kld}");
+            assert_eq!(
+                (g[1].name, g[1].pass),
+                ("--max-ppl-ratio", ratio_pass),
+                "{ratio}"
+            );
+        }
+        let g = check_gates(&r, Some(0.01), None).unwrap();
+        assert_eq!(
+            g[0].describe(),
+            "mean KL-divergence 0.020000 is over the allowed 0.01 by 0.010000 (--max-kld)"
+        );
+        assert!(check_gates(&r, None, None).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_not_a_number_figure_never_passes_a_gate() {
+        let r = report(Some(f64::NAN), Some(f64::NAN));
+        let g = check_gates(&r, Some(f64::MAX), Some(f64::MAX)).unwrap();
+        assert!(g.iter().all(|g| !g.pass));
+    }
+
+    #[test]
+    fn a_gate_without_base_figures_is_a_usage_error_naming_kl_base() {
+        let r = report(None, None);
+        for (kld, ratio, opt) in [
+            (Some(0.1), None, "--max-kld"),
+            (None, Some(1.1), "--max-ppl-ratio"),
+        ] {
+            let e = check_gates(&r, kld, ratio).unwrap_err();
+            assert!(matches!(e, VerifyError::Usage(_)));
+            let e = e.to_string();
+            assert!(e.contains(opt) && e.contains("--kl-base"), "{e}");
+        }
+    }
 }

@@ -11,6 +11,8 @@
 use kiln_format::{DType, KilnFile};
 use serde::Serialize;
 
+use crate::error::VerifyError;
+
 /// The least precise matrix encoding in a file, which sets its tolerance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -43,6 +45,31 @@ impl WeightClass {
             | DType::Q5_K
             | DType::Q6_K => WeightClass::Q4_0,
         }
+    }
+
+    /// The names `--tolerance` accepts, each with its class (`f16` and `bf16` are both the
+    /// 16-bit class, also named `half`).
+    pub const NAMES: [(&'static str, WeightClass); 6] = [
+        ("f32", WeightClass::F32),
+        ("f16", WeightClass::Half),
+        ("bf16", WeightClass::Half),
+        ("half", WeightClass::Half),
+        ("q8_0", WeightClass::Q8_0),
+        ("q4_0", WeightClass::Q4_0),
+    ];
+
+    /// The class named `name` (case-insensitive), or a usage error listing the valid names.
+    pub fn from_name(name: &str) -> Result<WeightClass, VerifyError> {
+        Self::NAMES
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|&(_, c)| c)
+            .ok_or_else(|| {
+                VerifyError::Usage(format!(
+                    "--tolerance {name}: unknown tolerance class; valid names: {}",
+                    Self::NAMES.map(|(n, _)| n).join(", ")
+                ))
+            })
     }
 
     /// The least precise class among a file's 2-D tensors.
@@ -113,5 +140,24 @@ mod tests {
         }
         assert_eq!(WeightClass::of(DType::Q4_0x16), WeightClass::Q4_0);
         assert_eq!(WeightClass::of(DType::BF16), WeightClass::Half);
+    }
+
+    #[test]
+    fn tolerance_class_names_resolve_and_unknown_names_list_the_valid_ones() {
+        let table = [
+            ("f32", WeightClass::F32),
+            ("F16", WeightClass::Half),
+            ("bf16", WeightClass::Half),
+            ("q8_0", WeightClass::Q8_0),
+            ("Q4_0", WeightClass::Q4_0),
+        ];
+        for (name, class) in table {
+            assert_eq!(WeightClass::from_name(name).unwrap(), class, "{name}");
+        }
+        let e = WeightClass::from_name("q3").unwrap_err().to_string();
+        assert!(e.contains("q3"), "{e}");
+        for (n, _) in WeightClass::NAMES {
+            assert!(e.contains(n), "{e} lacks {n}");
+        }
     }
 }
