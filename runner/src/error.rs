@@ -83,7 +83,6 @@ pub enum RunnerError {
         ctx: usize,
         max_ctx: usize,
     },
-    /// The prompt given on the command line or in a file is not valid UTF-8.
     /// A prompt so long that it cannot fit the context whatever its tokens, refused before
     /// tokenizing it.
     #[error(
@@ -98,9 +97,9 @@ pub enum RunnerError {
     /// The chat template ran past its limits (instructions, output size).
     #[error("{file}: the chat template exceeded its limit: {reason}")]
     ChatTemplateLimit { file: String, reason: String },
+    /// The prompt given on the command line or in a file is not valid UTF-8.
     #[error("the prompt {source_name} is not valid UTF-8 (first invalid byte at offset {offset})")]
     PromptNotUtf8 { source_name: String, offset: usize },
-    /// A command-line value out of range.
     /// A sampling default in the file's generation_config.json that is out of range.
     #[error("{file}: generation_config.json `{field}`: {reason}; override it with {flag}")]
     BadGenerationConfig {
@@ -112,6 +111,7 @@ pub enum RunnerError {
     /// A chat-template variable (`--template-var NAME=VALUE`) that cannot be set.
     #[error("template variable `{name}`: {reason}")]
     TemplateVar { name: String, reason: String },
+    /// A command-line value out of range.
     #[error("invalid value for {arg}: {reason}")]
     InvalidArgument { arg: &'static str, reason: String },
     /// A token id outside the vocabulary.
