@@ -2,15 +2,14 @@
 //! structure and counts are checked, HTML reports, perplexity gates, tolerance classes, and
 //! reference dumps that keep transformers' batch dimension.
 
-use std::collections::HashMap;
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use kiln_convert::{convert_hf, ConvertOptions, NoProgress};
 use kiln_format::blocks::quantize_row_q8_0_ref;
 use kiln_format::{DType, KilnFile, KilnWriter, TensorSpec};
-use safetensors::tensor::TensorView;
-use safetensors::SafeTensors;
 
 const MODEL: &str = "llama-untied-bf16";
 
@@ -497,34 +496,12 @@ fn results_files_never_replace_an_input_or_each_other() {
     assert_eq!(o.status.code(), Some(2));
 }
 
-/// Rewrite a safetensors file with `edit` applied to every tensor's shape and bytes.
-fn reshaped(src: &Path, dst: &Path, edit: impl Fn(&str, &mut Vec<usize>, &mut Vec<u8>)) {
-    let bytes = std::fs::read(src).unwrap();
-    let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let data: HashMap<String, (safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| {
-            let (mut shape, mut data) = (v.shape().to_vec(), v.data().to_vec());
-            edit(&n, &mut shape, &mut data);
-            (n, (v.dtype(), shape, data))
-        })
-        .collect();
-    let views: Vec<(String, TensorView<'_>)> = data
-        .iter()
-        .map(|(n, (d, s, b))| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
-        .collect();
-    let out = safetensors::tensor::serialize(views, header.metadata().clone()).unwrap();
-    std::fs::write(dst, out).unwrap();
-}
-
 #[test]
 fn a_dump_with_transformers_batch_dimension_is_read_as_unbatched() {
     let tmp = tempfile::tempdir().unwrap();
     let good = convert(tmp.path());
     let batched = tmp.path().join("batched.safetensors");
-    reshaped(&reference(0), &batched, |_, s, _| s.insert(0, 1));
+    common::rewrite_safetensors(&reference(0), &batched, |_, s, _| s.insert(0, 1));
     let plain = kiln_verify::dump::Dump::load(&reference(0)).unwrap();
     let b = kiln_verify::dump::Dump::load(&batched).unwrap();
     assert_eq!(b.input_ids, plain.input_ids);
@@ -539,7 +516,7 @@ fn a_dump_with_transformers_batch_dimension_is_read_as_unbatched() {
     // A batch of two prompts (the logits given twice) is refused, naming the tensor and its
     // shape.
     let two = tmp.path().join("two.safetensors");
-    reshaped(&reference(0), &two, |n, s, d| {
+    common::rewrite_safetensors(&reference(0), &two, |n, s, d| {
         if n == "logits" {
             s.insert(0, 2);
             d.extend_from_within(..);

@@ -2,13 +2,11 @@
 //! reference's fault (exit 2 naming it), never the model's (exit 1); devices and FIFOs named
 //! as inputs are refused at once; `--save-logits` never replaces what the run reads.
 
-use std::collections::HashMap;
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-use safetensors::tensor::TensorView;
-use safetensors::SafeTensors;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -59,21 +57,12 @@ fn stderr(o: &Output) -> String {
 
 /// Rewrite a safetensors file with `edit` applied to one tensor's bytes.
 fn rewrite(src: &Path, dst: &Path, tensor: &str, edit: impl FnOnce(&mut Vec<u8>)) {
-    let bytes = std::fs::read(src).unwrap();
-    let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let mut data: HashMap<String, (safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
-        .collect();
-    edit(&mut data.get_mut(tensor).unwrap().2);
-    let views: Vec<(String, TensorView<'_>)> = data
-        .iter()
-        .map(|(n, (d, s, b))| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
-        .collect();
-    let out = safetensors::tensor::serialize(views, header.metadata().clone()).unwrap();
-    std::fs::write(dst, out).unwrap();
+    let mut edit = Some(edit);
+    common::rewrite_safetensors(src, dst, |name, _, bytes| {
+        if name == tensor {
+            (edit.take().expect("one tensor of that name"))(bytes);
+        }
+    });
 }
 
 #[test]
