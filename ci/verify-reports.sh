@@ -9,7 +9,12 @@
 # - perplexity gates pass when generous and fail (exit 1, the gate named) when not;
 # - the HTML reports render in a real browser (Debian's chromium, installed if missing):
 #   the layers page has one chart point per activation site in each of its two charts, the
-#   perplexity page one histogram bar per bin, and a screenshot of each is taken.
+#   perplexity page one histogram bar per bin, and a screenshot of each is taken;
+# - every JUnit file written (layers, perplexity, integrity, diff; passing and failing) is valid
+#   against the JUnit schema: Maven Surefire's junit-10.xsd, the one Jenkins reads, taken from
+#   the copy pytest's source distribution on PyPI carries for its own JUnit tests (fetched once
+#   into target/cache), with the xmlschema package; and the schema does refuse a test case
+#   without a name, so the check can fail.
 #
 # Ends with an "N passed, N failed" line; exit status 1 if any check failed.
 set -euo pipefail
@@ -123,7 +128,38 @@ failing = [c.get("name") for c in root.iter("testcase") if c.find("failure") is 
 assert failing == ["--max-kld"], failing
 PY
 
-# 4. The reports in a real browser.
+# 4. Every JUnit file against the JUnit schema.
+check "integrity: passes (exit 0) with a JUnit file" status 0 "$bin/kiln-verify" integrity \
+    "$acc/q8_0.kiln" --junit "$out/integrity.xml"
+check "diff: q8_0 against q4_0-cal passes (exit 0) with a JUnit file" status 0 "$bin/kiln-verify" diff \
+    "$acc/q8_0.kiln" "$acc/q4_0-cal.kiln" --junit "$out/diff.xml"
+xsd_dir=target/cache/junit-xsd
+xsd="$xsd_dir/junit-10.xsd"
+if [ ! -s "$xsd" ]; then
+    mkdir -p "$xsd_dir"
+    "$py" -m pip download --quiet --no-deps --no-binary :all: pytest==8.4.2 -d "$xsd_dir" > /dev/null
+    "$py" - "$xsd_dir/pytest-8.4.2.tar.gz" "$xsd" <<'PY'
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    data = t.extractfile("pytest-8.4.2/testing/example_scripts/junit-10.xsd").read()
+open(sys.argv[2] + ".tmp", "wb").write(data)
+import os
+os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+PY
+fi
+valid() {  # valid FILE.xml: the file is valid against the JUnit schema
+    "$py" - "$xsd" "$1" <<'PY'
+import sys, xmlschema
+xmlschema.XMLSchema(sys.argv[1]).validate(sys.argv[2])
+PY
+}
+for f in layers bad ppl ppl-strict integrity diff; do
+    check "JUnit schema: $f.xml is valid" valid "$out/$f.xml"
+done
+sed 's/<testcase name="[^"]*"/<testcase/' "$out/layers.xml" > "$out/unnamed.xml"
+check "JUnit schema: refuses a test case without a name" status 1 valid "$out/unnamed.xml"
+
+# 5. The reports in a real browser.
 browser() {
     chromium --headless --no-sandbox --disable-gpu --hide-scrollbars "$@" 2> /dev/null
 }

@@ -45,7 +45,7 @@ pub struct Config {
     pub rope_scaling: Option<RopeScaling>,
     /// Output projection shares the embedding matrix.
     pub tie_word_embeddings: bool,
-    /// q/k/v projections have biases (Qwen2).
+    /// q/k/v projections have biases (Qwen2, GLM-4, GLM).
     pub attention_bias: bool,
     /// Sliding-window attention span, if any (Mistral).
     pub sliding_window: Option<usize>,
@@ -55,7 +55,7 @@ pub struct Config {
     pub eos_token_ids: Vec<u32>,
     /// Per-head RMSNorm of queries and keys before RoPE (Qwen3, Gemma 3).
     pub qk_norm: bool,
-    /// Norms on the attention and MLP outputs before the residual adds (Gemma 3).
+    /// Norms on the attention and MLP outputs before the residual adds (Gemma 3, GLM-4).
     pub post_norms: bool,
     /// How norm weights apply (`(1 + w)` for Gemma, folded into the weights at load).
     pub norm_style: NormStyle,

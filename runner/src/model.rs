@@ -1,10 +1,11 @@
 //! The decoder, written once over a handful of operations.
 //!
-//! Llama, Mistral, Qwen2, Qwen3 and Gemma 3 differ only by [`Config`] (biases, q/k norms,
-//! post-attention and post-MLP norms, per-layer sliding windows and RoPE bases, the MLP's
-//! activation, embedding and score scales, tied embeddings), and every weight encoding goes
-//! through the same [`matmul`]: there is one forward pass. A feature a family lacks costs a
-//! branch per layer. A [`Model`] borrows its weights from the file; a [`Session`] owns what one
+//! Every family (Llama, Mistral, Qwen2, Qwen3, Gemma 3, Phi-3, GLM-4, GLM) differs only by
+//! [`Config`] (biases, q/k norms, post-attention and post-MLP norms, per-layer sliding windows
+//! and RoPE bases, partial rotary and its pairing, LongRoPE, the MLP's activation, embedding and
+//! score scales, tied embeddings; Phi-3's and GLM's fused projections are stored split), and
+//! every weight encoding goes through the same [`matmul`]: there is one forward pass. A
+//! feature a family lacks costs a branch per layer. A [`Model`] borrows its weights from the file; a [`Session`] owns what one
 //! conversation needs (KV cache, rope tables, scratch buffers, thread pool), all allocated when
 //! it is created. [`Session::forward`] runs a batch of tokens (the whole prompt as a
 //! matrix–matrix product, or one token when decoding) and reports activations to an optional

