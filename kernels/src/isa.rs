@@ -74,6 +74,46 @@ pub fn supported_isas() -> Vec<Isa> {
         .collect()
 }
 
+/// The environment variable naming the tiers a test run must cover, comma-separated
+/// [`Isa::name`]s (`avx512,avx2` on an AVX-512 CI machine, `neon` under aarch64 emulation);
+/// the scalar tier is always covered. See [`tested_isas`].
+pub const EXPECT_TIERS_ENV: &str = "KILN_EXPECT_TIERS";
+
+/// The tiers named in `expected` (comma-separated [`Isa::name`]s; empty items ignored) that
+/// are not in `supported`, or the first name that is no tier.
+pub fn missing_tiers(expected: &str, supported: &[Isa]) -> Result<Vec<Isa>, String> {
+    let mut missing = Vec::new();
+    for name in expected.split(',').filter(|n| !n.trim().is_empty()) {
+        let isa = Isa::from_name(name).ok_or_else(|| format!("{name:?} is not a tier"))?;
+        if !supported.contains(&isa) && !missing.contains(&isa) {
+            missing.push(isa);
+        }
+    }
+    Ok(missing)
+}
+
+/// Every tier the tests run here: [`supported_isas`], after checking [`EXPECT_TIERS_ENV`].
+/// Panics when it names a tier this CPU or build does not support (or a name that is no tier),
+/// so that a test run which expects a tier fails instead of quietly testing fewer; every test
+/// that loops over tiers, or skips one, asks this.
+pub fn tested_isas() -> Vec<Isa> {
+    let supported = supported_isas();
+    if let Ok(expected) = std::env::var(EXPECT_TIERS_ENV) {
+        let names = |l: &[Isa]| l.iter().map(|i| i.name()).collect::<Vec<_>>().join(", ");
+        match missing_tiers(&expected, &supported) {
+            Ok(missing) if missing.is_empty() => {}
+            Ok(missing) => panic!(
+                "{EXPECT_TIERS_ENV}={expected:?} expects {}, which this CPU or build does not \
+                 support (it supports {}): run on a machine that has them, or change the list",
+                names(&missing),
+                names(&supported)
+            ),
+            Err(e) => panic!("{EXPECT_TIERS_ENV}={expected:?}: {e}"),
+        }
+    }
+    supported
+}
+
 /// The best tier this CPU supports, ignoring [`ISA_ENV`].
 pub fn best_isa() -> Isa {
     supported_isas().into_iter().max().unwrap_or(Isa::Scalar)
@@ -139,6 +179,18 @@ mod tests {
         let (isa, warning) = resolve(Some("avx512"), &[Isa::Scalar, Isa::Avx2]);
         assert_eq!(isa, Isa::Avx2);
         assert!(warning.unwrap().contains("avx512"));
+    }
+
+    #[test]
+    fn expected_tiers_missing_from_the_supported_ones_are_named() {
+        let x86 = [Isa::Scalar, Isa::Avx2];
+        assert_eq!(missing_tiers("avx2", &x86), Ok(vec![]));
+        assert_eq!(missing_tiers("", &x86), Ok(vec![]));
+        assert_eq!(missing_tiers("avx512, avx2", &x86), Ok(vec![Isa::Avx512]));
+        assert_eq!(missing_tiers("neon,neon", &x86), Ok(vec![Isa::Neon]));
+        assert!(missing_tiers("avx2,sse9", &x86)
+            .unwrap_err()
+            .contains("sse9"));
     }
 
     #[test]

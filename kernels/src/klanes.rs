@@ -25,8 +25,9 @@
 //! [`crate::reference::dot_q4_k_q8_k_ref`] and its siblings. So a batch through the K-quant
 //! lanes kernel gives every token the reference's bits, the same bits the one-token tiles give
 //! it (unlike the Q4_0/Q8_0 lanes kernels, whose reference order differs from their one-token
-//! tiles'), in every tier and at any thread count. [`ktile_ref`] is the scalar statement of the
-//! kernel over these layouts, which the SIMD kernels are tested against.
+//! tiles'), in every tier and at any thread count. [`crate::reference::klanes::ktile_ref`] is
+//! the scalar statement of the kernel over these layouts, which the SIMD kernels are tested
+//! against. The product that runs them is [`crate::matmul`]'s.
 //!
 //! Each weight row is unpacked once per product, a super-block at a time ([`KLaneRow`], 384
 //! bytes for 256 weights), and the activations transposed once per product into
@@ -42,17 +43,11 @@
 //! `vpdpbusd` count for Q4_K, a quarter for Q6_K) and eight accumulators per (row, token)
 //! kept in memory.
 
-use std::cell::RefCell;
-
-use kiln_format::kquants::{q5_k_codes, q6_k_codes};
+use kiln_format::kquants::{q5_k_codes, q6_k_codes, K_SCALE_SIZE};
 use kiln_format::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 
-use crate::dispatch::TILE_ROWS;
-use crate::kquant::scales_mins_k4;
 use crate::lanes::{LanesAcc, LANES};
-use crate::matmul::{per_token, run_chunks, LANES_ROW_CHUNK};
-use crate::pool::Pool;
-use crate::reference::BLOCK_LANES;
+use crate::tile::TILE_ROWS;
 
 /// Sub-blocks of sixteen codes in a super-block (Q8_K's `bsums`).
 pub(crate) const KSUBS: usize = QK_K / 16;
@@ -129,6 +124,31 @@ impl KLaneRow {
         d: 0.0,
         dmin: 0.0,
     };
+}
+
+/// Q4_K/Q5_K's eight 6-bit scales and eight 6-bit mins unpacked from their 12 bytes at once
+/// (GGML's word-wise unpacking): the same values as
+/// [`kiln_format::kquants::scale_min_k4`] for `j` in 0..8.
+#[inline(always)]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) fn scales_mins_k4(s: &[u8; K_SCALE_SIZE]) -> ([u8; 8], [u8; 8]) {
+    const K1: u32 = 0x3f3f_3f3f;
+    const K2: u32 = 0x0f0f_0f0f;
+    const K3: u32 = 0x0303_0303;
+    let u = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (u0, u1, u2) = (u(0), u(1), u(2));
+    let sc_lo = u0 & K1;
+    let sc_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4);
+    let m_lo = u1 & K1;
+    let m_hi = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4);
+    let cat = |a: u32, b: u32| {
+        let (a, b) = (a.to_le_bytes(), b.to_le_bytes());
+        [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
+    };
+    (cat(sc_lo, sc_hi), cat(m_lo, m_hi))
 }
 
 /// A pair of i16 as one 32-bit lane, the first in the low half (`vpdpwssd`'s order).
@@ -215,59 +235,10 @@ impl KLaneWeight for BlockQ6K {
 /// tokens (`x0`), or two (`x1` too), adding the block's term to `acc[r][g][t]`.
 ///
 /// The caller adds super-block `b`'s terms into its accumulator `b % 8` and sums the eight with
-/// [`crate::reference::sum_lanes8`]; every tier's kernel adds exactly [`ktile_ref`]'s term, so
-/// the result is the scalar reference dot's bits.
+/// [`crate::reference::sum_lanes8`]; every tier's kernel adds exactly
+/// [`crate::reference::klanes::ktile_ref`]'s term, so the result is the scalar reference dot's bits.
 pub(crate) type KLanesFn =
     fn(KKind, &[&KLaneRow; TILE_ROWS], &KLaneBlock, Option<&KLaneBlock>, &mut LanesAcc);
-
-/// The exact integer sums of one unpacked super-block against one token (lane `t` of `x`):
-/// `(isum, mins)` of [`crate::reference::term_k`] for [`KKind::Affine`] (the sums of
-/// [`crate::reference::isum_q4_k`]), `(isum, 0)` of [`crate::reference::term_q6_k`] for
-/// [`KKind::Offset`] (the offset's term already in `isum`, [`crate::reference::isum_q6_k`]).
-#[cfg(test)]
-pub(crate) fn ints_ref(kind: KKind, w: &KLaneRow, x: &KLaneBlock, t: usize) -> (i32, i32) {
-    let sub = kind.sub();
-    let mut isum = 0i32;
-    for s in 0..QK_K / sub {
-        let dot: i32 = (s * sub..(s + 1) * sub)
-            .map(|j| i32::from(w.codes[j]) * i32::from(x.codes[j / 4][t][j % 4]))
-            .sum();
-        isum += w.scales[s] * dot;
-    }
-    let pairs: i32 = (0..KSUBS / 2)
-        .map(|k| {
-            let (p, b) = (w.pairs[k], x.bsums[k][t]);
-            i32::from(p[0]) * i32::from(b[0]) + i32::from(p[1]) * i32::from(b[1])
-        })
-        .sum();
-    match kind {
-        KKind::Affine => (isum, pairs),
-        KKind::Offset => (isum + pairs, 0),
-    }
-}
-
-/// The scalar statement of [`KLanesFn`]: each (row, token)'s term from [`ints_ref`], formed as
-/// the reference forms it, added to `acc`.
-#[cfg(test)]
-pub(crate) fn ktile_ref(
-    kind: KKind,
-    rows: &[&KLaneRow; TILE_ROWS],
-    x0: &KLaneBlock,
-    x1: Option<&KLaneBlock>,
-    acc: &mut LanesAcc,
-) {
-    for (g, x) in std::iter::once(x0).chain(x1).enumerate() {
-        for (w, acc) in rows.iter().zip(acc.iter_mut()) {
-            for (t, a) in acc[g].iter_mut().enumerate() {
-                let ints = ints_ref(kind, w, x, t);
-                *a += match kind {
-                    KKind::Affine => crate::reference::term_k(w.d, w.dmin, x.dx[t], ints),
-                    KKind::Offset => crate::reference::term_q6_k(w.d, x.dx[t], ints.0),
-                };
-            }
-        }
-    }
-}
 
 /// Transpose up to sixteen tokens' Q8_K rows (`xq`, `nb` super-blocks each) into `out` (`nb`
 /// super-blocks); missing tokens are zero lanes.
@@ -288,138 +259,11 @@ pub(crate) fn prepare_kgroup(xq: &[BlockQ8K], nb: usize, out: &mut [KLaneBlock])
     }
 }
 
-thread_local! {
-    /// The calling thread's Q8_K activations transposed for the K-quant lanes kernel.
-    static ACT_KLANES: RefCell<Vec<KLaneBlock>> = const { RefCell::new(Vec::new()) };
-    /// A worker's unpacked super-block of a chunk's rows, and its running sums:
-    /// `acc[(lane·pairs + p)·row_tiles + rt]` for accumulator `lane` (super-blocks `b` with
-    /// `b % 8 == lane`), pair of token groups `p` and four-row tile `rt`.
-    static KLANES_SCRATCH: RefCell<(Vec<KLaneRow>, Vec<LanesAcc>)> =
-        const { RefCell::new((Vec::new(), Vec::new())) };
-}
-
-/// K-quant rows (`ws[i]`: `(blocks, rows)`, `nb` super-blocks a row) against every token's
-/// Q8_K row (`xq`) through the lanes `kernel`: the activations transposed once, then
-/// [`LANES_ROW_CHUNK`] rows a task (see [`klanes_chunk`]).
-pub(crate) fn run_klanes<W: KLaneWeight + Sync>(
-    ws: &[(&[W], usize)],
-    nb: usize,
-    xq: &[BlockQ8K],
-    n_tokens: usize,
-    outs: &mut [&mut [f32]],
-    pool: &Pool,
-    kernel: KLanesFn,
-) {
-    ACT_KLANES.with_borrow_mut(|xl| {
-        xl.clear();
-        xl.resize(n_tokens.div_ceil(LANES) * nb, KLaneBlock::ZERO);
-        per_token(pool, xl, nb, |g, o| {
-            let t1 = n_tokens.min((g + 1) * LANES);
-            prepare_kgroup(&xq[g * LANES * nb..t1 * nb], nb, o)
-        });
-        let xl = &*xl;
-        run_chunks(
-            ws,
-            n_tokens,
-            outs,
-            pool,
-            LANES_ROW_CHUNK,
-            |w, r0, r1, outs| {
-                klanes_chunk(
-                    &w[r0 * nb..r1 * nb],
-                    nb,
-                    r1 - r0,
-                    xl,
-                    n_tokens,
-                    outs,
-                    kernel,
-                )
-            },
-        );
-    })
-}
-
-/// The `rows` rows of a chunk (`w`, `nb` super-blocks each) against every token group of `xl`
-/// (`nb` super-blocks each) through the K-quant lanes `kernel`.
-///
-/// Super-block after super-block: its column of the chunk's rows is unpacked once (24 KiB
-/// for 64 rows) and meets every pair of token groups' super-block (9 KiB), in L1 across the
-/// chunk's sixteen four-row tiles, so the activations stream from memory once per chunk. The
-/// terms go to the accumulator of the super-block's index modulo eight (the reference's
-/// order), whose running sums wait in a per-thread buffer; the eight are summed in
-/// [`crate::reference::sum_lanes8`]'s tree at the end.
-fn klanes_chunk<W: KLaneWeight>(
-    w: &[W],
-    nb: usize,
-    rows: usize,
-    xl: &[KLaneBlock],
-    n_tokens: usize,
-    outs: &mut [&mut [f32]],
-    kernel: KLanesFn,
-) {
-    let row_tiles = rows.div_ceil(TILE_ROWS);
-    let groups = n_tokens.div_ceil(LANES);
-    let pairs = groups.div_ceil(2);
-    let per_lane = pairs * row_tiles;
-    KLANES_SCRATCH.with_borrow_mut(|(unpacked, acc)| {
-        acc.clear();
-        acc.resize(BLOCK_LANES * per_lane, [[[0.0; LANES]; 2]; TILE_ROWS]);
-        unpacked.resize(row_tiles * TILE_ROWS, KLaneRow::ZERO);
-        for b in 0..nb {
-            // Rows past the chunk's last (a short chunk) repeat it; their sums are dropped.
-            for (i, u) in unpacked.iter_mut().enumerate() {
-                w[i.min(rows - 1) * nb + b].unpack_into(u);
-            }
-            let acc = &mut acc[(b % BLOCK_LANES) * per_lane..][..per_lane];
-            for (p, acc) in acc.chunks_exact_mut(row_tiles).enumerate() {
-                let g = 2 * p;
-                let x0 = &xl[g * nb + b];
-                let x1 = (g + 1 < groups).then(|| &xl[(g + 1) * nb + b]);
-                for (rt, acc) in acc.iter_mut().enumerate() {
-                    let wr: [&KLaneRow; TILE_ROWS] =
-                        std::array::from_fn(|j| &unpacked[rt * TILE_ROWS + j]);
-                    kernel(W::KIND, &wr, x0, x1, acc);
-                }
-            }
-        }
-        // Each (row, token): its eight accumulators summed in the reference's tree, a whole
-        // (row tile, pair) at a time (element-wise over arrays, which vectorizes), then
-        // transposed into the outputs.
-        for p in 0..pairs {
-            for rt in 0..row_tiles {
-                let i = p * row_tiles + rt;
-                let a = |k: usize| &acc[k * per_lane + i];
-                let mut sum: LanesAcc = [[[0.0; LANES]; 2]; TILE_ROWS];
-                for (j, s) in sum.iter_mut().enumerate() {
-                    for (g, s) in s.iter_mut().enumerate() {
-                        for (l, s) in s.iter_mut().enumerate() {
-                            let v = |k: usize| a(k)[j][g][l];
-                            *s = ((v(0) + v(4)) + (v(2) + v(6))) + ((v(1) + v(5)) + (v(3) + v(7)));
-                        }
-                    }
-                }
-                for g in 0..2 {
-                    let t0 = (2 * p + g) * LANES;
-                    let t1 = n_tokens.min(t0 + LANES);
-                    if t0 >= t1 {
-                        break;
-                    }
-                    for (l, o) in outs[t0..t1].iter_mut().enumerate() {
-                        let o = &mut o[rt * TILE_ROWS..rows.min((rt + 1) * TILE_ROWS)];
-                        for (v, s) in o.iter_mut().zip(&sum) {
-                            *v = s[g][l];
-                        }
-                    }
-                }
-            }
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::reference as r;
+    use crate::reference::klanes::ktile_ref;
     use half::f16;
     use proptest::prelude::*;
 
@@ -468,7 +312,7 @@ mod tests {
             prop_assert_eq!(b.unpack().codes, kiln_format::kquants::q4_k_codes(&b));
         }
 
-        /// The unpacked layouts and [`ktile_ref`] give the reference dot's bits for one block,
+        /// The unpacked layouts and `ktile_ref` give the reference dot's bits for one block,
         /// for every encoding, with the tokens past the batch zero.
         #[test]
         fn ktile_ref_is_the_reference_dot(
@@ -497,7 +341,7 @@ mod tests {
             check(&q6, &xs, r::dot_q6_k_q8_k_ref);
         }
 
-        /// Every tier's K-quant lanes kernel adds [`ktile_ref`]'s terms, bit for bit, for one
+        /// Every tier's K-quant lanes kernel adds `ktile_ref`'s terms, bit for bit, for one
         /// group and two, onto running sums, for both kinds (four different rows each).
         #[test]
         fn every_tier_kernel_matches_ktile_ref(
@@ -539,7 +383,7 @@ mod tests {
                 });
                 let mut want = start;
                 ktile_ref(kind, &wr, &x[0], Some(&x[1]), &mut want);
-                for isa in crate::supported_isas() {
+                for isa in crate::tested_isas() {
                     let Some(kernel) = crate::kernels(isa).and_then(|k| k.klanes) else {
                         continue;
                     };
@@ -557,6 +401,16 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn word_wise_scale_unpacking_matches_the_format(s in prop::array::uniform12(any::<u8>())) {
+            let (sc, m) = scales_mins_k4(&s);
+            for j in 0..8 {
+                prop_assert_eq!((sc[j], m[j]), kiln_format::kquants::scale_min_k4(j, &s), "j {}", j);
             }
         }
     }

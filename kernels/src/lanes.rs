@@ -1,5 +1,6 @@
 //! Prefill with tokens in vector lanes: the layouts behind the lanes kernels of the tiers that
-//! have one (AVX-512 for block weights; AVX-512 and AVX2 for float weights).
+//! have one (AVX-512 and AVX2, whose block lanes kernel [`crate::plan`] gives Q8_0 weights only,
+//! for block weights; AVX-512 and AVX2 for float weights).
 //!
 //! A block-weight product for one token costs a horizontal layout: each integer dot leaves
 //! partial sums in lanes that must be scaled and added per block. With sixteen tokens side by
@@ -15,20 +16,21 @@
 //! [`LaneBlock`]s for block weights (`codes[g][t]`: codes `4g..4g+4` of token `t`), into
 //! `x[c][t]` rows for float weights. Each weight row is unpacked once per product, into
 //! unsigned bytes (`w + OFFSET`) and an f32 scale per block ([`LaneWeight`]), or widened to
-//! f32 ([`LaneFloat`]) a block of columns at a time, and every token group of the batch then
+//! f32 (`matmul`'s `LaneFloat`) a block of columns at a time, and every token group of the batch then
 //! reads it.
 //!
 //! For block weights each block's integer sum is exact and the float work per block is the
 //! scalar reference's (`s + isum·(d_w·d_x)`, block after block), so the lanes kernel gives the
 //! reference's bits. For float weights each sum is one chain of fused multiply-adds in column
-//! order ([`crate::reference::float_lanes_ref`]), in every tier that has the kernel. The one-token tiles sum in a different order (partial sums per lane,
-//! added at the end), so a token's result in a batch that takes the lanes kernels
-//! ([`crate::LANES_MIN_TOKENS`], [`crate::FLOAT_LANES_MIN_TOKENS`]) may differ from the same
-//! token alone in the last bits, as any two float summation orders do.
+//! order ([`crate::reference::float_lanes_ref`]), in every tier that has the kernel. The
+//! one-token tiles sum in a different order (partial sums per lane, added at the end), so a
+//! token's result in a batch that takes the lanes kernels ([`crate::Path::Lanes`],
+//! [`crate::Path::FloatLanes`]) may differ from the same token alone in the last bits, as any
+//! two float summation orders do.
 
 use kiln_format::{BlockQ4_0, BlockQ8_0, QK};
 
-use crate::dispatch::{Kernels, TILE_ROWS};
+use crate::tile::TILE_ROWS;
 
 /// Tokens per lane group: one 512-bit vector of 32-bit lanes.
 pub(crate) const LANES: usize = 16;
@@ -93,30 +95,6 @@ pub(crate) type FloatAcc = [[f32; FLOAT_TILE]; FLOAT_ROWS];
 /// tier that has the kernel.
 pub(crate) type FloatLanesFn =
     fn(&[&[f32]; FLOAT_ROWS], &[[f32; FLOAT_TILE]], usize, &mut FloatAcc);
-
-/// A float encoding widened to f32 for the float lanes kernel (exact for f16 and bf16).
-pub(crate) trait LaneFloat: Copy {
-    /// `dst[i] = src[i]` as f32 with `k`'s kernels; the lengths are equal.
-    fn widen(k: &Kernels, src: &[Self], dst: &mut [f32]);
-}
-
-impl LaneFloat for f32 {
-    fn widen(_: &Kernels, src: &[f32], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
-    }
-}
-
-impl LaneFloat for half::f16 {
-    fn widen(k: &Kernels, src: &[half::f16], dst: &mut [f32]) {
-        k.widen_f16(src, dst)
-    }
-}
-
-impl LaneFloat for half::bf16 {
-    fn widen(k: &Kernels, src: &[half::bf16], dst: &mut [f32]) {
-        k.decode_bf16(bytemuck::cast_slice(src), dst)
-    }
-}
 
 /// Transpose up to [`FLOAT_TILE`] tokens' rows (`x`, `cols` each) into `out[c][t]`; missing
 /// tokens are zero lanes.

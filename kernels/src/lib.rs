@@ -14,16 +14,35 @@
 //!   [`quantize_blocks`] (GGML's reference Q8_0/Q4_0 rule with the round trip's [`ErrorStats`]
 //!   computed in the same pass, the same bits in every tier).
 //! - [`isa`] is the instruction-set tier in use: the best the CPU has ([`Isa::Avx512`],
-//!   [`Isa::Avx2`], [`Isa::Scalar`]), lowered by the `KILN_ISA` environment variable. Each tier
-//!   is a [`Kernels`] table; [`kernels`] returns any supported tier's table so tests can compare
+//!   [`Isa::Avx2`], [`Isa::Neon`], [`Isa::Scalar`]), lowered by the `KILN_ISA` environment
+//!   variable ([`ISA_ENV`]; an unknown or unsupported name is ignored with a warning). Each tier
+//!   is a [`Kernels`] table of function pointers; [`active`] is the table of [`isa`], chosen
+//!   once per process, and [`kernels`] returns any supported tier's table, so tests can compare
 //!   every tier against the [`reference`](mod@reference) kernels on one machine.
+//! - [`plan`] names the product a matrix gets for a batch as a [`Path`] (tiles over some
+//!   [`Operand`], the block, K-quant or float lanes kernels, the interleaved kernel); every
+//!   threshold of that choice is there, and [`matmul`], [`scores`], the tests and
+//!   `kiln-run bench --verbose` all ask it.
 //!
-//! Module map: `reference` (the scalar spec), `dispatch` (the table and the safe, length-checking
-//! entry points), `simd::{avx2, avx512}` (the `#[target_feature]` kernels), `kquant` and
-//! `simd::kquant_x86` (Q5_0, Q5_1 and K-quant tiles), `lanes` and `klanes` (prefill with
-//! tokens in vector lanes: block and float weights, K-quants), `matmul` (tiling and
-//! threading), `isa` (detection), `stats` ([`ErrorStats`], whose order of additions the
-//! quantization kernels share), `pool`, `matrix`, `error`.
+//! Module map, in layers: a module imports only from layers below its own (unit tests
+//! excepted: they reach every tier through `dispatch`).
+//!
+//! 1. Leaves: `isa` (tiers and their detection), `error`, `stats` ([`ErrorStats`], whose order
+//!    of additions the quantization kernels share), `stream` (prefetch distances), `pool`,
+//!    `matrix`, `shape` (the argument checks every tier's entry points share).
+//! 2. Operand layouts and kernel types: `tile` ([`TILE_ROWS`], the tile kernel types),
+//!    `lanes` (tokens in lanes for block and float weights), `klanes` (the same for K-quants),
+//!    `interleaved` (sixteen-row Q4_0).
+//! 3. The spec: `reference` (every scalar `*_ref`; `reference::kblock`: the Q5/K-quant
+//!    block pairing, its dot and the reference tile; `reference::klanes`: the K-quant lanes
+//!    kernel over its layouts), and `approx` (the polynomial `exp` the SIMD tiers share).
+//! 4. `kquant`: the Q5/K-quant tile tables and the generic tile the tiers instantiate.
+//! 5. `table`: [`Kernels`], the scalar tier's table, the safe length-checking entry points.
+//! 6. The tiers, each building a [`Kernels`] table: `simd::x86::{avx2, avx512, …}` and
+//!    `simd::aarch64::{neon, kquant}`, over the portable helpers in `simd`.
+//! 7. Selection: `dispatch` ([`kernels`], [`active`]).
+//! 8. Products: `plan`, `matmul` (row chunks over the [`Pool`], tiles and the lanes kernels;
+//!    `matmul::kquant`: the Q5_1 and K-quant products), `scores`.
 
 mod approx;
 mod dispatch;
@@ -35,12 +54,16 @@ mod kquant;
 mod lanes;
 mod matmul;
 mod matrix;
+mod plan;
 mod pool;
 pub mod reference;
 mod scores;
+mod shape;
 mod simd;
 mod stats;
 pub mod stream;
+mod table;
+mod tile;
 
 pub use half::{bf16, f16};
 pub use kiln_format::{
@@ -48,17 +71,22 @@ pub use kiln_format::{
     BlockQ8_0, GROUP_ROWS, QK, QK_K,
 };
 
-pub use dispatch::{active, kernels, Kernels, TILE_ROWS};
+pub use dispatch::{active, kernels};
 pub use error::KernelError;
-pub use isa::{best_isa, isa, supported_isas, Isa, ISA_ENV};
-pub use matmul::{
-    matmul, matmul_many, FLOAT_LANES_MIN_TOKENS, INTERLEAVED_LANES_MIN_TOKENS, KLANES_MIN_TOKENS,
-    LANES_MIN_TOKENS, ROW_CHUNK,
+pub use isa::{
+    best_isa, isa, missing_tiers, supported_isas, tested_isas, Isa, EXPECT_TIERS_ENV, ISA_ENV,
 };
+pub use matmul::{matmul, matmul_many, ROW_CHUNK};
 pub use matrix::{Matrix, OwnedWeights, WeightData};
+pub use plan::{
+    plan, Operand, Path, FLOAT_LANES_MIN_TOKENS, INTERLEAVED_LANES_MIN_TOKENS, KLANES_MIN_TOKENS,
+    LANES_MIN_TOKENS,
+};
 pub use pool::{cap_threads, max_threads, Pool};
 pub use scores::scores;
 pub use stats::ErrorStats;
+pub use table::Kernels;
+pub use tile::TILE_ROWS;
 
 /// HF `LlamaRMSNorm` of one row in f32: `out = x / sqrt(mean(x²) + eps) · weight`.
 pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {

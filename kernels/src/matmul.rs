@@ -10,28 +10,31 @@
 //! accumulators and one store, which on a small model's short rows (576 columns: nine block
 //! pairs per row) cost about a fifth of decode time.
 //!
-//! Batches of [`LANES_MIN_TOKENS`] tokens or more (block weights; [`FLOAT_LANES_MIN_TOKENS`]
-//! for float weights) go through the tier's lanes kernels where it has them (AVX-512; see
-//! [`crate::lanes`]): sixteen tokens per vector, each weight row
-//! unpacked or widened once per product. Below that size a token's result does not depend on
-//! the other tokens of the batch; at or above it, it is the scalar reference's for block
-//! weights and the lanes kernel's own fixed order for float weights, which differ from the
-//! one-token tiles' in the last bits. K-quant batches of [`KLANES_MIN_TOKENS`] or more take
-//! the tier's K-quant lanes kernel where it has one (AVX-512, AVX2; see [`crate::klanes`]),
-//! which gives the reference's bits, as the one-token tiles do.
+//! Which product a batch gets (tiles, the lanes kernels, the interleaved kernel) is
+//! [`crate::plan`]'s decision, named by a [`Path`]; [`Kernels::matmul_many`] asks for it once
+//! per encoding and runs it. A token's bits depend on the path: the tiles give it the bits it
+//! gets alone, the block and float lanes kernels the scalar reference's and the float lanes
+//! reference's (which differ from the one-token tiles' in the last bits), the interleaved and
+//! K-quant paths the reference's, as the tiles do for those encodings. The K-quant products
+//! are in [`kquant`](self::kquant).
 
 use std::cell::RefCell;
 
 use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 
-use crate::dispatch::{active, Kernels, Prepared, PreparedPair, Tile, TILE_ROWS, WIDE_ROWS};
+use crate::dispatch::active;
 use crate::interleaved::{deinterleave_chunk, prepare_group_x, unpack_interleaved_row, GroupX};
 use crate::lanes::{
-    prepare_float_tile, prepare_group, unpack_row, FloatAcc, FloatLanesFn, LaneBlock, LaneFloat,
-    LaneWeight, LanesAcc, LanesFn, FLOAT_ROWS, FLOAT_TILE, LANES,
+    prepare_float_tile, prepare_group, unpack_row, FloatAcc, FloatLanesFn, LaneBlock, LaneWeight,
+    LanesAcc, LanesFn, FLOAT_ROWS, FLOAT_TILE, LANES,
 };
 use crate::matrix::{Matrix, WeightData};
+use crate::plan::{plan, Path};
 use crate::pool::Pool;
+use crate::table::Kernels;
+use crate::tile::{Prepared, PreparedPair, Tile, TILE_ROWS, WIDE_ROWS};
+
+mod kquant;
 
 const ZERO_Q8_0: BlockQ8_0 = BlockQ8_0 {
     d: half::f16::ZERO,
@@ -40,28 +43,6 @@ const ZERO_Q8_0: BlockQ8_0 = BlockQ8_0 {
 
 /// The most tokens any tier's multi-token tile kernel takes.
 const MAX_TILE_TOKENS: usize = 8;
-
-/// Batches of at least this many tokens multiply block weights through the tier's lanes
-/// kernel, if it has one (the AVX-512 tier), which gives the scalar reference's bits; smaller
-/// batches give each token the bits it gets alone. (From 8 tokens, half a lane group, the
-/// lanes kernel is already faster: measured at 12-token prompts.)
-pub const LANES_MIN_TOKENS: usize = 8;
-
-/// The same for interleaved Q4_0 (`q4_0x16`), whose one-token kernel leaves the lanes kernel
-/// less to win: below this many tokens it runs token by token (the chunk stays in cache
-/// between tokens). Measured on SmolLM2-135M Q4_0, one and two threads: the per-token kernel
-/// prefills 8 tokens 2.2× as fast as the lanes kernel, 16 tokens 1.4×, 32 tokens about as
-/// fast; at 64 tokens the lanes kernel is ahead (1.1× at one thread), at 128 by 1.05–1.2×.
-pub const INTERLEAVED_LANES_MIN_TOKENS: usize = 48;
-
-/// The same for K-quant weights (Q4_K, Q5_K, Q6_K) and the tier's K-quant lanes kernel (see
-/// [`crate::klanes`]). Both paths give the reference's bits, so this only chooses the faster:
-/// at 8 tokens the lanes kernel already is (1B-shape Q4_K_M pp8, two threads on a busy
-/// host: 24 tok/s through the eight-token tiles, 54 through the lanes kernel).
-pub const KLANES_MIN_TOKENS: usize = 8;
-
-/// The same for float weights and the float lanes kernel, which gains less per token.
-pub const FLOAT_LANES_MIN_TOKENS: usize = 16;
 
 /// Output rows per parallel task.
 pub const ROW_CHUNK: usize = 16;
@@ -89,6 +70,30 @@ const _: () = assert!(
 /// Weight bytes × tokens below which a product runs on the calling thread only (a few
 /// microseconds of work: less than waking the other threads and waiting for them costs).
 const PARALLEL_MIN_WORK: usize = 48 * 1024;
+
+/// A float encoding widened to f32 for the float lanes kernel (exact for f16 and bf16).
+pub(crate) trait LaneFloat: Copy {
+    /// `dst[i] = src[i]` as f32 with `k`'s kernels; the lengths are equal.
+    fn widen(k: &Kernels, src: &[Self], dst: &mut [f32]);
+}
+
+impl LaneFloat for f32 {
+    fn widen(_: &Kernels, src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl LaneFloat for half::f16 {
+    fn widen(k: &Kernels, src: &[half::f16], dst: &mut [f32]) {
+        k.widen_f16(src, dst)
+    }
+}
+
+impl LaneFloat for half::bf16 {
+    fn widen(k: &Kernels, src: &[half::bf16], dst: &mut [f32]) {
+        k.decode_bf16(bytemuck::cast_slice(src), dst)
+    }
+}
 
 /// `out[t*rows + r] = Σ_c x[t*cols + c] · W[r, c]` for `t in 0..n_tokens`, at the dispatched tier.
 ///
@@ -170,31 +175,34 @@ impl Kernels {
             };
         }
         let n = n_tokens;
+        let path = plan(self, first, n);
         match first.data {
             WeightData::F32(_) => {
                 let tile = self.tile_f32;
-                self.run_float(&all_as!(F32), x, n, outs, pool, tile)
+                self.run_float(&all_as!(F32), x, n, outs, pool, tile, path)
             }
             WeightData::F16(_) => {
                 let tile = self.tile_f16;
-                self.run_float(&all_as!(F16), x, n, outs, pool, tile)
+                self.run_float(&all_as!(F16), x, n, outs, pool, tile, path)
             }
             WeightData::BF16(_) => {
                 let tile = self.tile_bf16;
-                self.run_float(&all_as!(BF16), x, n, outs, pool, tile)
+                self.run_float(&all_as!(BF16), x, n, outs, pool, tile, path)
             }
             WeightData::Q8_0(_) => {
                 let tiles = (self.tile_q8_0, self.prepared_q8_0);
-                self.run_quantized(&all_as!(Q8_0), x, n, outs, pool, tiles)
+                self.run_quantized(&all_as!(Q8_0), x, n, outs, pool, tiles, path)
             }
             WeightData::Q4_0(_) => {
                 let tiles = (self.tile_q4_0, self.prepared_q4_0);
-                self.run_quantized(&all_as!(Q4_0), x, n, outs, pool, tiles)
+                self.run_quantized(&all_as!(Q4_0), x, n, outs, pool, tiles, path)
             }
-            WeightData::Q4_0x16(_) => self.run_interleaved(&all_as!(Q4_0x16), x, n, outs, pool),
+            WeightData::Q4_0x16(_) => {
+                self.run_interleaved(&all_as!(Q4_0x16), x, n, outs, pool, path)
+            }
             WeightData::Q5_0(_) => {
                 let tiles = (self.kq.q5_0, None);
-                self.run_quantized(&all_as!(Q5_0), x, n, outs, pool, tiles)
+                self.run_quantized(&all_as!(Q5_0), x, n, outs, pool, tiles, path)
             }
             WeightData::Q5_1(_) => {
                 let tile = self.kq.q5_1;
@@ -202,24 +210,24 @@ impl Kernels {
             }
             WeightData::Q4_K(_) => {
                 let tile = self.kq.q4_k;
-                self.run_q8_k_tiles(&all_as!(Q4_K), x, n, outs, pool, tile)
+                self.run_q8_k_tiles(&all_as!(Q4_K), x, n, outs, pool, tile, path)
             }
             WeightData::Q5_K(_) => {
                 let tile = self.kq.q5_k;
-                self.run_q8_k_tiles(&all_as!(Q5_K), x, n, outs, pool, tile)
+                self.run_q8_k_tiles(&all_as!(Q5_K), x, n, outs, pool, tile, path)
             }
             WeightData::Q6_K(_) => {
                 let tile = self.kq.q6_k;
-                self.run_q8_k_tiles(&all_as!(Q6_K), x, n, outs, pool, tile)
+                self.run_q8_k_tiles(&all_as!(Q6_K), x, n, outs, pool, tile, path)
             }
         }
     }
 
-    /// Sixteen-row interleaved Q4_0 (see [`crate::interleaved`]): through the tier's
-    /// interleaved kernel, one token at a time, where it has one and the batch is below
-    /// [`INTERLEAVED_LANES_MIN_TOKENS`]; larger batches through the lanes kernel (rows unpacked
-    /// straight from the interleaved bytes); on tiers with neither, each chunk turned back into
-    /// plain rows for the tier's Q4_0 tiles.
+    /// Sixteen-row interleaved Q4_0 (see [`crate::interleaved`]) along `path`: through the
+    /// tier's interleaved kernel, one token at a time ([`Path::Interleaved`]); through the
+    /// lanes kernel, rows unpacked straight from the interleaved bytes ([`Path::Lanes`]); or
+    /// each chunk turned back into plain rows for the tier's Q4_0 tiles
+    /// ([`Path::Deinterleaved`]).
     fn run_interleaved(
         &self,
         ws: &[(&[BlockQ4_0x16], usize)],
@@ -227,23 +235,18 @@ impl Kernels {
         n_tokens: usize,
         outs: &mut [&mut [f32]],
         pool: &Pool,
+        path: Path,
     ) {
         let cols = x.len() / n_tokens;
         let nb = cols / QK;
-        if nb == 0 {
+        if path == Path::Empty {
             outs.iter_mut().for_each(|o| o.fill(0.0));
             return;
         }
         ACT_Q8_0.with_borrow_mut(|xq| {
             self.quantize_tokens(x, cols, xq, pool);
-            let lanes =
-                self.lanes
-                    .filter(|_| !self.lanes_wide_only)
-                    .filter(|_| match self.group_q4_0x16 {
-                        Some(_) => n_tokens >= INTERLEAVED_LANES_MIN_TOKENS,
-                        None => n_tokens >= LANES_MIN_TOKENS,
-                    });
-            if let (Some(group), None) = (self.group_q4_0x16, lanes) {
+            if path == Path::Interleaved {
+                let group = self.group_q4_0x16.expect("planned for the tier's kernel");
                 return ACT_GROUP.with_borrow_mut(|gx| {
                     gx.clear();
                     gx.resize(n_tokens * nb, GroupX::ZERO);
@@ -260,7 +263,8 @@ impl Kernels {
                     })
                 });
             }
-            if let Some(k) = lanes {
+            if path == Path::Lanes {
+                let k = self.lanes.expect("planned for the tier's kernel");
                 return ACT_LANES.with_borrow_mut(|xl| {
                     transpose_tokens(xq, nb, n_tokens, BlockQ4_0::OFFSET, xl, pool);
                     run_chunks(
@@ -283,6 +287,10 @@ impl Kernels {
                     )
                 });
             }
+            assert!(
+                matches!(path, Path::Deinterleaved { .. }),
+                "interleaved q4_0 planned as {path}"
+            );
             run_chunks(ws, n_tokens, outs, pool, ROW_CHUNK, |w, r0, _, outs| {
                 let chunk = &w[r0 / GROUP_ROWS * nb..][..nb];
                 PLAIN_ROWS.with_borrow_mut(|plain| {
@@ -294,9 +302,10 @@ impl Kernels {
         })
     }
 
-    /// Float weights: batches of [`FLOAT_LANES_MIN_TOKENS`] or more through the tier's float
-    /// lanes kernel (activations transposed once, in tiles of [`FLOAT_TILE`] tokens; see
-    /// [`float_lanes_chunk`]), others through `tile`.
+    /// Float weights along `path`: through the tier's float lanes kernel
+    /// ([`Path::FloatLanes`]: activations transposed once, in tiles of [`FLOAT_TILE`] tokens;
+    /// see [`float_lanes_chunk`]) or through `tile` ([`Path::Tiles`]).
+    #[allow(clippy::too_many_arguments)]
     fn run_float<W: LaneFloat + Sync>(
         &self,
         ws: &[(&[W], usize)],
@@ -305,14 +314,17 @@ impl Kernels {
         outs: &mut [&mut [f32]],
         pool: &Pool,
         tile: Tile<W, f32>,
+        path: Path,
     ) {
         let cols = x.len() / n_tokens;
-        let Some(kernel) = self
-            .float_lanes
-            .filter(|_| cols > 0 && n_tokens >= FLOAT_LANES_MIN_TOKENS)
-        else {
+        if path != Path::FloatLanes {
+            assert!(
+                matches!(path, Path::Tiles { .. }),
+                "float weights planned as {path}"
+            );
             return run_tiles(ws, cols, x, cols, n_tokens, outs, pool, tile);
-        };
+        }
+        let kernel = self.float_lanes.expect("planned for the tier's kernel");
         ACT_FLOAT_LANES.with_borrow_mut(|xl| {
             xl.clear();
             xl.resize(n_tokens.div_ceil(FLOAT_TILE) * cols, [0.0; FLOAT_TILE]);
@@ -333,9 +345,11 @@ impl Kernels {
         })
     }
 
-    /// [`run_tiles`] for block weights: the activations quantized to Q8_0 first (once for all
-    /// the matrices), into the calling thread's reused buffer, and prepared for the tier's
-    /// pair kernel if it has one (`tiles.1`).
+    /// Block weights along `path`, the activations quantized to Q8_0 first (once for all the
+    /// matrices) into the calling thread's reused buffer: through the lanes kernel
+    /// ([`Path::Lanes`]), or [`run_tiles`] over the activations prepared for the tier's pair
+    /// kernel (`tiles.1`, [`Operand::Q8_0Pairs`](crate::Operand::Q8_0Pairs)) or over plain Q8_0.
+    #[allow(clippy::too_many_arguments)]
     fn run_quantized<W: LaneWeight + Sync>(
         &self,
         ws: &[(&[W], usize)],
@@ -344,22 +358,24 @@ impl Kernels {
         outs: &mut [&mut [f32]],
         pool: &Pool,
         tiles: (Tile<W, BlockQ8_0>, Option<Prepared<W>>),
+        path: Path,
     ) {
         let cols = x.len() / n_tokens;
         let nb = cols / QK;
         ACT_Q8_0.with_borrow_mut(|xq| {
             self.quantize_tokens(x, cols, xq, pool);
-            if let Some(kernel) = self
-                .lanes
-                .filter(|_| nb > 0 && n_tokens >= LANES_MIN_TOKENS)
-                .filter(|_| !self.lanes_wide_only || W::OFFSET > 127)
-            {
+            if path == Path::Lanes {
+                let kernel = self.lanes.expect("planned for the tier's kernel");
                 return ACT_LANES.with_borrow_mut(|xl| {
                     transpose_tokens(xq, nb, n_tokens, W::OFFSET, xl, pool);
                     run_lanes(ws, nb, xl, n_tokens, outs, pool, kernel)
                 });
             }
-            let Some(prepared) = tiles.1.filter(|_| nb > 0) else {
+            let operand = match path {
+                Path::Tiles { operand, .. } => operand,
+                _ => panic!("block weights planned as {path}"),
+            };
+            let Some(prepared) = tiles.1.filter(|_| operand == crate::Operand::Q8_0Pairs) else {
                 return run_tiles(ws, nb, xq, nb, n_tokens, outs, pool, tiles.0);
             };
             ACT_PREPARED.with_borrow_mut(|xp| {

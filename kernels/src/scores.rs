@@ -15,11 +15,13 @@
 
 use std::cell::RefCell;
 
-use crate::dispatch::{active, Kernels};
-use crate::lanes::{FloatAcc, LaneFloat, FLOAT_ROWS, FLOAT_TILE};
-use crate::matmul::FLOAT_LANES_MIN_TOKENS;
+use crate::dispatch::active;
+use crate::lanes::{FloatAcc, FLOAT_ROWS, FLOAT_TILE};
+use crate::matmul::LaneFloat;
 use crate::matrix::{Matrix, WeightData};
+use crate::plan::{plan, Path};
 use crate::pool::Pool;
+use crate::table::Kernels;
 
 /// [`Kernels::scores`] at the dispatched tier.
 pub fn scores(q: &[f32], k: &Matrix, scale: f32, out: &mut [f32], pool: &Pool) {
@@ -47,11 +49,12 @@ impl Kernels {
             rows.checked_mul(k.rows),
             "scores: out must be query rows × keys"
         );
-        let lanes = self.float_lanes.filter(|_| rows >= FLOAT_LANES_MIN_TOKENS);
-        match (k.data, lanes) {
-            (WeightData::F32(w), Some(_)) => self.scores_lanes(q, w, d, scale, out),
-            (WeightData::F16(w), Some(_)) => self.scores_lanes(q, w, d, scale, out),
-            (WeightData::BF16(w), Some(_)) => self.scores_lanes(q, w, d, scale, out),
+        // Where `matmul` would take the float lanes kernel, the keys go in the lanes instead
+        // of the queries: the same bits (see the module's doc).
+        match (k.data, plan(self, k, rows)) {
+            (WeightData::F32(w), Path::FloatLanes) => self.scores_lanes(q, w, d, scale, out),
+            (WeightData::F16(w), Path::FloatLanes) => self.scores_lanes(q, w, d, scale, out),
+            (WeightData::BF16(w), Path::FloatLanes) => self.scores_lanes(q, w, d, scale, out),
             _ => {
                 self.matmul(k, q, rows, out, pool);
                 out.iter_mut().for_each(|x| *x *= scale);

@@ -11,8 +11,8 @@ use kiln_format::kquants::{dequantize_row_q4_k, dequantize_row_q5_k, dequantize_
 use kiln_format::q5::{dequantize_row_q5_0, dequantize_row_q5_1};
 use kiln_kernels::reference as r;
 use kiln_kernels::{
-    kernels, supported_isas, BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
-    BlockQ8_0, KernelError, Kernels, Matrix, Pool, WeightData, QK, QK_K,
+    kernels, tested_isas, BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0,
+    KernelError, Kernels, Matrix, Pool, WeightData, QK, QK_K,
 };
 use proptest::prelude::*;
 
@@ -21,8 +21,13 @@ use proptest::prelude::*;
 /// (scale products, the i32 → f32 conversion, the sum) and sums the blocks in f32.
 const DEQUANT_TERMS_TOL: f64 = 8.0 * f32::EPSILON as f64;
 
+/// Every tier tested here ([`tested_isas`]: fails if `KILN_EXPECT_TIERS` names one this CPU
+/// lacks), each with its table.
 fn tiers() -> Vec<&'static Kernels> {
-    supported_isas().into_iter().filter_map(kernels).collect()
+    tested_isas()
+        .into_iter()
+        .map(|i| kernels(i).expect("a supported tier has a table"))
+        .collect()
 }
 
 /// A small deterministic generator (tests take a seed from proptest).

@@ -7,8 +7,8 @@
 //! `|got − naive| / Σ|w·x|`, bounded by `cols·ε` (`MATMUL_TERMS_TOL` per column).
 
 use kiln_kernels::{
-    kernels, supported_isas, Isa, KernelError, Matrix, OwnedWeights, Pool, WeightData,
-    FLOAT_LANES_MIN_TOKENS, LANES_MIN_TOKENS, QK,
+    kernels, plan, tested_isas, Isa, KernelError, Kernels, Matrix, OwnedWeights, Path, Pool,
+    WeightData, QK,
 };
 
 /// Allowed error per summed column relative to Σ|w·x|, plus a few roundings per block.
@@ -32,6 +32,15 @@ impl Case {
             .collect();
         Case { cols, w }
     }
+}
+
+/// Every tier tested here ([`tested_isas`]: fails if `KILN_EXPECT_TIERS` names one this CPU
+/// lacks), each with its table.
+fn tiers() -> Vec<&'static Kernels> {
+    tested_isas()
+        .into_iter()
+        .map(|i| kernels(i).expect("a supported tier has a table"))
+        .collect()
 }
 
 fn activations(n: usize, seed: u64) -> Vec<f32> {
@@ -78,7 +87,7 @@ fn check(rows: usize, cols: usize, n_tokens: usize, seed: u64) {
         let m = Matrix::new(rows, cols, owned.data()).unwrap();
         let wd = owned.dequantized();
         let xe = effective_x(&x, quantizes_activations(&owned));
-        for k in supported_isas().into_iter().filter_map(kernels) {
+        for k in tiers() {
             let mut first: Option<Vec<f32>> = None;
             for pool in &pools {
                 let mut out = vec![f32::NAN; rows * n_tokens];
@@ -95,8 +104,8 @@ fn check(rows: usize, cols: usize, n_tokens: usize, seed: u64) {
                 }
             }
             let out = first.unwrap();
-            let quantized = quantizes_activations(&owned);
-            if !quantized && k.has_float_lanes() && n_tokens >= FLOAT_LANES_MIN_TOKENS {
+            let path = plan(k, &m, n_tokens);
+            if path == Path::FloatLanes {
                 float_lanes_bits(&wd, &x, rows, cols, n_tokens, &out, k.isa());
             }
             for t in 0..n_tokens {
@@ -118,14 +127,13 @@ fn check(rows: usize, cols: usize, n_tokens: usize, seed: u64) {
                 }
             }
             // A token's result does not depend on the batch around it, except in batches that
-            // take a tier's lanes kernels: LANES_MIN_TOKENS or more with block weights where the
-            // tier has a block lanes kernel, which then gives the scalar reference's bits, and
-            // FLOAT_LANES_MIN_TOKENS or more with float weights where the tier has a float
-            // lanes kernel, which gives `float_lanes_ref`'s (one FMA chain per row and token).
-            if !quantized && k.has_float_lanes() && n_tokens >= FLOAT_LANES_MIN_TOKENS {
+            // take a tier's lanes kernels: the block lanes kernel gives the scalar reference's
+            // bits, and the float lanes kernel `float_lanes_ref`'s (one FMA chain per row and
+            // token), checked above.
+            if path == Path::FloatLanes {
                 continue;
             }
-            let lanes = quantized && k.has_lanes(&m.data) && n_tokens >= LANES_MIN_TOKENS;
+            let lanes = path == Path::Lanes;
             // Token 0 goes through the multi-token tile kernel, the last one may not.
             for t in [0, n_tokens - 1].into_iter().filter(|_| n_tokens > 1) {
                 let mut single = vec![0.0; rows];
@@ -236,9 +244,9 @@ fn interleaved_q4_0_shapes() {
     check(16, 32, 8, 15);
 }
 
-/// The x86 interleaved Q4_0 kernels give the scalar reference's bits for every batch size
-/// (the scalar tier runs the reference tiles on the plain rows); NEON, which has no kernel for
-/// the layout, its own plain Q4_0 tiles' bits.
+/// Interleaved Q4_0 gives the scalar reference's bits for every batch size through the
+/// interleaved and lanes kernels; where [`plan`] turns it back into plain rows
+/// ([`Path::Deinterleaved`]: the scalar tier, NEON), the tier's own plain Q4_0 tiles' bits.
 fn interleaved_bits(rows: usize, cols: usize, n: usize, seed: u64) {
     let case = Case::new(rows, cols, seed);
     let plain = OwnedWeights::encode("q4_0", &case.w).unwrap();
@@ -250,11 +258,12 @@ fn interleaved_bits(rows: usize, cols: usize, n: usize, seed: u64) {
     let mi = Matrix::new(rows, cols, inter.data()).unwrap();
     let mut want = vec![0.0; rows * n];
     scalar.matmul(&mp, &x, n, &mut want, &pool);
-    for k in supported_isas().into_iter().filter_map(kernels) {
+    for k in tiers() {
         let mut got = vec![f32::NAN; rows * n];
         k.matmul(&mi, &x, n, &mut got, &pool);
-        if !matches!(k.isa(), Isa::Avx512 | Isa::Avx2 | Isa::Scalar) {
-            want = vec![0.0; rows * n];
+        // Turned back into plain rows, interleaved rows get the tier's own Q4_0 tiles' bits.
+        let mut want = want.clone();
+        if let Path::Deinterleaved { .. } = plan(k, &mi, n) {
             k.matmul(&mp, &x, n, &mut want, &pool);
         }
         assert!(
@@ -417,7 +426,7 @@ fn matmul_many_equals_separate_products() {
         let refs: Vec<&Matrix> = mats.iter().collect();
         for n_tokens in [1, 6, 21] {
             let x = activations(n_tokens * cols, 99 + n_tokens as u64);
-            for k in supported_isas().into_iter().filter_map(kernels) {
+            for k in tiers() {
                 for pool in &pools {
                     let mut outs: Vec<Vec<f32>> = shapes
                         .iter()
@@ -471,7 +480,7 @@ fn scores_bits(rows: usize, keys: usize, d: usize, seed: u64) {
     let scale = 0.125 + (seed % 7) as f32 * 0.01;
     for owned in encodings(&case) {
         let m = Matrix::new(keys, d, owned.data()).unwrap();
-        for k in supported_isas().into_iter().filter_map(kernels) {
+        for k in tiers() {
             let mut want = vec![0.0; rows * keys];
             k.matmul(&m, &q, rows, &mut want, &pool);
             want.iter_mut().for_each(|x| *x *= scale);
@@ -499,5 +508,43 @@ proptest::proptest! {
         seed in proptest::prelude::any::<u64>(),
     ) {
         scores_bits(rows, keys, d, seed);
+    }
+}
+
+/// Which products [`plan`] gives: decode (one token) never takes a lanes kernel, the scalar
+/// tier has only tiles, and every path has a name of its own.
+#[test]
+fn plan_names_the_products() {
+    let case = Case::new(32, 512, 3);
+    let scalar = kernels(Isa::Scalar).unwrap();
+    let mut names = std::collections::BTreeMap::new();
+    for owned in encodings(&case) {
+        let m = Matrix::new(32, 512, owned.data()).unwrap();
+        for k in tiers() {
+            assert_eq!(plan(k, &m, 0), Path::Empty);
+            let one = plan(k, &m, 1);
+            assert!(
+                matches!(
+                    one,
+                    Path::Tiles { tokens: 1, .. }
+                        | Path::Deinterleaved { tokens: 1, .. }
+                        | Path::Interleaved
+                ),
+                "{} {:?}: one token planned as {one}",
+                m.data.dtype_name(),
+                k.isa()
+            );
+            for n in [1, 7, 8, 16, 47, 48, 64] {
+                let p = plan(k, &m, n);
+                if std::ptr::eq(k, scalar) {
+                    assert!(
+                        matches!(p, Path::Tiles { .. } | Path::Deinterleaved { .. }),
+                        "{} scalar n={n}: {p}",
+                        m.data.dtype_name()
+                    );
+                }
+                assert!(names.insert(p.to_string(), p).is_none_or(|q| q == p), "{p}");
+            }
+        }
     }
 }

@@ -11,14 +11,18 @@
 //!
 //! An [`Interrupt`] raised while it runs stops it before the next forward pass; the tests
 //! already completed are returned.
+//!
+//! [`matrix_paths`] says which product ([`kiln_kernels::Path`]) each of the model's matrices
+//! takes at decode and at the prefill batch size (`kiln-run bench --verbose`).
 
 use std::time::Instant;
 
+use kiln_kernels::{plan, Kernels, Matrix};
 use serde::Serialize;
 
 use crate::error::{Result, RunnerError};
 use crate::generate::{raised, Interrupt};
-use crate::model::{Logits, Session};
+use crate::model::{Logits, Model, Session};
 
 /// What to measure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -201,6 +205,96 @@ fn measure(
         tok_s_stddev: stddev,
         samples,
     }))
+}
+
+/// The matrices of one shape and encoding in a model, and the path
+/// ([`kiln_kernels::plan`]) they take.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MatrixPath {
+    /// The roles of the matrices of this kind (`q`, `gate`, `output`…), in the order met.
+    pub roles: Vec<&'static str>,
+    /// How many matrices of the model are of this kind.
+    pub count: usize,
+    /// Output rows.
+    pub rows: usize,
+    /// Input columns.
+    pub cols: usize,
+    /// The encoding (`q4_0`, `f16`…).
+    pub dtype: &'static str,
+    /// The path for one token (decode).
+    pub decode: String,
+    /// Tokens per product at prefill: the batch size, except for the output matrix, which
+    /// only the last token of a prompt goes through.
+    pub prefill_tokens: usize,
+    /// The path for those tokens.
+    pub prefill: String,
+}
+
+/// The paths the model's matrices take through `kernels`: at decode (one token) and at a
+/// prefill of `prefill_tokens` tokens a forward pass, one entry per distinct (roles' shape,
+/// encoding, paths), in the order of a forward pass.
+pub fn matrix_paths(
+    model: &Model<'_>,
+    kernels: &Kernels,
+    prefill_tokens: usize,
+) -> Vec<MatrixPath> {
+    let w = &model.weights;
+    let mut all: Vec<(&'static str, &Matrix, usize)> = Vec::new();
+    for l in &w.layers {
+        for (role, m) in [
+            ("q", &l.q),
+            ("k", &l.k),
+            ("v", &l.v),
+            ("o", &l.o),
+            ("gate", &l.gate),
+            ("up", &l.up),
+            ("down", &l.down),
+        ] {
+            all.push((role, m, prefill_tokens));
+        }
+    }
+    // The prompt's logits are the last token's only (`Logits::Last`).
+    all.push(("output", w.output(), 1.min(prefill_tokens)));
+    let mut out: Vec<MatrixPath> = Vec::new();
+    for (role, m, n) in all {
+        let entry = MatrixPath {
+            roles: vec![role],
+            count: 1,
+            rows: m.rows,
+            cols: m.cols,
+            dtype: m.data.dtype_name(),
+            decode: plan(kernels, m, 1).to_string(),
+            prefill_tokens: n,
+            prefill: plan(kernels, m, n).to_string(),
+        };
+        let same = |e: &MatrixPath| {
+            (
+                e.rows,
+                e.cols,
+                e.dtype,
+                &e.decode,
+                e.prefill_tokens,
+                &e.prefill,
+            ) == (
+                entry.rows,
+                entry.cols,
+                entry.dtype,
+                &entry.decode,
+                entry.prefill_tokens,
+                &entry.prefill,
+            )
+        };
+        match out.iter_mut().find(|e| same(e)) {
+            Some(e) => {
+                e.count += 1;
+                if !e.roles.contains(&role) {
+                    e.roles.push(role);
+                }
+            }
+            None => out.push(entry),
+        }
+    }
+    out
 }
 
 /// Median, min, max and sample standard deviation.

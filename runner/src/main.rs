@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use kiln_format::{ExitStatus, KilnFile};
-use kiln_runner::bench::{bench, BenchOptions, BenchResult};
+use kiln_runner::bench::{bench, matrix_paths, BenchOptions, BenchResult};
 use kiln_runner::generate::DEFAULT_PREFILL_BATCH;
 use kiln_runner::threads::{cap_notice, cap_threads, physical_cores};
 use kiln_runner::{
@@ -215,6 +215,10 @@ struct BenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also print the product each distinct matrix (shape, encoding) takes at decode (one
+    /// token) and at the prefill batch (`min(-p, -b)` tokens): tiles, lanes, k-lanes…
+    #[arg(short = 'v', long)]
+    verbose: bool,
     /// Skip checking every tensor's sha256, and every value for NaN and infinity, before
     /// running.
     #[arg(long)]
@@ -681,10 +685,14 @@ fn cmd_bench(a: BenchArgs, interrupt: &Interrupt) -> Result<()> {
         }
     }
     let weights = weight_summary(&file);
+    let paths = a.verbose.then(|| {
+        let prefill = a.n_prompt.min(a.batch_size).max(1);
+        matrix_paths(&model, kiln_kernels::active(), prefill)
+    });
     let mut out = std::io::stdout();
     let w = |e| RunnerError::io("writing to stdout", e);
     if a.json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "model": a.model.display().to_string(),
             "weights": weights,
             "size_bytes": file.file_len(),
@@ -693,6 +701,9 @@ fn cmd_bench(a: BenchArgs, interrupt: &Interrupt) -> Result<()> {
             "cache_type": a.cache_type.name(),
             "results": results,
         });
+        if let Some(p) = &paths {
+            v["matrix_paths"] = serde_json::json!(p);
+        }
         writeln!(out, "{v}").map_err(w)?;
     } else {
         writeln!(
@@ -718,6 +729,29 @@ fn cmd_bench(a: BenchArgs, interrupt: &Interrupt) -> Result<()> {
                 r.tok_s_stddev,
                 r.tok_s_min,
                 r.tok_s_max
+            )
+            .map_err(w)?;
+        }
+        if paths.is_some() {
+            writeln!(
+                out,
+                "\n| matrices | rows × cols | weights | decode (1 tok) | prefill |"
+            )
+            .map_err(w)?;
+            writeln!(out, "|---|--:|---|---|---|").map_err(w)?;
+        }
+        for p in paths.iter().flatten() {
+            writeln!(
+                out,
+                "| {}× {} | {} × {} | {} | {} | {} tok: {} |",
+                p.count,
+                p.roles.join(", "),
+                p.rows,
+                p.cols,
+                p.dtype,
+                p.decode,
+                p.prefill_tokens,
+                p.prefill
             )
             .map_err(w)?;
         }

@@ -1,70 +1,21 @@
-//! SIMD tiers, written once over a few primitives.
+//! SIMD tiers, each a [`crate::Kernels`] table, written once over a few primitives per ISA.
 //!
-//! - [`float`]: the [`float::F32Simd`] primitives (load, load f16/bf16, fma, reduce) and the
-//!   generic float kernels (dot, tile, axpy, sum of squares) built on them.
-//! - [`quant`]: the [`quant::QDot`] primitives (one block's integer dot product, returned as
-//!   eight i32 lanes) and the generic Q8_0/Q4_0 kernels built on them.
-//! - `avx2`, `avx512`: the primitives for each ISA and the `#[target_feature]` entry points that
-//!   instantiate the generic kernels, collected in a [`crate::Kernels`] table.
-//! - `neon`: the aarch64 tier (4-lane float dots, exact 8-bit block dots), on its own
-//!   because the x86 primitives above are written against x86 vector types; `kquant_neon`:
-//!   its Q5_0, Q5_1 and K-quant tiles (exact block sums with `vmull_s8`, or `sdot` where the
-//!   CPU has `dotprod`).
-//! - [`avx512_pair`]: the AVX-512 tier's own Q8_0/Q4_0 tile, two blocks per 512-bit
-//!   `vpdpbusd` with the scales converted in registers (the generic block kernel spends more
-//!   on each block's scale than on its dot).
-//! - [`avx2_convert`]: weight conversion (bf16 decoding, GGML's reference Q8_0/Q4_0
-//!   quantization with its round-trip statistics), shared by both x86 tiers.
-//! - [`kquant_x86`]: both x86 tiers' Q5_0, Q5_1 and K-quant block sums (exact integers, so
-//!   their tiles give the reference's bits); [`q5_x86`]: the Q5_0/Q5_1 tile, eight blocks'
-//!   terms in the lanes of one register; [`q8k_x86`]: both x86 tiers' quantization of
-//!   activations to Q8_K.
-//! - [`avx512_klanes`], [`avx2_klanes`]: the K-quant lanes kernels ([`crate::klanes`]), a
-//!   token per 32-bit lane.
-//! - [`avx512_group`], [`avx2_group`]: the one-token kernels for sixteen interleaved Q4_0
-//!   rows ([`crate::interleaved`]), a row per 32-bit lane.
-//!
-//! In matrix–vector tiles (one token) the kernels also prefetch the weight stream
-//! ([`float::PREFETCH_BYTES`] ahead).
+//! - [`x86`] (x86-64 only): the AVX2 and AVX-512 tiers, their shared primitives and generic
+//!   kernels.
+//! - [`aarch64`] (aarch64 only): the NEON tier.
+//! - Here: the portable pieces every tier's safe wrappers use ([`check_tile`], the weighted
+//!   sum's scalar tail).
 //!
 //! The generic kernels are `#[inline(always)]` and `unsafe`: they are only ever inlined into a
 //! `#[target_feature]` function of the matching ISA, whose safe wrapper has checked lengths.
-//! Tails shorter than one vector step go to scalar code in the reference's order.
+//! Tails shorter than one vector step go to scalar code in the reference's order. A tier's
+//! table is only handed out by [`crate::kernels`] on a CPU that has its features, which is
+//! what makes its `unsafe` calls sound.
 
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx2;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx2_convert;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx2_group;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx2_klanes;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx2_lanes;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512_group;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512_klanes;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512_lanes;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512_pair;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod float;
 #[cfg(target_arch = "aarch64")]
-pub(crate) mod kquant_neon;
+pub(crate) mod aarch64;
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod kquant_x86;
-#[cfg(target_arch = "aarch64")]
-pub(crate) mod neon;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod q5_x86;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod q8k_x86;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod quant;
+pub(crate) mod x86;
 
 /// Check the lengths every tile kernel relies on (the token count is `T`, one output row per
 /// token, every weight row and token of the same length) and return the tokens as an array.

@@ -1,7 +1,11 @@
 //! Scalar reference kernels: the specification every SIMD tier is tested against.
 //!
 //! Each function is written to be obviously right, in the order the maths reads. The scalar
-//! tier of [`crate::Kernels`] runs exactly these.
+//! tier of [`crate::Kernels`] runs exactly these. Every `*_ref` spec of the crate is here:
+//! this module's vector kernels and per-encoding dots, `kblock`'s generic dot of a
+//! Q5_0/Q5_1/K-quant row (the `KBlock` pairing of a weight block with its activation block)
+//! and its one-dot-per-(row, token) tile, and `klanes`'s statement of the K-quant lanes kernel
+//! over its unpacked layouts (tests only).
 
 use half::{bf16, f16};
 use kiln_format::kquants::{q4_k_codes, q5_k_codes, q6_k_codes, scale_min_k4, K_SCALE_SIZE};
@@ -13,6 +17,11 @@ use kiln_format::{
 
 use crate::stats::ErrorStats;
 
+pub(crate) mod kblock;
+pub(crate) mod klanes;
+
+pub(crate) use kblock::{dot_ref, tile_ref, KBlock};
+
 /// `Σ a[i]·b[i]`, summed left to right.
 pub fn dot_f32_ref(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot_f32: length mismatch");
@@ -21,7 +30,7 @@ pub fn dot_f32_ref(a: &[f32], b: &[f32]) -> f32 {
 
 /// `acc + Σ w[i]·x[i]` as one chain of fused multiply-adds in index order
 /// (`acc = fma(w[i], x[i], acc)`): the order of the float lanes kernels, which give these bits
-/// for every (row, token) of a batch they take (see `kiln_kernels::Kernels::has_float_lanes`).
+/// for every (row, token) of a batch they take ([`crate::Path::FloatLanes`]).
 pub fn float_lanes_ref(w: &[f32], x: &[f32], acc: f32) -> f32 {
     assert_eq!(w.len(), x.len(), "float_lanes: length mismatch");
     w.iter().zip(x).fold(acc, |s, (w, x)| w.mul_add(*x, s))
@@ -38,7 +47,7 @@ pub fn axpy_ref(alpha: f32, x: &[f32], y: &mut [f32]) {
 /// `out[r][c] = Σ_j probs[r·stride + j]·v[j·width + c]`, defined as the loop it replaced in
 /// attention: per row of `out`, zero it, then [`axpy_ref`] with each row `j` of `v` in order.
 pub fn weighted_sum_ref(probs: &[f32], stride: usize, v: &[f32], width: usize, out: &mut [f32]) {
-    crate::dispatch::weighted_sum_shape(probs, stride, v, width, out);
+    crate::shape::weighted_sum_shape(probs, stride, v, width, out);
     for (r, o) in out.chunks_exact_mut(width).enumerate() {
         o.fill(0.0);
         for (j, vj) in v.chunks_exact(width).enumerate() {
@@ -55,7 +64,7 @@ pub fn weighted_sum_f16_ref(
     width: usize,
     out: &mut [f32],
 ) {
-    crate::dispatch::weighted_sum_shape(probs, stride, v, width, out);
+    crate::shape::weighted_sum_shape(probs, stride, v, width, out);
     let mut row = vec![0f32; width];
     for (r, o) in out.chunks_exact_mut(width).enumerate() {
         o.fill(0.0);
@@ -426,7 +435,7 @@ pub fn quantize_blocks_ref(
     out: &mut Vec<u8>,
     stats: &mut ErrorStats,
 ) -> Result<(), usize> {
-    crate::dispatch::quantize_blocks_shape(dtype, x);
+    crate::shape::quantize_blocks_shape(dtype, x);
     let mut y = [0.0f32; QK];
     for (b, xb) in x.chunks_exact(QK).enumerate() {
         let xb: &[f32; QK] = xb.try_into().expect("QK chunk");

@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 use half::f16;
 use kiln_format::{BlockQ5_0, BlockQ5_1, BlockQ8_0};
 
-use crate::kquant::KBlock;
+use crate::reference::KBlock;
 use crate::reference::{sum_lanes8, BLOCK_LANES};
 
 /// A Q5_0 or Q5_1 block, as the group kernel reads it.
@@ -145,7 +145,7 @@ pub(crate) unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
 #[inline(always)]
 unsafe fn codes<W: Q5Block>(w: &W) -> __m256i {
     // SAFETY: AVX2 enabled (caller contract).
-    unsafe { super::kquant_x86::q5_codes(w.qh(), w.qs()) }
+    unsafe { super::kquant::q5_codes(w.qh(), w.qs()) }
 }
 
 /// `R` Q5_0/Q5_1 rows against `T` tokens' Q8_0 blocks. `dot(u, x)` gives eight i32 lanes

@@ -7,8 +7,9 @@ use kiln_format::{BlockQ4_0, BlockQ8_0};
 
 use super::float::{self, F32Simd, Weight};
 use super::quant::{self, hsum256, QBlock, QDot};
-use crate::dispatch::{Kernels, Tile, SCALAR_TABLE, TILE_ROWS, WIDE_ROWS};
 use crate::isa::Isa;
+use crate::table::{Kernels, SCALAR_TABLE};
+use crate::tile::{Tile, TILE_ROWS, WIDE_ROWS};
 
 /// Marker type for this ISA's primitives.
 #[derive(Debug, Clone, Copy)]
@@ -343,7 +344,7 @@ macro_rules! isa_entry_points {
         }
 
         fn weighted_sum(probs: &[f32], stride: usize, v: &[f32], width: usize, out: &mut [f32]) {
-            crate::dispatch::weighted_sum_shape(probs, stride, v, width, out);
+            crate::shape::weighted_sum_shape(probs, stride, v, width, out);
             // SAFETY: features supported (see above); lengths checked.
             unsafe { weighted_sum_impl(probs, stride, v, width, out) }
         }
@@ -355,7 +356,7 @@ macro_rules! isa_entry_points {
             width: usize,
             out: &mut [f32],
         ) {
-            crate::dispatch::weighted_sum_shape(probs, stride, v, width, out);
+            crate::shape::weighted_sum_shape(probs, stride, v, width, out);
             // SAFETY: features supported (see above); lengths checked.
             unsafe { weighted_sum_f16_impl(probs, stride, v, width, out) }
         }
@@ -414,8 +415,8 @@ macro_rules! isa_entry_points {
                 softmax_inplace,
                 exp_sum,
                 quantize_row_q8_0_act,
-                decode_bf16: crate::simd::avx2_convert::decode_bf16,
-                quantize_blocks: crate::simd::avx2_convert::quantize_blocks,
+                decode_bf16: super::avx2_convert::decode_bf16,
+                quantize_blocks: super::avx2_convert::quantize_blocks,
                 tile_f32: Tile::new(float_tile::<f32, 1>, $tf, float_tile::<f32, $tf>)
                     .with_rows(float_rows::<f32>),
                 tile_f16: Tile::new(float_tile::<f16, 1>, $tf, float_tile::<f16, $tf>)
@@ -504,7 +505,7 @@ fn quantize_row_q8_k_act(x: &[f32], out: &mut [kiln_format::BlockQ8K]) {
     );
     // SAFETY: this tier's table, the only way here, is handed out only when the CPU has the
     // tier's features (`crate::kernels`); lengths checked.
-    unsafe { super::q8k_x86::quantize_avx2(x, out) }
+    unsafe { super::q8k::quantize_avx2(x, out) }
 }
 
 /// This tier's table; [`crate::kernels`] only calls it when the CPU supports the tier.
@@ -516,7 +517,7 @@ pub(crate) fn table() -> &'static Kernels {
         lanes_wide_only: true,
         klanes: Some(klanes_tile),
         quantize_row_q8_k_act,
-        kq: super::kquant_x86::AVX2_TILES,
+        kq: super::kquant::AVX2_TILES,
         ..table_for(Isa::Avx2)
     })
 }

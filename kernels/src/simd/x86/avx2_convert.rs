@@ -25,7 +25,7 @@ pub(crate) fn quantize_blocks(
     out: &mut Vec<u8>,
     stats: &mut ErrorStats,
 ) -> Result<(), usize> {
-    crate::dispatch::quantize_blocks_shape(dtype, x);
+    crate::shape::quantize_blocks_shape(dtype, x);
     // SAFETY: this function is only in the tables of tiers that include AVX2 and F16C, which
     // `crate::kernels` hands out only on CPUs that have them; the shape was checked above.
     unsafe { quantize_blocks_avx2(dtype, x, out, stats) }

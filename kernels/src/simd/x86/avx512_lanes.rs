@@ -3,8 +3,8 @@
 
 use std::arch::x86_64::*;
 
-use crate::dispatch::TILE_ROWS;
 use crate::lanes::{LaneBlock, LanesAcc};
+use crate::tile::TILE_ROWS;
 
 /// `acc[r][g][t] += Σ_b (Σ_j codes[r][b][j]·x[g][b][t][j] + corr[g][b][t]) · (dw[r][b]·dx[g][b][t])`
 /// for `G` groups of sixteen tokens (one or two).

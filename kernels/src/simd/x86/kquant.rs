@@ -19,8 +19,9 @@ use half::f16;
 use kiln_format::{BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0};
 
 use super::quant::f16_to_f32;
-use crate::dispatch::{Tile, TILE_ROWS, WIDE_ROWS};
-use crate::kquant::{scales_mins_k4, tile_with, KTiles};
+use crate::klanes::scales_mins_k4;
+use crate::kquant::{tile_with, KTiles};
+use crate::tile::{Tile, TILE_ROWS, WIDE_ROWS};
 
 /// Sum of eight i32 lanes (exact; any order).
 ///
@@ -564,7 +565,7 @@ unsafe fn dot_u8_i8_vnni(u: __m256i, x: __m256i) -> __m256i {
 /// `$name`: the tile (`$entry::<T>`, T tokens against four rows) and the sixteen-row one-token
 /// kernel (`rows::$entry`, the rows one after another, so the weights stream from memory in
 /// order). `k` entries run the block-by-block tile ([`tile_with`]) over the integer sums
-/// `$f`; `q5` entries the eight-block tile ([`super::q5_x86::tile`]) over the block dot `$dot`
+/// `$f`; `q5` entries the eight-block tile ([`super::q5::tile`]) over the block dot `$dot`
 /// and the one-block sums `$one`. The closures are written inside the `#[target_feature]`
 /// functions, so they are compiled with the tier's features (and inlined with the intrinsics
 /// they call).
@@ -608,7 +609,7 @@ macro_rules! k_tiles {
                         // `$one` and `h` need; every row and token has the same block count
                         // (caller contract).
                         unsafe {
-                            crate::simd::q5_x86::tile(
+                            crate::simd::x86::q5::tile(
                                 rows,
                                 xs,
                                 |u, x| $dot(u, x),

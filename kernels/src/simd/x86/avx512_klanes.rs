@@ -3,18 +3,18 @@
 
 use std::arch::x86_64::*;
 
-use crate::dispatch::TILE_ROWS;
 use crate::klanes::{KKind, KLaneBlock, KLaneRow, KSUBS};
 use crate::lanes::LanesAcc;
+use crate::tile::TILE_ROWS;
 
-/// [`crate::klanes::ktile_ref`] for `G` groups of sixteen tokens (one or two), sub-blocks of
+/// [`crate::reference::klanes::ktile_ref`] for `G` groups of sixteen tokens (one or two), sub-blocks of
 /// `SUB` codes ([`KKind::sub`]), with or without a separate mins sum (`AFFINE`).
 ///
 /// Per sub-block, `SUB / 4` `vpdpbusd` give each (row, token) its exact integer dot, one
 /// `vpmulld` by the broadcast scale and an add fold it into the block's sum; eight `vpdpwssd`
 /// over the activations' sub-block sums give the mins (or Q6_K's offset term, into the sum).
 /// The float term is then formed with the reference's multiplies and subtraction, in its
-/// order (no FMA), and added to `acc`: every lane is [`crate::klanes::ktile_ref`]'s bits.
+/// order (no FMA), and added to `acc`: every lane is [`crate::reference::klanes::ktile_ref`]'s bits.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI are enabled.

@@ -22,8 +22,10 @@ use std::arch::asm;
 use half::f16;
 use kiln_format::{BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0};
 
-use crate::dispatch::{Tile, TILE_ROWS};
-use crate::kquant::{scales_mins_k4, tile_with, KBlock, KTiles};
+use crate::klanes::scales_mins_k4;
+use crate::kquant::{tile_with, KTiles};
+use crate::reference::KBlock;
+use crate::tile::{Tile, TILE_ROWS};
 
 /// How a variant adds the products of two vectors of sixteen signed bytes into four i32
 /// lanes: which lane takes which product is the variant's business, the lanes' total is
@@ -492,8 +494,8 @@ pub(crate) const DOTPROD_TILES: KTiles = KTiles {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kquant::dot_ref;
     use crate::reference as r;
+    use crate::reference::dot_ref;
     use bytemuck::Zeroable;
     use kiln_format::{QK, QK_K};
     use proptest::prelude::*;

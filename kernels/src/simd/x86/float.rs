@@ -440,7 +440,7 @@ pub(crate) const WEIGHTED_ROWS: usize = 4;
 ///
 /// # Safety
 /// The ISA's features are enabled and the lengths are as
-/// [`crate::dispatch::weighted_sum_shape`] checks them.
+/// [`crate::shape::weighted_sum_shape`] checks them.
 #[inline(always)]
 pub(crate) unsafe fn weighted_sum<S: F32Simd, const C: usize, W: Weight>(
     probs: &[f32],
@@ -493,7 +493,7 @@ unsafe fn weighted_rows<S: F32Simd, const R: usize, const C: usize, W: Weight>(
         unsafe { weighted_block::<S, R, 1, W>(probs, stride, v, width, out, c) };
         c += S::LANES;
     }
-    super::weighted_sum_tail(probs, stride, v, width, out, main, W::to_f32);
+    crate::simd::weighted_sum_tail(probs, stride, v, width, out, main, W::to_f32);
 }
 
 /// Columns `c..c + C·LANES` of `R` rows of [`weighted_sum`]: `R × C` accumulators, starting at

@@ -13,7 +13,7 @@
 //! across the keys with the reference axpy's multiply-then-add (this tier's axpy is the
 //! reference), so it has the reference's bits.
 //!
-//! The Q5_0, Q5_1 and K-quant tiles are [`super::kquant_neon`]'s; [`table`] takes their
+//! The Q5_0, Q5_1 and K-quant tiles are [`super::kquant`]'s; [`table`] takes their
 //! `dotprod` variant where the CPU has the extension.
 //!
 //! Only the matrix kernels, dots and the weighted sum are vectorized by hand here; softmax and
@@ -25,8 +25,10 @@ use std::arch::aarch64::*;
 use half::{bf16, f16};
 use kiln_format::{BlockQ4_0, BlockQ8_0};
 
-use crate::dispatch::{tile_ref, Kernels, Tile, SCALAR_TABLE};
 use crate::isa::Isa;
+use crate::reference::tile_ref;
+use crate::table::{Kernels, SCALAR_TABLE};
+use crate::tile::Tile;
 
 /// f32 lanes per vector.
 const LANES: usize = 4;
@@ -219,7 +221,7 @@ const WEIGHTED_COLS: usize = 4;
 /// of a row are the reference's scalar code.
 ///
 /// # Safety
-/// NEON enabled; lengths as [`crate::dispatch::weighted_sum_shape`] checks them.
+/// NEON enabled; lengths as [`crate::shape::weighted_sum_shape`] checks them.
 #[inline(always)]
 unsafe fn weighted_sum(probs: &[f32], stride: usize, v: &[f32], width: usize, out: &mut [f32]) {
     let rows = out.len() / width;
@@ -327,7 +329,7 @@ fn quant_dot<W: NeonBlock>(w: &[W], x: &[BlockQ8_0]) -> f32 {
 }
 
 fn weighted(probs: &[f32], stride: usize, v: &[f32], width: usize, out: &mut [f32]) {
-    crate::dispatch::weighted_sum_shape(probs, stride, v, width, out);
+    crate::shape::weighted_sum_shape(probs, stride, v, width, out);
     // SAFETY: NEON is always enabled on aarch64; lengths checked.
     unsafe { weighted_sum(probs, stride, v, width, out) }
 }
@@ -337,14 +339,14 @@ fn weighted(probs: &[f32], stride: usize, v: &[f32], width: usize, out: &mut [f3
 /// NEON ones otherwise.
 pub(crate) fn table() -> &'static Kernels {
     static PLAIN: Kernels = Kernels {
-        kq: super::kquant_neon::PLAIN_TILES,
+        kq: super::kquant::PLAIN_TILES,
         ..BASE
     };
     static DOTPROD: Kernels = Kernels {
-        kq: super::kquant_neon::DOTPROD_TILES,
+        kq: super::kquant::DOTPROD_TILES,
         ..BASE
     };
-    if super::kquant_neon::has_dotprod() {
+    if super::kquant::has_dotprod() {
         &DOTPROD
     } else {
         &PLAIN

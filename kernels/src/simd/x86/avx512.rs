@@ -17,10 +17,11 @@ use super::avx512_lanes;
 use super::avx512_pair::{self, PairBlock, PairSource};
 use super::float::{self, F32Simd, Weight};
 use super::quant::{self, QBlock, QDot};
-use crate::dispatch::{Kernels, Prepared, PreparedPair, Tile, SCALAR_TABLE, TILE_ROWS, WIDE_ROWS};
 use crate::interleaved::GroupX;
 use crate::isa::Isa;
 use crate::lanes::{LaneBlock, LanesAcc};
+use crate::table::{Kernels, SCALAR_TABLE};
+use crate::tile::{Prepared, PreparedPair, Tile, TILE_ROWS, WIDE_ROWS};
 
 /// Marker type for this ISA's primitives.
 #[derive(Debug, Clone, Copy)]
@@ -363,7 +364,7 @@ fn quantize_row_q8_k_act(x: &[f32], out: &mut [kiln_format::BlockQ8K]) {
         "quantize_row_q8_k_act: length mismatch"
     );
     // SAFETY: features supported (see above); lengths checked.
-    unsafe { super::q8k_x86::quantize_avx512(x, out) }
+    unsafe { super::q8k::quantize_avx512(x, out) }
 }
 
 fn group_q4_0x16(w: &[BlockQ4_0x16], x: &[GroupX], out: &mut [f32; GROUP_ROWS]) {
@@ -393,7 +394,7 @@ pub(crate) fn table() -> &'static Kernels {
         klanes: Some(klanes_tile),
         quantize_row_q8_k_act,
         group_q4_0x16: Some(group_q4_0x16),
-        kq: super::kquant_x86::AVX512_TILES,
+        kq: super::kquant::AVX512_TILES,
         ..table_for(Isa::Avx512)
     })
 }
@@ -507,7 +508,7 @@ mod tests {
             m in prop::collection::vec(-1.0f32..1.0, 256),
             e in prop::collection::vec(-20i32..20, 256),
         ) {
-            if !Isa::Avx512.is_supported() {
+            if !crate::isa::tested_isas().contains(&Isa::Avx512) {
                 return Ok(());
             }
             let v: [[f32; 16]; 16] =
@@ -532,7 +533,7 @@ mod tests {
             n in 1usize..=16,
             seed in prop::collection::vec(-8.0f32..8.0, 20 * 32 * 6),
         ) {
-            if !Isa::Avx512.is_supported() {
+            if !crate::isa::tested_isas().contains(&Isa::Avx512) {
                 return Ok(());
             }
             let len = nb * 32;
@@ -555,7 +556,7 @@ mod tests {
             nb in 1usize..9,
             seed in prop::collection::vec(-8.0f32..8.0, 8 * 32 * 8),
         ) {
-            if !Isa::Avx512.is_supported() {
+            if !crate::isa::tested_isas().contains(&Isa::Avx512) {
                 return Ok(());
             }
             let n = nb * 32;
@@ -579,7 +580,7 @@ mod tests {
             seed in prop::collection::vec(-8.0f32..8.0, 17 * 32 * 11),
             row_scale in prop::collection::vec(prop::sample::select(vec![0.0f32, 1e-3, 1.0, 50.0]), 16),
         ) {
-            if !Isa::Avx512.is_supported() {
+            if !crate::isa::tested_isas().contains(&Isa::Avx512) {
                 return Ok(());
             }
             let n = nb * 32;

@@ -12,8 +12,8 @@
 
 use std::arch::x86_64::*;
 
-use crate::dispatch::TILE_ROWS;
 use crate::lanes::{LaneBlock, LanesAcc, LANES};
+use crate::tile::TILE_ROWS;
 
 /// Tokens per AVX2 vector of 32-bit lanes.
 const HALF: usize = 8;

@@ -10,14 +10,14 @@
 
 use std::arch::x86_64::*;
 
-use crate::dispatch::TILE_ROWS;
 use crate::klanes::{pair_word, KKind, KLaneBlock, KLaneRow, KSUBS};
 use crate::lanes::{LanesAcc, LANES};
+use crate::tile::TILE_ROWS;
 
 /// Tokens per AVX2 vector of 32-bit lanes.
 const HALF: usize = 8;
 
-/// Tokens `8h..8h + 8` of one group against the four rows: [`crate::klanes::ktile_ref`]'s
+/// Tokens `8h..8h + 8` of one group against the four rows: [`crate::reference::klanes::ktile_ref`]'s
 /// terms added to `acc[r]`.
 ///
 /// # Safety

@@ -25,7 +25,7 @@ use kiln_format::{BlockQ4_0, BlockQ8_0};
 
 use super::avx512::Avx512;
 use super::float::{prefetch_ahead, F32Simd};
-use crate::dispatch::PreparedPair;
+use crate::tile::PreparedPair;
 
 /// An activation block pair in registers (or, stored by [`prepare`], in memory).
 #[derive(Clone, Copy)]

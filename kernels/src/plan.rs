@@ -1,0 +1,226 @@
+//! Which product a matrix gets: [`plan`] names it as a [`Path`], from the tier's table, the
+//! weights' encoding and width and the batch size. [`crate::matmul`] executes the path it
+//! returns, [`crate::scores`] asks it whether keys go in the lanes, the tests ask it which
+//! bits to expect, and `kiln-run bench --verbose` prints it: the thresholds below are read
+//! nowhere else.
+//!
+//! | weights | path, in the order tried |
+//! |---|---|
+//! | F32, F16, BF16 | [`Path::FloatLanes`] from [`FLOAT_LANES_MIN_TOKENS`] tokens, else [`Path::Tiles`] |
+//! | Q8_0, Q4_0, Q5_0 | [`Path::Lanes`] from [`LANES_MIN_TOKENS`], else [`Path::Tiles`] over prepared pairs where the tier has them, else over Q8_0 |
+//! | Q5_1 | [`Path::Tiles`] over Q8_0 |
+//! | Q4_K, Q5_K, Q6_K | [`Path::KLanes`] from [`KLANES_MIN_TOKENS`], else [`Path::Tiles`] over Q8_K |
+//! | Q4_0x16 | [`Path::Interleaved`] below [`INTERLEAVED_LANES_MIN_TOKENS`], else [`Path::Lanes`]; on tiers without the interleaved kernel [`Path::Lanes`] from [`LANES_MIN_TOKENS`], else [`Path::Deinterleaved`] |
+//!
+//! Each lanes path needs the tier's kernel for it, and the block lanes kernel of a tier whose
+//! table says `lanes_wide_only` (AVX2) only takes Q8_0, whose offset codes exceed 127.
+
+use std::fmt;
+
+use kiln_format::{BlockQ4_0, BlockQ5_0, BlockQ8_0, QK, QK_K};
+
+use crate::lanes::LaneWeight;
+use crate::matrix::{Matrix, WeightData};
+use crate::table::Kernels;
+use crate::tile::Tile;
+
+/// Batches of at least this many tokens multiply block weights through the tier's lanes
+/// kernel, if it has one, which gives the scalar reference's bits; smaller batches give each
+/// token the bits it gets alone. (From 8 tokens, half a lane group, the lanes kernel is
+/// already faster: measured at 12-token prompts.)
+pub const LANES_MIN_TOKENS: usize = 8;
+
+/// The same for interleaved Q4_0 (`q4_0x16`) on tiers with an interleaved kernel, whose
+/// one-token product leaves the lanes kernel less to win: below this many tokens it runs
+/// token by token (the chunk stays in cache between tokens). Measured on SmolLM2-135M Q4_0,
+/// one and two threads: the per-token kernel prefills 8 tokens 2.2× as fast as the lanes
+/// kernel, 16 tokens 1.4×, 32 tokens about as fast; at 64 tokens the lanes kernel is ahead
+/// (1.1× at one thread), at 128 by 1.05–1.2×.
+pub const INTERLEAVED_LANES_MIN_TOKENS: usize = 48;
+
+/// The same for K-quant weights (Q4_K, Q5_K, Q6_K) and the tier's K-quant lanes kernel (see
+/// [`crate::klanes`]). Both paths give the reference's bits, so this only chooses the faster:
+/// at 8 tokens the lanes kernel already is (1B-shape Q4_K_M pp8, two threads on a busy
+/// host: 24 tok/s through the eight-token tiles, 54 through the lanes kernel).
+pub const KLANES_MIN_TOKENS: usize = 8;
+
+/// The same for float weights and the float lanes kernel, which gains less per token.
+pub const FLOAT_LANES_MIN_TOKENS: usize = 16;
+
+/// What a tile kernel's tokens are multiplied as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum Operand {
+    /// The f32 activations themselves (float weights).
+    F32,
+    /// The activations quantized to Q8_0 (GGML's rule), once per product.
+    Q8_0,
+    /// Q8_0 activations prepared once per product for the tier's pair kernel (AVX-512: two
+    /// blocks' codes, offset correction and scales per 512-bit load).
+    Q8_0Pairs,
+    /// The activations quantized to Q8_K (256 a block, with the sums of every 16 codes).
+    Q8_K,
+}
+
+impl Operand {
+    /// A short lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Operand::F32 => "f32",
+            Operand::Q8_0 => "q8_0",
+            Operand::Q8_0Pairs => "q8_0 pairs",
+            Operand::Q8_K => "q8_k",
+        }
+    }
+}
+
+/// The product a matrix gets for one batch, as [`plan`] decides it. Every path gives each
+/// output element from one kernel call in a fixed order, so none depends on the thread count;
+/// which paths give which bits is said per variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Path {
+    /// Nothing to compute (no tokens, or interleaved rows with no whole block): the output is
+    /// zeros, if anything.
+    Empty,
+    /// The tier's tile kernels: [`crate::TILE_ROWS`] rows at a time against `tokens` tokens
+    /// per call (register-blocked; a batch's remainder one at a time), over activations
+    /// `operand`. With `wide`, a single token takes the sixteen-row kernel for every full
+    /// chunk of [`crate::ROW_CHUNK`] rows. A token's bits do not depend on its batch.
+    Tiles {
+        operand: Operand,
+        tokens: usize,
+        wide: bool,
+    },
+    /// Interleaved Q4_0 turned back into plain rows a sixteen-row chunk at a time, then the
+    /// tier's Q4_0 tiles over Q8_0 activations, as [`Path::Tiles`] describes (tiers without an
+    /// interleaved kernel).
+    Deinterleaved { tokens: usize, wide: bool },
+    /// Interleaved Q4_0 through the tier's interleaved kernel, one token at a time, sixteen
+    /// rows per call: the scalar reference's bits.
+    Interleaved,
+    /// The block lanes kernel: the batch's Q8_0 activations transposed, sixteen tokens a
+    /// vector, each weight row unpacked once (from plain or interleaved blocks): the scalar
+    /// reference's bits, which may differ from the one-token tiles' in the last bits.
+    Lanes,
+    /// The K-quant lanes kernel over Q8_K activations, sixteen tokens a vector: the
+    /// reference's bits, as the K-quant tiles give.
+    KLanes,
+    /// The float lanes kernel: tokens transposed in tiles of 32, one fused multiply-add chain
+    /// per (row, token) ([`crate::reference::float_lanes_ref`]'s bits), which may differ from
+    /// the one-token tiles' in the last bits.
+    FloatLanes,
+}
+
+impl fmt::Display for Path {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let wide = |w: bool| if w { ", 16-row" } else { "" };
+        match *self {
+            Path::Empty => f.write_str("empty"),
+            Path::Tiles {
+                operand,
+                tokens,
+                wide: w,
+            } => write!(f, "tiles ({}, {tokens} tok{})", operand.name(), wide(w)),
+            Path::Deinterleaved { tokens, wide: w } => {
+                write!(f, "deinterleaved tiles (q8_0, {tokens} tok{})", wide(w))
+            }
+            Path::Interleaved => f.write_str("interleaved q4_0x16 (1 tok)"),
+            Path::Lanes => f.write_str("lanes (q8_0)"),
+            Path::KLanes => f.write_str("k-lanes (q8_k)"),
+            Path::FloatLanes => f.write_str("float lanes (f32)"),
+        }
+    }
+}
+
+/// The path `w` takes through tier `k`'s kernels for a batch of `n_tokens` tokens: the one
+/// decision of [`crate::matmul`] (and of [`crate::scores`] for float keys).
+pub fn plan(k: &Kernels, w: &Matrix, n_tokens: usize) -> Path {
+    if n_tokens == 0 {
+        return Path::Empty;
+    }
+    let cols = w.cols;
+    let nb = cols / QK;
+    /// The tile path of `tile` over `operand`.
+    fn tiles<W, X>(tile: &Tile<W, X>, operand: Operand, n_tokens: usize) -> Path {
+        let (tokens, wide) = tile_shape(tile, n_tokens);
+        Path::Tiles {
+            operand,
+            tokens,
+            wide,
+        }
+    }
+    // Block weights with a plain Q8_0 operand: the block lanes kernel for large enough
+    // batches, if the tier's kernel takes weights with this offset.
+    let lanes = |offset: i32| {
+        k.lanes.is_some()
+            && nb > 0
+            && n_tokens >= LANES_MIN_TOKENS
+            && (!k.lanes_wide_only || offset > 127)
+    };
+    let float = |tile_path: Path| {
+        if k.float_lanes.is_some() && cols > 0 && n_tokens >= FLOAT_LANES_MIN_TOKENS {
+            Path::FloatLanes
+        } else {
+            tile_path
+        }
+    };
+    match w.data {
+        WeightData::F32(_) => float(tiles(&k.tile_f32, Operand::F32, n_tokens)),
+        WeightData::F16(_) => float(tiles(&k.tile_f16, Operand::F32, n_tokens)),
+        WeightData::BF16(_) => float(tiles(&k.tile_bf16, Operand::F32, n_tokens)),
+        WeightData::Q8_0(_) if lanes(BlockQ8_0::OFFSET) => Path::Lanes,
+        WeightData::Q8_0(_) => match k.prepared_q8_0.filter(|_| nb > 0) {
+            Some(p) => tiles(&p.tile, Operand::Q8_0Pairs, n_tokens),
+            None => tiles(&k.tile_q8_0, Operand::Q8_0, n_tokens),
+        },
+        WeightData::Q4_0(_) if lanes(BlockQ4_0::OFFSET) => Path::Lanes,
+        WeightData::Q4_0(_) => match k.prepared_q4_0.filter(|_| nb > 0) {
+            Some(p) => tiles(&p.tile, Operand::Q8_0Pairs, n_tokens),
+            None => tiles(&k.tile_q4_0, Operand::Q8_0, n_tokens),
+        },
+        WeightData::Q5_0(_) if lanes(BlockQ5_0::OFFSET) => Path::Lanes,
+        WeightData::Q5_0(_) => tiles(&k.kq.q5_0, Operand::Q8_0, n_tokens),
+        WeightData::Q5_1(_) => tiles(&k.kq.q5_1, Operand::Q8_0, n_tokens),
+        WeightData::Q4_K(_) | WeightData::Q5_K(_) | WeightData::Q6_K(_)
+            if k.klanes.is_some() && cols / QK_K > 0 && n_tokens >= KLANES_MIN_TOKENS =>
+        {
+            Path::KLanes
+        }
+        WeightData::Q4_K(_) => tiles(&k.kq.q4_k, Operand::Q8_K, n_tokens),
+        WeightData::Q5_K(_) => tiles(&k.kq.q5_k, Operand::Q8_K, n_tokens),
+        WeightData::Q6_K(_) => tiles(&k.kq.q6_k, Operand::Q8_K, n_tokens),
+        WeightData::Q4_0x16(_) => {
+            if nb == 0 {
+                return Path::Empty;
+            }
+            // The lanes kernel takes interleaved rows where it takes Q4_0 rows at all (not at
+            // a `lanes_wide_only` tier), from a larger batch where the interleaved kernel is
+            // the alternative.
+            let lanes = k.lanes.is_some()
+                && !k.lanes_wide_only
+                && match k.group_q4_0x16 {
+                    Some(_) => n_tokens >= INTERLEAVED_LANES_MIN_TOKENS,
+                    None => n_tokens >= LANES_MIN_TOKENS,
+                };
+            match (lanes, k.group_q4_0x16) {
+                (true, _) => Path::Lanes,
+                (false, Some(_)) => Path::Interleaved,
+                (false, None) => {
+                    let (tokens, wide) = tile_shape(&k.tile_q4_0, n_tokens);
+                    Path::Deinterleaved { tokens, wide }
+                }
+            }
+        }
+    }
+}
+
+/// Tokens per tile call at the start of a batch of `n_tokens` (the register-blocked count when
+/// the batch has that many, else one), and whether one token takes the sixteen-row kernel.
+fn tile_shape<W, X>(tile: &Tile<W, X>, n_tokens: usize) -> (usize, bool) {
+    let tokens = if n_tokens >= tile.tokens {
+        tile.tokens
+    } else {
+        1
+    };
+    (tokens, n_tokens == 1 && tile.rows.is_some())
+}

@@ -1,0 +1,41 @@
+//! The x86-64 tiers, AVX2 and AVX-512, each a [`crate::Kernels`] table built from the
+//! primitives and generic kernels here.
+//!
+//! - [`float`]: the [`float::F32Simd`] primitives (load, load f16/bf16, fma, reduce) and the
+//!   generic float kernels (dot, tile, axpy, sum of squares) built on them.
+//! - [`quant`]: the [`quant::QDot`] primitives (one block's integer dot product, returned as
+//!   eight i32 lanes) and the generic Q8_0/Q4_0 kernels built on them.
+//! - [`avx2`], [`avx512`]: the primitives for each ISA and the `#[target_feature]` entry
+//!   points that instantiate the generic kernels, collected in each tier's table.
+//! - [`avx512_pair`]: the AVX-512 tier's own Q8_0/Q4_0 tile, two blocks per 512-bit
+//!   `vpdpbusd` with the scales converted in registers (the generic block kernel spends more
+//!   on each block's scale than on its dot).
+//! - [`avx2_convert`]: weight conversion (bf16 decoding, GGML's reference Q8_0/Q4_0
+//!   quantization with its round-trip statistics), shared by both tiers.
+//! - [`kquant`]: both tiers' Q5_0, Q5_1 and K-quant block sums (exact integers, so their tiles
+//!   give the reference's bits); [`q5`]: the Q5_0/Q5_1 tile, eight blocks' terms in the lanes
+//!   of one register; [`q8k`]: both tiers' quantization of activations to Q8_K.
+//! - [`avx512_lanes`], [`avx2_lanes`]: the block lanes kernels ([`crate::lanes`]);
+//!   [`avx512_klanes`], [`avx2_klanes`]: the K-quant lanes kernels ([`crate::klanes`]), a token
+//!   per 32-bit lane.
+//! - [`avx512_group`], [`avx2_group`]: the one-token kernels for sixteen interleaved Q4_0
+//!   rows ([`crate::interleaved`]), a row per 32-bit lane.
+//!
+//! In matrix–vector tiles (one token) the kernels also prefetch the weight stream
+//! ([`float::PREFETCH_BYTES`] ahead).
+
+pub(crate) mod avx2;
+pub(crate) mod avx2_convert;
+pub(crate) mod avx2_group;
+pub(crate) mod avx2_klanes;
+pub(crate) mod avx2_lanes;
+pub(crate) mod avx512;
+pub(crate) mod avx512_group;
+pub(crate) mod avx512_klanes;
+pub(crate) mod avx512_lanes;
+pub(crate) mod avx512_pair;
+pub(crate) mod float;
+pub(crate) mod kquant;
+pub(crate) mod q5;
+pub(crate) mod q8k;
+pub(crate) mod quant;
