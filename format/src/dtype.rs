@@ -7,8 +7,11 @@
 
 use std::fmt;
 
+use half::{bf16, f16};
+
+use crate::block_type::BlockKind;
 use crate::blocks::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
-use crate::kquants::{BlockQ4K, BlockQ5K, BlockQ6K, QK_K};
+use crate::kquants::{BlockQ4K, BlockQ5K, BlockQ6K};
 use crate::q5::{BlockQ5_0, BlockQ5_1};
 
 /// A tensor element type. Variants keep GGML's names (`Q4_K`, not `Q4K`) so that they read
@@ -120,15 +123,40 @@ impl DType {
             .find(|d| d.name().eq_ignore_ascii_case(s))
     }
 
+    /// This dtype's row of the block-type table: its sizes, GGML id, reference quantizer,
+    /// dequantizer and the scales that must be finite (see [`crate::block_type`]). The one
+    /// place a dtype is tied to the struct that stores it.
+    pub const fn block(self) -> &'static BlockKind {
+        const F32: BlockKind = BlockKind::of::<f32>();
+        const F16: BlockKind = BlockKind::of::<f16>();
+        const BF16: BlockKind = BlockKind::of::<bf16>();
+        const Q8_0: BlockKind = BlockKind::of::<BlockQ8_0>();
+        const Q4_0: BlockKind = BlockKind::of::<BlockQ4_0>();
+        const Q4_0X16: BlockKind = BlockKind::of::<BlockQ4_0x16>();
+        const Q5_0: BlockKind = BlockKind::of::<BlockQ5_0>();
+        const Q5_1: BlockKind = BlockKind::of::<BlockQ5_1>();
+        const Q4_K: BlockKind = BlockKind::of::<BlockQ4K>();
+        const Q5_K: BlockKind = BlockKind::of::<BlockQ5K>();
+        const Q6_K: BlockKind = BlockKind::of::<BlockQ6K>();
+        match self {
+            DType::F32 => &F32,
+            DType::F16 => &F16,
+            DType::BF16 => &BF16,
+            DType::Q8_0 => &Q8_0,
+            DType::Q4_0 => &Q4_0,
+            DType::Q4_0x16 => &Q4_0X16,
+            DType::Q5_0 => &Q5_0,
+            DType::Q5_1 => &Q5_1,
+            DType::Q4_K => &Q4_K,
+            DType::Q5_K => &Q5_K,
+            DType::Q6_K => &Q6_K,
+        }
+    }
+
     /// Number of weights one storage unit covers (1 for plain floats, 32 for blocks, 256 for a
     /// K-quant super-block, 512 for a sixteen-row group of blocks).
     pub const fn block_len(self) -> usize {
-        match self {
-            DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q5_0 | DType::Q5_1 => QK,
-            DType::Q4_K | DType::Q5_K | DType::Q6_K => QK_K,
-            DType::Q4_0x16 => GROUP_ROWS * QK,
-        }
+        self.block().weights
     }
 
     /// The dtype whose values this one stores: [`DType::Q4_0`] for [`DType::Q4_0x16`] (the same
@@ -158,10 +186,7 @@ impl DType {
     /// rows' blocks), 1 otherwise. A writer that works in chunks of rows cuts them at
     /// multiples of this.
     pub const fn rows_per_unit(self) -> usize {
-        match self {
-            DType::Q4_0x16 => GROUP_ROWS,
-            _ => 1,
-        }
+        self.block().rows
     }
 
     /// `bytes` (whole rows of `cols` values in the logical dtype's row-major layout, as GGML
@@ -193,18 +218,7 @@ impl DType {
 
     /// Bytes of one storage unit.
     pub const fn block_bytes(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::F16 | DType::BF16 => 2,
-            DType::Q8_0 => std::mem::size_of::<BlockQ8_0>(),
-            DType::Q4_0 => std::mem::size_of::<BlockQ4_0>(),
-            DType::Q4_0x16 => std::mem::size_of::<BlockQ4_0x16>(),
-            DType::Q5_0 => std::mem::size_of::<BlockQ5_0>(),
-            DType::Q5_1 => std::mem::size_of::<BlockQ5_1>(),
-            DType::Q4_K => std::mem::size_of::<BlockQ4K>(),
-            DType::Q5_K => std::mem::size_of::<BlockQ5K>(),
-            DType::Q6_K => std::mem::size_of::<BlockQ6K>(),
-        }
+        self.block().bytes
     }
 
     /// Whether this is a block-quantized type.

@@ -9,6 +9,9 @@
 //!   [`TensorView`]s; [`KilnFile::verify_checksums`] hashes every tensor in parallel.
 //! - [`KilnWriter`] writes one: layout planned up front, tensors streamed (from many threads if
 //!   wanted), hashed as written, and published atomically.
+//! - [`block_type`] makes every storage unit a row of one table: the [`BlockType`] trait
+//!   (sizes, GGML id, reference quantize, dequantize, the scales that must be finite) and
+//!   [`BlockKind`], the row [`DType::block`] hands out to code that has a dtype at run time.
 //! - [`blocks`] holds GGML's Q8_0/Q4_0 block layouts and their scalar reference quantizers,
 //!   the specification every faster path is tested against; [`q5`] and [`kquants`] hold
 //!   Q5_0/Q5_1 and the K-quant super-blocks (Q4_K, Q5_K, Q6_K, and Q8_K for activations).
@@ -21,6 +24,7 @@
 //! user interface.
 
 pub mod atomic;
+pub mod block_type;
 pub mod blocks;
 pub mod dtype;
 pub mod error;
@@ -42,6 +46,7 @@ pub use atomic::{
     check_destination, refuse_clobbering, refuse_output_is_input, remove_pending_outputs,
     write_file_atomic, AtomicFile,
 };
+pub use block_type::{BlockKind, BlockType};
 pub use blocks::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 pub use dtype::DType;
 pub use error::{FormatError, Result};

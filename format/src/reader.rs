@@ -636,11 +636,14 @@ fn may_hold_non_finite(dtype: DType, bytes: &[u8]) -> bool {
         }
         bad
     }
-    match dtype {
-        DType::F32 => any_exponent_all_ones::<4>(bytes, 0x7f80_0000),
-        DType::F16 => any_exponent_all_ones::<2>(bytes, 0x7c00),
-        DType::BF16 => any_exponent_all_ones::<2>(bytes, 0x7f80),
-        _ => true,
+    if dtype.is_quantized() {
+        return true;
+    }
+    // A plain float's unit is its one "scale": the table says which encoding it is.
+    let float = dtype.block().scales.float;
+    match float.bytes() {
+        4 => any_exponent_all_ones::<4>(bytes, float.exponent_mask()),
+        _ => any_exponent_all_ones::<2>(bytes, float.exponent_mask()),
     }
 }
 

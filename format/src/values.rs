@@ -6,6 +6,7 @@
 
 use half::{bf16, f16};
 
+#[cfg(test)]
 use crate::blocks::{GROUP_ROWS, QK};
 use crate::dtype::DType;
 
@@ -21,61 +22,16 @@ pub fn decode_to_f32(dtype: DType, bytes: &[u8], out: &mut [f32]) {
         out.len() * dtype.block_bytes(),
         "length mismatch"
     );
-    match dtype {
-        DType::F32 => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        DType::F16 => match bytemuck::try_cast_slice::<u8, f16>(bytes) {
-            Ok(h) => {
-                use half::slice::HalfFloatSliceExt;
-                h.convert_to_f32_slice(out);
-            }
-            Err(_) => {
-                for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                    *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
-                }
-            }
-        },
-        DType::BF16 => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
-            }
-        }
-        _ => unreachable!("checked above"),
-    }
+    dtype.block().dequantize(bytes, out.len(), out);
 }
 
 /// Decode whole rows of `cols` values of any dtype into f32, in logical row-major order:
-/// floats element by element, Q8_0/Q4_0 blocks by GGML's rule, `q4_0x16` de-interleaved
-/// first. `bytes` must hold whole rows (whole sixteen-row groups for `q4_0x16`) and
-/// `out.len()` their values. The one per-dtype decoder every program's copies and reports use;
+/// floats element by element, blocks by GGML's rule, `q4_0x16` de-interleaved first (each
+/// type's [`crate::BlockType::dequantize_rows`], through its row of the table). `bytes` must
+/// hold whole rows (whole sixteen-row groups for `q4_0x16`) and `out.len()` their values. The one per-dtype decoder every program's copies and reports use;
 /// `bytes` need not be aligned (blocks are copied into aligned storage).
 pub fn decode_rows_f32(dtype: DType, cols: usize, bytes: &[u8], out: &mut [f32]) {
-    use crate::blocks::{
-        deinterleave_q4_0x16, dequantize_row_q4_0, dequantize_row_q8_0, BlockQ4_0, BlockQ4_0x16,
-        BlockQ8_0,
-    };
-    use crate::{kquants, q5};
-    match dtype {
-        DType::F32 | DType::F16 | DType::BF16 => decode_to_f32(dtype, bytes, out),
-        DType::Q8_0 => {
-            dequantize_row_q8_0(&bytemuck::pod_collect_to_vec::<u8, BlockQ8_0>(bytes), out)
-        }
-        DType::Q4_0 => {
-            dequantize_row_q4_0(&bytemuck::pod_collect_to_vec::<u8, BlockQ4_0>(bytes), out)
-        }
-        DType::Q4_0x16 => {
-            let groups = bytemuck::pod_collect_to_vec::<u8, BlockQ4_0x16>(bytes);
-            dequantize_row_q4_0(&deinterleave_q4_0x16(&groups, (cols / QK).max(1)), out)
-        }
-        DType::Q5_0 => q5::dequantize_row_q5_0(&bytemuck::pod_collect_to_vec(bytes), out),
-        DType::Q5_1 => q5::dequantize_row_q5_1(&bytemuck::pod_collect_to_vec(bytes), out),
-        DType::Q4_K => kquants::dequantize_row_q4_k(&bytemuck::pod_collect_to_vec(bytes), out),
-        DType::Q5_K => kquants::dequantize_row_q5_k(&bytemuck::pod_collect_to_vec(bytes), out),
-        DType::Q6_K => kquants::dequantize_row_q6_k(&bytemuck::pod_collect_to_vec(bytes), out),
-    }
+    dtype.block().dequantize(bytes, cols, out)
 }
 
 /// Encode f32 values as little-endian elements of a plain float dtype, appending to `out`.
@@ -146,69 +102,13 @@ pub fn cast_bytes(from: DType, to: DType, bytes: &[u8], out: &mut Vec<u8>) {
 /// Conversion runs this on every source chunk, so a checkpoint holding NaN or infinity is
 /// refused at conversion rather than producing a model that stops after one token; `inspect
 /// --verify` runs it over a whole file. A float is non-finite when its exponent bits are all
-/// ones, which is what each arm tests. A block type's values are `d * q`: a block whose f16
-/// scale `d` is non-finite makes all of its values non-finite (`0 * inf` is NaN), so such a
-/// block counts as [`QK`] values, indexed from its first. For `q4_0x16`, whose sixteen rows
-/// are interleaved, the index is in storage order (group, then row within the group).
+/// ones. A block type's values are `d * q`: a block whose f16 scale `d` is non-finite makes
+/// all of its values non-finite (`0 * inf` is NaN), so such a block counts as all of its
+/// values (e.g. [`QK`]), indexed from its first. For `q4_0x16`, whose sixteen rows
+/// are interleaved, the index is in storage order (group, then row within the group). Where
+/// each type keeps its scales is its row of the block-type table ([`crate::BlockType::SCALES`]).
 pub fn count_non_finite(dtype: DType, bytes: &[u8]) -> (usize, Option<usize>) {
-    fn scan<const N: usize>(
-        bytes: &[u8],
-        stride: usize,
-        values: usize,
-        bad: impl Fn([u8; N]) -> bool,
-    ) -> (usize, Option<usize>) {
-        let mut count = 0;
-        let mut first = None;
-        for (i, c) in bytes.chunks_exact(stride).enumerate() {
-            let mut e = [0u8; N];
-            e.copy_from_slice(&c[..N]);
-            if bad(e) {
-                count += values;
-                first.get_or_insert(i * values);
-            }
-        }
-        (count, first)
-    }
-    let f16_bad = |e: [u8; 2]| u16::from_le_bytes(e) & 0x7c00 == 0x7c00;
-    match dtype {
-        DType::F32 => scan::<4>(bytes, 4, 1, |e| {
-            u32::from_le_bytes(e) & 0x7f80_0000 == 0x7f80_0000
-        }),
-        DType::F16 => scan::<2>(bytes, 2, 1, f16_bad),
-        DType::BF16 => scan::<2>(bytes, 2, 1, |e| u16::from_le_bytes(e) & 0x7f80 == 0x7f80),
-        DType::Q8_0 | DType::Q4_0 => scan::<2>(bytes, dtype.block_bytes(), QK, f16_bad),
-        DType::Q4_0x16 => {
-            // GROUP_ROWS f16 scales, then the nibbles: one scale per row's block.
-            let mut count = 0;
-            let mut first = None;
-            for (g, group) in bytes.chunks_exact(dtype.block_bytes()).enumerate() {
-                let (n, f) = scan::<2>(&group[..2 * GROUP_ROWS], 2, QK, f16_bad);
-                count += n;
-                if let Some(f) = f {
-                    first.get_or_insert(g * GROUP_ROWS * QK + f);
-                }
-            }
-            (count, first)
-        }
-        DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K => {
-            // Every f16 scale (and min) of a block applies to all of its weights.
-            let at: &[usize] = match dtype {
-                DType::Q5_0 => &[0],
-                DType::Q6_K => &[208],
-                _ => &[0, 2],
-            };
-            let values = dtype.block_len();
-            let mut count = 0;
-            let mut first = None;
-            for (i, b) in bytes.chunks_exact(dtype.block_bytes()).enumerate() {
-                if at.iter().any(|&o| f16_bad([b[o], b[o + 1]])) {
-                    count += values;
-                    first.get_or_insert(i * values);
-                }
-            }
-            (count, first)
-        }
-    }
+    dtype.block().count_non_finite(bytes)
 }
 
 #[cfg(test)]

@@ -180,7 +180,7 @@ fn factor_ordered(h: &[f32], n: usize) -> Factor {
 
 /// Whether [`quantize_matrix`] can write `dtype`.
 pub fn supports(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_0 | DType::Q8_0) || grid::supports(dtype)
+    matches!(dtype, DType::Q4_0 | DType::Q8_0) || grid::supports(dtype.block())
 }
 
 /// Quantize `rows × cols` weights `w` (row-major) to `dtype` (Q4_0, Q8_0, Q5_0, Q5_1, Q4_K,
@@ -210,8 +210,8 @@ pub fn quantize_matrix(
         .enumerate()
         .for_each(|(r, (rb, rd))| {
             let mut row = w[r * cols..(r + 1) * cols].to_vec();
-            if grid::supports(dtype) {
-                grid::quantize_row(&mut row, dtype, f, rb, rd);
+            if grid::supports(dtype.block()) {
+                grid::quantize_row(&mut row, dtype.block(), f, rb, rd);
             } else {
                 quantize_row(&mut row, dtype, f, rb, rd);
             }
@@ -310,187 +310,47 @@ fn quantize_row(row: &mut [f32], dtype: DType, f: &Factor, out: &mut [u8], deq: 
 /// weighted rule gives; only the codes differ from its output.
 mod grid {
     use super::{round_compensated, Factor};
-    use bytemuck::Pod;
-    use kiln_format::kquants::{
-        self, pack_q4_k_codes, pack_q5_k_codes, pack_q6_k_codes, scale_min_k4, QK_K,
-    };
-    use kiln_format::q5::{self, pack_q5_codes};
-    use kiln_format::{DType, QK};
+    use kiln_format::block_type::CodeGrid;
+    use kiln_format::BlockKind;
 
-    /// The types this module writes.
-    pub(super) fn supports(dtype: DType) -> bool {
-        matches!(
-            dtype,
-            DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K
-        )
+    /// Whether this module writes the type: it has GGML's weighted rule to fit the scales and
+    /// codes that can be set apart from them (its row of the block-type table says).
+    pub(super) fn supports(kind: &BlockKind) -> bool {
+        kind.rows == 1 && kind.has_weighted() && kind.has_code_grids()
     }
 
-    /// One column's grid: value `a·(q + off) + b` for codes `q` in `0..=max`, computed in the
-    /// dequantizer's order of operations.
-    #[derive(Clone, Copy)]
-    struct Col {
-        a: f32,
-        b: f32,
-        off: i32,
-        max: i32,
-    }
-
-    impl Col {
-        fn value(self, q: i32) -> f32 {
-            (q + self.off) as f32 * self.a + self.b
+    /// The code nearest `w` on `g` and its value.
+    fn nearest(g: CodeGrid, w: f32) -> (u8, f32) {
+        let q = if g.scale == 0.0 {
+            -g.offset
+        } else {
+            ((w - g.shift) / g.scale).round() as i32 - g.offset
         }
-
-        /// The code nearest `w` on this grid and its value.
-        fn nearest(self, w: f32) -> (u8, f32) {
-            let q = if self.a == 0.0 {
-                -self.off
-            } else {
-                ((w - self.b) / self.a).round() as i32 - self.off
-            }
-            .clamp(0, self.max);
-            (q as u8, self.value(q))
-        }
+        .clamp(0, g.max);
+        (q as u8, g.value(q))
     }
 
     /// Fit the blocks, round compensated, and write the blocks with the new codes.
     pub(super) fn quantize_row(
         row: &mut [f32],
-        dtype: DType,
+        kind: &BlockKind,
         f: &Factor,
         out: &mut [u8],
         deq: &mut [f32],
     ) {
         let n = row.len();
-        let imp = &f.diag;
-        let mut cols = Vec::with_capacity(n);
+        let mut blocks = Vec::with_capacity(out.len());
+        kind.quantize_weighted(row, &f.diag, &mut blocks)
+            .expect("a type with a weighted rule, checked by supports")
+            .expect("a finite row of whole blocks, checked by the caller");
+        let mut grids = Vec::with_capacity(n);
+        kind.code_grids(&blocks, &mut grids)
+            .expect("a type with code grids, checked by supports");
         let mut codes = vec![0u8; n];
-        let fitted = "a finite row of whole blocks, checked by the caller";
-        match dtype {
-            DType::Q5_0 => {
-                let blocks = q5::quantize_row_q5_0_weighted(row, imp).expect(fitted);
-                let col = |b: &q5::BlockQ5_0| Col {
-                    a: b.d.to_f32(),
-                    b: 0.0,
-                    off: -16,
-                    max: 31,
-                };
-                q5_row(row, f, out, deq, blocks, col, |b, (qh, qs)| {
-                    (b.qh, b.qs) = (qh, qs)
-                });
-            }
-            DType::Q5_1 => {
-                let blocks = q5::quantize_row_q5_1_weighted(row, imp).expect(fitted);
-                let col = |b: &q5::BlockQ5_1| Col {
-                    a: b.d.to_f32(),
-                    b: b.m.to_f32(),
-                    off: 0,
-                    max: 31,
-                };
-                q5_row(row, f, out, deq, blocks, col, |b, (qh, qs)| {
-                    (b.qh, b.qs) = (qh, qs)
-                });
-            }
-            DType::Q4_K | DType::Q5_K => {
-                // Q4_K and Q5_K share the scale layout; only the code width differs.
-                let (max, params) = if dtype == DType::Q4_K {
-                    let b = kquants::quantize_row_q4_k_weighted(row, imp).expect(fitted);
-                    (
-                        15,
-                        b.iter()
-                            .map(|b| (b.d, b.dmin, b.scales))
-                            .collect::<Vec<_>>(),
-                    )
-                } else {
-                    let b = kquants::quantize_row_q5_k_weighted(row, imp).expect(fitted);
-                    (
-                        31,
-                        b.iter()
-                            .map(|b| (b.d, b.dmin, b.scales))
-                            .collect::<Vec<_>>(),
-                    )
-                };
-                for &(d, dmin, scales) in &params {
-                    for s in 0..QK_K / 32 {
-                        let (sc, m) = scale_min_k4(s, &scales);
-                        let a = d.to_f32() * f32::from(sc);
-                        let b = -(dmin.to_f32() * f32::from(m));
-                        cols.extend([Col { a, b, off: 0, max }; 32]);
-                    }
-                }
-                round_compensated(row, f, &mut codes, deq, |j, w| cols[j].nearest(w));
-                let blocks = params.iter().zip(codes.chunks_exact(QK_K));
-                if dtype == DType::Q4_K {
-                    let blocks: Vec<_> = blocks
-                        .map(|(&(d, dmin, scales), c)| kquants::BlockQ4K {
-                            d,
-                            dmin,
-                            scales,
-                            qs: pack_q4_k_codes(c.try_into().expect("a super-block")),
-                        })
-                        .collect();
-                    write(&blocks, out);
-                } else {
-                    let blocks: Vec<_> = blocks
-                        .map(|(&(d, dmin, scales), c)| {
-                            let (qh, qs) = pack_q5_k_codes(c.try_into().expect("a super-block"));
-                            kquants::BlockQ5K {
-                                d,
-                                dmin,
-                                scales,
-                                qh,
-                                qs,
-                            }
-                        })
-                        .collect();
-                    write(&blocks, out);
-                }
-            }
-            DType::Q6_K => {
-                let mut blocks = kquants::quantize_row_q6_k_weighted(row, imp).expect(fitted);
-                for b in &blocks {
-                    for &sc in &b.scales {
-                        let a = b.d.to_f32() * f32::from(sc);
-                        cols.extend(
-                            [Col {
-                                a,
-                                b: 0.0,
-                                off: -32,
-                                max: 63,
-                            }; 16],
-                        );
-                    }
-                }
-                round_compensated(row, f, &mut codes, deq, |j, w| cols[j].nearest(w));
-                for (b, c) in blocks.iter_mut().zip(codes.chunks_exact(QK_K)) {
-                    (b.ql, b.qh) = pack_q6_k_codes(c.try_into().expect("a super-block"));
-                }
-                write(&blocks, out);
-            }
-            other => unreachable!("{other} is not a grid type"),
-        }
-    }
-
-    /// Q5_0 and Q5_1: one grid per 32-weight block (`col`), codes packed alike (`set`).
-    fn q5_row<B: Pod>(
-        row: &mut [f32],
-        f: &Factor,
-        out: &mut [u8],
-        deq: &mut [f32],
-        mut blocks: Vec<B>,
-        col: impl Fn(&B) -> Col,
-        set: impl Fn(&mut B, ([u8; 4], [u8; QK / 2])),
-    ) {
-        let cols: Vec<Col> = blocks.iter().flat_map(|b| [col(b); QK]).collect();
-        let mut codes = vec![0u8; row.len()];
-        round_compensated(row, f, &mut codes, deq, |j, w| cols[j].nearest(w));
-        for (b, c) in blocks.iter_mut().zip(codes.chunks_exact(QK)) {
-            set(b, pack_q5_codes(c.try_into().expect("a block")));
-        }
-        write(&blocks, out);
-    }
-
-    fn write<B: Pod>(blocks: &[B], out: &mut [u8]) {
-        out.copy_from_slice(bytemuck::cast_slice(blocks));
+        round_compensated(row, f, &mut codes, deq, |j, w| nearest(grids[j], w));
+        kind.set_codes(&mut blocks, &codes)
+            .expect("a type with code grids, checked by supports");
+        out.copy_from_slice(&blocks);
     }
 }
 

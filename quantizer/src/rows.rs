@@ -7,7 +7,7 @@
 
 use half::{bf16, f16};
 use kiln_format::blocks::{GROUP_ROWS, QK};
-use kiln_format::DType;
+use kiln_format::{BlockKind, DType};
 
 use crate::method::{quantize_block_q4_0, quantize_block_q8_0, Method};
 use crate::ErrorStats;
@@ -117,19 +117,26 @@ pub fn convert_rows(
             quantize_rows(x, cols, DType::Q4_0, method, importance, &mut plain, stats)?;
             out.extend_from_slice(&dtype.to_storage(cols, &plain));
         }
-        DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K => {
+        // Every other block type by its row of the table: GGML's reference rule, or its
+        // importance-weighted rule when there is importance and the method is not the
+        // reference. (Above, the floats differ in what they report, F16's overflow per value,
+        // and Q8_0/Q4_0 have the quantizer's own scale searches and the kernels' SIMD rule.)
+        _ => {
+            let kind = dtype.block();
+            assert_eq!(kind.rows, 1, "a block type of one row");
             assert_eq!(
-                cols % dtype.block_len(),
+                cols % kind.weights,
                 0,
                 "block rows must be a multiple of {}",
-                dtype.block_len()
+                kind.weights
             );
-            out.reserve(x.len() / dtype.block_len() * dtype.block_bytes());
+            out.reserve(x.len() / kind.weights * kind.bytes);
             let start = out.len();
-            let weighted = importance.filter(|_| method != Method::Reference);
+            let weighted =
+                importance.filter(|_| method != Method::Reference && kind.has_weighted());
             let r = match weighted {
-                None => quantize_ggml_blocks(x, dtype, out, stats),
-                Some(w) => quantize_ggml_weighted(x, cols, w, dtype, out, stats),
+                None => quantize_ggml_blocks(x, cols, kind, out, stats),
+                Some(w) => quantize_ggml_weighted(x, cols, w, kind, out, stats),
             };
             r.inspect_err(|_| out.truncate(start))?;
         }
@@ -137,135 +144,76 @@ pub fn convert_rows(
     Ok(())
 }
 
-/// Quantize whole rows to Q5_0, Q5_1, Q4_K, Q5_K or Q6_K with GGML's importance-weighted rules
-/// (the format crate's `quantize_row_*_weighted`, bit for bit with GGML's `quantize_<type>`
-/// given an importance matrix), one row at a time (Q5_0/Q5_1 weigh by the row's mean square),
-/// dequantize and accumulate the error.
+/// Quantize whole rows with the type's importance-weighted rule (the format crate's
+/// `quantize_row_*_weighted`, bit for bit with GGML's `quantize_<type>` given an importance
+/// matrix), one row at a time (Q5_0/Q5_1 weigh by the row's mean square), dequantize and
+/// accumulate the error.
 fn quantize_ggml_weighted(
     x: &[f32],
     cols: usize,
     importance: &[f32],
-    dtype: DType,
+    kind: &BlockKind,
     out: &mut Vec<u8>,
     stats: &mut ErrorStats,
 ) -> Result<(), ValueError> {
-    use kiln_format::{kquants, q5};
     let mut y = vec![0.0f32; cols];
     for (r, row) in x.chunks_exact(cols).enumerate() {
-        let (bytes, finite) = match dtype {
-            DType::Q5_0 => {
-                let b = q5::quantize_row_q5_0_weighted(row, importance).expect("checked row");
-                q5::dequantize_row_q5_0(&b, &mut y);
-                (
-                    bytemuck::cast_slice(&b).to_vec(),
-                    finite_at(&b, |b| b.d.is_finite()),
-                )
-            }
-            DType::Q5_1 => {
-                let b = q5::quantize_row_q5_1_weighted(row, importance).expect("checked row");
-                q5::dequantize_row_q5_1(&b, &mut y);
-                let ok = finite_at(&b, |b| b.d.is_finite() && b.m.is_finite());
-                (bytemuck::cast_slice(&b).to_vec(), ok)
-            }
-            DType::Q4_K => {
-                let b = kquants::quantize_row_q4_k_weighted(row, importance).expect("checked row");
-                kquants::dequantize_row_q4_k(&b, &mut y);
-                let ok = finite_at(&b, |b| b.d.is_finite() && b.dmin.is_finite());
-                (bytemuck::cast_slice(&b).to_vec(), ok)
-            }
-            DType::Q5_K => {
-                let b = kquants::quantize_row_q5_k_weighted(row, importance).expect("checked row");
-                kquants::dequantize_row_q5_k(&b, &mut y);
-                let ok = finite_at(&b, |b| b.d.is_finite() && b.dmin.is_finite());
-                (bytemuck::cast_slice(&b).to_vec(), ok)
-            }
-            DType::Q6_K => {
-                let b = kquants::quantize_row_q6_k_weighted(row, importance).expect("checked row");
-                kquants::dequantize_row_q6_k(&b, &mut y);
-                (
-                    bytemuck::cast_slice(&b).to_vec(),
-                    finite_at(&b, |b| b.d.is_finite()),
-                )
-            }
-            _ => unreachable!("only called for GGML's 5-bit and K-quant types"),
-        };
-        if let Err(b) = finite {
-            let n = dtype.block_len();
-            let xb = &row[b * n..(b + 1) * n];
+        let start = out.len();
+        kind.quantize_weighted(row, importance, out)
+            .expect("called for types with a weighted rule")
+            .expect("a finite row of whole blocks, checked by the caller");
+        if let Err(b) = finite_units(kind, &out[start..]) {
+            let n = kind.weights;
             return Err(ValueError::ScaleOverflow {
                 position: r * cols + b * n,
-                value: xb.iter().fold(0.0f32, |m, v| m.max(v.abs())),
+                value: max_abs(&row[b * n..(b + 1) * n]),
             });
         }
-        out.extend_from_slice(&bytes);
+        kind.dequantize(&out[start..], cols, &mut y);
         stats.add(row, &y);
     }
     Ok(())
 }
 
-/// `Err(i)` for the first block whose scales are not finite.
-fn finite_at<B>(blocks: &[B], ok: impl Fn(&B) -> bool) -> Result<(), usize> {
-    match blocks.iter().position(|b| !ok(b)) {
+/// `Err(i)` for the first unit whose scales are not finite.
+fn finite_units(kind: &BlockKind, bytes: &[u8]) -> Result<(), usize> {
+    match bytes
+        .chunks_exact(kind.bytes)
+        .position(|u| !kind.scales_finite(u))
+    {
         Some(i) => Err(i),
         None => Ok(()),
     }
 }
 
-/// Quantize whole rows to Q5_0, Q5_1, Q4_K, Q5_K or Q6_K with GGML's reference rules (the
-/// format crate's `quantize_block_*_ref`, bit for bit), dequantize each block with the format
-/// crate's reference dequantizers and accumulate the error. Blocks never straddle rows (rows
-/// are whole blocks), so the blocks of the concatenated rows are the rows' blocks.
+fn max_abs(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+}
+
+/// Quantize whole rows with the type's reference rule (the format crate's
+/// `quantize_row_*_ref`, GGML's bit for bit), dequantize them with the format crate's
+/// reference dequantizer and accumulate the error. Blocks never straddle rows (rows are whole
+/// blocks), so the blocks of the concatenated rows are the rows' blocks.
 fn quantize_ggml_blocks(
     x: &[f32],
-    dtype: DType,
+    cols: usize,
+    kind: &BlockKind,
     out: &mut Vec<u8>,
     stats: &mut ErrorStats,
 ) -> Result<(), ValueError> {
-    use kiln_format::{kquants, q5};
-    let n = dtype.block_len();
-    let mut y = vec![0.0f32; n];
-    for (b, xb) in x.chunks_exact(n).enumerate() {
-        let finite = match dtype {
-            DType::Q5_0 => {
-                let blk = q5::quantize_block_q5_0_ref(xb.try_into().expect("QK chunk"));
-                q5::dequantize_row_q5_0(&[blk], &mut y);
-                out.extend_from_slice(bytemuck::bytes_of(&blk));
-                blk.d.is_finite()
-            }
-            DType::Q5_1 => {
-                let blk = q5::quantize_block_q5_1_ref(xb.try_into().expect("QK chunk"));
-                q5::dequantize_row_q5_1(&[blk], &mut y);
-                out.extend_from_slice(bytemuck::bytes_of(&blk));
-                blk.d.is_finite() && blk.m.is_finite()
-            }
-            DType::Q4_K => {
-                let blk = kquants::quantize_block_q4_k_ref(xb.try_into().expect("QK_K chunk"));
-                kquants::dequantize_row_q4_k(&[blk], &mut y);
-                out.extend_from_slice(bytemuck::bytes_of(&blk));
-                blk.d.is_finite() && blk.dmin.is_finite()
-            }
-            DType::Q5_K => {
-                let blk = kquants::quantize_block_q5_k_ref(xb.try_into().expect("QK_K chunk"));
-                kquants::dequantize_row_q5_k(&[blk], &mut y);
-                out.extend_from_slice(bytemuck::bytes_of(&blk));
-                blk.d.is_finite() && blk.dmin.is_finite()
-            }
-            DType::Q6_K => {
-                let blk = kquants::quantize_block_q6_k_ref(xb.try_into().expect("QK_K chunk"));
-                kquants::dequantize_row_q6_k(&[blk], &mut y);
-                out.extend_from_slice(bytemuck::bytes_of(&blk));
-                blk.d.is_finite()
-            }
-            _ => unreachable!("only called for GGML's 5-bit and K-quant types"),
-        };
-        if !finite {
-            return Err(ValueError::ScaleOverflow {
-                position: b * n,
-                value: xb.iter().fold(0.0f32, |m, v| m.max(v.abs())),
-            });
-        }
-        stats.add(xb, &y);
+    let start = out.len();
+    kind.quantize_ref(x, cols, out)
+        .expect("finite rows of whole blocks, checked by the caller");
+    if let Err(b) = finite_units(kind, &out[start..]) {
+        let n = kind.weights;
+        return Err(ValueError::ScaleOverflow {
+            position: b * n,
+            value: max_abs(&x[b * n..(b + 1) * n]),
+        });
     }
+    let mut y = vec![0.0f32; x.len()];
+    kind.dequantize(&out[start..], cols, &mut y);
+    stats.add(x, &y);
     Ok(())
 }
 
@@ -314,7 +262,7 @@ fn quantize_rows(
                 out.clear();
                 return Err(ValueError::ScaleOverflow {
                     position: r * cols + b * QK,
-                    value: xb.iter().fold(0.0f32, |m, v| m.max(v.abs())),
+                    value: max_abs(xb),
                 });
             }
             stats.add(xb, &y);
@@ -329,7 +277,7 @@ fn scale_overflow(out: &mut Vec<u8>, position: usize, xb: &[f32]) -> ValueError 
     out.clear();
     ValueError::ScaleOverflow {
         position,
-        value: xb.iter().fold(0.0f32, |m, v| m.max(v.abs())),
+        value: max_abs(xb),
     }
 }
 

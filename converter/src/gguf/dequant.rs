@@ -3,13 +3,12 @@
 //! Kiln stores most of the GGML block types a GGUF file holds (Q8_0, Q4_0, Q5_0, Q5_1, Q4_K,
 //! Q5_K, Q6_K: format 1.2), so an import keeps those byte for byte; it decodes them only where
 //! it is asked to (`--dequantize-all`) or where the runner needs floats (1-D tensors such as
-//! norms and biases, Gemma's `1 + w` norms). Those decode through the format crate's
-//! reference dequantizers ([`kiln_format::values::decode_rows_f32`]), the same code every
-//! other Kiln program decodes them with. The GGML types Kiln does not store but can decode,
+//! norms and biases, Gemma's `1 + w` norms). Those decode through their row of the format
+//! crate's block-type table ([`kiln_format::BlockKind::dequantize`], GGML's reference
+//! dequantizers), the same code every other Kiln program decodes them with. The GGML types Kiln does not store but can decode,
 //! listed in [`DEQUANTIZED`] (Q4_1), are decoded here, following GGML's `dequantize_row_*`.
 
 use half::f16;
-use kiln_format::values::decode_rows_f32;
 
 use super::types::GgmlType;
 
@@ -34,7 +33,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut Vec<f32>) -> Option<()> 
         // column count, which only those need, does not matter).
         let start = out.len();
         out.resize(start + n, 0.0);
-        decode_rows_f32(d, n, bytes, &mut out[start..]);
+        d.block().dequantize(bytes, n, &mut out[start..]);
         return Some(());
     }
     out.reserve(n);

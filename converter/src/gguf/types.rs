@@ -27,21 +27,32 @@ const fn t(id: u32, name: &'static str, block_len: u64, block_bytes: u64) -> Ggm
     }
 }
 
-/// Every type id GGML assigns today (ids 4, 5 and 31–33 were retired and are refused).
+/// The GGML type a Kiln block type is, from its row of the format crate's block-type table.
+const fn kiln(dtype: DType) -> GgmlType {
+    let b = dtype.block();
+    match b.ggml {
+        Some((id, name)) => t(id, name, b.weights as u64, b.bytes as u64),
+        None => panic!("a Kiln-only layout is no GGML type"),
+    }
+}
+
+/// Every type id GGML assigns today (ids 4, 5 and 31–33 were retired and are refused). The
+/// types Kiln stores take their geometry from the format crate's table; the others are
+/// GGML's (`ggml-common.h`), so that the reader can size tensors it cannot decode.
 pub const GGML_TYPES: &[GgmlType] = &[
-    t(0, "F32", 1, 4),
-    t(1, "F16", 1, 2),
-    t(2, "Q4_0", 32, 18),
+    kiln(DType::F32),
+    kiln(DType::F16),
+    kiln(DType::Q4_0),
     t(3, "Q4_1", 32, 20),
-    t(6, "Q5_0", 32, 22),
-    t(7, "Q5_1", 32, 24),
-    t(8, "Q8_0", 32, 34),
+    kiln(DType::Q5_0),
+    kiln(DType::Q5_1),
+    kiln(DType::Q8_0),
     t(9, "Q8_1", 32, 36),
     t(10, "Q2_K", 256, 84),
     t(11, "Q3_K", 256, 110),
-    t(12, "Q4_K", 256, 144),
-    t(13, "Q5_K", 256, 176),
-    t(14, "Q6_K", 256, 210),
+    kiln(DType::Q4_K),
+    kiln(DType::Q5_K),
+    kiln(DType::Q6_K),
     t(15, "Q8_K", 256, 292),
     t(16, "IQ2_XXS", 256, 66),
     t(17, "IQ2_XS", 256, 74),
@@ -57,7 +68,7 @@ pub const GGML_TYPES: &[GgmlType] = &[
     t(27, "I64", 1, 8),
     t(28, "F64", 1, 8),
     t(29, "IQ1_M", 256, 56),
-    t(30, "BF16", 1, 2),
+    kiln(DType::BF16),
     t(34, "TQ1_0", 256, 54),
     t(35, "TQ2_0", 256, 66),
     t(39, "MXFP4", 32, 17),
@@ -69,17 +80,24 @@ impl GgmlType {
         GGML_TYPES.iter().copied().find(|t| t.id == id)
     }
 
-    /// The GGML type a Kiln dtype is written to GGUF as: the type of the same id (the ids are
-    /// the same by design), or for a Kiln-only layout (ids from 1000, e.g. `q4_0x16`) the type
-    /// of the dtype whose values it stores ([`DType::logical`]), which export de-interleaves to.
+    /// The GGML type a Kiln dtype is written to GGUF as: the one its row of the block-type
+    /// table names, or for a Kiln-only layout (e.g. `q4_0x16`, which names none) that of the
+    /// dtype whose values it stores ([`DType::logical`]), which export de-interleaves to.
     pub fn of(dtype: DType) -> GgmlType {
-        GgmlType::from_id(dtype.logical().id()).expect("every logical Kiln dtype is a GGML type")
+        let (id, _) = dtype
+            .logical()
+            .block()
+            .ggml
+            .expect("every logical Kiln dtype is a GGML type");
+        GgmlType::from_id(id).expect("the table's GGML ids are GGML's")
     }
 
-    /// The Kiln dtype with the same layout, if Kiln stores this type natively. Never a
-    /// Kiln-only layout: GGML has none of them.
+    /// The Kiln dtype whose row of the block-type table names this type, if Kiln stores it
+    /// natively. Never a Kiln-only layout: GGML has none of them.
     pub fn kiln_dtype(self) -> Option<DType> {
-        DType::from_id(self.id).filter(|d| d.logical() == *d)
+        DType::ALL
+            .into_iter()
+            .find(|d| d.block().ggml.is_some_and(|(id, _)| id == self.id))
     }
 
     /// Bytes of a tensor whose innermost dimension is `dims[0]` (GGML order), or why not.
@@ -191,6 +209,7 @@ mod tests {
                 continue;
             }
             assert_eq!(g.kiln_dtype(), Some(d));
+            assert_eq!(d.block().ggml, Some((g.id, g.name)), "{d}");
             assert_eq!(g.block_len, d.block_len() as u64, "{d}");
             assert_eq!(g.block_bytes, d.block_bytes() as u64, "{d}");
         }
