@@ -109,7 +109,7 @@ pub(crate) fn prepare_float_tile(x: &[f32], cols: usize, out: &mut [[f32; FLOAT_
 }
 
 /// A block encoding the lanes kernel takes, once unpacked to unsigned codes.
-pub(crate) trait LaneWeight: Copy {
+pub(crate) trait LaneWeight: kiln_format::BlockType {
     /// What makes the codes unsigned: the unpacked code is `weight + OFFSET`.
     const OFFSET: i32;
     /// Write the block's unsigned codes (weight `j` in byte `j`) and return its scale.

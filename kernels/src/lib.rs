@@ -6,6 +6,10 @@
 //!   batch of activation rows on a [`Pool`]. Q5_0/Q5_1 rows dot Q8_0 activations and K-quant
 //!   rows Q8_K activations, as in GGML, with every tier giving the reference's bits
 //!   (`kquant`; [`Kernels::dot_q4_k_q8_k`] and its siblings expose one row's product).
+//!   Every block trait the kernels are written over (`KBlock`, `LaneWeight`, `LaneFloat`,
+//!   `QBlock`, `PairBlock`, NEON's) extends the format's [`kiln_format::BlockType`], so a kernel
+//!   exists only for a type that is a row of the format's block-type table, and
+//!   [`WeightData::dtype`] names that row.
 //! - The vector kernels ([`rmsnorm`], [`softmax_inplace`], [`exp_sum`], [`silu_mul`], [`gelu_tanh_mul`],
 //!   [`dot_f32`], [`axpy`], [`weighted_sum`], [`weighted_sum_f16`]) and the per-encoding dot products
 //!   ([`dot_q8_0_q8_0`], [`dot_q4_0_q8_0`], [`dot_f16_f32`], [`dot_bf16_f32`]) cover the rest of

@@ -72,7 +72,7 @@ const _: () = assert!(
 const PARALLEL_MIN_WORK: usize = 48 * 1024;
 
 /// A float encoding widened to f32 for the float lanes kernel (exact for f16 and bf16).
-pub(crate) trait LaneFloat: Copy {
+pub(crate) trait LaneFloat: kiln_format::BlockType {
     /// `dst[i] = src[i]` as f32 with `k`'s kernels; the lengths are equal.
     fn widen(k: &Kernels, src: &[Self], dst: &mut [f32]);
 }

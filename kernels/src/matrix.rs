@@ -3,7 +3,7 @@
 use half::{bf16, f16};
 use kiln_format::{
     BlockQ4K, BlockQ4_0, BlockQ4_0x16, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, DType,
-    GROUP_ROWS, QK, QK_K,
+    GROUP_ROWS, QK,
 };
 
 use crate::error::KernelError;
@@ -38,21 +38,26 @@ pub enum WeightData<'a> {
 }
 
 impl WeightData<'_> {
+    /// The encoding's dtype: its row of the format's block-type table ([`DType::block`]).
+    pub fn dtype(&self) -> DType {
+        match self {
+            WeightData::F32(_) => DType::F32,
+            WeightData::F16(_) => DType::F16,
+            WeightData::BF16(_) => DType::BF16,
+            WeightData::Q8_0(_) => DType::Q8_0,
+            WeightData::Q4_0(_) => DType::Q4_0,
+            WeightData::Q4_0x16(_) => DType::Q4_0x16,
+            WeightData::Q5_0(_) => DType::Q5_0,
+            WeightData::Q5_1(_) => DType::Q5_1,
+            WeightData::Q4_K(_) => DType::Q4_K,
+            WeightData::Q5_K(_) => DType::Q5_K,
+            WeightData::Q6_K(_) => DType::Q6_K,
+        }
+    }
+
     /// The encoding's name, for messages.
     pub fn dtype_name(&self) -> &'static str {
-        match self {
-            WeightData::F32(_) => "f32",
-            WeightData::F16(_) => "f16",
-            WeightData::BF16(_) => "bf16",
-            WeightData::Q8_0(_) => "q8_0",
-            WeightData::Q4_0(_) => "q4_0",
-            WeightData::Q4_0x16(_) => "q4_0x16",
-            WeightData::Q5_0(_) => "q5_0",
-            WeightData::Q5_1(_) => "q5_1",
-            WeightData::Q4_K(_) => "q4_k",
-            WeightData::Q5_K(_) => "q5_k",
-            WeightData::Q6_K(_) => "q6_k",
-        }
+        self.dtype().name()
     }
 
     /// Bytes of weight data (what a matvec must stream from memory).
@@ -72,17 +77,11 @@ impl WeightData<'_> {
         }
     }
 
-    /// Weights per block of the encoding (1 for float encodings).
+    /// Weights per block of one row (1 for float encodings; 32 for `q4_0x16`, whose storage
+    /// unit spans sixteen rows' blocks).
     pub fn block_len(&self) -> usize {
-        match self {
-            WeightData::F32(_) | WeightData::F16(_) | WeightData::BF16(_) => 1,
-            WeightData::Q8_0(_)
-            | WeightData::Q4_0(_)
-            | WeightData::Q4_0x16(_)
-            | WeightData::Q5_0(_)
-            | WeightData::Q5_1(_) => QK,
-            WeightData::Q4_K(_) | WeightData::Q5_K(_) | WeightData::Q6_K(_) => QK_K,
-        }
+        let kind = self.dtype().block();
+        kind.weights / kind.rows
     }
 }
 

@@ -8,7 +8,7 @@ use super as r;
 use crate::tile::TILE_ROWS;
 
 /// A weight block paired with its activation block type.
-pub(crate) trait KBlock: Copy + Sync + 'static {
+pub(crate) trait KBlock: kiln_format::BlockType + Sync + 'static {
     /// The activation block it dots.
     type X: Copy + Sync + 'static;
     /// The exact integer sums of one block pair.

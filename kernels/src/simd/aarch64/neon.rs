@@ -36,7 +36,7 @@ const LANES: usize = 4;
 const STEP: usize = 4 * LANES;
 
 /// How a weight element type becomes four f32 lanes.
-trait NeonWeight: Copy {
+trait NeonWeight: kiln_format::BlockType {
     /// # Safety
     /// `p` is valid for reading four elements; NEON enabled.
     unsafe fn load4(p: *const Self) -> float32x4_t;
@@ -154,7 +154,7 @@ unsafe fn isum(w_lo: int8x16_t, w_hi: int8x16_t, x: &BlockQ8_0) -> i32 {
 }
 
 /// A weight block type with an exact NEON integer dot against a Q8_0 block.
-trait NeonBlock: Copy {
+trait NeonBlock: kiln_format::BlockType {
     fn d(&self) -> f16;
     /// # Safety
     /// NEON enabled.

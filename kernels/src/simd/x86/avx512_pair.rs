@@ -40,7 +40,7 @@ pub(crate) struct XPair {
 }
 
 /// A weight encoding the pair kernel handles.
-pub(crate) trait PairBlock: Copy {
+pub(crate) trait PairBlock: kiln_format::BlockType {
     /// The offset that makes stored codes unsigned (`q + OFFSET` is what `vpdpbusd` sees).
     const OFFSET: i8;
     /// Codes (unsigned, in the activation pair's order) and `[d0 ×8, d1 ×8]` of blocks

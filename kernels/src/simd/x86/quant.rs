@@ -33,7 +33,7 @@ pub(crate) unsafe trait QDot {
 }
 
 /// A weight block type the generic kernel can dot against Q8_0 activations.
-pub(crate) trait QBlock: Copy {
+pub(crate) trait QBlock: kiln_format::BlockType {
     fn d(&self) -> half::f16;
     /// The block's integer dot with each of `T` prepared activation blocks.
     ///
