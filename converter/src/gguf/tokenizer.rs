@@ -166,10 +166,11 @@ pub fn to_gguf(
     let byte_level = has_byte_level(tj.get("pre_tokenizer").unwrap_or(&Json::Null))
         || has_byte_level(tj.get("decoder").unwrap_or(&Json::Null));
     // Gemma's: BPE over `▁`-spelled text with byte fallback, written as llama.cpp's
-    // SentencePiece vocabulary (only for `gemma3`, the one family whose import reads it back).
+    // SentencePiece vocabulary (only for a family whose row says its import reads it back:
+    // `GgufSpec::sentencepiece_vocab`, Gemma 3).
     let sentencepiece = model_type == "BPE"
         && !byte_level
-        && config.architecture == kiln_format::Architecture::Gemma3
+        && config.architecture.spec().gguf.sentencepiece_vocab
         && model.get("byte_fallback").and_then(Json::as_bool) == Some(true)
         && tj.get("normalizer")
             == Some(&json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
@@ -391,7 +392,13 @@ enum Flavour {
 fn flavour(file: &str, model: &str, arch: &str) -> Result<Flavour> {
     match (model, arch) {
         ("gpt2", _) => Ok(Flavour::ByteLevel),
-        ("llama", "gemma3") => Ok(Flavour::Gemma),
+        // A family whose row says its vocabulary is SentencePiece's (`gemma3`).
+        ("llama", a)
+            if kiln_format::FamilySpec::from_gguf(a)
+                .is_some_and(|s| s.gguf.sentencepiece_vocab) =>
+        {
+            Ok(Flavour::Gemma)
+        }
         // Gemma 1 and 2 spell and rank their vocabularies as Gemma 3 does, which only the
         // `gemma3` rebuild has been checked against: a wrong id would go unnoticed.
         ("llama", a) if a.starts_with("gemma") => Err(unsupported(
