@@ -2,14 +2,17 @@
 //! checksummed `.kiln` file, and a `.kiln` file → GGUF.
 //!
 //! - [`hf_config`] resolves `config.json` (transformers 4.x or 5.x) into a
-//!   [`kiln_format::ModelConfig`];
+//!   [`kiln_format::ModelConfig`], with the defaults of the family's row of
+//!   [`kiln_format::FAMILIES`] (the one description of each family, which GGUF import and
+//!   export and the name table read too);
 //! - [`checkpoint`] maps the safetensors files (single or sharded) and resolves every tensor's
 //!   canonical name through the one spelling table in [`names`];
 //! - [`tokenizer_files`] carries `tokenizer.json`, the chat template and special tokens;
 //! - [`hf`] checks the tensors against the config and writes the file in parallel through
 //!   [`kiln_format::KilnWriter`];
 //! - [`inspect`] reports on (and verifies) a `.kiln` file;
-//! - [`gguf`] exports a `.kiln` file to llama.cpp's GGUF and imports GGUF files.
+//! - [`gguf`] exports a `.kiln` file to llama.cpp's GGUF and imports GGUF files, each
+//!   direction in steps (configuration, tensor plan, write) of its own submodule.
 //!
 //! Progress is reported through the [`Progress`] trait; the binary draws the bar.
 

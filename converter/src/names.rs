@@ -1,8 +1,14 @@
 //! The one table of source tensor spellings, keyed by canonical role.
 //!
 //! Each row lists how a role is spelled by the formats Kiln reads. `{}` stands for the layer
-//! number. Adding a source spelling means adding a row here and nowhere else.
+//! number. Adding a source spelling means adding a row here and nowhere else. What differs by
+//! family is read from its row of [`kiln_format::FAMILIES`]: the Hugging Face module names of
+//! the norms around the MLP ([`NormModules`]) and which projections each source stores fused
+//! ([`kiln_format::family::Fusion`]).
 
+use std::borrow::Cow;
+
+use kiln_format::family::{NormModules, Projection};
 use kiln_format::{Architecture, Role, TensorName};
 
 /// A spelling family.
@@ -14,7 +20,7 @@ pub enum Source {
     Gguf,
 }
 
-/// `(role, Hugging Face spelling, GGUF spelling)`.
+/// `(role, Hugging Face spelling, GGUF spelling)` of the roles every family spells alike.
 const TABLE: &[(Role, &str, &str)] = &[
     (
         Role::Embed,
@@ -74,11 +80,6 @@ const TABLE: &[(Role, &str, &str)] = &[
         "blk.{}.attn_k_norm.weight",
     ),
     (
-        Role::MlpNorm,
-        "model.layers.{}.post_attention_layernorm.weight",
-        "blk.{}.ffn_norm.weight",
-    ),
-    (
         Role::MlpGate,
         "model.layers.{}.mlp.gate_proj.weight",
         "blk.{}.ffn_gate.weight",
@@ -95,51 +96,18 @@ const TABLE: &[(Role, &str, &str)] = &[
     ),
 ];
 
-/// Gemma 3's rows, which take precedence over [`TABLE`]'s for the same role: its
-/// `post_attention_layernorm` is the norm on the attention output (Llama's name for the
-/// pre-MLP norm), its pre-MLP norm is `pre_feedforward_layernorm`, and it adds a norm on the
-/// MLP output.
-const GEMMA3: &[(Role, &str, &str)] = &[
-    (
-        Role::AttnPostNorm,
-        "model.layers.{}.post_attention_layernorm.weight",
-        "blk.{}.post_attention_norm.weight",
-    ),
-    (
-        Role::MlpNorm,
-        "model.layers.{}.pre_feedforward_layernorm.weight",
-        "blk.{}.ffn_norm.weight",
-    ),
-    (
-        Role::MlpPostNorm,
-        "model.layers.{}.post_feedforward_layernorm.weight",
-        "blk.{}.post_ffw_norm.weight",
-    ),
-];
-
-/// GLM-4's norms on the attention and MLP outputs (its pre-MLP norm keeps Llama's name).
-const GLM4: &[(Role, &str, &str)] = &[
-    (
-        Role::AttnPostNorm,
-        "model.layers.{}.post_self_attn_layernorm.weight",
-        "blk.{}.post_attention_norm.weight",
-    ),
-    (
-        Role::MlpPostNorm,
-        "model.layers.{}.post_mlp_layernorm.weight",
-        "blk.{}.post_ffw_norm.weight",
-    ),
-];
+/// One role's spellings in one family.
+struct Row {
+    role: Role,
+    hf: Cow<'static, str>,
+    gguf: &'static str,
+}
 
 /// A source tensor that holds several canonical ones stacked by rows, in `parts` order.
 struct Fused {
     source: Source,
-    /// Families whose parts this source spells fused: conversion reads them so and export
-    /// writes them so.
-    written: &'static [Architecture],
-    /// Families whose parts this source may spell either way: the fused spelling is accepted
-    /// beside the split one, never written.
-    also_read: &'static [Architecture],
+    /// The projection it holds; the family's row says whether its source stores it fused.
+    projection: Projection,
     pattern: &'static str,
     parts: &'static [Role],
 }
@@ -149,50 +117,59 @@ struct Fused {
 /// keeps both fused for Phi-3 (`attn_qkv`, and `ffn_up` of `2·intermediate` rows whose first
 /// half its SwiGLU takes as the gate) and the MLP fused for GLM and GLM-4, whose loaders
 /// require `ffn_up` so; they also load a fused `attn_qkv` (and its bias) for GLM, as the
-/// original ChatGLM checkpoints are converted, so import accepts that too.
+/// original ChatGLM checkpoints are converted, so import accepts that too. Which family
+/// stores which is its row's [`kiln_format::family::Fusion`].
 const FUSED: &[Fused] = &[
     Fused {
         source: Source::HuggingFace,
-        written: &[Architecture::Phi3],
-        also_read: &[],
+        projection: Projection::Qkv,
         pattern: "model.layers.{}.self_attn.qkv_proj.weight",
         parts: &[Role::AttnQ, Role::AttnK, Role::AttnV],
     },
     Fused {
         source: Source::HuggingFace,
-        written: &[Architecture::Phi3, Architecture::Glm4, Architecture::Glm],
-        also_read: &[],
+        projection: Projection::GateUp,
         pattern: "model.layers.{}.mlp.gate_up_proj.weight",
         parts: &[Role::MlpGate, Role::MlpUp],
     },
     Fused {
         source: Source::Gguf,
-        written: &[Architecture::Phi3],
-        also_read: &[Architecture::Glm4, Architecture::Glm],
+        projection: Projection::Qkv,
         pattern: "blk.{}.attn_qkv.weight",
         parts: &[Role::AttnQ, Role::AttnK, Role::AttnV],
     },
     Fused {
         source: Source::Gguf,
-        written: &[Architecture::Phi3],
-        also_read: &[Architecture::Glm4, Architecture::Glm],
+        projection: Projection::Qkv,
         pattern: "blk.{}.attn_qkv.bias",
         parts: &[Role::AttnQBias, Role::AttnKBias, Role::AttnVBias],
     },
     Fused {
         source: Source::Gguf,
-        written: &[Architecture::Phi3, Architecture::Glm4, Architecture::Glm],
-        also_read: &[],
+        projection: Projection::GateUp,
         pattern: "blk.{}.ffn_up.weight",
         parts: &[Role::MlpGate, Role::MlpUp],
     },
 ];
 
+/// The projections `source` stores fused for `arch` (read and written so), and those it may
+/// store either way (fused read, split written).
+fn fusion(source: Source, arch: Architecture) -> (&'static [Projection], &'static [Projection]) {
+    let fused = &arch.spec().fused;
+    match source {
+        Source::HuggingFace => (fused.hf, &[]),
+        Source::Gguf => (fused.gguf, fused.gguf_also_read),
+    }
+}
+
 /// The canonical parts of a fused `source` tensor of an `arch` model, in row order, if `name`
 /// is one (a spelling written or also read for the family).
 pub fn fused_parts(source: Source, arch: Architecture, name: &str) -> Option<Vec<TensorName>> {
+    let (written, also_read) = fusion(source, arch);
     FUSED.iter().find_map(|f| {
-        if f.source != source || !(f.written.contains(&arch) || f.also_read.contains(&arch)) {
+        if f.source != source
+            || !(written.contains(&f.projection) || also_read.contains(&f.projection))
+        {
             return None;
         }
         let layer = match_pattern(f.pattern, name)?;
@@ -207,37 +184,52 @@ pub fn fused_parts(source: Source, arch: Architecture, name: &str) -> Option<Vec
 
 /// The fused `source` tensor that holds `name` in an `arch` model as Kiln writes it, if any.
 fn fused_source(source: Source, arch: Architecture, name: TensorName) -> Option<String> {
+    let (written, _) = fusion(source, arch);
     FUSED.iter().find_map(|f| {
-        (f.source == source && f.written.contains(&arch) && f.parts.contains(&name.role)).then(
-            || {
+        (f.source == source && written.contains(&f.projection) && f.parts.contains(&name.role))
+            .then(|| {
                 f.pattern
                     .replace("{}", &name.layer.unwrap_or(0).to_string())
-            },
-        )
+            })
     })
 }
 
-/// The rows that apply to `arch`: its own first, then the shared ones for other roles.
-fn rows(arch: Architecture) -> impl Iterator<Item = &'static (Role, &'static str, &'static str)> {
-    let own: &'static [(Role, &str, &str)] = match arch {
-        Architecture::Gemma3 => GEMMA3,
-        Architecture::Glm4 => GLM4,
-        _ => &[],
-    };
-    own.iter().chain(
-        TABLE
-            .iter()
-            .filter(move |r| !own.iter().any(|o| o.0 == r.0)),
-    )
+/// The rows that apply to `arch`: the shared ones, then the norms around the MLP, which GGUF
+/// spells alike in every family and Hugging Face by the modules the family's row names
+/// ([`NormModules`]: Gemma 3's `post_attention_layernorm` is its attention-output norm,
+/// Llama's name for the pre-MLP norm).
+fn rows(arch: Architecture) -> impl Iterator<Item = Row> {
+    let NormModules { mlp, post } = arch.spec().norms;
+    let norms = [
+        Some((Role::MlpNorm, mlp, "blk.{}.ffn_norm.weight")),
+        post.map(|(attn, _)| {
+            (
+                Role::AttnPostNorm,
+                attn,
+                "blk.{}.post_attention_norm.weight",
+            )
+        }),
+        post.map(|(_, out)| (Role::MlpPostNorm, out, "blk.{}.post_ffw_norm.weight")),
+    ];
+    let shared = TABLE.iter().map(|&(role, hf, gguf)| Row {
+        role,
+        hf: Cow::Borrowed(hf),
+        gguf,
+    });
+    shared.chain(norms.into_iter().flatten().map(|(role, module, gguf)| Row {
+        role,
+        hf: Cow::Owned(format!("model.layers.{{}}.{module}.weight")),
+        gguf,
+    }))
 }
 
 /// Buffers some checkpoints carry that are derived from the config, not weights.
 const IGNORED_HF: &[&str] = &["model.layers.{}.self_attn.rotary_emb.inv_freq"];
 
-fn pattern(row: &(Role, &'static str, &'static str), source: Source) -> &'static str {
+fn pattern(row: &Row, source: Source) -> &str {
     match source {
-        Source::HuggingFace => row.1,
-        Source::Gguf => row.2,
+        Source::HuggingFace => &row.hf,
+        Source::Gguf => row.gguf,
     }
 }
 
@@ -260,7 +252,10 @@ fn match_pattern(pat: &str, name: &str) -> Option<Option<u32>> {
 /// The canonical name of a source tensor of an `arch` model, if the table knows its spelling.
 pub fn canonical(source: Source, arch: Architecture, name: &str) -> Option<TensorName> {
     rows(arch).find_map(|row| {
-        match_pattern(pattern(row, source), name).map(|layer| TensorName { layer, role: row.0 })
+        match_pattern(pattern(&row, source), name).map(|layer| TensorName {
+            layer,
+            role: row.role,
+        })
     })
 }
 
@@ -274,9 +269,9 @@ pub fn source_name(source: Source, arch: Architecture, name: TensorName) -> Stri
         return fused;
     }
     let row = rows(arch)
-        .find(|r| r.0 == name.role)
+        .find(|r| r.role == name.role)
         .expect("every role of the family has a row");
-    let pat = pattern(row, source);
+    let pat = pattern(&row, source);
     match name.layer {
         Some(l) => pat.replace("{}", &l.to_string()),
         None => pat.to_string(),
@@ -308,7 +303,7 @@ mod tests {
     fn every_role_round_trips_through_both_spellings() {
         for arch in Architecture::ALL {
             for row in rows(arch) {
-                let role = row.0;
+                let role = row.role;
                 let name = if role.per_layer() {
                     TensorName::layer(12, role)
                 } else {
@@ -331,7 +326,7 @@ mod tests {
     fn every_family_spells_every_expected_role() {
         for arch in Architecture::ALL {
             for role in Role::ALL {
-                let covered = rows(arch).any(|r| r.0 == role);
+                let covered = rows(arch).any(|r| r.role == role);
                 let needed = matches!(role, Role::AttnPostNorm | Role::MlpPostNorm)
                     .then_some(matches!(arch, Architecture::Gemma3 | Architecture::Glm4))
                     .unwrap_or(true);

@@ -19,6 +19,10 @@
 //!   files section, and puts them back into the [`Metadata`] a reader hands out.
 //! - [`names`] defines the canonical tensor names, and [`shapes`] the tensors (names and
 //!   shapes) a [`ModelConfig`] implies.
+//! - [`family`] describes each [`Architecture`] as data ([`FamilySpec`]: its Hugging Face
+//!   class and defaults, its GGUF name and what llama.cpp assumes of it, its fixed options,
+//!   norm module names and fused projections), the one table the converter and the runner's
+//!   activation names read instead of matching on the architecture.
 //!
 //! The format is specified in `docs/FORMAT.md`. This crate knows no model maths, no SIMD and no
 //! user interface.
@@ -29,6 +33,7 @@ pub mod blocks;
 pub mod dtype;
 pub mod error;
 pub mod exit;
+pub mod family;
 pub mod input;
 pub mod io;
 pub mod kquants;
@@ -51,6 +56,7 @@ pub use blocks::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 pub use dtype::DType;
 pub use error::{FormatError, Result};
 pub use exit::{install_interrupt_handler, ExitStatus};
+pub use family::{FamilySpec, FAMILIES};
 pub use input::{open_regular, read_bounded, read_text_bounded};
 pub use kquants::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 pub use metadata::{

@@ -3,7 +3,7 @@
 //! The names are transformers' module paths plus `.output`, exactly as the reference dumps
 //! (`fixtures/reference/`) spell them, so `kiln-verify` can compare layer by layer. They come
 //! from one table, [`Activation::name`], where a family that names a site differently (GLM-4's
-//! norms) has its own spelling. The forward pass takes `Option<&mut dyn Observer>`: with
+//! norms) has its own spelling, read from its row of [`kiln_format::FAMILIES`]. The forward pass takes `Option<&mut dyn Observer>`: with
 //! `None` the only cost is one branch per site (no names are formatted, nothing is copied).
 
 use std::fmt;
@@ -72,16 +72,18 @@ pub enum Activation {
 
 impl Activation {
     /// The name of this site in an `arch` model: its transformers module path plus `.output`.
+    /// The norms around the MLP are named by the modules the family's row gives
+    /// ([`kiln_format::family::NormModules`]: GLM-4's attention-output norm is
+    /// `post_self_attn_layernorm`, its pre-MLP norm keeps Llama's `post_attention_layernorm`, its
+    /// MLP-output norm is `post_mlp_layernorm`); every other site is spelled alike.
     pub fn name(self, arch: Architecture) -> String {
         use Activation::*;
         let layer = |l: usize, s: &str| format!("model.layers.{l}.{s}.output");
-        match (arch, self) {
-            // GLM-4: the norm on the attention output is `post_self_attn_layernorm`, the pre-MLP
-            // norm keeps Llama's `post_attention_layernorm`, the MLP output's is
-            // `post_mlp_layernorm`.
-            (Architecture::Glm4, AttnPostNorm(l)) => layer(l, "post_self_attn_layernorm"),
-            (Architecture::Glm4, PreFfnNorm(l)) => layer(l, "post_attention_layernorm"),
-            (Architecture::Glm4, PostFfnNorm(l)) => layer(l, "post_mlp_layernorm"),
+        let norms = arch.spec().norms;
+        match (norms.post, self) {
+            (Some((attn, _)), AttnPostNorm(l)) => layer(l, attn),
+            (Some(_), PreFfnNorm(l)) => layer(l, norms.mlp),
+            (Some((_, mlp)), PostFfnNorm(l)) => layer(l, mlp),
             _ => self.to_string(),
         }
     }

@@ -9,7 +9,9 @@
 //!   q/k rows between Hugging Face's and llama.cpp's rope layouts.
 //! - [`export`] writes a `.kiln` file as GGUF ([`export_gguf`]); [`import`] reads a GGUF file
 //!   into a `.kiln` file ([`import_gguf`]); [`read_tokenizer`] rebuilds only the tokenizer
-//!   (vocabulary-only files too).
+//!   (vocabulary-only files too). Both read what differs by family (architecture name, q/k
+//!   reordering, window key, what llama.cpp's graph assumes) from the family's row of
+//!   [`kiln_format::FAMILIES`].
 
 pub mod dequant;
 pub mod export;

@@ -1,0 +1,157 @@
+//! The GGUF metadata keys an export writes for the model: the hyperparameters under the
+//! architecture's prefix, and `general.file_type` named after the matrices' dtypes.
+
+use std::collections::BTreeMap;
+
+use kiln_format::family::GgufWindow;
+use kiln_format::{DType, ModelConfig, RopeScaling};
+
+use super::super::value::Value;
+
+/// `general.file_type` (llama.cpp's `llama_ftype`) of a file whose matrices hold
+/// `matrix_bytes` (bytes per logical dtype).
+///
+/// A file with K-quant matrices is named, as llama-quantize names its mixes, after the K-quant
+/// holding most of their weights: Q4_K → `MOSTLY_Q4_K_M` (15), Q5_K → `MOSTLY_Q5_K_M` (17),
+/// Q6_K → `MOSTLY_Q6_K` (18). Such a mix holds other types too: Q6_K for some matrices, and
+/// llama-quantize's fallbacks (Q5_0, Q5_1, Q8_0) for matrices whose rows are not a multiple of
+/// 256 — in Gemma 3 270M's Q4_K_M file the Q8_0 embedding alone is most of the bytes, and the
+/// file still says 15. Without K-quants, the dtype holding most matrix bytes names the file.
+pub(super) fn file_type(matrix_bytes: &BTreeMap<DType, u64>) -> u32 {
+    let weights = |d: DType, bytes: u64| {
+        u128::from(bytes) * d.block_len() as u128 / d.block_bytes().max(1) as u128
+    };
+    let k_quant = matrix_bytes
+        .iter()
+        .filter(|(d, _)| d.is_k_quant())
+        .max_by_key(|(d, b)| weights(**d, **b))
+        .map(|(d, _)| *d);
+    let dominant = k_quant.unwrap_or_else(|| {
+        matrix_bytes
+            .iter()
+            .max_by_key(|(_, b)| **b)
+            .map(|(d, _)| *d)
+            .unwrap_or(DType::F32)
+    });
+    match dominant {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::Q4_0 | DType::Q4_0x16 => 2,
+        DType::Q8_0 => 7,
+        DType::Q5_0 => 8,
+        DType::Q5_1 => 9,
+        DType::Q4_K => 15,
+        DType::Q5_K => 17,
+        DType::Q6_K => 18,
+        DType::BF16 => 32,
+    }
+}
+
+/// The hyperparameter keys of `config` under the architecture prefix `arch`.
+pub fn config_metadata(arch: &str, c: &ModelConfig) -> Vec<(String, Value)> {
+    let k = |s: &str| format!("{arch}.{s}");
+    let u = |v: u64| Value::U32(v.min(u64::from(u32::MAX)) as u32);
+    let mut kv = vec![
+        (k("context_length"), u(c.max_position_embeddings)),
+        (k("embedding_length"), u(c.hidden_size)),
+        (k("block_count"), u(c.num_layers)),
+        (k("feed_forward_length"), u(c.intermediate_size)),
+        (k("attention.head_count"), u(c.num_heads)),
+        (k("attention.head_count_kv"), u(c.num_kv_heads)),
+        (k("attention.key_length"), u(c.head_dim)),
+        (k("attention.value_length"), u(c.head_dim)),
+        // The rotated width: all of the head but for Phi-4-mini and GLM (partial rotary).
+        (k("rope.dimension_count"), u(c.rotary_dim())),
+        (k("rope.freq_base"), Value::F32(c.rope_theta as f32)),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            Value::F32(c.rms_norm_eps as f32),
+        ),
+        (k("vocab_size"), u(c.vocab_size)),
+    ];
+    match (c.architecture.spec().gguf.window, c.sliding_window) {
+        (GgufWindow::Required, Some(w)) => kv.push((k("attention.sliding_window"), u(w))),
+        // llama.cpp's converter writes 0 for a Phi-3 without a window (Phi-4-mini).
+        (GgufWindow::ZeroMeansNone, w) => {
+            kv.push((k("attention.sliding_window"), u(w.unwrap_or(0))))
+        }
+        _ => {}
+    }
+    match &c.rope_scaling {
+        Some(RopeScaling::Linear { factor }) => {
+            kv.push((k("rope.scaling.type"), Value::Str("linear".into())));
+            kv.push((k("rope.scaling.factor"), Value::F32(*factor as f32)));
+        }
+        Some(s @ (RopeScaling::Llama3 { .. } | RopeScaling::LongRope { .. })) => {
+            if let RopeScaling::LongRope {
+                original_max_position_embeddings,
+                attention_factor,
+                ..
+            } = s
+            {
+                // The factors travel as tensors (`rope_factors_long`/`_short`); the context
+                // that picks between them and the factor on cos/sin as keys.
+                kv.push((
+                    k("rope.scaling.original_context_length"),
+                    u(*original_max_position_embeddings),
+                ));
+                kv.push((
+                    k("rope.scaling.attn_factor"),
+                    Value::F32(*attention_factor as f32),
+                ));
+            }
+            // llama.cpp reads the factor tensors; the parameters themselves go under Kiln's
+            // own key so that an import can restore the configuration exactly (f64 factors
+            // that the f32 tensors would round).
+            kv.push((
+                "kiln.rope_scaling".into(),
+                Value::Str(serde_json::to_string(s).expect("serializable")),
+            ));
+        }
+        None => {}
+    }
+    kv
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mix(parts: &[(DType, u64)]) -> BTreeMap<DType, u64> {
+        parts
+            .iter()
+            .map(|&(d, weights)| (d, weights / d.block_len() as u64 * d.block_bytes() as u64))
+            .collect()
+    }
+
+    #[test]
+    fn file_type_names_k_quant_mixes_as_llama_quantize_does() {
+        // Gemma 3 270M's Q4_K_M file: the Q8_0 embedding is most of the bytes, Q5_0 stands in
+        // for the matrices of 640-wide rows; Q4_K holds more weights than Q6_K.
+        let gemma = mix(&[
+            (DType::Q8_0, 262_144 * 640),
+            (DType::Q5_0, 81 * 640 * 1024),
+            (DType::Q4_K, 27 * 640 * 1536),
+            (DType::Q6_K, 9 * 640 * 2048),
+        ]);
+        assert_eq!(file_type(&gemma), 15);
+        let q5_k_m = mix(&[(DType::Q5_K, 1 << 20), (DType::Q6_K, 1 << 18)]);
+        assert_eq!(file_type(&q5_k_m), 17);
+        assert_eq!(file_type(&mix(&[(DType::Q6_K, 1 << 20)])), 18);
+        // More Q6_K bytes than Q4_K bytes, but fewer weights: still Q4_K_M.
+        let close = mix(&[(DType::Q4_K, 1_000_192), (DType::Q6_K, 700_160)]);
+        assert!(close[&DType::Q6_K] > close[&DType::Q4_K]);
+        assert_eq!(file_type(&close), 15);
+        // Without K-quants, the dtype of most bytes.
+        assert_eq!(
+            file_type(&mix(&[(DType::Q5_0, 1 << 20), (DType::Q8_0, 1 << 10)])),
+            8
+        );
+        assert_eq!(file_type(&mix(&[(DType::Q5_1, 1 << 20)])), 9);
+        assert_eq!(
+            file_type(&mix(&[(DType::Q4_0, 1 << 20), (DType::F16, 1 << 10)])),
+            2
+        );
+        assert_eq!(file_type(&BTreeMap::new()), 0);
+    }
+}

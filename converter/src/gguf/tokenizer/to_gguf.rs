@@ -1,0 +1,223 @@
+//! `tokenizer.json` → GGUF's `tokenizer.ggml.*`: the vocabulary, merges (or SentencePiece
+//! scores), token types and special tokens of a byte-level BPE or Gemma tokenizer.
+
+use kiln_format::{ModelConfig, TokenizerFiles};
+use serde_json::{json, Value as Json};
+
+use super::super::sentencepiece::sentencepiece_scores;
+use super::super::value::{Array, KeyValues, Value};
+use super::{has_byte_level, recognise_pre, token_type, unsupported};
+use crate::error::Result;
+
+/// The GGUF tokenizer metadata for a `.kiln` file's tokenizer, and notices for the user.
+///
+/// `vocab_size` tokens are written (the embedding's row count): ids the tokenizer does not
+/// define become `[PAD<id>]` tokens of type unused, as llama.cpp's converter writes them.
+pub fn to_gguf(
+    file: &str,
+    tok: &TokenizerFiles,
+    config: &ModelConfig,
+) -> Result<(KeyValues, Vec<String>)> {
+    let mut notices = Vec::new();
+    let text = tok
+        .tokenizer_json
+        .as_deref()
+        .ok_or_else(|| unsupported(file, "the file carries no tokenizer.json"))?;
+    let tj: Json = serde_json::from_str(text)
+        .map_err(|e| unsupported(file, format!("tokenizer.json does not parse: {e}")))?;
+    let model = tj.get("model").unwrap_or(&Json::Null);
+    let model_type = model.get("type").and_then(Json::as_str).unwrap_or("?");
+    let byte_level = has_byte_level(tj.get("pre_tokenizer").unwrap_or(&Json::Null))
+        || has_byte_level(tj.get("decoder").unwrap_or(&Json::Null));
+    // Gemma's: BPE over `▁`-spelled text with byte fallback, written as llama.cpp's
+    // SentencePiece vocabulary (only for a family whose row says its import reads it back:
+    // `GgufSpec::sentencepiece_vocab`, Gemma 3).
+    let sentencepiece = model_type == "BPE"
+        && !byte_level
+        && config.architecture.spec().gguf.sentencepiece_vocab
+        && model.get("byte_fallback").and_then(Json::as_bool) == Some(true)
+        && tj.get("normalizer")
+            == Some(&json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
+    if model_type != "BPE" || !(byte_level || sentencepiece) {
+        return Err(unsupported(
+            file,
+            format!(
+                "GGUF export supports byte-level BPE tokenizers (GPT-2, SmolLM2, Llama 3, Qwen2) \
+                 and Gemma's; this one is a {model_type} model{}",
+                if byte_level {
+                    ""
+                } else {
+                    " without a ByteLevel pre-tokenizer"
+                }
+            ),
+        ));
+    }
+    let vocab = model
+        .get("vocab")
+        .and_then(Json::as_object)
+        .ok_or_else(|| unsupported(file, "tokenizer.json model.vocab is not an object"))?;
+    let max_id = |id: u64| -> Result<usize> {
+        usize::try_from(id)
+            .ok()
+            .filter(|&i| i < (1 << 24))
+            .ok_or_else(|| unsupported(file, format!("token id {id} is out of range")))
+    };
+    let mut tokens: Vec<Option<(String, i32)>> = Vec::new();
+    let mut put = |id: usize, s: &str, ty: i32| {
+        if tokens.len() <= id {
+            tokens.resize(id + 1, None);
+        }
+        tokens[id] = Some((s.to_string(), ty));
+    };
+    for (s, id) in vocab {
+        let id = id
+            .as_u64()
+            .ok_or_else(|| unsupported(file, format!("vocab entry `{s}` has no integer id")))?;
+        put(max_id(id)?, s, token_type::NORMAL);
+    }
+    for a in tj
+        .get("added_tokens")
+        .and_then(Json::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+    {
+        let (Some(id), Some(content)) = (
+            a.get("id").and_then(Json::as_u64),
+            a.get("content").and_then(Json::as_str),
+        ) else {
+            return Err(unsupported(file, format!("malformed added token {a}")));
+        };
+        let special = a.get("special").and_then(Json::as_bool).unwrap_or(false);
+        let ty = if special {
+            token_type::CONTROL
+        } else {
+            token_type::USER_DEFINED
+        };
+        put(max_id(id)?, content, ty);
+    }
+    let n = tokens.len().max(config.vocab_size as usize);
+    tokens.resize(n, None);
+    let mut padded = 0usize;
+    let (strings, types): (Vec<String>, Vec<i32>) = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            t.unwrap_or_else(|| {
+                padded += 1;
+                (format!("[PAD{i}]"), token_type::UNUSED)
+            })
+        })
+        .unzip();
+    if padded > 0 {
+        notices.push(format!(
+            "{padded} token id(s) the tokenizer does not define written as [PAD<id>] (unused)"
+        ));
+    }
+    if strings.len() as u64 > config.vocab_size {
+        return Err(unsupported(
+            file,
+            format!(
+                "the tokenizer defines {} tokens, more than the model's vocab_size {}",
+                strings.len(),
+                config.vocab_size
+            ),
+        ));
+    }
+    let merges = model
+        .get("merges")
+        .and_then(Json::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+        .iter()
+        .map(|m| match m {
+            Json::String(s) => Some(s.clone()),
+            Json::Array(p) => match p.as_slice() {
+                [Json::String(a), Json::String(b)] => Some(format!("{a} {b}")),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect::<Option<Vec<String>>>()
+        .ok_or_else(|| unsupported(file, "tokenizer.json has a malformed merge"))?;
+
+    let pre = match tj.get("pre_tokenizer").and_then(recognise_pre) {
+        Some(p) => p,
+        None if sentencepiece => "default",
+        None => {
+            notices.push(
+                "pre-tokenizer not recognised; written as \"default\" (GPT-2's split), which \
+                 llama.cpp may tokenize differently from the original"
+                    .into(),
+            );
+            "default"
+        }
+    };
+    let id_of = |role: &str| -> Option<u32> {
+        let s = tok.special_tokens.get(role)?;
+        strings.iter().position(|t| t == s).map(|i| i as u32)
+    };
+    let mut kv: Vec<(String, Value)> = if sentencepiece {
+        let (scores, types, notice) = sentencepiece_scores(&strings, types, &merges);
+        notices.extend(notice);
+        vec![
+            ("tokenizer.ggml.model".into(), Value::Str("llama".into())),
+            ("tokenizer.ggml.pre".into(), Value::Str(pre.into())),
+            (
+                "tokenizer.ggml.tokens".into(),
+                Value::Array(Array::Str(strings.clone())),
+            ),
+            (
+                "tokenizer.ggml.scores".into(),
+                Value::Array(Array::F32(scores)),
+            ),
+            (
+                "tokenizer.ggml.token_type".into(),
+                Value::Array(Array::I32(types)),
+            ),
+        ]
+    } else {
+        vec![
+            ("tokenizer.ggml.model".into(), Value::Str("gpt2".into())),
+            ("tokenizer.ggml.pre".into(), Value::Str(pre.into())),
+            (
+                "tokenizer.ggml.tokens".into(),
+                Value::Array(Array::Str(strings.clone())),
+            ),
+            (
+                "tokenizer.ggml.token_type".into(),
+                Value::Array(Array::I32(types)),
+            ),
+            (
+                "tokenizer.ggml.merges".into(),
+                Value::Array(Array::Str(merges)),
+            ),
+        ]
+    };
+    let bos = config.bos_token_id.or_else(|| id_of("bos_token"));
+    let eos = config
+        .eos_token_ids
+        .first()
+        .copied()
+        .or_else(|| id_of("eos_token"));
+    for (key, id) in [
+        ("tokenizer.ggml.bos_token_id", bos),
+        ("tokenizer.ggml.eos_token_id", eos),
+        ("tokenizer.ggml.unknown_token_id", id_of("unk_token")),
+        ("tokenizer.ggml.padding_token_id", id_of("pad_token")),
+    ] {
+        if let Some(id) = id {
+            kv.push((key.into(), Value::U32(id)));
+        }
+    }
+    let add_bos = tok.add_bos_token.unwrap_or_else(|| {
+        // No explicit flag: a template post-processor that starts with a special token adds it.
+        tj.pointer("/post_processor/single/0/SpecialToken")
+            .is_some()
+    });
+    kv.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(add_bos)));
+    kv.push(("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false)));
+    if let Some(t) = &tok.chat_template {
+        kv.push(("tokenizer.chat_template".into(), Value::Str(t.clone())));
+    }
+    Ok((kv, notices))
+}
