@@ -7,7 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Architectures the runner implements. They differ by configuration only.
+/// Architectures the runner implements. They differ by configuration only: each is a row of
+/// [`crate::family::FAMILIES`] ([`Architecture::spec`]), which the converter and the observer read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Architecture {
