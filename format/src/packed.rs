@@ -7,9 +7,9 @@
 //! deflated it is 4.7 MB, which is what brings the `.kiln` of a Q4_K_M GGUF within 2% of the
 //! GGUF's size (docs/FORMAT.md, section 6a).
 //!
-//! - [`split`] and [`pack`] (the writer) take the fields of [`PackedField::ALL`] that are at
+//! - `split` and `pack` (the writer) take the fields of [`PackedField::ALL`] that are at
 //!   least [`PACK_MIN_LEN`] bytes out of a [`Metadata`], and encode them as the files section.
-//! - [`unpack`] (the reader) validates the section, inflates each field into an allocation of
+//! - `unpack` (the reader) validates the section, inflates each field into an allocation of
 //!   its declared, bounded size, and puts it back where it came from, so every program reads
 //!   `metadata().tokenizer` the same whatever the encoding.
 //!

@@ -104,7 +104,7 @@ pub fn cast_bytes(from: DType, to: DType, bytes: &[u8], out: &mut Vec<u8>) {
 /// --verify` runs it over a whole file. A float is non-finite when its exponent bits are all
 /// ones. A block type's values are `d * q`: a block whose f16 scale `d` is non-finite makes
 /// all of its values non-finite (`0 * inf` is NaN), so such a block counts as all of its
-/// values (e.g. [`QK`]), indexed from its first. For `q4_0x16`, whose sixteen rows
+/// values (e.g. [`QK`](crate::QK)), indexed from its first. For `q4_0x16`, whose sixteen rows
 /// are interleaved, the index is in storage order (group, then row within the group). Where
 /// each type keeps its scales is its row of the block-type table ([`crate::BlockType::SCALES`]).
 pub fn count_non_finite(dtype: DType, bytes: &[u8]) -> (usize, Option<usize>) {

@@ -263,7 +263,7 @@ pub(super) fn requantize_with_scales(
     }
 }
 
-/// Pack 256 codes in 0..=15 into Q4_K's `qs` (the inverse of [`q4_k_codes`]).
+/// Pack 256 codes in 0..=15 into Q4_K's `qs` (the inverse of [`super::q4_k_codes`]).
 pub fn pack_q4_k_codes(l: &[u8; QK_K]) -> [u8; QK_K / 2] {
     let mut qs = [0u8; QK_K / 2];
     for (pair, q) in qs.chunks_exact_mut(32).enumerate() {
@@ -274,7 +274,7 @@ pub fn pack_q4_k_codes(l: &[u8; QK_K]) -> [u8; QK_K / 2] {
     qs
 }
 
-/// Pack 256 codes in 0..=31 into Q5_K's `qh` and `qs` (the inverse of [`q5_k_codes`]).
+/// Pack 256 codes in 0..=31 into Q5_K's `qh` and `qs` (the inverse of [`super::q5_k_codes`]).
 pub fn pack_q5_k_codes(l: &[u8; QK_K]) -> ([u8; QK_K / 8], [u8; QK_K / 2]) {
     let mut qh = [0u8; QK_K / 8];
     let mut qs = [0u8; QK_K / 2];
@@ -288,7 +288,7 @@ pub fn pack_q5_k_codes(l: &[u8; QK_K]) -> ([u8; QK_K / 8], [u8; QK_K / 2]) {
     (qh, qs)
 }
 
-/// Pack 256 codes in 0..=63 into Q6_K's `ql` and `qh` (the inverse of [`q6_k_codes`]).
+/// Pack 256 codes in 0..=63 into Q6_K's `ql` and `qh` (the inverse of [`super::q6_k_codes`]).
 pub fn pack_q6_k_codes(l: &[u8; QK_K]) -> ([u8; QK_K / 2], [u8; QK_K / 4]) {
     let mut ql = [0u8; QK_K / 2];
     let mut qh = [0u8; QK_K / 4];
