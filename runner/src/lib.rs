@@ -30,6 +30,7 @@ pub mod observer;
 pub mod rope;
 pub mod sampler;
 pub mod sandbox;
+pub mod serve;
 pub mod text_file;
 pub mod threads;
 pub mod tokenizer;

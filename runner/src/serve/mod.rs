@@ -1,0 +1,17 @@
+//! `kiln-run serve`: an OpenAI-compatible HTTP server over one model.
+//!
+//! Two sides meet through [`job`]: connection threads ([`front`], over the HTTP/1.1 layer in
+//! [`http`] and the request and response shapes in [`api`]) turn requests into [`job::Job`]s,
+//! and one engine thread ([`engine`]) decodes every active sequence in one forward pass per
+//! step, reads new prompts in chunks between steps, and keeps finished conversations' KV
+//! caches for reuse ([`prompt_cache`]). Output can be held to a JSON schema ([`grammar`]).
+//! [`page`] is the chat page served at `/`.
+
+pub mod api;
+pub mod engine;
+pub mod front;
+pub mod grammar;
+pub mod http;
+pub mod job;
+pub mod page;
+pub mod prompt_cache;
