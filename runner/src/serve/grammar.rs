@@ -819,4 +819,52 @@ mod tests {
         let e = Grammars::new(&tok, 0).unwrap_err();
         assert!(e.to_string().contains("outside"), "{e}");
     }
+
+    /// The per-token cost of the constraint (`allowed()` then `commit()`) on SmolLM2's 49k
+    /// vocabulary, stepping through the tokenization of documents a model would write for a
+    /// realistic schema. Prints the mean, median and 90th percentile; run with
+    /// `cargo test -p kiln-runner --lib grammar_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "real model: run ci/smollm2.sh first; a timing, printed"]
+    fn smollm2_grammar_cost_per_token() {
+        let tok = smollm2();
+        let start = Instant::now();
+        let grammars = Grammars::new(&tok, 49152).unwrap();
+        let setup = start.elapsed();
+        let (_, schema) = schemas().swap_remove(1);
+        let documents = [
+            r#"{"name": "Ada Lovelace", "age": 36, "role": "admin", "tags": ["math", "poetry"], "active": true}"#,
+            r#"{"name": "Alan Turing", "age": 41, "role": "user", "tags": ["logic"], "active": false}"#,
+            r#"{"name": "Grace Hopper", "age": 85, "role": "guest", "tags": [], "active": true}"#,
+        ];
+        let mut steps = Vec::new();
+        let mut compile = Vec::new();
+        for _ in 0..10 {
+            for doc in documents {
+                let t = Instant::now();
+                let mut c = grammars.json_schema(&schema).unwrap();
+                compile.push(t.elapsed());
+                for id in tok.encode_rendered(doc).unwrap() {
+                    let t = Instant::now();
+                    c.allowed().unwrap();
+                    c.commit(id).unwrap_or_else(|e| panic!("{doc}: {e}"));
+                    steps.push(t.elapsed());
+                }
+                assert!(c.is_finished(), "{doc}");
+            }
+        }
+        steps.sort();
+        compile.sort();
+        let at = |v: &[Duration], q: f64| v[((v.len() - 1) as f64 * q) as usize];
+        println!(
+            "setup {setup:?}; compile median {:?}; per token ({} tokens): mean {:?}, median {:?}, \
+             p90 {:?}, max {:?}",
+            at(&compile, 0.5),
+            steps.len(),
+            steps.iter().sum::<Duration>() / steps.len() as u32,
+            at(&steps, 0.5),
+            at(&steps, 0.9),
+            at(&steps, 1.0),
+        );
+    }
 }
