@@ -798,6 +798,20 @@ mod tests {
         }
     }
 
+    /// Connection threads compile schemas (to answer 400 before queueing) while the engine
+    /// thread steps constraints: the shared state must cross threads.
+    #[test]
+    fn grammars_are_shared_across_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<Grammars>();
+        let grammars = Grammars::new(&tiny(), 323).unwrap();
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| grammars.json_schema(&json!({"type": "object"})).unwrap());
+            }
+        });
+    }
+
     #[test]
     fn setup_refuses_a_vocabulary_without_an_end() {
         // The fuzz seed's byte-level BPE: 22 entries, then `<s>` (22) and `</s>` (23).
