@@ -25,6 +25,12 @@ pub struct SamplerConfig {
     pub repeat_last_n: usize,
     /// RNG seed.
     pub seed: u64,
+    /// Subtract this from the logit of every token already generated (OpenAI's
+    /// `presence_penalty`, -2..2; 0: off).
+    pub presence_penalty: f32,
+    /// Subtract this × its count from the logit of every token already generated (OpenAI's
+    /// `frequency_penalty`, -2..2; 0: off).
+    pub frequency_penalty: f32,
 }
 
 impl Default for SamplerConfig {
@@ -37,6 +43,8 @@ impl Default for SamplerConfig {
             repetition_penalty: 1.0,
             repeat_last_n: 64,
             seed: 0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
         }
     }
 }
