@@ -11,23 +11,25 @@
 use std::io::BufReader;
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
+mod answer;
+
 use crate::chat::ChatTemplate;
 use crate::error::{Result, RunnerError};
 use crate::generate::Interrupt;
 use crate::sampler::SamplerConfig;
-use crate::serve::api::{self, ApiError, Common, Meta, ResponseFormat, TokenLogprob};
+use crate::serve::api::{self, ApiError, Common, Meta, ResponseFormat};
 use crate::serve::engine::{EngineHandle, SubmitError};
 use crate::serve::grammar::Grammars;
-use crate::serve::http::{self, HttpError, Limits, Request, SseWriter};
-use crate::serve::job::{Event, Job, TokenConstraint, TokenInfo};
+use crate::serve::http::{self, HttpError, Limits, Request};
+use crate::serve::job::{Job, TokenConstraint};
 use crate::serve::page;
 use crate::tokenizer::Tokenizer;
+use answer::{Output, Waiter};
 
 /// How often a waiting thread looks at its socket, the stop flag and the listener: short
 /// enough that a vanished client frees its sequence within a decode step or two, long enough
@@ -721,205 +723,6 @@ struct Generation<'c> {
     logprobs: Option<usize>,
     /// Characters before the first generated one, for the legacy `text_offset`.
     text_offset: usize,
-}
-
-/// Waits for a job's events while watching its client.
-struct Waiter<'a> {
-    rx: Receiver<Event>,
-    stream: &'a TcpStream,
-    cancel: Arc<AtomicBool>,
-    stop: &'a Interrupt,
-}
-
-impl Waiter<'_> {
-    /// The next event, or `None` once the client has gone or the server stops (the job is
-    /// cancelled).
-    fn next(&self) -> Option<Event> {
-        loop {
-            match self.rx.recv_timeout(POLL) {
-                Ok(e) => return Some(e),
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Some(Event::Failed {
-                        message: "the engine stopped before finishing the request".into(),
-                    })
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    if self.stop.is_raised() || client_gone(self.stream) {
-                        self.cancel();
-                        return None;
-                    }
-                }
-            }
-        }
-    }
-
-    fn cancel(&self) {
-        self.cancel.store(true, Ordering::SeqCst);
-    }
-}
-
-/// Whether the client has closed its side or the connection broke. Bytes waiting (a pipelined
-/// request) do not count: only end of input or an error does.
-fn client_gone(stream: &TcpStream) -> bool {
-    if stream.set_nonblocking(true).is_err() {
-        return true;
-    }
-    let gone = match stream.peek(&mut [0u8; 1]) {
-        Ok(0) => true,
-        Ok(_) => false,
-        Err(e) => !matches!(
-            e.kind(),
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
-        ),
-    };
-    stream.set_nonblocking(false).is_err() || gone
-}
-
-/// Builds one request's response objects.
-struct Output<'t> {
-    meta: Meta,
-    kind: Kind,
-    logprobs: bool,
-    /// The legacy `text_offset` of the next token.
-    offset: usize,
-    tokenizer: &'t Tokenizer,
-}
-
-impl Output<'_> {
-    fn token_text(&self, id: u32) -> String {
-        self.tokenizer.decode(&[id]).unwrap_or_default()
-    }
-
-    fn token_logprobs(&self, tokens: &[TokenInfo]) -> Vec<TokenLogprob> {
-        tokens
-            .iter()
-            .map(|t| TokenLogprob {
-                text: self.token_text(t.id),
-                logprob: t.logprob,
-                top: t
-                    .top
-                    .iter()
-                    .map(|&(id, lp)| (self.token_text(id), lp))
-                    .collect(),
-            })
-            .collect()
-    }
-
-    /// The `logprobs` value for `tokens`, advancing the legacy offset.
-    fn logprobs(&mut self, tokens: &[TokenInfo]) -> Option<Value> {
-        if !self.logprobs {
-            return None;
-        }
-        let list = self.token_logprobs(tokens);
-        Some(match self.kind {
-            Kind::Chat => api::chat_logprobs(&list),
-            Kind::Completion => {
-                let v = api::legacy_logprobs(&list, self.offset);
-                self.offset += list.iter().map(|t| t.text.chars().count()).sum::<usize>();
-                v
-            }
-        })
-    }
-
-    fn collect(mut self, wait: Waiter<'_>) -> std::result::Result<Reply, ApiError> {
-        let mut text = String::new();
-        let mut tokens = Vec::new();
-        loop {
-            match wait.next() {
-                None => return Ok(Reply::Written(false)),
-                Some(Event::Text {
-                    text: t,
-                    tokens: ts,
-                }) => {
-                    text.push_str(&t);
-                    tokens.extend(ts);
-                }
-                Some(Event::Failed { message }) => {
-                    return Err(ApiError::new(500, "server_error", message))
-                }
-                Some(Event::Done { finish, usage, .. }) => {
-                    let lp = self.logprobs(&tokens);
-                    return Ok(Reply::Json(match self.kind {
-                        Kind::Chat => api::chat_completion(&self.meta, &text, finish, &usage, lp),
-                        Kind::Completion => {
-                            api::text_completion(&self.meta, &text, Some(finish), Some(&usage), lp)
-                        }
-                    }));
-                }
-            }
-        }
-    }
-
-    /// Stream the events as Server-Sent Events; whether the connection may go on.
-    fn stream(mut self, wait: Waiter<'_>, req: &Request, include_usage: bool) -> bool {
-        let mut out = wait.stream;
-        let written = (|| -> std::io::Result<bool> {
-            let mut sse = SseWriter::start(&mut out, req.keep_alive)?;
-            if self.kind == Kind::Chat {
-                sse.event(&api::chat_chunk_role(&self.meta))?;
-            }
-            loop {
-                match wait.next() {
-                    None => return Ok(false),
-                    Some(Event::Text { text, tokens }) => {
-                        if text.is_empty() && (tokens.is_empty() || !self.logprobs) {
-                            continue;
-                        }
-                        let lp = self.logprobs(&tokens);
-                        sse.event(&match self.kind {
-                            Kind::Chat => api::chat_chunk_text(&self.meta, &text, lp),
-                            Kind::Completion => {
-                                api::text_completion(&self.meta, &text, None, None, lp)
-                            }
-                        })?;
-                    }
-                    Some(Event::Failed { message }) => {
-                        log(&req.method, &req.path, 500, &message);
-                        sse.event(&ApiError::new(500, "server_error", message).to_json())?;
-                        sse.finish()?;
-                        return Ok(true);
-                    }
-                    Some(Event::Done { finish, usage, .. }) => {
-                        match self.kind {
-                            Kind::Chat => {
-                                sse.event(&api::chat_chunk_finish(&self.meta, finish))?;
-                                if include_usage {
-                                    sse.event(&api::chat_chunk_usage(&self.meta, &usage))?;
-                                }
-                            }
-                            Kind::Completion => {
-                                sse.event(&api::text_completion(
-                                    &self.meta,
-                                    "",
-                                    Some(finish),
-                                    None,
-                                    None,
-                                ))?;
-                                if include_usage {
-                                    sse.event(&api::text_completion_usage(&self.meta, &usage))?;
-                                }
-                            }
-                        }
-                        sse.finish()?;
-                        return Ok(true);
-                    }
-                }
-            }
-        })();
-        match written {
-            Ok(keep) => keep,
-            Err(e) => {
-                wait.cancel();
-                log(
-                    &req.method,
-                    &req.path,
-                    200,
-                    &format!("stream write failed: {e}"),
-                );
-                false
-            }
-        }
-    }
 }
 
 #[cfg(test)]
