@@ -138,13 +138,24 @@ impl Ctx<'_> {
 /// Run `test` against a server with `cfg` and a queue of `depth`; `engine`: whether the
 /// scripted engine reads the queue.
 fn with_server(cfg: FrontConfig, depth: usize, engine: bool, test: impl FnOnce(&Ctx)) {
+    with_server_chat(cfg, depth, engine, true, test)
+}
+
+/// [`with_server`]; `chat`: whether the model has a chat template.
+fn with_server_chat(
+    cfg: FrontConfig,
+    depth: usize,
+    engine: bool,
+    chat: bool,
+    test: impl FnOnce(&Ctx),
+) {
     let tok = tokenizer();
     let template = ChatTemplate::new(CHATML, minijinja::Value::UNDEFINED).unwrap();
     let grammars = Grammars::new(&tok, VOCAB).unwrap();
     let model = FrontModel {
         name: "tiny".into(),
         tokenizer: &tok,
-        template: Some(&template),
+        template: chat.then_some(&template),
         ctx: CTX,
         vocab: VOCAB,
         grammars: Some(&grammars),
@@ -666,4 +677,62 @@ fn keep_alive_carries_several_requests() {
             assert_eq!(v["status"], "ok");
         }
     });
+}
+
+#[test]
+fn a_model_without_a_template_refuses_chat_but_serves_completions() {
+    with_server_chat(FrontConfig::default(), 4, true, false, |c| {
+        let r = post(c.addr, "/v1/chat/completions", &chat_body(json!({})));
+        assert_eq!((r.status, r.param()), (400, json!("messages")));
+        assert!(r.body.contains("no chat template"), "{}", r.body);
+        let r = post(c.addr, "/v1/completions", &json!({"prompt": "Hello"}));
+        assert_eq!(r.status, 200);
+        c.seen();
+    });
+}
+
+#[test]
+fn a_client_that_disconnects_while_waiting_for_a_whole_answer_has_its_job_cancelled() {
+    with_server(FrontConfig::default(), 4, true, |c| {
+        let mut s = connect(c.addr);
+        let body = json!({"prompt": "Hello", "max_tokens": HANG}).to_string();
+        write!(
+            s,
+            "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let seen = c.seen();
+        drop(s);
+        let t0 = Instant::now();
+        while !seen.cancel.load(Ordering::SeqCst) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(3),
+                "the job was not cancelled"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+}
+
+#[test]
+fn shutdown_is_prompt_with_idle_and_waiting_connections_open() {
+    let held = std::cell::RefCell::new(Vec::new());
+    with_server(FrontConfig::default(), 4, true, |c| {
+        // One idle keep-alive connection, one waiting for a job that never ends.
+        let mut idle = connect(c.addr);
+        idle.write_all(b"GET /health HTTP/1.1\r\n\r\n").unwrap();
+        let mut waiting = connect(c.addr);
+        let body = json!({"prompt": "Hello", "max_tokens": HANG}).to_string();
+        write!(
+            waiting,
+            "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        c.seen();
+        held.borrow_mut().extend([idle, waiting]);
+    });
+    // with_server asserts that serve returned within 2 s of the stop.
+    assert_eq!(held.borrow().len(), 2);
 }
