@@ -21,9 +21,10 @@ const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['r
 const CTX: usize = 64;
 const VOCAB: usize = 26;
 
-/// `max_tokens` values that pick a script.
+/// `max_tokens` values that pick a script (no other test asks for these).
 const FAIL: usize = 3;
 const HANG: usize = 4;
+const FLOOD: usize = 7;
 
 fn tokenizer() -> Tokenizer {
     let json = std::fs::read_to_string(concat!(
@@ -83,6 +84,16 @@ fn fake_engine(rx: Receiver<Job>, seen: Sender<Seen>, stop: &Interrupt) {
                 let _ = ev.send(Event::Failed {
                     message: "the model produced NaN".into(),
                 });
+            }
+            FLOOD => {
+                let t0 = Instant::now();
+                while !job.cancel.load(Ordering::SeqCst) && t0.elapsed().as_secs() < 10 {
+                    let _ = ev.send(Event::Text {
+                        text: "Hello ".repeat(2000),
+                        tokens: vec![info(17)],
+                    });
+                    std::thread::sleep(Duration::from_millis(1));
+                }
             }
             HANG => {
                 let _ = ev.send(Event::Text {
@@ -735,4 +746,55 @@ fn shutdown_is_prompt_with_idle_and_waiting_connections_open() {
     });
     // with_server asserts that serve returned within 2 s of the stop.
     assert_eq!(held.borrow().len(), 2);
+}
+
+/// Waits until the job `seen` describes is cancelled.
+fn wait_cancelled(seen: &Seen) {
+    let t0 = Instant::now();
+    while !seen.cancel.load(Ordering::SeqCst) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the job was not cancelled"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_client_that_leaves_while_tokens_flow_has_its_job_cancelled() {
+    with_server(FrontConfig::default(), 4, true, |c| {
+        let mut s = connect(c.addr);
+        let body = json!({"prompt": "Hello", "max_tokens": FLOOD}).to_string();
+        write!(
+            s,
+            "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let seen = c.seen();
+        drop(s);
+        wait_cancelled(&seen);
+    });
+}
+
+#[test]
+fn a_client_that_stops_reading_a_stream_has_its_job_cancelled_by_the_write_timeout() {
+    let cfg = FrontConfig {
+        request_timeout: Duration::from_millis(300),
+        ..FrontConfig::default()
+    };
+    with_server(cfg, 4, true, |c| {
+        let mut s = connect(c.addr);
+        let body = json!({"prompt": "Hello", "max_tokens": FLOOD, "stream": true}).to_string();
+        write!(
+            s,
+            "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        // The client stays connected and never reads.
+        let seen = c.seen();
+        wait_cancelled(&seen);
+        drop(s);
+    });
 }

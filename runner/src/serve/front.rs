@@ -687,12 +687,7 @@ impl Server<'_, '_> {
             Kind::Chat => "chatcmpl",
             Kind::Completion => "cmpl",
         };
-        let wait = Waiter {
-            rx,
-            stream,
-            cancel,
-            stop: self.stop,
-        };
+        let wait = Waiter::new(rx, stream, cancel, self.stop);
         let out = Output {
             meta: Meta {
                 id: format!("{prefix}-{}{id:06x}", self.prefix),

@@ -2,10 +2,12 @@
 //! Server-Sent Events. While it waits, [`Waiter`] watches the client, so a job whose client
 //! has gone is cancelled.
 
+use std::cell::Cell;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde_json::Value;
 
@@ -18,32 +20,68 @@ use crate::tokenizer::Tokenizer;
 
 /// Waits for a job's events while watching its client.
 pub(super) struct Waiter<'a> {
-    pub(super) rx: Receiver<Event>,
-    pub(super) stream: &'a TcpStream,
-    pub(super) cancel: Arc<AtomicBool>,
-    pub(super) stop: &'a Interrupt,
+    rx: Receiver<Event>,
+    stream: &'a TcpStream,
+    cancel: Arc<AtomicBool>,
+    stop: &'a Interrupt,
+    /// When the client was last looked at.
+    checked: Cell<Instant>,
 }
 
-impl Waiter<'_> {
+impl<'a> Waiter<'a> {
+    pub(super) fn new(
+        rx: Receiver<Event>,
+        stream: &'a TcpStream,
+        cancel: Arc<AtomicBool>,
+        stop: &'a Interrupt,
+    ) -> Waiter<'a> {
+        Waiter {
+            rx,
+            stream,
+            cancel,
+            stop,
+            checked: Cell::new(Instant::now()),
+        }
+    }
+
     /// The next event, or `None` once the client has gone or the server stops (the job is
-    /// cancelled).
+    /// cancelled). The client is looked at every [`POLL`] whether events flow or not: a
+    /// steady stream of tokens must not hide a client that left.
     fn next(&self) -> Option<Event> {
         loop {
-            match self.rx.recv_timeout(POLL) {
-                Ok(e) => return Some(e),
+            let due = self.checked.get() + POLL;
+            match self
+                .rx
+                .recv_timeout(due.saturating_duration_since(Instant::now()))
+            {
+                Ok(e) => {
+                    if Instant::now() >= due && self.abandoned() {
+                        return None;
+                    }
+                    return Some(e);
+                }
                 Err(RecvTimeoutError::Disconnected) => {
                     return Some(Event::Failed {
                         message: "the engine stopped before finishing the request".into(),
                     })
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    if self.stop.is_raised() || client_gone(self.stream) {
-                        self.cancel();
+                    if self.abandoned() {
                         return None;
                     }
                 }
             }
         }
+    }
+
+    /// Whether the server stops or the client has gone; cancels the job if so.
+    fn abandoned(&self) -> bool {
+        self.checked.set(Instant::now());
+        if self.stop.is_raised() || client_gone(self.stream) {
+            self.cancel();
+            return true;
+        }
+        false
     }
 
     fn cancel(&self) {
