@@ -281,9 +281,15 @@ enum Kind {
 }
 
 impl Server<'_, '_> {
+    /// [`FrontConfig::request_timeout`], at least a millisecond: a socket timeout of zero
+    /// would mean none.
+    fn timeout(&self) -> Duration {
+        self.cfg.request_timeout.max(Duration::from_millis(1))
+    }
+
     fn connection(&self, stream: TcpStream) {
         let _ = stream.set_nodelay(true);
-        let _ = stream.set_write_timeout(Some(self.cfg.request_timeout));
+        let _ = stream.set_write_timeout(Some(self.timeout()));
         let Ok(read_half) = stream.try_clone() else {
             return;
         };
@@ -293,9 +299,10 @@ impl Server<'_, '_> {
             if reader.buffer().is_empty() && !self.wait_readable(&stream) {
                 return;
             }
-            let _ = stream.set_read_timeout(Some(self.cfg.request_timeout));
-            let deadline = Instant::now() + self.cfg.request_timeout;
-            let req = match http::read_request(&mut reader, &mut &stream, &limits, Some(deadline)) {
+            let _ = stream.set_read_timeout(Some(self.timeout()));
+            // A timeout too large to add to the clock means none.
+            let deadline = Instant::now().checked_add(self.cfg.request_timeout);
+            let req = match http::read_request(&mut reader, &mut &stream, &limits, deadline) {
                 Ok(r) => r,
                 Err(e) => {
                     if let Some(status) = e.status() {
@@ -321,12 +328,12 @@ impl Server<'_, '_> {
     /// Wait until the client sends a byte (true), or closes, goes idle too long, or the
     /// server stops (false).
     fn wait_readable(&self, stream: &TcpStream) -> bool {
-        let until = Instant::now() + self.cfg.idle_timeout;
+        let until = Instant::now().checked_add(self.cfg.idle_timeout);
         if stream.set_read_timeout(Some(POLL)).is_err() {
             return false;
         }
         let mut byte = [0u8; 1];
-        while !self.stop.is_raised() && Instant::now() < until {
+        while !self.stop.is_raised() && until.is_none_or(|u| Instant::now() < u) {
             match stream.peek(&mut byte) {
                 Ok(0) => return false,
                 Ok(_) => return true,
