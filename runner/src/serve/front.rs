@@ -31,10 +31,15 @@ use crate::serve::page;
 use crate::tokenizer::Tokenizer;
 use answer::{Output, Waiter};
 
-/// How often a waiting thread looks at its socket, the stop flag and the listener: short
+/// How often a waiting thread looks at its socket and the stop flag: short
 /// enough that a vanished client frees its sequence within a decode step or two, long enough
 /// to cost nothing.
 pub const POLL: Duration = Duration::from_millis(100);
+
+/// How long the accept loop sleeps when no connection is waiting: the most a new connection
+/// waits to be accepted on an idle server (a few hundred wake-ups a second cost nothing), and
+/// what lets the loop see `stop` without a blocking accept.
+const ACCEPT_POLL: Duration = Duration::from_millis(5);
 
 /// How the server treats connections.
 #[derive(Debug, Clone)]
@@ -128,7 +133,7 @@ pub fn serve(
             let stream = match listener.accept() {
                 Ok((stream, _)) => stream,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(POLL / 4);
+                    std::thread::sleep(ACCEPT_POLL);
                     continue;
                 }
                 Err(e) => {
