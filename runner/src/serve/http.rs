@@ -271,6 +271,13 @@ pub fn read_request<R: BufRead, W: Write>(
         }
         let text = std::str::from_utf8(&line)
             .map_err(|_| HttpError::BadRequest("a header line is not UTF-8".into()))?;
+        // A stray CR or NUL is how request smuggling starts (RFC 9110 §5.5): refuse it.
+        if text.bytes().any(|b| (b < b' ' && b != b'\t') || b == 0x7f) {
+            return Err(HttpError::BadRequest(format!(
+                "the header line `{}` holds a control character",
+                text.escape_debug()
+            )));
+        }
         let Some((name, value)) = text.split_once(':') else {
             return Err(HttpError::BadRequest(format!(
                 "the header line `{}` has no `:`",
@@ -590,7 +597,8 @@ mod tests {
         );
         let many: String = (0..=MAX_HEADERS).map(|i| format!("H{i}: v\r\n")).collect();
         let many = format!("GET / HTTP/1.1\r\n{many}\r\n");
-        let cases: [(&[u8], Option<u16>); 16] = [
+        let cases: [(&[u8], Option<u16>); 17] = [
+            (b"GET / HTTP/1.1\r\nX: a\rb\r\n\r\n", Some(400)),
             (long_header.as_bytes(), Some(431)),
             (many.as_bytes(), Some(431)),
             (b"POST / HTTP/1.1\r\nContent-Length: 101\r\n\r\n", Some(413)),
