@@ -358,10 +358,7 @@ impl<'m> Compute<'m> {
         let mut segs: Vec<Segment<'_>> = seqs
             .iter_mut()
             .zip(tokens.chunks(1))
-            .map(|(seq, t)| Segment {
-                seq: &mut **seq,
-                tokens: t,
-            })
+            .map(|(seq, t)| Segment { seq, tokens: t })
             .collect();
         pool.install(move || self.run(&mut segs, Logits::Last, None))
     }

@@ -294,20 +294,20 @@ fn admit<'t>(
     tokenizer: &'t Tokenizer,
     cache: &mut PromptCache,
     job: Job,
-) -> std::result::Result<Slot<'t>, (Job, String)> {
+) -> std::result::Result<Slot<'t>, (Box<Job>, String)> {
     let ctx = compute.ctx();
     if job.prompt.is_empty() {
-        return Err((job, "the prompt is empty".into()));
+        return Err((Box::new(job), "the prompt is empty".into()));
     }
     if job.prompt.len() >= ctx {
         let message = format!(
             "the prompt has {} tokens; the context holds {ctx} with room to generate",
             job.prompt.len()
         );
-        return Err((job, message));
+        return Err((Box::new(job), message));
     }
     if let Err(e) = job.sampler.validate() {
-        return Err((job, e.to_string()));
+        return Err((Box::new(job), e.to_string()));
     }
     let (mut seq, reused) = match cache.take(&job.prompt) {
         Some((mut seq, _)) => {
@@ -316,7 +316,7 @@ fn admit<'t>(
         }
         None => match compute.sequence() {
             Ok(seq) => (seq, 0),
-            Err(e) => return Err((job, e.to_string())),
+            Err(e) => return Err((Box::new(job), e.to_string())),
         },
     };
     seq.rewind(reused);
