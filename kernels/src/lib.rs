@@ -80,11 +80,11 @@ pub use error::KernelError;
 pub use isa::{
     best_isa, isa, missing_tiers, supported_isas, tested_isas, Isa, EXPECT_TIERS_ENV, ISA_ENV,
 };
-pub use matmul::{matmul, matmul_many, ROW_CHUNK};
+pub use matmul::{matmul, matmul_many, matmul_many_for, ROW_CHUNK};
 pub use matrix::{Matrix, OwnedWeights, WeightData};
 pub use plan::{
-    plan, Operand, Path, FLOAT_LANES_MIN_TOKENS, INTERLEAVED_LANES_MIN_TOKENS, KLANES_MIN_TOKENS,
-    LANES_MIN_TOKENS,
+    plan, plan_for, Batching, Operand, Path, FLOAT_LANES_MIN_TOKENS, INTERLEAVED_LANES_MIN_TOKENS,
+    KLANES_MIN_TOKENS, LANES_MIN_TOKENS,
 };
 pub use pool::{cap_threads, max_threads, Pool};
 pub use scores::scores;

@@ -29,7 +29,7 @@ use crate::lanes::{
     LanesAcc, LanesFn, FLOAT_ROWS, FLOAT_TILE, LANES,
 };
 use crate::matrix::{Matrix, WeightData};
-use crate::plan::{plan, Path};
+use crate::plan::{plan_for, Batching, Path};
 use crate::pool::Pool;
 use crate::table::Kernels;
 use crate::tile::{Prepared, PreparedPair, Tile, TILE_ROWS, WIDE_ROWS};
@@ -117,6 +117,20 @@ pub fn matmul_many(
     active().matmul_many(ws, x, n_tokens, outs, pool)
 }
 
+/// [`matmul_many`] over a batch whose rows are related as `batching` says: with
+/// [`Batching::Independent`] (tokens of different sequences) each row gets exactly the bits it
+/// gets as a batch of one.
+pub fn matmul_many_for(
+    ws: &[&Matrix],
+    x: &[f32],
+    n_tokens: usize,
+    outs: &mut [&mut [f32]],
+    pool: &Pool,
+    batching: Batching,
+) {
+    active().matmul_many_for(ws, x, n_tokens, outs, pool, batching)
+}
+
 impl Kernels {
     /// [`matmul`] at this table's tier.
     pub fn matmul(&self, w: &Matrix, x: &[f32], n_tokens: usize, out: &mut [f32], pool: &Pool) {
@@ -131,6 +145,19 @@ impl Kernels {
         n_tokens: usize,
         outs: &mut [&mut [f32]],
         pool: &Pool,
+    ) {
+        self.matmul_many_for(ws, x, n_tokens, outs, pool, Batching::Joint)
+    }
+
+    /// [`matmul_many_for`] at this table's tier.
+    pub fn matmul_many_for(
+        &self,
+        ws: &[&Matrix],
+        x: &[f32],
+        n_tokens: usize,
+        outs: &mut [&mut [f32]],
+        pool: &Pool,
+        batching: Batching,
     ) {
         assert_eq!(ws.len(), outs.len(), "matmul: one output per matrix");
         let Some(first) = ws.first() else { return };
@@ -159,7 +186,7 @@ impl Kernels {
             .all(|w| std::mem::discriminant(&w.data) == std::mem::discriminant(&first.data));
         if !same {
             for (w, out) in ws.iter().zip(outs.iter_mut()) {
-                self.matmul_many(&[w], x, n_tokens, &mut [out], pool);
+                self.matmul_many_for(&[w], x, n_tokens, &mut [out], pool, batching);
             }
             return;
         }
@@ -175,7 +202,7 @@ impl Kernels {
             };
         }
         let n = n_tokens;
-        let path = plan(self, first, n);
+        let path = plan_for(self, first, n, batching);
         match first.data {
             WeightData::F32(_) => {
                 let tile = self.tile_f32;

@@ -132,9 +132,31 @@ impl fmt::Display for Path {
     }
 }
 
+/// What a batch's rows are to each other, which decides whether the faster paths may be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Batching {
+    /// One sequence's tokens (a prompt): the fastest path for the batch's size, whose bits
+    /// may differ in the last place from those the tokens get one at a time.
+    #[default]
+    Joint,
+    /// Tokens of independent sequences decoded together (a server's batch): each token gets
+    /// exactly the bits it gets alone, whatever else is in the batch. The lanes paths whose
+    /// bits differ from the one-token path's ([`Path::Lanes`] over plain Q8_0, Q4_0 and Q5_0
+    /// rows, or over interleaved rows on a tier without the interleaved kernel, and
+    /// [`Path::FloatLanes`]) give way to the tiles; the K-quant lanes and the interleaved
+    /// kernels, which give the reference's bits at every batch size, stay.
+    Independent,
+}
+
 /// The path `w` takes through tier `k`'s kernels for a batch of `n_tokens` tokens: the one
 /// decision of [`crate::matmul`] (and of [`crate::scores`] for float keys).
 pub fn plan(k: &Kernels, w: &Matrix, n_tokens: usize) -> Path {
+    plan_for(k, w, n_tokens, Batching::Joint)
+}
+
+/// [`plan`] for a batch whose rows are related as `batching` says.
+pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) -> Path {
+    let joint = batching == Batching::Joint;
     if n_tokens == 0 {
         return Path::Empty;
     }
@@ -152,13 +174,14 @@ pub fn plan(k: &Kernels, w: &Matrix, n_tokens: usize) -> Path {
     // Block weights with a plain Q8_0 operand: the block lanes kernel for large enough
     // batches, if the tier's kernel takes weights with this offset.
     let lanes = |offset: i32| {
-        k.lanes.is_some()
+        joint
+            && k.lanes.is_some()
             && nb > 0
             && n_tokens >= LANES_MIN_TOKENS
             && (!k.lanes_wide_only || offset > 127)
     };
     let float = |tile_path: Path| {
-        if k.float_lanes.is_some() && cols > 0 && n_tokens >= FLOAT_LANES_MIN_TOKENS {
+        if joint && k.float_lanes.is_some() && cols > 0 && n_tokens >= FLOAT_LANES_MIN_TOKENS {
             Path::FloatLanes
         } else {
             tile_path
@@ -195,8 +218,9 @@ pub fn plan(k: &Kernels, w: &Matrix, n_tokens: usize) -> Path {
             }
             // The lanes kernel takes interleaved rows where it takes Q4_0 rows at all (not at
             // a `lanes_wide_only` tier), from a larger batch where the interleaved kernel is
-            // the alternative.
+            // the alternative; independent tokens take it only there (the same bits).
             let lanes = k.lanes.is_some()
+                && (joint || k.group_q4_0x16.is_some())
                 && !k.lanes_wide_only
                 && match k.group_q4_0x16 {
                     Some(_) => n_tokens >= INTERLEAVED_LANES_MIN_TOKENS,

@@ -7,8 +7,8 @@
 //! `|got − naive| / Σ|w·x|`, bounded by `cols·ε` (`MATMUL_TERMS_TOL` per column).
 
 use kiln_kernels::{
-    kernels, plan, tested_isas, Isa, KernelError, Kernels, Matrix, OwnedWeights, Path, Pool,
-    WeightData, QK,
+    kernels, plan, plan_for, tested_isas, Batching, Isa, KernelError, Kernels, Matrix,
+    OwnedWeights, Path, Pool, WeightData, QK,
 };
 
 /// Allowed error per summed column relative to Σ|w·x|, plus a few roundings per block.
@@ -104,6 +104,7 @@ fn check(rows: usize, cols: usize, n_tokens: usize, seed: u64) {
                 }
             }
             let out = first.unwrap();
+            independent_rows_match_alone(k, &m, &x, n_tokens, &pools[1]);
             let path = plan(k, &m, n_tokens);
             if path == Path::FloatLanes {
                 float_lanes_bits(&wd, &x, rows, cols, n_tokens, &out, k.isa());
@@ -546,5 +547,32 @@ fn plan_names_the_products() {
                 assert!(names.insert(p.to_string(), p).is_none_or(|q| q == p), "{p}");
             }
         }
+    }
+}
+
+/// With [`Batching::Independent`] every token of a batch gets the bits it gets as a batch of
+/// one, whatever the batch's size: what a server decoding several sequences together needs.
+fn independent_rows_match_alone(k: &Kernels, m: &Matrix, x: &[f32], n_tokens: usize, pool: &Pool) {
+    let (rows, cols) = (m.rows, m.cols);
+    let mut out = vec![f32::NAN; rows * n_tokens];
+    k.matmul_many_for(
+        &[m],
+        x,
+        n_tokens,
+        &mut [&mut out],
+        pool,
+        Batching::Independent,
+    );
+    let path = plan_for(k, m, n_tokens, Batching::Independent);
+    for t in 0..n_tokens {
+        let mut single = vec![f32::NAN; rows];
+        k.matmul(m, &x[t * cols..(t + 1) * cols], 1, &mut single, pool);
+        let got = &out[t * rows..(t + 1) * rows];
+        assert!(
+            got.iter().zip(&single).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{} {:?} {rows}x{cols} n={n_tokens} t={t} ({path}): independent rows differ from the token alone",
+            m.data.dtype_name(),
+            k.isa()
+        );
     }
 }

@@ -64,6 +64,16 @@ pub enum RunnerError {
     /// Encoding or decoding text failed.
     #[error("tokenizer: {0}")]
     Tokenize(String),
+    /// Token bytes cannot be read off this vocabulary: its decoder does not simply concatenate
+    /// token text (WordPiece, CTC, or no decoder at all).
+    #[error(
+        "structured output needs a vocabulary whose tokens concatenate into the text \
+         (byte-level BPE or SentencePiece-style); this tokenizer's decoder is {decoder}"
+    )]
+    UnsupportedDecoder { decoder: String },
+    /// The grammar engine could not be set up for this vocabulary.
+    #[error("cannot set up structured output: {0}")]
+    Grammar(String),
     /// `--chat` on a model without a chat template.
     #[error("{file}: the model has no chat template; run without --chat")]
     NoChatTemplate { file: String },

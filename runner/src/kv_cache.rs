@@ -414,6 +414,18 @@ impl KvCache {
         2 * self.ty.bytes(values)
     }
 
+    /// Bytes the first `len` positions occupy (a ring holds at most its capacity): what the
+    /// cache costs in memory once `len` tokens are in it, since pages are touched only as
+    /// positions are written.
+    pub fn bytes_for(&self, len: usize) -> usize {
+        let values: usize = self
+            .layers
+            .iter()
+            .map(|s| self.kv_heads * s.capacity.min(len) * self.head_dim)
+            .sum();
+        2 * self.ty.bytes(values)
+    }
+
     /// Value range of stored rows (slots) `from..to` of one head of one layer.
     fn range(&self, layer: usize, head: usize, from: usize, to: usize) -> std::ops::Range<usize> {
         let s = &self.layers[layer];

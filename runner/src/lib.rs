@@ -41,7 +41,7 @@ pub use config::{open_model, open_model_verified, Config};
 pub use error::{Result, RunnerError};
 pub use generate::{generate, Conversation, GenerateOptions, Generation, Interrupt, StopReason};
 pub use kv_cache::{CacheType, SlidingCache};
-pub use model::{Logits, Model, Session};
+pub use model::{Compute, Logits, Model, Sequence, Session};
 pub use observer::{Activation, Observer, Recorder};
 pub use sampler::{Sampler, SamplerConfig};
 pub use tokenizer::Tokenizer;

@@ -15,7 +15,9 @@ use std::sync::Arc;
 
 use kiln_format::KilnFile;
 use kiln_format::MlpActivation;
-use kiln_kernels::{axpy, gelu_tanh_mul, matmul, matmul_many, rmsnorm, silu_mul, Matrix, Pool};
+use kiln_kernels::{
+    axpy, gelu_tanh_mul, matmul_many_for, rmsnorm, silu_mul, Batching, Matrix, Pool,
+};
 
 use crate::attention::{attention, AttnScratch, AttnShape};
 use crate::config::Config;
@@ -139,44 +141,101 @@ impl Scratch {
     }
 }
 
-/// One sequence's state: KV cache, rope tables, scratch and the thread pool.
+/// One sequence's state: its KV cache and the tokens in it. A [`Compute`] runs it; a server
+/// keeps several (and finished conversations' for reuse) beside one [`Compute`].
 #[derive(Debug)]
-pub struct Session<'m> {
-    model: &'m Model<'m>,
-    /// Shared so that [`Session::forward`] can run the pass inside it while borrowing `self`.
-    pool: Arc<Pool>,
+pub struct Sequence {
     cache: KvCache,
+    /// The tokens whose keys and values are in the cache, in order.
+    tokens: Vec<u32>,
+    /// The most tokens it has held (the cache pages written so far).
+    peak: usize,
+}
+
+impl Sequence {
+    /// Capacity in positions.
+    pub fn ctx(&self) -> usize {
+        self.cache.ctx()
+    }
+
+    /// Tokens in the cache (the position the next token gets).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Bytes held by the KV cache.
+    pub fn cache_bytes(&self) -> usize {
+        self.cache.bytes()
+    }
+
+    /// Bytes of keys and values the most tokens this sequence has held occupied: the memory
+    /// it keeps (a cache's pages are touched only as positions are written), what a prompt
+    /// cache charges for it.
+    pub fn peak_bytes(&self) -> usize {
+        self.cache.bytes_for(self.peak)
+    }
+
+    /// Keep only the first `len` cached tokens, and return how many are kept: `len`, or 0
+    /// when a sliding layer's ring has already overwritten keys that position `len` would
+    /// read (see [`KvCache::truncate`]); the caller then runs the prefix again.
+    pub fn rewind(&mut self, len: usize) -> usize {
+        let kept = self.cache.truncate(len);
+        self.tokens.truncate(kept);
+        kept
+    }
+
+    /// Keep the longest cached prefix of `ids`, returning its length: the caller then feeds
+    /// `ids[len..]`. Used to carry a conversation's cache from turn to turn.
+    pub fn reuse_prefix(&mut self, ids: &[u32]) -> usize {
+        let mut same = common_prefix(&self.tokens, ids);
+        // Something must be fed to get logits.
+        if same == ids.len() {
+            same = same.saturating_sub(1);
+        }
+        self.rewind(same)
+    }
+}
+
+/// How many leading tokens `a` and `b` share.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Tokens fed to one sequence in a forward pass.
+struct Segment<'s> {
+    seq: &'s mut Sequence,
+    tokens: &'s [u32],
+}
+
+/// What running the model needs besides a sequence: the thread pool, the RoPE tables and the
+/// activation buffers, allocated once and shared by every sequence it runs.
+#[derive(Debug)]
+pub struct Compute<'m> {
+    model: &'m Model<'m>,
+    /// Shared so that a forward pass can run inside it while borrowing `self`.
+    pool: Arc<Pool>,
+    ctx: usize,
+    cache_type: CacheType,
+    sliding: SlidingCache,
     rope: Rope,
     /// LongRoPE's long-factor tables, used by a forward call that reaches past the original
     /// context (`rope` then holds the short-factor ones).
     rope_long: Option<Rope>,
     /// The sliding-window layers' tables, where their RoPE base differs (Gemma 3).
     rope_local: Option<Rope>,
-    /// The tokens whose keys and values are in the cache, in order.
-    tokens: Vec<u32>,
     scratch: Scratch,
 }
 
-impl<'m> Session<'m> {
-    /// Allocate a session for `ctx` positions on `threads` threads, its KV cache stored as
-    /// `cache` (sliding-window layers in rings).
+impl<'m> Compute<'m> {
+    /// Tables and a pool for sequences of `ctx` positions on `threads` threads, whose KV
+    /// caches are stored as `cache` (sliding-window layers kept as `sliding` says).
     pub fn new(
         model: &'m Model<'m>,
         ctx: usize,
         threads: usize,
         cache: CacheType,
-    ) -> Result<Session<'m>> {
-        Session::with_sliding(model, ctx, threads, cache, SlidingCache::default())
-    }
-
-    /// [`Session::new`], sliding-window layers' keys and values kept as `sliding` says.
-    pub fn with_sliding(
-        model: &'m Model<'m>,
-        ctx: usize,
-        threads: usize,
-        cache: CacheType,
         sliding: SlidingCache,
-    ) -> Result<Session<'m>> {
+    ) -> Result<Compute<'m>> {
         let c = &model.config;
         if ctx == 0 {
             return Err(RunnerError::InvalidArgument {
@@ -200,17 +259,12 @@ impl<'m> Session<'m> {
             });
         }
         let pool = Arc::new(Pool::new(threads).map_err(RunnerError::Pool)?);
-        Ok(Session {
+        Ok(Compute {
             model,
             pool,
-            cache: KvCache::with_windows(
-                &(0..c.layers).map(|l| c.window(l)).collect::<Vec<_>>(),
-                sliding,
-                ctx,
-                c.kv_heads,
-                c.head_dim,
-                cache,
-            )?,
+            ctx,
+            cache_type: cache,
+            sliding,
             rope: Rope::new(
                 c.rope_geometry(),
                 c.rope_theta,
@@ -230,8 +284,24 @@ impl<'m> Session<'m> {
             rope_local: c
                 .rope_local_theta
                 .map(|theta| Rope::new(c.rope_geometry(), theta, None, FactorSet::Short, ctx)),
-            tokens: Vec::with_capacity(ctx),
             scratch: Scratch::default(),
+        })
+    }
+
+    /// An empty sequence: a KV cache for the context (its memory is touched as it fills).
+    pub fn sequence(&self) -> Result<Sequence> {
+        let c = &self.model.config;
+        Ok(Sequence {
+            cache: KvCache::with_windows(
+                &(0..c.layers).map(|l| c.window(l)).collect::<Vec<_>>(),
+                self.sliding,
+                self.ctx,
+                c.kv_heads,
+                c.head_dim,
+                self.cache_type,
+            )?,
+            tokens: Vec::new(),
+            peak: 0,
         })
     }
 
@@ -240,9 +310,9 @@ impl<'m> Session<'m> {
         self.model
     }
 
-    /// Capacity in positions.
+    /// Positions each sequence holds.
     pub fn ctx(&self) -> usize {
-        self.cache.ctx()
+        self.ctx
     }
 
     /// Compute threads.
@@ -250,98 +320,93 @@ impl<'m> Session<'m> {
         self.pool.threads()
     }
 
-    /// How the KV cache stores keys and values.
+    /// How KV caches store keys and values.
     pub fn cache_type(&self) -> CacheType {
-        self.cache.cache_type()
+        self.cache_type
     }
 
-    /// Bytes held by the KV cache.
-    pub fn cache_bytes(&self) -> usize {
-        self.cache.bytes()
-    }
-
-    /// Tokens in the cache (the position the next token gets).
-    pub fn tokens(&self) -> &[u32] {
-        &self.tokens
-    }
-
-    /// Forget everything.
-    pub fn reset(&mut self) {
-        self.rewind(0);
-    }
-
-    /// Keep only the first `len` cached tokens, and return how many are kept: `len`, or 0
-    /// when a sliding layer's ring has already overwritten keys that position `len` would
-    /// read (see [`KvCache::truncate`]); the caller then runs the prefix again.
-    pub fn rewind(&mut self, len: usize) -> usize {
-        let kept = self.cache.truncate(len);
-        self.tokens.truncate(kept);
-        kept
-    }
-
-    /// Positions the KV cache holds in each layer: the context, or a sliding layer's ring.
-    pub fn cache_capacities(&self) -> Vec<usize> {
-        (0..self.model.config.layers)
-            .map(|l| self.cache.capacity(l))
-            .collect()
-    }
-
-    /// Keep the longest cached prefix of `ids`, returning its length: the caller then feeds
-    /// `ids[len..]`. Used to carry a conversation's cache from turn to turn.
-    pub fn reuse_prefix(&mut self, ids: &[u32]) -> usize {
-        let mut same = self
-            .tokens
-            .iter()
-            .zip(ids)
-            .take_while(|(a, b)| a == b)
-            .count();
-        // Something must be fed to get logits.
-        if same == ids.len() {
-            same = same.saturating_sub(1);
-        }
-        self.rewind(same)
-    }
-
-    /// Run `tokens` at positions `len()..len()+n` as one batch and return the requested
-    /// logits (`(1, vocab)` for [`Logits::Last`], `(n, vocab)` for [`Logits::All`]).
+    /// Run `tokens` at positions `seq.len()..seq.len()+n` as one batch and return the
+    /// requested logits (`(1, vocab)` for [`Logits::Last`], `(n, vocab)` for [`Logits::All`]).
     ///
     /// The pass runs on one of the pool's threads, so that each product starts on the pool
     /// directly (see [`Pool::install`]).
     pub fn forward(
         &mut self,
+        seq: &mut Sequence,
         tokens: &[u32],
         which: Logits,
         observer: Option<&mut dyn Observer>,
     ) -> Result<&[f32]> {
         let pool = Arc::clone(&self.pool);
-        pool.install(move || self.forward_here(tokens, which, observer))
+        let mut segs = [Segment { seq, tokens }];
+        pool.install(move || self.run(&mut segs, which, observer))
     }
 
-    /// [`Session::forward`] on the current thread.
-    fn forward_here(
+    /// One decoding step for several sequences at once: `tokens[i]` goes to `seqs[i]`, every
+    /// matrix reads its weights once for all of them, attention runs per sequence over its
+    /// own cache. Returns `(seqs.len(), vocab)` logits, row `i` bit for bit what
+    /// [`Compute::forward`] of `tokens[i]` alone on `seqs[i]` gives
+    /// ([`Batching::Independent`]).
+    pub fn decode(&mut self, seqs: &mut [&mut Sequence], tokens: &[u32]) -> Result<&[f32]> {
+        if seqs.len() != tokens.len() {
+            return Err(RunnerError::InvalidArgument {
+                arg: "decode",
+                reason: format!("{} sequences but {} tokens", seqs.len(), tokens.len()),
+            });
+        }
+        let pool = Arc::clone(&self.pool);
+        let mut segs: Vec<Segment<'_>> = seqs
+            .iter_mut()
+            .zip(tokens.chunks(1))
+            .map(|(seq, t)| Segment {
+                seq: &mut **seq,
+                tokens: t,
+            })
+            .collect();
+        pool.install(move || self.run(&mut segs, Logits::Last, None))
+    }
+
+    /// The forward pass over `segs` (one sequence's prompt, or one token each of several
+    /// sequences), on the current thread. With several segments, [`Logits::Last`] gives
+    /// each segment's last row.
+    fn run(
         &mut self,
-        tokens: &[u32],
+        segs: &mut [Segment<'_>],
         which: Logits,
         mut observer: Option<&mut dyn Observer>,
     ) -> Result<&[f32]> {
         let model = self.model;
         let c = &model.config;
         let w = &model.weights;
-        let n = tokens.len();
-        let pos0 = self.cache.len();
-        if n == 0 {
-            return Err(RunnerError::EmptyPrompt);
-        }
-        if pos0 + n > self.cache.ctx() {
-            return Err(RunnerError::ContextOverflow {
-                tokens: pos0 + n,
-                ctx: self.cache.ctx(),
-                max_ctx: c.max_position_embeddings,
+        if segs.len() > 1 && (which == Logits::All || observer.is_some()) {
+            return Err(RunnerError::InvalidArgument {
+                arg: "forward",
+                reason: "all logits and observers are for one sequence at a time".into(),
             });
         }
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= c.vocab) {
-            return Err(RunnerError::TokenOutOfRange { id, vocab: c.vocab });
+        for seg in segs.iter() {
+            let (n, pos0) = (seg.tokens.len(), seg.seq.cache.len());
+            if n == 0 {
+                return Err(RunnerError::EmptyPrompt);
+            }
+            if pos0 + n > seg.seq.cache.ctx() {
+                return Err(RunnerError::ContextOverflow {
+                    tokens: pos0 + n,
+                    ctx: seg.seq.cache.ctx(),
+                    max_ctx: c.max_position_embeddings,
+                });
+            }
+            if let Some(&id) = seg.tokens.iter().find(|&&id| id as usize >= c.vocab) {
+                return Err(RunnerError::TokenOutOfRange { id, vocab: c.vocab });
+            }
         }
+        // Several sequences' tokens: each must get the bits it gets alone.
+        let batching = if segs.len() > 1 {
+            Batching::Independent
+        } else {
+            Batching::Joint
+        };
+        let n: usize = segs.iter().map(|s| s.tokens.len()).sum();
         let (h, qd, kvd, ff) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate);
         let hd = c.head_dim;
         let eps = c.rms_norm_eps;
@@ -351,7 +416,8 @@ impl<'m> Session<'m> {
         s.fit(c, n);
 
         // inputs_embeds = self.embed_tokens(input_ids)
-        for (&id, row) in tokens.iter().zip(s.x.chunks_exact_mut(h)) {
+        let ids = segs.iter().flat_map(|seg| seg.tokens.iter());
+        for (&id, row) in ids.zip(s.x.chunks_exact_mut(h)) {
             dequantize_row(&w.embed, id as usize, row);
             // Gemma: `embed_tokens(ids) * embed_scale`, in f32.
             if let Some(scale) = c.embed_scale {
@@ -360,25 +426,32 @@ impl<'m> Session<'m> {
         }
         emit(&mut observer, arch, Activation::Embed, &s.x, h);
 
-        // The full-attention layers' RoPE tables for this call: LongRoPE's long factors when
-        // its last position + 1 exceeds the original context, as transformers chooses per
-        // forward call.
-        let rope_global = match &self.rope_long {
-            Some(long) if c.long_rope_from().is_some_and(|from| pos0 + n > from) => long,
-            _ => &self.rope,
-        };
+        // Each segment's full-attention RoPE tables for this call: LongRoPE's long factors
+        // when its last position + 1 exceeds the original context, as transformers chooses
+        // per forward call.
+        let rope_global: Vec<&Rope> = segs
+            .iter()
+            .map(|seg| {
+                let end = seg.seq.cache.len() + seg.tokens.len();
+                match &self.rope_long {
+                    Some(long) if c.long_rope_from().is_some_and(|from| end > from) => long,
+                    _ => &self.rope,
+                }
+            })
+            .collect();
         for (l, lw) in w.layers.iter().enumerate() {
             // hidden_states = self.input_layernorm(hidden_states)
             norm_rows(&s.x, &lw.attn_norm, eps, &mut s.xn, h);
             emit(&mut observer, arch, Activation::AttnNorm(l), &s.xn, h);
 
             // q/k/v = self.{q,k,v}_proj(hidden_states)  (+ bias for Qwen2)
-            matmul_many(
+            matmul_many_for(
                 &[&lw.q, &lw.k, &lw.v],
                 &s.xn,
                 n,
                 &mut [&mut s.q, &mut s.k, &mut s.v],
                 pool,
+                batching,
             );
             if let Some([bq, bk, bv]) = &lw.qkv_bias {
                 add_rows(&mut s.q, bq);
@@ -396,15 +469,6 @@ impl<'m> Session<'m> {
                 emit(&mut observer, arch, Activation::KNorm(l), &s.k, kvd);
             }
 
-            // q, k = apply_rotary_pos_emb(q, k, cos, sin)  (the layer type's tables)
-            let rope = match &self.rope_local {
-                Some(local) if c.local_rope(l) => local,
-                _ => rope_global,
-            };
-            for t in 0..n {
-                rope.apply(&mut s.q[t * qd..(t + 1) * qd], pos0 + t);
-                rope.apply(&mut s.k[t * kvd..(t + 1) * kvd], pos0 + t);
-            }
             let shape = AttnShape {
                 heads: c.heads,
                 kv_heads: c.kv_heads,
@@ -412,33 +476,45 @@ impl<'m> Session<'m> {
                 window: c.window(l),
                 scale: c.attn_scale,
             };
-            // key_states, value_states = past_key_values.update(...)
-            // attn_output = eager_attention_forward(...)
-            // A ring takes its layer's tokens a step at a time: each step's keys are written
-            // after the previous step's queries have read the keys they overwrite.
-            let step = self.cache.batch_limit(l).min(n);
-            for t0 in (0..n).step_by(step) {
-                let t1 = (t0 + step).min(n);
-                self.cache.write(
-                    l,
-                    pos0 + t0,
-                    &s.k[t0 * kvd..t1 * kvd],
-                    &s.v[t0 * kvd..t1 * kvd],
-                );
-                attention(
-                    shape,
-                    &s.q[t0 * qd..t1 * qd],
-                    &self.cache,
-                    l,
-                    pos0 + t0,
-                    &mut s.att[t0 * qd..t1 * qd],
-                    &mut s.attn,
-                    pool,
-                );
+            let mut first = 0;
+            for (seg, global) in segs.iter_mut().zip(&rope_global) {
+                let (seg_n, pos0) = (seg.tokens.len(), seg.seq.cache.len());
+                let rows = first..first + seg_n;
+                first += seg_n;
+                // q, k = apply_rotary_pos_emb(q, k, cos, sin)  (the layer type's tables)
+                let rope = match &self.rope_local {
+                    Some(local) if c.local_rope(l) => local,
+                    _ => global,
+                };
+                for (i, t) in rows.clone().enumerate() {
+                    rope.apply(&mut s.q[t * qd..(t + 1) * qd], pos0 + i);
+                    rope.apply(&mut s.k[t * kvd..(t + 1) * kvd], pos0 + i);
+                }
+                // key_states, value_states = past_key_values.update(...)
+                // attn_output = eager_attention_forward(...)
+                // A ring takes its layer's tokens a step at a time: each step's keys are
+                // written after the previous step's queries have read the keys they overwrite.
+                let cache = &mut seg.seq.cache;
+                let step = cache.batch_limit(l).min(seg_n);
+                for t0 in (0..seg_n).step_by(step) {
+                    let t1 = (t0 + step).min(seg_n);
+                    let (a, b) = (rows.start + t0, rows.start + t1);
+                    cache.write(l, pos0 + t0, &s.k[a * kvd..b * kvd], &s.v[a * kvd..b * kvd]);
+                    attention(
+                        shape,
+                        &s.q[a * qd..b * qd],
+                        cache,
+                        l,
+                        pos0 + t0,
+                        &mut s.att[a * qd..b * qd],
+                        &mut s.attn,
+                        pool,
+                    );
+                }
             }
             // attn_output = self.o_proj(attn_output)
             emit(&mut observer, arch, Activation::AttnOut(l), &s.att, qd);
-            matmul(&lw.o, &s.att, n, &mut s.proj, pool);
+            matmul_many_for(&[&lw.o], &s.att, n, &mut [&mut s.proj], pool, batching);
             emit(&mut observer, arch, Activation::O(l), &s.proj, h);
             // Gemma: hidden_states = self.post_attention_layernorm(hidden_states)
             if let Some(post) = &lw.attn_post_norm {
@@ -458,12 +534,13 @@ impl<'m> Session<'m> {
             };
             emit(&mut observer, arch, mlp_norm, &s.xn, h);
             // down_proj(act_fn(gate_proj(x)) * up_proj(x))
-            matmul_many(
+            matmul_many_for(
                 &[&lw.gate, &lw.up],
                 &s.xn,
                 n,
                 &mut [&mut s.gate, &mut s.up],
                 pool,
+                batching,
             );
             emit(&mut observer, arch, Activation::Gate(l), &s.gate, ff);
             emit(&mut observer, arch, Activation::Up(l), &s.up, ff);
@@ -481,7 +558,7 @@ impl<'m> Session<'m> {
                 act(&s.gate, &s.up, &mut s.act);
             }
             emit(&mut observer, arch, Activation::DownIn(l), &s.act, ff);
-            matmul(&lw.down, &s.act, n, &mut s.proj, pool);
+            matmul_many_for(&[&lw.down], &s.act, n, &mut [&mut s.proj], pool, batching);
             emit(&mut observer, arch, Activation::Mlp(l), &s.proj, h);
             // Gemma: hidden_states = self.post_feedforward_layernorm(hidden_states)
             if let Some(post) = &lw.mlp_post_norm {
@@ -492,34 +569,155 @@ impl<'m> Session<'m> {
             axpy(1.0, &s.proj, &mut s.x);
             emit(&mut observer, arch, Activation::Layer(l), &s.x, h);
         }
-        self.cache.set_len(pos0 + n);
-        self.tokens.extend_from_slice(tokens);
+        for seg in segs.iter_mut() {
+            let len = seg.seq.cache.len() + seg.tokens.len();
+            seg.seq.cache.set_len(len);
+            seg.seq.tokens.extend_from_slice(seg.tokens);
+            seg.seq.peak = seg.seq.peak.max(len);
+        }
 
         // hidden_states = self.norm(hidden_states); logits = self.lm_head(hidden_states)
         let all = which == Logits::All || wants(&observer, arch, Activation::FinalNorm);
-        let first = if all { 0 } else { n - 1 };
-        let rows = n - first;
-        norm_rows(
-            &s.x[first * h..],
-            &w.final_norm,
-            eps,
-            &mut s.xn[..rows * h],
-            h,
-        );
+        // The rows that get logits: every row, or each segment's last.
+        let mut picked = Vec::with_capacity(segs.len());
+        let mut end = 0;
+        for seg in segs.iter() {
+            let start = end;
+            end += seg.tokens.len();
+            if all {
+                picked.extend(start..end);
+            } else {
+                picked.push(end - 1);
+            }
+        }
+        let rows = picked.len();
         if all {
+            norm_rows(&s.x, &w.final_norm, eps, &mut s.xn, h);
             emit(&mut observer, arch, Activation::FinalNorm, &s.xn, h);
+        } else {
+            for (i, &r) in picked.iter().enumerate() {
+                rmsnorm(
+                    &s.x[r * h..(r + 1) * h],
+                    &w.final_norm,
+                    eps,
+                    &mut s.xn[i * h..(i + 1) * h],
+                );
+            }
         }
         if which == Logits::None {
             return Ok(&[]);
         }
         let out: &Matrix = w.output();
         s.logits.resize(rows * c.vocab, 0.0);
-        matmul(out, &s.xn[..rows * h], rows, &mut s.logits, pool);
+        matmul_many_for(
+            &[out],
+            &s.xn[..rows * h],
+            rows,
+            &mut [&mut s.logits[..]],
+            pool,
+            batching,
+        );
         emit(&mut observer, arch, Activation::Logits, &s.logits, c.vocab);
-        Ok(match which {
-            Logits::All => &s.logits,
-            Logits::Last | Logits::None => &s.logits[(rows - 1) * c.vocab..],
+        Ok(match (which, segs.len()) {
+            (Logits::All, _) => &s.logits,
+            (_, 1) => &s.logits[(rows - 1) * c.vocab..],
+            _ => &s.logits,
         })
+    }
+}
+
+/// One conversation: a [`Compute`] and its [`Sequence`].
+#[derive(Debug)]
+pub struct Session<'m> {
+    compute: Compute<'m>,
+    seq: Sequence,
+}
+
+impl<'m> Session<'m> {
+    /// Allocate a session for `ctx` positions on `threads` threads, its KV cache stored as
+    /// `cache` (sliding-window layers in rings).
+    pub fn new(
+        model: &'m Model<'m>,
+        ctx: usize,
+        threads: usize,
+        cache: CacheType,
+    ) -> Result<Session<'m>> {
+        Session::with_sliding(model, ctx, threads, cache, SlidingCache::default())
+    }
+
+    /// [`Session::new`], sliding-window layers' keys and values kept as `sliding` says.
+    pub fn with_sliding(
+        model: &'m Model<'m>,
+        ctx: usize,
+        threads: usize,
+        cache: CacheType,
+        sliding: SlidingCache,
+    ) -> Result<Session<'m>> {
+        let compute = Compute::new(model, ctx, threads, cache, sliding)?;
+        let seq = compute.sequence()?;
+        Ok(Session { compute, seq })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &'m Model<'m> {
+        self.compute.model
+    }
+
+    /// Capacity in positions.
+    pub fn ctx(&self) -> usize {
+        self.seq.ctx()
+    }
+
+    /// Compute threads.
+    pub fn threads(&self) -> usize {
+        self.compute.threads()
+    }
+
+    /// How the KV cache stores keys and values.
+    pub fn cache_type(&self) -> CacheType {
+        self.compute.cache_type
+    }
+
+    /// Bytes held by the KV cache.
+    pub fn cache_bytes(&self) -> usize {
+        self.seq.cache_bytes()
+    }
+
+    /// Tokens in the cache (the position the next token gets).
+    pub fn tokens(&self) -> &[u32] {
+        self.seq.tokens()
+    }
+
+    /// Forget everything.
+    pub fn reset(&mut self) {
+        self.rewind(0);
+    }
+
+    /// See [`Sequence::rewind`].
+    pub fn rewind(&mut self, len: usize) -> usize {
+        self.seq.rewind(len)
+    }
+
+    /// Positions the KV cache holds in each layer: the context, or a sliding layer's ring.
+    pub fn cache_capacities(&self) -> Vec<usize> {
+        (0..self.compute.model.config.layers)
+            .map(|l| self.seq.cache.capacity(l))
+            .collect()
+    }
+
+    /// See [`Sequence::reuse_prefix`].
+    pub fn reuse_prefix(&mut self, ids: &[u32]) -> usize {
+        self.seq.reuse_prefix(ids)
+    }
+
+    /// See [`Compute::forward`].
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        which: Logits,
+        observer: Option<&mut dyn Observer>,
+    ) -> Result<&[f32]> {
+        self.compute.forward(&mut self.seq, tokens, which, observer)
     }
 }
 
@@ -544,5 +742,29 @@ fn norm_rows_inplace(x: &mut [f32], weight: &[f32], eps: f32, width: usize) {
 fn add_rows(x: &mut [f32], bias: &[f32]) {
     for row in x.chunks_exact_mut(bias.len()) {
         axpy(1.0, bias, row);
+    }
+}
+
+/// Models for the crate's unit tests.
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use std::path::{Path, PathBuf};
+
+    /// The tiny tied-embedding Llama fixture converted to f32 in `dir`.
+    pub(crate) fn tiny_model(dir: &Path) -> PathBuf {
+        let input = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tiny/llama-tied-f32");
+        let output = dir.join("tiny.kiln");
+        kiln_convert::convert_hf(
+            &kiln_convert::ConvertOptions {
+                input,
+                output: output.clone(),
+                dtype: Some(kiln_format::DType::F32),
+                overwrite: true,
+                allow_non_finite: false,
+            },
+            &kiln_convert::NoProgress,
+        )
+        .expect("the tiny fixture converts");
+        output
     }
 }

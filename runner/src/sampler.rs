@@ -21,8 +21,14 @@ pub struct SamplerConfig {
     pub min_p: f32,
     /// Divide positive (multiply negative) logits of recent tokens by this (1: off).
     pub repetition_penalty: f32,
-    /// How many of the most recent tokens the penalty looks at.
+    /// How many of the most recent tokens the penalties look at.
     pub repeat_last_n: usize,
+    /// Subtracted from the logit of every token among the recent ones (OpenAI's
+    /// `presence_penalty`, over the same window as llama.cpp; 0: off).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it occurs among the recent ones
+    /// (OpenAI's `frequency_penalty`; 0: off).
+    pub frequency_penalty: f32,
     /// RNG seed.
     pub seed: u64,
 }
@@ -36,6 +42,8 @@ impl Default for SamplerConfig {
             min_p: 0.0,
             repetition_penalty: 1.0,
             repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: 0,
         }
     }
@@ -62,6 +70,14 @@ impl SamplerConfig {
                 "--repeat-penalty",
                 format!("{} must be positive (1 is off)", self.repetition_penalty),
             );
+        }
+        for (arg, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return bad(arg, format!("{v} must be in [-2, 2]"));
+            }
         }
         Ok(())
     }
@@ -142,17 +158,37 @@ impl Sampler {
         let c = &self.config;
         let penalized = c.repetition_penalty != 1.0 && c.repeat_last_n > 0;
         let recent = &history[history.len().saturating_sub(c.repeat_last_n)..];
-        // RepetitionPenaltyLogitsProcessor: each distinct recent token once.
+        // Each recent token and how often it occurs, sorted by id.
+        let mut counts: Vec<(u32, u32)> = Vec::new();
+        let additive = c.presence_penalty != 0.0 || c.frequency_penalty != 0.0;
+        if penalized || additive {
+            let mut ids = recent.to_vec();
+            ids.sort_unstable();
+            for id in ids {
+                match counts.last_mut() {
+                    Some((last, n)) if *last == id => *n += 1,
+                    _ => counts.push((id, 1)),
+                }
+            }
+        }
+        // RepetitionPenaltyLogitsProcessor: each distinct recent token once; then OpenAI's
+        // presence and frequency penalties.
         let penalty = |id: u32, l: f32| {
-            if penalized && recent.contains(&id) {
-                if l > 0.0 {
+            let Ok(i) = counts.binary_search_by_key(&id, |&(id, _)| id) else {
+                return l;
+            };
+            let mut l = l;
+            if penalized {
+                l = if l > 0.0 {
                     l / c.repetition_penalty
                 } else {
                     l * c.repetition_penalty
-                }
-            } else {
-                l
+                };
             }
+            if additive {
+                l -= c.presence_penalty + c.frequency_penalty * counts[i].1 as f32;
+            }
+            l
         };
         if c.is_greedy() {
             return argmax(
@@ -275,6 +311,30 @@ mod tests {
     }
 
     #[test]
+    fn presence_and_frequency_penalties_subtract_per_occurrence() {
+        let mut s = Sampler::new(SamplerConfig {
+            presence_penalty: 0.5,
+            ..Default::default()
+        });
+        // 3.0 - 0.5 < 2.9: the recent token loses once, however often it occurred.
+        assert_eq!(s.sample(&[0.0, 3.0, 2.9], &[1, 1, 1]), 2);
+        assert_eq!(s.sample(&[0.0, 3.0, 2.4], &[1, 1, 1]), 1);
+        let mut s = Sampler::new(SamplerConfig {
+            frequency_penalty: 0.25,
+            ..Default::default()
+        });
+        // Twice: 3.0 - 0.5 = 2.5 > 2.4; three times: 2.25 < 2.4.
+        assert_eq!(s.sample(&[0.0, 3.0, 2.4], &[1, 1]), 1);
+        assert_eq!(s.sample(&[0.0, 3.0, 2.4], &[1, 1, 1]), 2);
+        // Negative penalties favour repetition.
+        let mut s = Sampler::new(SamplerConfig {
+            presence_penalty: -1.0,
+            ..Default::default()
+        });
+        assert_eq!(s.sample(&[0.0, 2.0, 2.9], &[1]), 1);
+    }
+
+    #[test]
     fn top_k_1_and_tiny_top_p_are_greedy() {
         let logits = [0.5, 2.0, 1.9, -1.0];
         let mut k = sampler(|c| c.top_k = 1);
@@ -313,6 +373,8 @@ mod tests {
             |c| c.top_p = 1.5,
             |c| c.min_p = 2.0,
             |c| c.repetition_penalty = 0.0,
+            |c| c.presence_penalty = 2.5,
+            |c| c.frequency_penalty = f32::NAN,
         ] {
             let mut c = SamplerConfig::default();
             f(&mut c);

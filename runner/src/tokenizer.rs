@@ -172,6 +172,51 @@ impl Tokenizer {
         self.eos_token.as_deref()
     }
 
+    /// The bytes every token id contributes to the output, indexed by id (`None` for ids the
+    /// vocabulary skips), for grammars that match output byte by byte.
+    ///
+    /// A token's bytes are what [`Tokenizer::decode`] yields for it in the middle of a text:
+    /// the decoder's per-token rewrites (GPT-2's byte↔unicode map, SentencePiece's `▁` for a
+    /// space and `<0xNN>` byte tokens, `Replace` rules) applied to its vocabulary string, so the
+    /// bytes of a run of ids concatenate to its decoding. Edge-only effects are left out: a
+    /// `Strip` after `Fuse`, or `Metaspace` dropping the very first space. Special tokens carry
+    /// their text and `special: true`; decoding skips them, so a grammar must not allow them as
+    /// text. An error names a decoder whose output is not a concatenation of tokens.
+    pub fn token_bytes(&self) -> Result<Vec<Option<TokenBytes>>> {
+        let steps = match self.inner.get_decoder() {
+            None => {
+                return Err(RunnerError::UnsupportedDecoder {
+                    decoder: "absent (tokens are joined with spaces)".into(),
+                })
+            }
+            Some(decoder) => {
+                let json = serde_json::to_value(decoder)
+                    .map_err(|e| RunnerError::Tokenize(format!("reading the decoder: {e}")))?;
+                decoder_steps(&json)?
+            }
+        };
+        let added = self.inner.get_added_tokens_decoder();
+        let n = self.inner.get_vocab_size(true);
+        let n = added.keys().map(|&id| id as usize + 1).fold(n, usize::max);
+        let mut out = Vec::with_capacity(n);
+        for id in 0..n {
+            let id = u32::try_from(id).map_err(|_| {
+                RunnerError::Tokenize(format!("the vocabulary has more than {} ids", u32::MAX))
+            })?;
+            out.push(match added.get(&id) {
+                Some(t) if t.special => Some(TokenBytes {
+                    bytes: t.content.as_bytes().to_vec(),
+                    special: true,
+                }),
+                _ => self.inner.id_to_token(id).map(|text| TokenBytes {
+                    bytes: apply_steps(&steps, &text),
+                    special: false,
+                }),
+            });
+        }
+        Ok(out)
+    }
+
     /// A streaming decoder for a new run of generated tokens.
     pub fn stream(&self) -> TextStream<'_> {
         TextStream {
@@ -181,6 +226,170 @@ impl Tokenizer {
             read: 0,
         }
     }
+}
+
+/// What one token adds to the output (see [`Tokenizer::token_bytes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenBytes {
+    /// The bytes, possibly not valid UTF-8 on their own (half a character).
+    pub bytes: Vec<u8>,
+    /// A special token (BOS, EOS, chat markers): decoding drops it, so it is not text.
+    pub special: bool,
+}
+
+/// One per-token rewrite of a `tokenizers` decoder, in the order the decoder applies them.
+#[derive(Debug, Clone, PartialEq)]
+enum DecodeStep {
+    /// GPT-2's byte↔unicode map: every character stands for one byte.
+    ByteLevel,
+    /// `<0xNN>` is the byte NN.
+    ByteFallback,
+    /// A literal substring replaced (SentencePiece's `▁` → space).
+    Replace { from: String, to: String },
+    /// Up to `start`/`stop` copies of `content` cut from each token's ends.
+    Strip {
+        content: char,
+        start: usize,
+        stop: usize,
+    },
+}
+
+/// The per-token rewrites of a decoder given as `tokenizers` serializes it.
+fn decode_steps(
+    json: &serde_json::Value,
+    fused: &mut bool,
+    steps: &mut Vec<DecodeStep>,
+) -> Result<()> {
+    let kind = json["type"].as_str().unwrap_or("unknown");
+    let unsupported = || RunnerError::UnsupportedDecoder {
+        decoder: kind.to_string(),
+    };
+    match kind {
+        "Sequence" => {
+            for d in json["decoders"].as_array().ok_or_else(unsupported)? {
+                decode_steps(d, fused, steps)?;
+            }
+        }
+        "ByteLevel" => steps.push(DecodeStep::ByteLevel),
+        "ByteFallback" => steps.push(DecodeStep::ByteFallback),
+        // Joins the tokens into one string: later steps see the whole text, not each token.
+        "Fuse" => *fused = true,
+        "Replace" => {
+            let from = json["pattern"]["String"].as_str().ok_or_else(|| {
+                RunnerError::UnsupportedDecoder {
+                    decoder: "Replace with a regex pattern".into(),
+                }
+            })?;
+            let to = json["content"].as_str().ok_or_else(unsupported)?;
+            if !*fused {
+                steps.push(DecodeStep::Replace {
+                    from: from.to_string(),
+                    to: to.to_string(),
+                });
+            }
+        }
+        "Metaspace" => {
+            let from = json["replacement"].as_str().ok_or_else(unsupported)?;
+            steps.push(DecodeStep::Replace {
+                from: from.to_string(),
+                to: " ".to_string(),
+            });
+        }
+        "Strip" => {
+            let content = json["content"]
+                .as_str()
+                .and_then(|c| c.chars().next())
+                .ok_or_else(unsupported)?;
+            let count = |k: &str| json[k].as_u64().and_then(|n| usize::try_from(n).ok());
+            let (start, stop) = (count("start").unwrap_or(0), count("stop").unwrap_or(0));
+            // After `Fuse` it trims only the ends of the whole text.
+            if !*fused {
+                steps.push(DecodeStep::Strip {
+                    content,
+                    start,
+                    stop,
+                });
+            }
+        }
+        _ => return Err(unsupported()),
+    }
+    Ok(())
+}
+
+/// [`decode_steps`] from the top.
+fn decoder_steps(json: &serde_json::Value) -> Result<Vec<DecodeStep>> {
+    let mut steps = Vec::new();
+    decode_steps(json, &mut false, &mut steps)?;
+    Ok(steps)
+}
+
+/// GPT-2's byte↔unicode map, inverted: the byte each printable stand-in character means.
+fn byte_level_char(c: char) -> Option<u8> {
+    let self_mapped = |b: u32| matches!(b, 0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF);
+    let code = u32::from(c);
+    if self_mapped(code) {
+        return u8::try_from(code).ok();
+    }
+    // The other bytes, in order, stand at U+0100 onwards.
+    let index = code.checked_sub(0x100)?;
+    (0u8..=255)
+        .filter(|&b| !self_mapped(u32::from(b)))
+        .nth(usize::try_from(index).ok()?)
+}
+
+/// A vocabulary string's bytes after the decoder's per-token steps, as `tokenizers` applies
+/// them (a `ByteLevel` token with a character outside the map stays as its UTF-8, a token that
+/// is not exactly `<0xNN>` passes `ByteFallback` untouched).
+fn apply_steps(steps: &[DecodeStep], token: &str) -> Vec<u8> {
+    let mut bytes = token.as_bytes().to_vec();
+    for step in steps {
+        bytes = match step {
+            DecodeStep::ByteLevel => match std::str::from_utf8(&bytes) {
+                Ok(text) => text
+                    .chars()
+                    .map(byte_level_char)
+                    .collect::<Option<Vec<u8>>>()
+                    .unwrap_or(bytes),
+                Err(_) => bytes,
+            },
+            DecodeStep::ByteFallback => match bytes.as_slice() {
+                [b'<', b'0', b'x', hi, lo, b'>'] => std::str::from_utf8(&[*hi, *lo])
+                    .ok()
+                    .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+                    .map_or(bytes, |b| vec![b]),
+                _ => bytes,
+            },
+            DecodeStep::Replace { from, to } => match std::str::from_utf8(&bytes) {
+                Ok(text) => text.replace(from.as_str(), to).into_bytes(),
+                Err(_) => bytes,
+            },
+            DecodeStep::Strip {
+                content,
+                start,
+                stop,
+            } => match std::str::from_utf8(&bytes) {
+                Ok(text) => {
+                    let chars: Vec<char> = text.chars().collect();
+                    let lead = chars
+                        .iter()
+                        .take(*start)
+                        .take_while(|&c| c == content)
+                        .count();
+                    let rest = chars.get(lead..).unwrap_or_default();
+                    let trail = rest
+                        .iter()
+                        .rev()
+                        .take(*stop)
+                        .take_while(|&c| c == content)
+                        .count();
+                    let keep = rest.get(..rest.len() - trail).unwrap_or_default();
+                    keep.iter().collect::<String>().into_bytes()
+                }
+                Err(_) => bytes,
+            },
+        };
+    }
+    bytes
 }
 
 /// Turns tokens into text as they come, holding back bytes until they form whole characters.
@@ -601,5 +810,153 @@ mod tests {
         );
         let e = Tokenizer::from_parts("m.kiln", &TokenizerFiles::default(), None, &[]).unwrap_err();
         assert!(e.to_string().contains("no embedded tokenizer.json"), "{e}");
+    }
+
+    /// The tiny fixtures' byte-level BPE tokenizer (320 entries, ChatML specials), with its
+    /// config, as the converter embeds it.
+    fn tiny_fixture() -> Tokenizer {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fixtures/tiny/llama-tied-f32"
+        );
+        let read = |name: &str| std::fs::read_to_string(format!("{dir}/{name}")).unwrap();
+        let files = TokenizerFiles {
+            tokenizer_json: Some(read("tokenizer.json")),
+            tokenizer_config_json: Some(read("tokenizer_config.json")),
+            ..TokenizerFiles::default()
+        };
+        Tokenizer::from_parts("tiny", &files, Some(1), &[2]).unwrap()
+    }
+
+    /// Concatenated token bytes of `ids`, with special tokens left out as decoding does.
+    fn joined(table: &[Option<TokenBytes>], ids: &[u32]) -> Vec<u8> {
+        ids.iter()
+            .filter_map(|&id| table[id as usize].as_ref())
+            .filter(|t| !t.special)
+            .flat_map(|t| t.bytes.iter().copied())
+            .collect()
+    }
+
+    #[test]
+    fn byte_level_token_bytes_concatenate_to_the_decoding() {
+        let t = tiny_fixture();
+        let table = t.token_bytes().unwrap();
+        assert_eq!(table.len(), t.inner.get_vocab_size(true));
+        for text in [
+            "Hello world!",
+            "{\"name\": \"Ada\", \"age\": 36}\n\ttabs  and  spaces",
+            "naïve café 日本語 🙂",
+            "\u{0}\u{7f} control",
+        ] {
+            let ids = t.encode_rendered(text).unwrap();
+            assert_eq!(t.decode(&ids).unwrap(), text);
+            assert_eq!(joined(&table, &ids), text.as_bytes(), "{text:?}");
+        }
+        // Every one of the 256 bytes is a token of its own.
+        let singles: BTreeSet<u8> = table
+            .iter()
+            .flatten()
+            .filter(|t| t.bytes.len() == 1 && !t.special)
+            .map(|t| t.bytes[0])
+            .collect();
+        assert_eq!(singles.len(), 256);
+        // The ChatML markers are special, with their text.
+        let im_end = t.inner.token_to_id("<|im_end|>").unwrap();
+        let entry = table[im_end as usize].as_ref().unwrap();
+        assert!(entry.special);
+        assert_eq!(entry.bytes, b"<|im_end|>");
+    }
+
+    #[test]
+    fn gpt2_space_and_newline_stand_ins_are_bytes() {
+        assert_eq!(byte_level_char('Ġ'), Some(b' '));
+        assert_eq!(byte_level_char('Ċ'), Some(b'\n'));
+        assert_eq!(byte_level_char('ĉ'), Some(b'\t'));
+        assert_eq!(byte_level_char('Ā'), Some(0));
+        assert_eq!(byte_level_char('a'), Some(b'a'));
+        assert_eq!(byte_level_char('ÿ'), Some(0xFF));
+        assert_eq!(byte_level_char('\u{AD}'), None);
+        assert_eq!(byte_level_char('日'), None);
+        let all: BTreeSet<u8> = (0..0x200u32)
+            .filter_map(char::from_u32)
+            .filter_map(byte_level_char)
+            .collect();
+        assert_eq!(all.len(), 256);
+    }
+
+    /// A SentencePiece-style vocabulary: `▁` for spaces, byte tokens for what it lacks, and
+    /// Llama 2's decoder (Replace, ByteFallback, Fuse, Strip).
+    fn sentencepiece_style() -> Tokenizer {
+        let mut vocab = vec![
+            "\"<unk>\": 0".to_string(),
+            "\"<s>\": 1".into(),
+            "\"</s>\": 2".into(),
+        ];
+        for b in 0..=255u32 {
+            vocab.push(format!("\"<0x{b:02X}>\": {}", 3 + b));
+        }
+        for (i, piece) in ["▁", "a", "b", "▁a", "▁b"].iter().enumerate() {
+            vocab.push(format!("\"{piece}\": {}", 259 + i));
+        }
+        let special = |id: u32, content: &str| {
+            format!(
+                "{{\"id\": {id}, \"content\": \"{content}\", \"single_word\": false, \"lstrip\": false, \
+                 \"rstrip\": false, \"normalized\": false, \"special\": true}}"
+            )
+        };
+        let json = format!(
+            "{{\"version\": \"1.0\", \"truncation\": null, \"padding\": null, \
+             \"added_tokens\": [{}, {}, {}], \
+             \"normalizer\": {{\"type\": \"Sequence\", \"normalizers\": [\
+                {{\"type\": \"Prepend\", \"prepend\": \"▁\"}}, \
+                {{\"type\": \"Replace\", \"pattern\": {{\"String\": \" \"}}, \"content\": \"▁\"}}]}}, \
+             \"pre_tokenizer\": null, \"post_processor\": null, \
+             \"decoder\": {{\"type\": \"Sequence\", \"decoders\": [\
+                {{\"type\": \"Replace\", \"pattern\": {{\"String\": \"▁\"}}, \"content\": \" \"}}, \
+                {{\"type\": \"ByteFallback\"}}, {{\"type\": \"Fuse\"}}, \
+                {{\"type\": \"Strip\", \"content\": \" \", \"start\": 1, \"stop\": 0}}]}}, \
+             \"model\": {{\"type\": \"BPE\", \"dropout\": null, \"unk_token\": \"<unk>\", \
+                \"continuing_subword_prefix\": null, \"end_of_word_suffix\": null, \
+                \"fuse_unk\": true, \"byte_fallback\": true, \"ignore_merges\": false, \
+                \"vocab\": {{{}}}, \"merges\": [\"▁ a\", \"▁ b\"]}}}}",
+            special(0, "<unk>"),
+            special(1, "<s>"),
+            special(2, "</s>"),
+            vocab.join(", ")
+        );
+        Tokenizer::from_parts("sp", &files(&json), Some(1), &[2]).unwrap()
+    }
+
+    #[test]
+    fn sentencepiece_token_bytes_map_spaces_and_byte_tokens() {
+        let t = sentencepiece_style();
+        let table = t.token_bytes().unwrap();
+        let bytes_of = |piece: &str| {
+            let id = t.inner.token_to_id(piece).unwrap();
+            table[id as usize].clone().unwrap()
+        };
+        assert_eq!(bytes_of("▁a").bytes, b" a");
+        assert_eq!(bytes_of("<0xC3>").bytes, [0xC3]);
+        assert_eq!(bytes_of("<0x0A>").bytes, b"\n");
+        assert!(bytes_of("</s>").special);
+        for text in ["a b", "ab é\n", "b 🙂 a"] {
+            let ids = t.encode_rendered(text).unwrap();
+            let decoded = t.decode(&ids).unwrap();
+            assert_eq!(decoded, text);
+            // The decoder strips the space `Prepend` put before the whole text, and only that.
+            let mut want = b" ".to_vec();
+            want.extend_from_slice(decoded.as_bytes());
+            assert_eq!(joined(&table, &ids), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn token_bytes_refuse_a_decoder_that_does_not_concatenate() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/tokenizer");
+        let json = std::fs::read_to_string(format!("{dir}/wordlevel.json")).unwrap();
+        let t = Tokenizer::from_parts("seed", &files(&json), None, &[]).unwrap();
+        let e = t.token_bytes().unwrap_err();
+        assert!(matches!(&e, RunnerError::UnsupportedDecoder { .. }), "{e}");
+        assert!(e.to_string().contains("byte-level BPE"), "{e}");
     }
 }

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use common::*;
 use kiln_format::{DType, KilnFile, KilnWriter, TensorSpec};
 use kiln_runner::{
-    generate, ChatTemplate, Conversation, GenerateOptions, Logits, Model, Recorder, RunnerError,
-    Sampler, SamplerConfig, Tokenizer,
+    generate, ChatTemplate, Compute, Conversation, GenerateOptions, Logits, Model, Recorder,
+    RunnerError, Sampler, SamplerConfig, Sequence, Tokenizer,
 };
 
 /// Batched and one-token-at-a-time forward passes sum in different orders.
@@ -432,4 +432,97 @@ fn sliding_layers_in_rings_match_the_whole_cache() {
     assert!(err <= BATCH_VS_SEQUENTIAL_MAX_ABS_ERR, "after reuse: {err}");
     // With every position kept, a deep rewind keeps its prefix.
     assert_eq!(full.rewind(100), 100);
+}
+
+/// Several sequences decoded together, joining and leaving the batch, each get exactly the
+/// logits they get decoded alone: what lets a server promise that a request's output does not
+/// depend on what else it is serving. Batches of 17 tokens, where one sequence's prompt would
+/// take the block and float lanes kernels; every family's layout, float and block weights.
+#[test]
+fn batched_decode_gives_each_sequence_the_bits_it_gets_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ids = prompt_ids();
+    let mut cases = Vec::new();
+    for name in [
+        "llama-untied-bf16",
+        "gemma3-f32",
+        "qwen3-f32",
+        "phi3-f32",
+        "mistral-f32",
+    ] {
+        let src = tiny(tmp.path(), name);
+        for (tag, pick) in [
+            ("f32", None),
+            ("q8_0", Some(DType::Q8_0)),
+            ("q4_0", Some(DType::Q4_0)),
+            ("f16", Some(DType::F16)),
+        ] {
+            let path = match pick {
+                None => src.clone(),
+                Some(d) => {
+                    let p = tmp.path().join(format!("{name}-{tag}.kiln"));
+                    reencode(&src, &p, |_| Some(d));
+                    p
+                }
+            };
+            cases.push((format!("{name} {tag}"), path));
+        }
+    }
+    for (label, path) in cases {
+        let f = KilnFile::open(&path).unwrap();
+        let model = Model::load(&f).unwrap();
+        let vocab = model.config.vocab as u32;
+        let cache = kiln_runner::CacheType::F16;
+        let sliding = kiln_runner::SlidingCache::default();
+        let mut batched = Compute::new(&model, 64, 2, cache, sliding).unwrap();
+        let mut alone = Compute::new(&model, 64, 1, cache, sliding).unwrap();
+        // Eighteen prompts of different lengths and contents.
+        let prompts: Vec<Vec<u32>> = (0..18)
+            .map(|i| {
+                ids.iter()
+                    .cycle()
+                    .skip(i)
+                    .take(3 + i)
+                    .map(|&t| (t + i as u32) % vocab)
+                    .collect()
+            })
+            .collect();
+        let mut seqs: Vec<Sequence> = Vec::new();
+        let mut solo: Vec<Sequence> = Vec::new();
+        let mut next: Vec<u32> = Vec::new();
+        for p in &prompts {
+            let mut s = batched.sequence().unwrap();
+            let l = batched.forward(&mut s, p, Logits::Last, None).unwrap();
+            next.push(kiln_runner::sampler::argmax(l.iter().copied()));
+            seqs.push(s);
+            let mut s = alone.sequence().unwrap();
+            alone.forward(&mut s, p, Logits::Last, None).unwrap();
+            solo.push(s);
+        }
+        for step in 0..6 {
+            // Sequences leave and rejoin: step k leaves out sequence k.
+            let members: Vec<usize> = (0..18).filter(|&i| i != step).collect();
+            let tokens: Vec<u32> = members.iter().map(|&i| next[i]).collect();
+            let mut refs: Vec<&mut Sequence> = Vec::new();
+            for (i, s) in seqs.iter_mut().enumerate() {
+                if members.contains(&i) {
+                    refs.push(s);
+                }
+            }
+            let logits = batched.decode(&mut refs, &tokens).unwrap().to_vec();
+            for (row, &i) in members.iter().enumerate() {
+                let want = alone
+                    .forward(&mut solo[i], &[next[i]], Logits::Last, None)
+                    .unwrap();
+                let got = &logits[row * vocab as usize..(row + 1) * vocab as usize];
+                assert!(
+                    got.iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{label}: step {step}, sequence {i}: batched logits differ from alone"
+                );
+                next[i] = kiln_runner::sampler::argmax(got.iter().copied());
+            }
+        }
+    }
 }

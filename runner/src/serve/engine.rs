@@ -1,10 +1,16 @@
 //! The engine: one thread that owns the model's sequences and runs continuous batching.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use crate::serve::job::Job;
+use crate::generate::Interrupt;
+use crate::model::{Compute, Logits, Sequence};
+use crate::sampler::Sampler;
+use crate::serve::job::{Event, Finish, Job, Timings, TokenInfo, Usage};
+use crate::serve::prompt_cache::PromptCache;
+use crate::tokenizer::{TextStream, Tokenizer};
 
 /// Why [`EngineHandle::submit`] refused a job (the job is handed back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,4 +103,446 @@ impl EngineHandle {
     pub fn state(&self) -> &Arc<EngineState> {
         &self.state
     }
+}
+
+/// How the engine runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Sequences decoded together at most (`--parallel`).
+    pub parallel: usize,
+    /// Prompt tokens read per forward pass (`-b`, as `generate` reads them), one chunk between
+    /// two decoding steps.
+    pub prefill_batch: usize,
+    /// Bytes of finished conversations' KV kept for reuse (`--cache-mb`).
+    pub cache_bytes: usize,
+}
+
+/// A job holding a sequence.
+struct Slot<'t> {
+    job: Job,
+    seq: Sequence,
+    /// Prompt tokens already in the cache (reused, then read).
+    read: usize,
+    /// Of those, reused from the prompt cache.
+    reused: usize,
+    /// The last position's logits, once the prompt is read.
+    logits: Vec<f32>,
+    sampler: Sampler,
+    /// Prompt and generated tokens (the penalties' window).
+    history: Vec<u32>,
+    generated: usize,
+    stream: TextStream<'t>,
+    /// Text not yet sent: it might be the start of a stop string.
+    held: String,
+    queued_s: f64,
+    prompt_s: f64,
+    decode_start: Option<Instant>,
+}
+
+/// How a slot's step ended.
+enum Outcome {
+    /// Keep decoding with this token.
+    Continue(u32),
+    /// Finished (the event is sent).
+    Finished,
+    /// The client has gone or the job failed: drop it.
+    Dropped,
+}
+
+/// The engine's loop: admit queued jobs into free slots, read one prompt chunk, decode every
+/// slot whose prompt is read in one batched step, and repeat until `stop` is raised (then every
+/// job still held or queued gets [`Event::Failed`]).
+pub fn run(
+    compute: &mut Compute<'_>,
+    tokenizer: &Tokenizer,
+    jobs: Receiver<Job>,
+    handle: &EngineHandle,
+    opts: &EngineOptions,
+    stop: &Interrupt,
+) {
+    let state = handle.state();
+    let mut cache = PromptCache::new(opts.cache_bytes);
+    let mut slots: Vec<Slot<'_>> = Vec::new();
+    let vocab = compute.model().config.vocab;
+    let publish = |slots: &[Slot<'_>], cache: &PromptCache| {
+        state.active.store(slots.len(), Ordering::SeqCst);
+        state.cached.store(cache.len(), Ordering::SeqCst);
+        state.cached_bytes.store(cache.bytes(), Ordering::SeqCst);
+    };
+    loop {
+        if stop.is_raised() {
+            let failed = |job: &Job| {
+                let _ = job.events.send(Event::Failed {
+                    message: "the server is shutting down".into(),
+                });
+            };
+            slots.iter().for_each(|s| failed(&s.job));
+            slots.clear();
+            while let Ok(job) = jobs.try_recv() {
+                state.queued.fetch_sub(1, Ordering::SeqCst);
+                failed(&job);
+            }
+            publish(&slots, &cache);
+            return;
+        }
+        // Admit: wait briefly when idle, so that shutdown and new jobs are both seen promptly.
+        while slots.len() < opts.parallel.max(1) {
+            let next = if slots.is_empty() {
+                jobs.recv_timeout(Duration::from_millis(50)).ok()
+            } else {
+                jobs.try_recv().ok()
+            };
+            let Some(job) = next else { break };
+            state.queued.fetch_sub(1, Ordering::SeqCst);
+            match admit(compute, tokenizer, &mut cache, job) {
+                Ok(slot) => slots.push(slot),
+                Err((job, message)) => {
+                    log_line(&job, &format!("refused: {message}"));
+                    let _ = job.events.send(Event::Failed { message });
+                }
+            }
+        }
+        // Jobs whose client has gone free their sequence at once.
+        slots.retain(|s| !s.job.cancel.load(Ordering::SeqCst));
+        publish(&slots, &cache);
+        if slots.is_empty() {
+            continue;
+        }
+
+        // One prompt chunk, for the slot admitted first that is still reading.
+        if let Some(i) = slots.iter().position(|s| s.logits.is_empty()) {
+            let s = &mut slots[i];
+            let t = Instant::now();
+            let end = (s.read + opts.prefill_batch.max(1)).min(s.job.prompt.len());
+            let chunk = &s.job.prompt[s.read..end];
+            match compute.forward(&mut s.seq, chunk, Logits::Last, None) {
+                Ok(l) => {
+                    if end == s.job.prompt.len() {
+                        s.logits = l.to_vec();
+                    }
+                    s.read = end;
+                    s.prompt_s += t.elapsed().as_secs_f64();
+                }
+                Err(e) => {
+                    let s = slots.remove(i);
+                    fail(s, &e.to_string());
+                    continue;
+                }
+            }
+        }
+
+        // Sample every slot whose prompt is read; those that go on decode together.
+        let mut next = Vec::new();
+        let mut finished = Vec::new();
+        for (i, s) in slots.iter_mut().enumerate() {
+            if s.logits.is_empty() {
+                continue;
+            }
+            match step(s, tokenizer) {
+                Outcome::Continue(id) => next.push((i, id)),
+                Outcome::Finished | Outcome::Dropped => finished.push(i),
+            }
+        }
+        if !next.is_empty() {
+            let tokens: Vec<u32> = next.iter().map(|&(_, id)| id).collect();
+            let mut seqs: Vec<&mut Sequence> = Vec::with_capacity(next.len());
+            let mut rest = &mut slots[..];
+            let mut base = 0;
+            for &(i, _) in &next {
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(i - base);
+                let (here, tail) = tail.split_at_mut(1);
+                seqs.push(&mut here[0].seq);
+                rest = tail;
+                base = i + 1;
+            }
+            match compute.decode(&mut seqs, &tokens) {
+                Ok(logits) => {
+                    for (row, &(i, _)) in next.iter().enumerate() {
+                        let s = &mut slots[i];
+                        s.logits.clear();
+                        s.logits
+                            .extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
+                    }
+                }
+                Err(e) => {
+                    // Only a broken invariant gets here (every sequence was checked to have
+                    // room): fail the batch rather than the server.
+                    let message = e.to_string();
+                    for &(i, _) in next.iter().rev() {
+                        let s = slots.remove(i);
+                        fail(s, &message);
+                    }
+                    finished.retain(|i| !next.iter().any(|&(j, _)| j == *i));
+                }
+            }
+        }
+        finished.sort_unstable();
+        for i in finished.into_iter().rev() {
+            let s = slots.remove(i);
+            if !s.job.cancel.load(Ordering::SeqCst) {
+                cache.put(s.seq);
+            }
+        }
+        publish(&slots, &cache);
+    }
+}
+
+/// Give `job` a sequence: the kept one sharing the longest prefix with its prompt, rewound to
+/// that prefix, or a new one. Refuses a prompt the context cannot hold with room to generate.
+fn admit<'t>(
+    compute: &mut Compute<'_>,
+    tokenizer: &'t Tokenizer,
+    cache: &mut PromptCache,
+    job: Job,
+) -> std::result::Result<Slot<'t>, (Job, String)> {
+    let ctx = compute.ctx();
+    if job.prompt.is_empty() {
+        return Err((job, "the prompt is empty".into()));
+    }
+    if job.prompt.len() >= ctx {
+        let message = format!(
+            "the prompt has {} tokens; the context holds {ctx} with room to generate",
+            job.prompt.len()
+        );
+        return Err((job, message));
+    }
+    if let Err(e) = job.sampler.validate() {
+        return Err((job, e.to_string()));
+    }
+    let (mut seq, reused) = match cache.take(&job.prompt) {
+        Some((mut seq, _)) => {
+            let reused = seq.reuse_prefix(&job.prompt);
+            (seq, reused)
+        }
+        None => match compute.sequence() {
+            Ok(seq) => (seq, 0),
+            Err(e) => return Err((job, e.to_string())),
+        },
+    };
+    seq.rewind(reused);
+    Ok(Slot {
+        read: reused,
+        reused,
+        logits: Vec::new(),
+        sampler: Sampler::new(job.sampler.clone()),
+        history: job.prompt.clone(),
+        generated: 0,
+        stream: tokenizer.stream(),
+        held: String::new(),
+        queued_s: job.submitted.elapsed().as_secs_f64(),
+        prompt_s: 0.0,
+        decode_start: None,
+        seq,
+        job,
+    })
+}
+
+/// Sample `s`'s next token from its logits, report it, and say whether it goes on.
+fn step(s: &mut Slot<'_>, tokenizer: &Tokenizer) -> Outcome {
+    if s.decode_start.is_none() {
+        s.decode_start = Some(Instant::now());
+    }
+    if s.generated >= s.job.max_tokens {
+        return finish(s, Finish::Length);
+    }
+    // The grammar's mask, over a copy of the logits (the originals give the log-probabilities).
+    let mut masked;
+    let mut logits: &[f32] = &s.logits;
+    if let Some(c) = s.job.constraint.as_mut() {
+        match c.allowed() {
+            Ok(None) => {}
+            Ok(Some(bits)) => {
+                masked = s.logits.clone();
+                let mut any = false;
+                for (id, l) in masked.iter_mut().enumerate() {
+                    let on = bits.get(id / 32).is_some_and(|w| w >> (id % 32) & 1 == 1);
+                    if on {
+                        any |= l.is_finite();
+                    } else {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+                if !any {
+                    return drop_failed(s, "the response format allows no further token");
+                }
+                logits = &masked;
+            }
+            Err(e) => return drop_failed(s, &format!("response format: {e}")),
+        }
+    }
+    let id = s.sampler.sample(logits, &s.history);
+    s.history.push(id);
+    s.generated += 1;
+    let info = TokenInfo {
+        id,
+        logprob: 0.0,
+        top: Vec::new(),
+    };
+    let info = match s.job.logprobs {
+        Some(k) => with_logprobs(info, &s.logits, k),
+        None => info,
+    };
+    let is_stop = !s.job.ignore_eos && tokenizer.stop_tokens().contains(&id);
+    if is_stop {
+        if !send(s, String::new(), vec![info]) {
+            return Outcome::Dropped;
+        }
+        return finish(s, Finish::Stop);
+    }
+    if let Some(c) = s.job.constraint.as_mut() {
+        if let Err(e) = c.commit(id) {
+            return drop_failed(s, &format!("response format: {e}"));
+        }
+    }
+    let piece = match s.stream.push(id) {
+        Ok(p) => p,
+        Err(e) => return drop_failed(s, &e.to_string()),
+    };
+    s.held.push_str(&piece);
+    // A stop string ends the output before it.
+    if let Some(at) = first_stop(&s.held, &s.job.stop) {
+        let text = s.held[..at].to_string();
+        s.held.clear();
+        if !send(s, text, vec![info]) {
+            return Outcome::Dropped;
+        }
+        return finish(s, Finish::Stop);
+    }
+    let keep = stop_prefix_len(&s.held, &s.job.stop);
+    let text = s.held[..s.held.len() - keep].to_string();
+    s.held.drain(..s.held.len() - keep);
+    if !send(s, text, vec![info]) {
+        return Outcome::Dropped;
+    }
+    if s.job.constraint.as_ref().is_some_and(|c| c.is_finished()) {
+        return finish(s, Finish::Stop);
+    }
+    if s.generated >= s.job.max_tokens || s.seq.tokens().len() + 1 > s.seq.ctx() {
+        return finish(s, Finish::Length);
+    }
+    Outcome::Continue(id)
+}
+
+/// Send text and tokens; false when the client has gone.
+fn send(s: &Slot<'_>, text: String, tokens: Vec<TokenInfo>) -> bool {
+    s.job.events.send(Event::Text { text, tokens }).is_ok()
+}
+
+/// Flush what is held back and send [`Event::Done`].
+fn finish(s: &mut Slot<'_>, why: Finish) -> Outcome {
+    let mut rest = std::mem::take(&mut s.held);
+    if let Ok(tail) = s.stream.finish() {
+        rest.push_str(&tail);
+    }
+    // A stop string may complete only in the held-back tail.
+    if let Some(at) = first_stop(&rest, &s.job.stop) {
+        rest.truncate(at);
+    }
+    if !rest.is_empty() && !send(s, rest, Vec::new()) {
+        return Outcome::Dropped;
+    }
+    let decode_s = s.decode_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    let usage = Usage {
+        prompt_tokens: s.job.prompt.len(),
+        cached_tokens: s.reused,
+        completion_tokens: s.generated,
+    };
+    let timings = Timings {
+        queued_s: s.queued_s,
+        prompt_s: s.prompt_s,
+        decode_s,
+    };
+    log_line(
+        &s.job,
+        &format!(
+            "{}: {} prompt tokens ({} cached) in {:.3} s, {} generated in {:.3} s",
+            why.name(),
+            usage.prompt_tokens,
+            usage.cached_tokens,
+            timings.prompt_s,
+            usage.completion_tokens,
+            decode_s
+        ),
+    );
+    if s.job
+        .events
+        .send(Event::Done {
+            finish: why,
+            usage,
+            timings,
+        })
+        .is_err()
+    {
+        return Outcome::Dropped;
+    }
+    Outcome::Finished
+}
+
+/// Report a failure and drop the job.
+fn drop_failed(s: &mut Slot<'_>, message: &str) -> Outcome {
+    log_line(&s.job, &format!("failed: {message}"));
+    let _ = s.job.events.send(Event::Failed {
+        message: message.to_string(),
+    });
+    Outcome::Dropped
+}
+
+/// [`drop_failed`] for a slot already taken out of the engine.
+fn fail(mut s: Slot<'_>, message: &str) {
+    drop_failed(&mut s, message);
+}
+
+/// One line on stderr about a job.
+fn log_line(job: &Job, what: &str) {
+    eprintln!("kiln-run serve: request {}: {what}", job.id);
+}
+
+/// Where the first of `stops` begins in `text`, if any does.
+fn first_stop(text: &str, stops: &[String]) -> Option<usize> {
+    stops
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| text.find(s.as_str()))
+        .min()
+}
+
+/// The length of the longest suffix of `text` that begins some stop string (held back, since
+/// the next token may complete it), on a character boundary.
+fn stop_prefix_len(text: &str, stops: &[String]) -> usize {
+    let mut best = 0;
+    for stop in stops {
+        for (i, _) in stop.char_indices().skip(1) {
+            let prefix = &stop[..i];
+            if i > best && text.ends_with(prefix) {
+                best = i;
+            }
+        }
+    }
+    best
+}
+
+/// `info` with the chosen token's log-probability under `logits` and the `k` most likely.
+fn with_logprobs(mut info: TokenInfo, logits: &[f32], k: usize) -> TokenInfo {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let lse = f64::from(max) + sum.ln();
+    let lp = |l: f32| (f64::from(l) - lse) as f32;
+    info.logprob = lp(logits[info.id as usize]);
+    if k > 0 {
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let by = |a: &u32, b: &u32| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        };
+        let k = k.min(idx.len());
+        idx.select_nth_unstable_by(k - 1, by);
+        idx.truncate(k);
+        idx.sort_unstable_by(by);
+        info.top = idx
+            .into_iter()
+            .map(|i| (i, lp(logits[i as usize])))
+            .collect();
+    }
+    info
 }

@@ -51,6 +51,8 @@ pub struct Job {
     pub events: Sender<Event>,
     /// Raised by the connection when the client has gone: the engine drops the job.
     pub cancel: Arc<AtomicBool>,
+    /// When the request was submitted (for the time it waited in the queue).
+    pub submitted: std::time::Instant,
 }
 
 impl std::fmt::Debug for Job {

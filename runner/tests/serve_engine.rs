@@ -1,0 +1,296 @@
+//! The server's engine without HTTP: jobs in, events out, on a tiny model. Continuous batching
+//! must give every job the tokens it gets alone and through `generate`; stop strings, cancels,
+//! the prompt cache, the queue bound and shutdown behave as the server promises.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use kiln_format::{DType, KilnFile};
+use kiln_runner::serve::engine::{self, EngineHandle, EngineOptions, SubmitError};
+use kiln_runner::serve::job::{Event, Finish, Job, TokenInfo, Usage};
+use kiln_runner::{
+    generate, CacheType, Compute, GenerateOptions, Interrupt, Model, Sampler, SamplerConfig,
+    SlidingCache, Tokenizer,
+};
+
+const CTX: usize = 256;
+
+/// What a job produced.
+#[derive(Debug)]
+struct Output {
+    text: String,
+    tokens: Vec<TokenInfo>,
+    finish: Finish,
+    usage: Usage,
+}
+
+fn job(id: u64, prompt: &[u32], max_tokens: usize) -> (Job, Receiver<Event>, Arc<AtomicBool>) {
+    let (tx, rx) = channel();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let job = Job {
+        id,
+        prompt: prompt.to_vec(),
+        sampler: SamplerConfig::default(),
+        max_tokens,
+        stop: Vec::new(),
+        ignore_eos: true,
+        logprobs: None,
+        constraint: None,
+        events: tx,
+        cancel: Arc::clone(&cancel),
+        submitted: Instant::now(),
+    };
+    (job, rx, cancel)
+}
+
+fn collect(rx: &Receiver<Event>) -> Output {
+    let (mut text, mut tokens) = (String::new(), Vec::new());
+    loop {
+        match rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("an event in time")
+        {
+            Event::Text { text: t, tokens: k } => {
+                text.push_str(&t);
+                tokens.extend(k);
+            }
+            Event::Done { finish, usage, .. } => {
+                return Output {
+                    text,
+                    tokens,
+                    finish,
+                    usage,
+                }
+            }
+            Event::Failed { message } => panic!("job failed: {message}"),
+        }
+    }
+}
+
+/// Run `body` against an engine of `parallel` slots over the tiny Qwen2 model.
+fn with_engine(
+    parallel: usize,
+    cache_mb: usize,
+    body: impl FnOnce(&EngineHandle, &Tokenizer, &Model<'_>),
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = convert(
+        &root().join("fixtures/tiny/qwen2-bias-f32"),
+        tmp.path(),
+        Some(DType::F32),
+    );
+    run_on(&path, parallel, cache_mb, body);
+}
+
+fn run_on(
+    path: &Path,
+    parallel: usize,
+    cache_mb: usize,
+    body: impl FnOnce(&EngineHandle, &Tokenizer, &Model<'_>),
+) {
+    let f = KilnFile::open(path).unwrap();
+    let model = Model::load(&f).unwrap();
+    let tok = Tokenizer::from_file(&f).unwrap();
+    let (handle, jobs) = engine::queue(parallel, 16);
+    let stop = Interrupt::new();
+    std::thread::scope(|scope| {
+        let (h, t, m, s) = (handle.clone(), &tok, &model, stop.clone());
+        scope.spawn(move || {
+            let mut compute =
+                Compute::new(m, CTX, 2, CacheType::F16, SlidingCache::default()).unwrap();
+            let opts = EngineOptions {
+                parallel,
+                prefill_batch: 512,
+                cache_bytes: cache_mb << 20,
+            };
+            engine::run(&mut compute, t, jobs, &h, &opts, &s);
+        });
+        // Stops the engine even when `body` panics, so that the scope can end.
+        struct Raise(Interrupt);
+        impl Drop for Raise {
+            fn drop(&mut self) {
+                self.0.raise(1);
+            }
+        }
+        let _raise = Raise(stop.clone());
+        body(&handle, &tok, &model);
+    });
+}
+
+/// Wait (at most 30 s) until `done` holds.
+fn settle(done: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !done() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the engine did not settle"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
+    [
+        "The quick brown fox",
+        "What is 7 * 6?",
+        "Once upon a time, in a land far away, there lived",
+        "Hello",
+        "Rust is a language that",
+        "Tell me about the sea and the sky and the mountains between them",
+        "1 2 3 4 5",
+        "A",
+    ]
+    .iter()
+    .map(|p| tok.encode(p).unwrap())
+    .collect()
+}
+
+#[test]
+fn concurrent_jobs_get_the_tokens_they_get_alone_and_through_generate() {
+    with_engine(8, 64, |engine, tok, model| {
+        let prompts = prompts(tok);
+        // Alone, one after another.
+        let alone: Vec<Output> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let (j, rx, _) = job(i as u64, p, 12);
+                engine.submit(j).unwrap();
+                collect(&rx)
+            })
+            .collect();
+        // All at once: they join the batch as their prompts are read.
+        let rxs: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let (j, rx, _) = job(100 + i as u64, p, 12);
+                engine.submit(j).unwrap();
+                rx
+            })
+            .collect();
+        for (i, rx) in rxs.iter().enumerate() {
+            let together = collect(rx);
+            let ids = |o: &Output| o.tokens.iter().map(|t| t.id).collect::<Vec<_>>();
+            assert_eq!(ids(&together), ids(&alone[i]), "prompt {i}");
+            assert_eq!(together.text, alone[i].text, "prompt {i}");
+            assert_eq!(together.finish, Finish::Length);
+            assert_eq!(together.usage.completion_tokens, 12);
+            assert_eq!(together.usage.prompt_tokens, prompts[i].len());
+        }
+        // And through `generate`, as `kiln-run generate` runs it.
+        for (i, p) in prompts.iter().enumerate() {
+            let mut s = model.session_with(CTX, 1, CacheType::F16).unwrap();
+            let opts = GenerateOptions {
+                max_tokens: 12,
+                ignore_eos: true,
+                ..Default::default()
+            };
+            let mut sampler = Sampler::new(SamplerConfig::default());
+            let g = generate(&mut s, tok, p, &opts, &mut sampler, &mut |_| Ok(())).unwrap();
+            let ids: Vec<u32> = alone[i].tokens.iter().map(|t| t.id).collect();
+            assert_eq!(g.tokens, ids, "prompt {i} through generate");
+            assert_eq!(g.text, alone[i].text);
+        }
+        // The engine frees a slot just after its last event.
+        settle(|| {
+            let st = engine.status();
+            (st.active, st.queued) == (0, 0)
+        });
+    });
+}
+
+#[test]
+fn stop_strings_logprobs_and_the_prompt_cache() {
+    with_engine(4, 64, |engine, tok, _| {
+        let p = tok.encode("Once upon a time, in a land far away").unwrap();
+        let (j, rx, _) = job(1, &p, 16);
+        engine.submit(j).unwrap();
+        let full = collect(&rx);
+        assert_eq!(full.usage.cached_tokens, 0);
+        // A stop string taken from the middle of the output ends it just before.
+        let chars: Vec<char> = full.text.chars().collect();
+        assert!(chars.len() >= 6, "{:?}", full.text);
+        let mid = chars.len() / 2;
+        let stop: String = chars[mid..mid + 2].iter().collect();
+        let (mut j, rx, _) = job(2, &p, 16);
+        j.stop = vec![stop.clone()];
+        j.logprobs = Some(3);
+        engine.submit(j).unwrap();
+        let cut = collect(&rx);
+        let at = full.text.find(&stop).unwrap();
+        assert_eq!(cut.text, full.text[..at]);
+        assert_eq!(cut.finish, Finish::Stop);
+        // Greedy: the chosen token is the most likely; log-probabilities are ≤ 0 and sorted.
+        for t in &cut.tokens {
+            assert!(t.logprob <= 0.0 && t.top.len() == 3);
+            assert_eq!(t.top[0].0, t.id);
+            assert!(t.top.windows(2).all(|w| w[0].1 >= w[1].1));
+            assert!((t.top[0].1 - t.logprob).abs() < 1e-6);
+        }
+        // The next turn (prompt + answer + more) reuses the kept sequence.
+        let mut next = p.clone();
+        next.extend(full.tokens.iter().map(|t| t.id));
+        next.extend(tok.encode(" and then").unwrap());
+        let (j, rx, _) = job(3, &next, 4);
+        engine.submit(j).unwrap();
+        let turn = collect(&rx);
+        assert!(
+            turn.usage.cached_tokens >= p.len(),
+            "{} cached of {}",
+            turn.usage.cached_tokens,
+            next.len()
+        );
+        settle(|| engine.status().cached >= 1);
+    });
+}
+
+#[test]
+fn cancelled_jobs_free_their_slot_and_a_full_queue_refuses() {
+    with_engine(2, 0, |engine, tok, _| {
+        let p = tok.encode("Hello there").unwrap();
+        let (j, rx, cancel) = job(1, &p, 200);
+        engine.submit(j).unwrap();
+        // Wait for the first token, then leave.
+        assert!(matches!(
+            rx.recv_timeout(Duration::from_secs(60)).unwrap(),
+            Event::Text { .. }
+        ));
+        cancel.store(true, Ordering::SeqCst);
+        // A receiver dropped mid-stream is the same as a cancel.
+        let (j, rx2, _) = job(2, &p, 200);
+        engine.submit(j).unwrap();
+        rx2.recv_timeout(Duration::from_secs(60)).unwrap();
+        drop(rx2);
+        settle(|| engine.status().active == 0);
+        drop(rx);
+    });
+    // No engine reading: the queue fills and refuses.
+    let (handle, _jobs) = engine::queue(1, 2);
+    for i in 0..2 {
+        handle.submit(job(i, &[1], 1).0).unwrap();
+    }
+    let Err((why, _)) = handle.submit(job(9, &[1], 1).0) else {
+        panic!("a full queue took a job")
+    };
+    assert_eq!(why, SubmitError::Full);
+    assert_eq!(handle.status().queued, 2);
+}
+
+#[test]
+fn prompts_the_context_cannot_hold_fail_with_a_message() {
+    with_engine(2, 0, |engine, _, _| {
+        let (j, rx, _) = job(1, &vec![1u32; CTX], 4);
+        engine.submit(j).unwrap();
+        match rx.recv_timeout(Duration::from_secs(60)).unwrap() {
+            Event::Failed { message } => assert!(message.contains("context"), "{message}"),
+            e => panic!("expected a failure, got {e:?}"),
+        }
+    });
+}
