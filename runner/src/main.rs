@@ -20,9 +20,12 @@ use clap::{Args, Parser, Subcommand};
 use kiln_format::{ExitStatus, KilnFile};
 use kiln_runner::bench::{bench, matrix_paths, BenchOptions, BenchResult};
 use kiln_runner::generate::DEFAULT_PREFILL_BATCH;
+use kiln_runner::serve::engine::{self, EngineOptions};
+use kiln_runner::serve::front::{self, FrontConfig, FrontModel};
+use kiln_runner::serve::grammar::Grammars;
 use kiln_runner::threads::{cap_notice, cap_threads, physical_cores};
 use kiln_runner::{
-    generate, open_model_verified, CacheType, ChatTemplate, Conversation, GenerateOptions,
+    generate, open_model_verified, CacheType, ChatTemplate, Compute, Conversation, GenerateOptions,
     Generation, Interrupt, Model, Result, RunnerError, Sampler, SamplerConfig, Session,
     SlidingCache, StopReason, TemplateVars, Tokenizer,
 };
@@ -64,6 +67,60 @@ enum Command {
     Chat(ChatArgs),
     /// Measure prefill (ppN) and decode (tgN) throughput, like llama-bench.
     Bench(BenchArgs),
+    /// Serve the model over HTTP with OpenAI's API (chat and text completions), decoding
+    /// concurrent requests together; a chat page at `/`.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Sampling defaults for requests that do not set them.
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Address to listen on. The default answers this machine only; 0.0.0.0 exposes the model
+    /// to the network (set --api-key).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port, printed when ready).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Sequences decoded together; more requests wait in the queue.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    parallel: u16,
+    /// Requests that may wait for a sequence; beyond them the server answers 503.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    queue: u16,
+    /// Require `Authorization: Bearer KEY` on the API (not on /health and the page itself).
+    #[arg(long, conflicts_with = "api_key_file")]
+    api_key: Option<String>,
+    /// Read the API key from the first line of this file (keeps it out of the process list).
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
+    /// Memory for finished conversations' KV caches, reused when a request continues one.
+    #[arg(long, default_value_t = 256)]
+    cache_mb: usize,
+    /// Largest request body accepted, in KiB.
+    #[arg(long, default_value_t = 1024)]
+    max_body_kb: usize,
+    /// Connections open at once; beyond them the server answers 503.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    max_connections: u16,
+    /// Seconds a client may take to send a request, or to take a response's bytes.
+    #[arg(long, default_value_t = 30)]
+    timeout: u64,
+    /// Tokens a request generates when it sets no max_tokens [default: the rest of the context].
+    #[arg(short = 'n', long)]
+    max_tokens: Option<usize>,
+    /// Prompt tokens read per forward pass between decoding steps (as `generate` reads them:
+    /// at the same size a request's output equals `generate`'s).
+    #[arg(short = 'b', long = "batch-size", default_value_t = DEFAULT_PREFILL_BATCH)]
+    batch_size: usize,
+    /// Set a variable the chat template reads, as transformers' `apply_chat_template(**kwargs)`
+    /// does (NAME=VALUE, VALUE as JSON or a plain string).
+    #[arg(long = "template-var", value_name = "NAME=VALUE")]
+    template_var: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -272,6 +329,7 @@ fn run(cli: Cli, interrupt: &Interrupt) -> Result<()> {
         Command::Generate(a) => cmd_generate(a, interrupt),
         Command::Chat(a) => cmd_chat(a, interrupt),
         Command::Bench(a) => cmd_bench(a, interrupt),
+        Command::Serve(a) => cmd_serve(a, interrupt),
     }
 }
 
@@ -790,4 +848,121 @@ fn weight_summary(file: &KilnFile) -> String {
     dtypes.sort();
     dtypes.dedup();
     dtypes.join("+")
+}
+
+fn cmd_serve(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
+    let threads = threads_arg(a.run.threads)?;
+    let vars = template_vars(&a.template_var)?;
+    if a.batch_size == 0 {
+        return Err(RunnerError::InvalidArgument {
+            arg: "--batch-size",
+            reason: "at least one token per forward pass".into(),
+        });
+    }
+    let api_key = match (&a.api_key, &a.api_key_file) {
+        (Some(k), _) => Some(k.clone()),
+        (None, Some(path)) => Some(read_key(path)?),
+        (None, None) => None,
+    };
+    if api_key.as_deref() == Some("") {
+        return Err(RunnerError::InvalidArgument {
+            arg: "--api-key",
+            reason: "the key is empty".into(),
+        });
+    }
+    let file = open_model_verified(&a.run.model, !a.run.no_verify)?;
+    let m = load(&file)?;
+    let sampling = sampler_config(file.label(), &file.metadata().generation, &a.sampling)?;
+    let ctx = a.run.ctx.unwrap_or_else(|| m.model.default_ctx());
+    let mut compute = Compute::new(
+        &m.model,
+        ctx,
+        threads,
+        a.run.cache_type,
+        sliding(a.run.swa_full),
+    )?;
+    let template = match isolated_template(&file) {
+        Ok(t) => Some(t.with_vars(vars)),
+        Err(e) => {
+            eprintln!("kiln-run serve: no chat completions: {e}");
+            None
+        }
+    };
+    let vocab = m.model.config.vocab;
+    let grammars = match Grammars::new(&m.tokenizer, vocab) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            eprintln!("kiln-run serve: no structured output: {e}");
+            None
+        }
+    };
+    let listener = std::net::TcpListener::bind((a.host.as_str(), a.port)).map_err(|e| {
+        RunnerError::InvalidArgument {
+            arg: "--host/--port",
+            reason: format!("cannot listen on {}:{}: {e}", a.host, a.port),
+        }
+    })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| RunnerError::io("reading the listening address", e))?;
+    let name = a
+        .run
+        .model
+        .file_stem()
+        .map_or("model".into(), |s| s.to_string_lossy().into_owned());
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let front_model = FrontModel {
+        name,
+        tokenizer: &m.tokenizer,
+        template: template.as_ref(),
+        ctx,
+        vocab,
+        grammars: grammars.as_ref(),
+        created,
+    };
+    let timeout = Duration::from_secs(a.timeout.max(1));
+    let cfg = FrontConfig {
+        api_key,
+        max_body_bytes: a.max_body_kb.saturating_mul(1024),
+        max_connections: usize::from(a.max_connections),
+        request_timeout: timeout,
+        idle_timeout: timeout.max(Duration::from_secs(60)),
+        default_max_tokens: a.max_tokens,
+        sampling,
+    };
+    let opts = EngineOptions {
+        parallel: usize::from(a.parallel),
+        prefill_batch: a.batch_size,
+        cache_bytes: a.cache_mb.saturating_mul(1 << 20),
+    };
+    let (handle, jobs) = engine::queue(opts.parallel, usize::from(a.queue));
+    eprintln!(
+        "kiln-run serve: {} ({}), {} sequences of {ctx} tokens, {} threads, {} KV cache",
+        file.label(),
+        weight_summary(&file),
+        opts.parallel,
+        compute.threads(),
+        compute.cache_type()
+    );
+    eprintln!("kiln-run serve: listening on http://{addr}");
+    let engine_stop = Interrupt::new();
+    std::thread::scope(|scope| {
+        let engine_handle = handle.clone();
+        let (tokenizer, stop) = (&m.tokenizer, engine_stop.clone());
+        let compute = &mut compute;
+        let opts = &opts;
+        scope.spawn(move || engine::run(compute, tokenizer, jobs, &engine_handle, opts, &stop));
+        let served = front::serve(listener, &cfg, &front_model, &handle, interrupt);
+        engine_stop.raise(1);
+        served
+    })
+}
+
+/// The API key in the first line of `path`.
+fn read_key(path: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| RunnerError::io(format!("reading the API key from {}", path.display()), e))?;
+    Ok(text.lines().next().unwrap_or_default().trim().to_string())
 }
