@@ -79,6 +79,16 @@ class Chat(unittest.TestCase):
         self.assertEqual(r.usage.completion_tokens, ref["generated_tokens"])
         self.assertEqual(r.choices[0].finish_reason, "stop" if ref["stop"] == "eos" else "length")
 
+    def test_prompt_cache_hit_equals_generate(self):
+        # A second question shares the template's system turn with the first: the server reads
+        # that prefix from its prompt cache, and the answer must still be generate's.
+        q = "Write a haiku about snow."
+        ref = su.generate(q, 20)
+        chat(self.client, "What is the capital of Italy?", max_tokens=2, temperature=0)
+        r = chat(self.client, q, max_tokens=20, temperature=0)
+        self.assertGreater(r.usage.prompt_tokens_details.cached_tokens, 0)
+        self.assertEqual(r.choices[0].message.content, ref["text"])
+
     def test_streamed_chunks(self):
         stream = chat(self.client, max_tokens=N, temperature=0, stream=True,
                       stream_options={"include_usage": True})
@@ -163,12 +173,13 @@ class Chat(unittest.TestCase):
             "properties": {
                 "city": {"type": "string"},
                 "country": {"type": "string"},
-                "population_millions": {"type": "number"},
+                "continent": {"enum": ["Africa", "America", "Asia", "Europe", "Oceania"]},
+                "is_capital": {"type": "boolean"},
             },
-            "required": ["city", "country", "population_millions"],
+            "required": ["city", "country", "continent", "is_capital"],
             "additionalProperties": False,
         }
-        r = chat(self.client, "Give the capital of France and its population as JSON.",
+        r = chat(self.client, "Give the capital of France, its country and continent as JSON.",
                  max_tokens=96, temperature=0,
                  response_format={"type": "json_schema",
                                   "json_schema": {"name": "capital", "schema": schema,
