@@ -10,7 +10,9 @@
 # readers, chat-template rendering and tokenizer loading,
 # the accuracy gate on the real model (ci/accuracy.sh), and docs/CI.md's workflow on it with
 # the HTML reports opened in Debian's chromium and every JUnit file checked against the JUnit
-# schema (ci/verify-reports.sh); also the reference-dump tool's input checks.
+# schema (ci/verify-reports.sh); also the reference-dump tool's input checks, and `kiln-run
+# serve` through its clients: the openai package, concurrent requests, Debian's chromium on
+# the chat page, a bounded load-and-fault run on loopback (ci/serve.sh).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -48,6 +50,9 @@ ci/accuracy.sh
 
 step "docs/CI.md's workflow on SmolLM2: JUnit results, a corrupted layer named, gates, the HTML reports in chromium"
 ci/verify-reports.sh
+
+step "kiln-run serve on SmolLM2: the openai client, batch invariance, the chat page in chromium, load and faults"
+ci/serve.sh
 
 step "cargo test (including real-model tests)"
 cargo test --workspace --release -- --include-ignored

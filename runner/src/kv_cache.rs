@@ -83,46 +83,85 @@ impl FromStr for CacheType {
     }
 }
 
+/// `len` zeroed values in pages mapped from the kernel rather than taken from the allocator.
+///
+/// A fresh anonymous mapping is zero pages that cost nothing until written, and unmapping
+/// returns them at once. The allocator gives neither guarantee once a cache-sized block has
+/// been freed (glibc then serves the next one from its heap and zeroes all of it, and keeps
+/// freed blocks): a server that creates and drops sequences would hold every cache whole.
+/// With pages of its own, a sequence costs what its positions have written, as long as it
+/// lives, which is what the prompt cache charges for it.
+#[derive(Debug)]
+struct Pages<T> {
+    map: memmap2::MmapMut,
+    len: usize,
+    _values: std::marker::PhantomData<T>,
+}
+
+impl<T: bytemuck::Pod> Pages<T> {
+    /// `None` when the system refuses the mapping.
+    fn zeroed(len: usize) -> Option<Pages<T>> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>())?;
+        // A mapping cannot be empty; a page-aligned start suits every value type here.
+        let map = memmap2::MmapMut::map_anon(bytes.max(1)).ok()?;
+        Some(Pages {
+            map,
+            len,
+            _values: std::marker::PhantomData,
+        })
+    }
+
+    fn get(&self) -> &[T] {
+        bytemuck::cast_slice(&self.map[..self.len * std::mem::size_of::<T>()])
+    }
+
+    fn get_mut(&mut self) -> &mut [T] {
+        bytemuck::cast_slice_mut(&mut self.map[..self.len * std::mem::size_of::<T>()])
+    }
+}
+
 /// One stored tensor (all keys, or all values), `(layers, kv_heads, ctx, head_dim)`.
 #[derive(Debug)]
 enum Store {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
+    F32(Pages<f32>),
+    F16(Pages<f16>),
     /// `head_dim / 32` blocks per position.
-    Q8_0(Vec<BlockQ8_0>),
+    Q8_0(Pages<BlockQ8_0>),
 }
 
 impl Store {
-    /// Zeroed through the allocator's zeroed memory, so that the pages of positions never
-    /// written are never touched: a 4096-token cache costs memory as it fills, not up front.
-    /// `None` when the allocator refuses.
+    /// Zeroed pages that are touched only as positions are written: a 4096-token cache costs
+    /// memory as it fills, not up front, and gives it back when dropped. `None` when the
+    /// system refuses.
     fn new(ty: CacheType, values: usize) -> Option<Store> {
         Some(match ty {
-            CacheType::F32 => Store::F32(bytemuck::try_zeroed_vec(values).ok()?),
-            CacheType::F16 => Store::F16(bytemuck::try_zeroed_vec(values).ok()?),
-            CacheType::Q8_0 => Store::Q8_0(bytemuck::try_zeroed_vec(values / QK).ok()?),
+            CacheType::F32 => Store::F32(Pages::zeroed(values)?),
+            CacheType::F16 => Store::F16(Pages::zeroed(values)?),
+            CacheType::Q8_0 => Store::Q8_0(Pages::zeroed(values / QK)?),
         })
     }
 
     /// Store `src` at value offset `at` (a whole number of blocks for Q8_0).
     fn put(&mut self, at: usize, src: &[f32]) {
         match self {
-            Store::F32(d) => d[at..at + src.len()].copy_from_slice(src),
+            Store::F32(d) => d.get_mut()[at..at + src.len()].copy_from_slice(src),
             Store::F16(d) => {
-                for (o, &x) in d[at..at + src.len()].iter_mut().zip(src) {
+                for (o, &x) in d.get_mut()[at..at + src.len()].iter_mut().zip(src) {
                     *o = f16::from_f32(x);
                 }
             }
-            Store::Q8_0(d) => quantize_row_q8_0_act(src, &mut d[at / QK..(at + src.len()) / QK]),
+            Store::Q8_0(d) => {
+                quantize_row_q8_0_act(src, &mut d.get_mut()[at / QK..(at + src.len()) / QK])
+            }
         }
     }
 
     /// The values `range` (whole blocks for Q8_0).
     fn rows(&self, range: std::ops::Range<usize>) -> KvRows<'_> {
         match self {
-            Store::F32(d) => KvRows::F32(&d[range]),
-            Store::F16(d) => KvRows::F16(&d[range]),
-            Store::Q8_0(d) => KvRows::Q8_0(&d[range.start / QK..range.end / QK]),
+            Store::F32(d) => KvRows::F32(&d.get()[range]),
+            Store::F16(d) => KvRows::F16(&d.get()[range]),
+            Store::Q8_0(d) => KvRows::Q8_0(&d.get()[range.start / QK..range.end / QK]),
         }
     }
 }

@@ -23,6 +23,7 @@ use kiln_runner::generate::DEFAULT_PREFILL_BATCH;
 use kiln_runner::serve::engine::{self, EngineOptions};
 use kiln_runner::serve::front::{self, FrontConfig, FrontModel};
 use kiln_runner::serve::grammar::Grammars;
+use kiln_runner::serve::prompt_cache::Reuse;
 use kiln_runner::threads::{cap_notice, cap_threads, physical_cores};
 use kiln_runner::{
     generate, open_model_verified, CacheType, ChatTemplate, Compute, Conversation, GenerateOptions,
@@ -101,6 +102,11 @@ struct ServeArgs {
     /// Memory for finished conversations' KV caches, reused when a request continues one.
     #[arg(long, default_value_t = 256)]
     cache_mb: usize,
+    /// What a request may reuse of a kept conversation: `exact` (whole prefill chunks of
+    /// -b tokens, so that its output is what a cold request gives) or `prefix` (everything
+    /// in common, as a `chat` turn: faster, but the last bits can differ).
+    #[arg(long, default_value_t = Reuse::Exact)]
+    cache_reuse: Reuse,
     /// Largest request body accepted, in KiB.
     #[arg(long, default_value_t = 1024)]
     max_body_kb: usize,
@@ -115,8 +121,9 @@ struct ServeArgs {
     max_tokens: Option<usize>,
     /// Prompt tokens read per forward pass between decoding steps (as `generate` reads them:
     /// at the same size a request's output equals `generate`'s).
-    #[arg(short = 'b', long = "batch-size", default_value_t = DEFAULT_PREFILL_BATCH)]
-    batch_size: usize,
+    #[arg(short = 'b', long = "batch-size", default_value_t = DEFAULT_PREFILL_BATCH as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    batch_size: u32,
     /// Set a variable the chat template reads, as transformers' `apply_chat_template(**kwargs)`
     /// does (NAME=VALUE, VALUE as JSON or a plain string).
     #[arg(long = "template-var", value_name = "NAME=VALUE")]
@@ -194,6 +201,11 @@ struct GenerateArgs {
     /// Tokens to generate at most.
     #[arg(short = 'n', long, default_value_t = 128)]
     n_predict: usize,
+    /// Prompt tokens per forward pass (matrix–matrix products; `serve -b` reads prompts the
+    /// same way).
+    #[arg(short = 'b', long = "batch-size", default_value_t = DEFAULT_PREFILL_BATCH as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    batch_size: u32,
     /// Render the prompt as a user turn through the model's chat template.
     #[arg(long)]
     chat: bool,
@@ -232,6 +244,11 @@ struct ChatArgs {
     /// Tokens per reply at most.
     #[arg(short = 'n', long, default_value_t = 512)]
     n_predict: usize,
+    /// Prompt tokens per forward pass (matrix–matrix products; `serve -b` reads prompts the
+    /// same way).
+    #[arg(short = 'b', long = "batch-size", default_value_t = DEFAULT_PREFILL_BATCH as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    batch_size: u32,
     #[command(flatten)]
     sampling: SamplingArgs,
 }
@@ -566,6 +583,7 @@ fn cmd_generate(a: GenerateArgs, interrupt: &Interrupt) -> Result<()> {
     let opts = GenerateOptions {
         max_tokens: a.n_predict,
         ignore_eos: a.ignore_eos,
+        prefill_batch: a.batch_size as usize,
         interrupt: Some(interrupt.clone()),
         ..GenerateOptions::default()
     };
@@ -627,6 +645,7 @@ fn cmd_chat(a: ChatArgs, interrupt: &Interrupt) -> Result<()> {
     )?);
     let opts = GenerateOptions {
         max_tokens: a.n_predict,
+        prefill_batch: a.batch_size as usize,
         interrupt: Some(interrupt.clone()),
         ..GenerateOptions::default()
     };
@@ -853,12 +872,6 @@ fn weight_summary(file: &KilnFile) -> String {
 fn cmd_serve(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
     let threads = threads_arg(a.run.threads)?;
     let vars = template_vars(&a.template_var)?;
-    if a.batch_size == 0 {
-        return Err(RunnerError::InvalidArgument {
-            arg: "--batch-size",
-            reason: "at least one token per forward pass".into(),
-        });
-    }
     let api_key = match (&a.api_key, &a.api_key_file) {
         (Some(k), _) => Some(k.clone()),
         (None, Some(path)) => Some(read_key(path)?),
@@ -934,8 +947,9 @@ fn cmd_serve(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
     };
     let opts = EngineOptions {
         parallel: usize::from(a.parallel),
-        prefill_batch: a.batch_size,
+        prefill_batch: a.batch_size as usize,
         cache_bytes: a.cache_mb.saturating_mul(1 << 20),
+        reuse: a.cache_reuse,
     };
     let (handle, jobs) = engine::queue(opts.parallel, usize::from(a.queue));
     eprintln!(

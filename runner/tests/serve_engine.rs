@@ -14,6 +14,7 @@ use common::*;
 use kiln_format::{DType, KilnFile};
 use kiln_runner::serve::engine::{self, EngineHandle, EngineOptions, SubmitError};
 use kiln_runner::serve::job::{Event, Finish, Job, TokenInfo, Usage};
+use kiln_runner::serve::prompt_cache::Reuse;
 use kiln_runner::{
     generate, CacheType, Compute, GenerateOptions, Interrupt, Model, Sampler, SamplerConfig,
     SlidingCache, Tokenizer,
@@ -73,42 +74,42 @@ fn collect(rx: &Receiver<Event>) -> Output {
     }
 }
 
-/// Run `body` against an engine of `parallel` slots over the tiny Qwen2 model.
-fn with_engine(
-    parallel: usize,
-    cache_mb: usize,
-    body: impl FnOnce(&EngineHandle, &Tokenizer, &Model<'_>),
-) {
+/// An engine of `parallel` slots keeping `cache_mb` MiB of conversations.
+fn options(parallel: usize, cache_mb: usize) -> EngineOptions {
+    EngineOptions {
+        parallel,
+        prefill_batch: 512,
+        cache_bytes: cache_mb << 20,
+        reuse: Reuse::Exact,
+    }
+}
+
+/// Run `body` against an engine over the tiny Qwen2 model.
+fn with_engine(opts: EngineOptions, body: impl FnOnce(&EngineHandle, &Tokenizer, &Model<'_>)) {
     let tmp = tempfile::tempdir().unwrap();
     let path = convert(
         &root().join("fixtures/tiny/qwen2-bias-f32"),
         tmp.path(),
         Some(DType::F32),
     );
-    run_on(&path, parallel, cache_mb, body);
+    run_on(&path, opts, body);
 }
 
 fn run_on(
     path: &Path,
-    parallel: usize,
-    cache_mb: usize,
+    opts: EngineOptions,
     body: impl FnOnce(&EngineHandle, &Tokenizer, &Model<'_>),
 ) {
     let f = KilnFile::open(path).unwrap();
     let model = Model::load(&f).unwrap();
     let tok = Tokenizer::from_file(&f).unwrap();
-    let (handle, jobs) = engine::queue(parallel, 16);
+    let (handle, jobs) = engine::queue(opts.parallel, 16);
     let stop = Interrupt::new();
     std::thread::scope(|scope| {
         let (h, t, m, s) = (handle.clone(), &tok, &model, stop.clone());
         scope.spawn(move || {
             let mut compute =
                 Compute::new(m, CTX, 2, CacheType::F16, SlidingCache::default()).unwrap();
-            let opts = EngineOptions {
-                parallel,
-                prefill_batch: 512,
-                cache_bytes: cache_mb << 20,
-            };
             engine::run(&mut compute, t, jobs, &h, &opts, &s);
         });
         // Stops the engine even when `body` panics, so that the scope can end.
@@ -153,7 +154,7 @@ fn prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
 
 #[test]
 fn concurrent_jobs_get_the_tokens_they_get_alone_and_through_generate() {
-    with_engine(8, 64, |engine, tok, model| {
+    with_engine(options(8, 64), |engine, tok, model| {
         let prompts = prompts(tok);
         // Alone, one after another.
         let alone: Vec<Output> = prompts
@@ -208,7 +209,11 @@ fn concurrent_jobs_get_the_tokens_they_get_alone_and_through_generate() {
 
 #[test]
 fn stop_strings_logprobs_and_the_prompt_cache() {
-    with_engine(4, 64, |engine, tok, _| {
+    let opts = EngineOptions {
+        reuse: Reuse::Prefix,
+        ..options(4, 64)
+    };
+    with_engine(opts, |engine, tok, _| {
         let p = tok.encode("Once upon a time, in a land far away").unwrap();
         let (j, rx, _) = job(1, &p, 16);
         engine.submit(j).unwrap();
@@ -253,7 +258,7 @@ fn stop_strings_logprobs_and_the_prompt_cache() {
 
 #[test]
 fn cancelled_jobs_free_their_slot_and_a_full_queue_refuses() {
-    with_engine(2, 0, |engine, tok, _| {
+    with_engine(options(2, 0), |engine, tok, _| {
         let p = tok.encode("Hello there").unwrap();
         let (j, rx, cancel) = job(1, &p, 200);
         engine.submit(j).unwrap();
@@ -285,7 +290,7 @@ fn cancelled_jobs_free_their_slot_and_a_full_queue_refuses() {
 
 #[test]
 fn prompts_the_context_cannot_hold_fail_with_a_message() {
-    with_engine(2, 0, |engine, _, _| {
+    with_engine(options(2, 0), |engine, _, _| {
         let (j, rx, _) = job(1, &vec![1u32; CTX], 4);
         engine.submit(j).unwrap();
         match rx.recv_timeout(Duration::from_secs(60)).unwrap() {
@@ -293,4 +298,49 @@ fn prompts_the_context_cannot_hold_fail_with_a_message() {
             e => panic!("expected a failure, got {e:?}"),
         }
     });
+}
+
+/// With exact reuse a warm request reads only whole prefill chunks from the cache and gets
+/// the cold request's tokens and log-probabilities bit for bit; prefix reuse takes more.
+#[test]
+fn exact_reuse_gives_the_cold_output_bit_for_bit() {
+    let chunk = 4;
+    for (reuse, want_cached) in [(Reuse::Exact, 12), (Reuse::Prefix, 14)] {
+        let opts = EngineOptions {
+            prefill_batch: chunk,
+            reuse,
+            ..options(2, 64)
+        };
+        with_engine(opts, |engine, tok, _| {
+            let first = tok
+                .encode("Once upon a time, in a land far away there")
+                .unwrap();
+            assert!(first.len() >= 14, "{}", first.len());
+            let mut second = first[..14].to_vec();
+            second.extend(tok.encode(" lived a quiet dragon who").unwrap());
+            let ask = |id, prompt: &[u32]| {
+                let (mut j, rx, _) = job(id, prompt, 8);
+                j.logprobs = Some(2);
+                engine.submit(j).unwrap();
+                collect(&rx)
+            };
+            // Cold: the second prompt on an empty cache (nothing shares its start yet).
+            let cold = ask(1, &second);
+            assert_eq!(cold.usage.cached_tokens, 0);
+            // The first prompt reuses that sequence and leaves its own run in it; the second
+            // prompt, asked again, shares 14 tokens with it.
+            let _ = ask(2, &first);
+            let warm = ask(3, &second);
+            assert_eq!(warm.usage.cached_tokens, want_cached, "{reuse}");
+            if reuse == Reuse::Exact {
+                let bits = |o: &Output| {
+                    o.tokens
+                        .iter()
+                        .map(|t| (t.id, t.logprob.to_bits()))
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(bits(&warm), bits(&cold));
+            }
+        });
+    }
 }

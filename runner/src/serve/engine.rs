@@ -9,7 +9,7 @@ use crate::generate::Interrupt;
 use crate::model::{Compute, Logits, Sequence};
 use crate::sampler::Sampler;
 use crate::serve::job::{Event, Finish, Job, Timings, TokenInfo, Usage};
-use crate::serve::prompt_cache::PromptCache;
+use crate::serve::prompt_cache::{PromptCache, Reuse};
 use crate::tokenizer::{TextStream, Tokenizer};
 
 /// Why [`EngineHandle::submit`] refused a job (the job is handed back).
@@ -115,6 +115,8 @@ pub struct EngineOptions {
     pub prefill_batch: usize,
     /// Bytes of finished conversations' KV kept for reuse (`--cache-mb`).
     pub cache_bytes: usize,
+    /// Which part of a kept conversation a new prompt may reuse (`--cache-reuse`).
+    pub reuse: Reuse,
 }
 
 /// A job holding a sequence.
@@ -125,6 +127,9 @@ struct Slot<'t> {
     read: usize,
     /// Of those, reused from the prompt cache.
     reused: usize,
+    /// Leading positions read in whole prefill chunks from position 0 (what
+    /// [`Reuse::Exact`] may reuse later).
+    exact: usize,
     /// The last position's logits, once the prompt is read.
     logits: Vec<f32>,
     sampler: Sampler,
@@ -194,7 +199,7 @@ pub fn run(
             };
             let Some(job) = next else { break };
             state.queued.fetch_sub(1, Ordering::SeqCst);
-            match admit(compute, tokenizer, &mut cache, job) {
+            match admit(compute, tokenizer, &mut cache, opts, job) {
                 Ok(slot) => slots.push(slot),
                 Err((job, message)) => {
                     log_line(&job, &format!("refused: {message}"));
@@ -219,6 +224,9 @@ pub fn run(
                 Ok(l) => {
                     if end == s.job.prompt.len() {
                         s.logits = l.to_vec();
+                    }
+                    if s.exact == s.read && chunk.len() == opts.prefill_batch.max(1) {
+                        s.exact = end;
                     }
                     s.read = end;
                     s.prompt_s += t.elapsed().as_secs_f64();
@@ -280,7 +288,7 @@ pub fn run(
         for i in finished.into_iter().rev() {
             let s = slots.remove(i);
             if !s.job.cancel.load(Ordering::SeqCst) {
-                cache.put(s.seq);
+                cache.put(s.seq, s.exact);
             }
         }
         publish(&slots, &cache);
@@ -293,6 +301,7 @@ fn admit<'t>(
     compute: &mut Compute<'_>,
     tokenizer: &'t Tokenizer,
     cache: &mut PromptCache,
+    opts: &EngineOptions,
     job: Job,
 ) -> std::result::Result<Slot<'t>, (Box<Job>, String)> {
     let ctx = compute.ctx();
@@ -309,20 +318,22 @@ fn admit<'t>(
     if let Err(e) = job.sampler.validate() {
         return Err((Box::new(job), e.to_string()));
     }
-    let (mut seq, reused) = match cache.take(&job.prompt) {
-        Some((mut seq, _)) => {
-            let reused = seq.reuse_prefix(&job.prompt);
-            (seq, reused)
+    let chunk = opts.prefill_batch.max(1);
+    let (seq, reused, exact) = match cache.take(&job.prompt, opts.reuse, chunk) {
+        Some((mut seq, n, exact)) => {
+            // A ring may have forgotten what position `n` reads: then nothing is kept.
+            let kept = seq.rewind(n);
+            (seq, kept, exact.min(kept))
         }
         None => match compute.sequence() {
-            Ok(seq) => (seq, 0),
+            Ok(seq) => (seq, 0, 0),
             Err(e) => return Err((Box::new(job), e.to_string())),
         },
     };
-    seq.rewind(reused);
     Ok(Slot {
         read: reused,
         reused,
+        exact,
         logits: Vec::new(),
         sampler: Sampler::new(job.sampler.clone()),
         history: job.prompt.clone(),

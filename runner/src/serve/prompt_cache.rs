@@ -6,13 +6,75 @@
 //! it to that prefix and feeds only the rest. What is kept is bounded in bytes (`--cache-mb`):
 //! each entry counts the keys and values its longest run wrote (the pages it has touched),
 //! and the least recently used entries are dropped first.
+//!
+//! Reusing a prefix changes how the rest of the prompt is batched: a cold request reads its
+//! prompt in chunks of `-b` tokens from position 0, a warm one from the reuse point, and the
+//! prefill kernels' bits depend on the chunk (the lanes kernels from 8 tokens, attention's
+//! blocks). So by default ([`Reuse::Exact`]) only positions that were read in whole chunks
+//! from position 0 are reused, and only up to a chunk boundary: the warm request then
+//! computes exactly what the cold one would, and its output equals `kiln-run generate`'s.
+//! [`Reuse::Prefix`] reuses the whole common prefix, as a `kiln-run chat` turn does: faster
+//! for short conversations, at the price of last-bit differences that can flip a near-tie.
 
 use crate::model::{common_prefix, Sequence};
+
+/// Which part of a kept sequence a new prompt may reuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reuse {
+    /// Only whole prefill chunks from the start: the output is what a cold request gives.
+    #[default]
+    Exact,
+    /// The whole common prefix, generated tokens included.
+    Prefix,
+}
+
+impl Reuse {
+    /// The name `--cache-reuse` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reuse::Exact => "exact",
+            Reuse::Prefix => "prefix",
+        }
+    }
+}
+
+impl std::str::FromStr for Reuse {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        [Reuse::Exact, Reuse::Prefix]
+            .into_iter()
+            .find(|r| r.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("unknown reuse {s:?}: expected exact or prefix"))
+    }
+}
+
+impl std::fmt::Display for Reuse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How many tokens of `prompt` a sequence holding `held` may give, of which the first
+/// `exact` were read in whole chunks of `chunk` from position 0: at least one prompt token is
+/// always left to read (its logits are needed).
+pub fn reusable(reuse: Reuse, held: &[u32], exact: usize, prompt: &[u32], chunk: usize) -> usize {
+    let same = common_prefix(held, prompt).min(prompt.len().saturating_sub(1));
+    match reuse {
+        Reuse::Prefix => same,
+        Reuse::Exact => {
+            let chunk = chunk.max(1);
+            same.min(exact) / chunk * chunk
+        }
+    }
+}
 
 /// One kept sequence.
 #[derive(Debug)]
 struct Entry {
     seq: Sequence,
+    /// Leading positions read in whole prefill chunks from position 0.
+    exact: usize,
     /// Bytes charged: the KV of the most positions the sequence has held.
     bytes: usize,
     /// When it was last put back (a counter, larger is newer).
@@ -52,24 +114,35 @@ impl PromptCache {
         self.entries.iter().map(|e| e.bytes).sum()
     }
 
-    /// Take out the kept sequence sharing the longest prefix with `prompt` (at least one
-    /// token), with that length; the most recently used wins a tie.
-    pub fn take(&mut self, prompt: &[u32]) -> Option<(Sequence, usize)> {
-        let (i, same) = self
+    /// Take out the kept sequence that can give `prompt` the most tokens (at least one) as
+    /// `reuse` and [`reusable`] say for prefill chunks of `chunk`, with that count and its
+    /// exact prefix; the most recently used wins a tie.
+    pub fn take(
+        &mut self,
+        prompt: &[u32],
+        reuse: Reuse,
+        chunk: usize,
+    ) -> Option<(Sequence, usize, usize)> {
+        let (i, n) = self
             .entries
             .iter()
             .enumerate()
-            .map(|(i, e)| (i, common_prefix(e.seq.tokens(), prompt), e.used))
-            .filter(|&(_, same, _)| same > 0)
-            .max_by_key(|&(_, same, used)| (same, used))
-            .map(|(i, same, _)| (i, same))?;
-        Some((self.entries.swap_remove(i).seq, same))
+            .map(|(i, e)| {
+                let n = reusable(reuse, e.seq.tokens(), e.exact, prompt, chunk);
+                (i, n, e.used)
+            })
+            .filter(|&(_, n, _)| n > 0)
+            .max_by_key(|&(_, n, used)| (n, used))
+            .map(|(i, n, _)| (i, n))?;
+        let e = self.entries.swap_remove(i);
+        Some((e.seq, n, e.exact))
     }
 
     /// Keep `seq`, charged for the KV its longest run occupied, dropping the least recently
     /// used entries until the budget holds; a sequence larger than the whole budget is dropped
     /// at once.
-    pub fn put(&mut self, seq: Sequence) {
+    /// `exact` is how many leading positions were read in whole chunks from position 0.
+    pub fn put(&mut self, seq: Sequence, exact: usize) {
         let bytes = seq.peak_bytes();
         if bytes > self.budget || seq.tokens().is_empty() {
             return;
@@ -77,6 +150,7 @@ impl PromptCache {
         self.clock += 1;
         self.entries.push(Entry {
             seq,
+            exact,
             bytes,
             used: self.clock,
         });
@@ -123,23 +197,43 @@ mod tests {
         let per = a.peak_bytes();
         assert!(per > 0 && b.peak_bytes() < per);
         let mut cache = PromptCache::new(per * 2);
-        cache.put(a);
-        cache.put(b);
+        let prefix = |c: &mut PromptCache, p: &[u32]| c.take(p, Reuse::Prefix, 2);
+        cache.put(a, 4);
+        cache.put(b, 2);
         assert_eq!(cache.len(), 2);
         // [1, 2, 3, 9] shares three tokens with a, two with b.
-        let (s, same) = cache.take(&[1, 2, 3, 9]).unwrap();
-        assert_eq!((s.tokens(), same), (&[1, 2, 3, 4][..], 3));
-        assert!(cache.take(&[7]).is_none());
-        cache.put(s);
+        let (s, same, exact) = prefix(&mut cache, &[1, 2, 3, 9]).unwrap();
+        assert_eq!((s.tokens(), same, exact), (&[1, 2, 3, 4][..], 3, 4));
+        assert!(prefix(&mut cache, &[7]).is_none());
+        cache.put(s, 4);
+        // Exact reuse stops at a chunk boundary (2 here) within the exact prefix.
+        let (s, same, _) = cache.take(&[1, 2, 3, 9], Reuse::Exact, 2).unwrap();
+        assert_eq!((s.tokens(), same), (&[1, 2, 3, 4][..], 2));
+        cache.put(s, 4);
         // A third sequence over budget evicts the least recently used (b).
-        cache.put(run(&mut c, &[8, 8, 8]));
+        cache.put(run(&mut c, &[8, 8, 8]), 2);
         assert!(cache.bytes() <= per * 2);
-        assert!(cache
-            .take(&[1, 2, 5])
-            .is_none_or(|(s, _)| s.tokens() != [1, 2, 5]));
+        let left = prefix(&mut cache, &[1, 2, 5]);
+        assert!(left.is_none_or(|(s, ..)| s.tokens() != [1, 2, 5]));
         // Larger than the whole budget: not kept.
         let mut small = PromptCache::new(per / 2);
-        small.put(run(&mut c, &[1, 2, 3, 4]));
+        small.put(run(&mut c, &[1, 2, 3, 4]), 4);
         assert!(small.is_empty());
+    }
+
+    #[test]
+    fn exact_reuse_keeps_whole_chunks_and_leaves_a_token_to_read() {
+        let held = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+        let r = |reuse, exact, prompt: &[u32]| reusable(reuse, &held, exact, prompt, 4);
+        let longer = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+        // Common prefix 9 (of a longer prompt), exact 8: two chunks of 4.
+        assert_eq!(r(Reuse::Exact, 8, &longer), 8);
+        assert_eq!(r(Reuse::Prefix, 8, &longer), 9);
+        // Only 6 positions exact: one chunk.
+        assert_eq!(r(Reuse::Exact, 6, &longer), 4);
+        // The prompt is the held tokens themselves: one must still be read.
+        assert_eq!(r(Reuse::Prefix, 9, &held), 8);
+        assert_eq!(r(Reuse::Exact, 9, &held[..8]), 4);
+        assert_eq!(r(Reuse::Exact, 9, &[1, 2, 3]), 0);
     }
 }

@@ -205,10 +205,13 @@ def sse_events(body_bytes):
     return events
 
 
-def generate(prompt, n, chat=True, system=None, ignore_eos=False, model=MODEL):
-    """`kiln-run generate --temp 0 --json` for the same question: the reference output."""
+def generate(prompt, n, chat=True, system=None, ignore_eos=False, model=MODEL, batch=None):
+    """`kiln-run generate --temp 0 --json` for the same question: the reference output
+    (`batch`: its `-b`, which must be the server's for the same bits)."""
     cmd = [str(KILN_RUN), "generate", str(model), "-p", prompt, "-n", str(n), "--temp", "0",
            "--json", *thread_args()]
+    if batch is not None:
+        cmd += ["-b", str(batch)]
     if chat:
         cmd.append("--chat")
     if system is not None:

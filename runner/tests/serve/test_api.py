@@ -22,10 +22,20 @@ SYSTEM = "You are a terse geography teacher."
 server = None
 
 
+# Prompts are read in chunks of 8 tokens, by the server and by the references alike, so that
+# the prompt cache (which reuses whole chunks by default) is exercised by short chats.
+BATCH = 8
+
+
+def gen(*args, **kw):
+    """`kiln-run generate`'s reference output, reading prompts as the server does."""
+    return su.generate(*args, batch=BATCH, **kw)
+
+
 def setUpModule():
     global server
     su.require_files()
-    server = su.Server("--parallel", "2", "--ctx", "2048", api_key=API_KEY)
+    server = su.Server("--parallel", "2", "--ctx", "2048", "-b", str(BATCH), api_key=API_KEY)
 
 
 def tearDownModule():
@@ -43,8 +53,8 @@ class Chat(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.client = server.openai()
-        cls.ref = su.generate(QUESTION, N)
-        cls.ref_system = su.generate(QUESTION, N, system=SYSTEM)
+        cls.ref = gen(QUESTION, N)
+        cls.ref_system = gen(QUESTION, N, system=SYSTEM)
 
     def test_models_lists_the_model(self):
         models = self.client.models.list()
@@ -73,7 +83,7 @@ class Chat(unittest.TestCase):
         # A question the model answers in fewer tokens than it may: finish_reason "stop", and
         # the stop token counted in completion_tokens as generate counts it.
         q = "Reply with only the word yes."
-        ref = su.generate(q, 32)
+        ref = gen(q, 32)
         r = chat(self.client, q, max_tokens=32, temperature=0)
         self.assertEqual(r.choices[0].message.content, ref["text"])
         self.assertEqual(r.usage.completion_tokens, ref["generated_tokens"])
@@ -81,9 +91,10 @@ class Chat(unittest.TestCase):
 
     def test_prompt_cache_hit_equals_generate(self):
         # A second question shares the template's system turn with the first: the server reads
-        # that prefix from its prompt cache, and the answer must still be generate's.
+        # that prefix (whole chunks of it) from its prompt cache, and the answer must still be
+        # generate's, bit for bit.
         q = "Write a haiku about snow."
-        ref = su.generate(q, 20)
+        ref = gen(q, 20)
         chat(self.client, "What is the capital of Italy?", max_tokens=2, temperature=0)
         r = chat(self.client, q, max_tokens=20, temperature=0)
         self.assertGreater(r.usage.prompt_tokens_details.cached_tokens, 0)
@@ -208,7 +219,7 @@ class Completions(unittest.TestCase):
         cls.client = server.openai()
 
     def test_temperature_zero_equals_generate(self):
-        ref = su.generate(self.PROMPT, 16, chat=False)
+        ref = gen(self.PROMPT, 16, chat=False)
         r = self.client.completions.create(model="kiln", prompt=self.PROMPT, max_tokens=16,
                                            temperature=0)
         self.assertEqual(r.object, "text_completion")
@@ -217,7 +228,7 @@ class Completions(unittest.TestCase):
         self.assertEqual(r.usage.completion_tokens, ref["generated_tokens"])
 
     def test_ignore_eos_gives_exactly_max_tokens(self):
-        ref = su.generate("Say yes.", 40, chat=False, ignore_eos=True)
+        ref = gen("Say yes.", 40, chat=False, ignore_eos=True)
         r = self.client.completions.create(model="kiln", prompt="Say yes.", max_tokens=40,
                                            temperature=0, extra_body={"ignore_eos": True})
         self.assertEqual(r.usage.completion_tokens, 40)
