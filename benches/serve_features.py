@@ -43,7 +43,7 @@ SCHEMA = {
 
 def start(args, cache_mb):
     cmd = [args.kiln_run, "serve", args.model, "--port", "0", "-t", str(args.threads),
-           "--cache-mb", str(cache_mb)]
+           "--cache-mb", str(cache_mb), "--cache-reuse", args.cache_reuse]
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -99,6 +99,8 @@ def main():
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--cache-reuse", default="exact", choices=["exact", "prefix"],
+                    help="what the caching server may reuse (kiln-run serve --cache-reuse)")
     args = ap.parse_args()
     servers = {}
     try:

@@ -585,7 +585,6 @@ fn cmd_generate(a: GenerateArgs, interrupt: &Interrupt) -> Result<()> {
         ignore_eos: a.ignore_eos,
         prefill_batch: a.batch_size as usize,
         interrupt: Some(interrupt.clone()),
-        ..GenerateOptions::default()
     };
     let seed = sampling.seed;
     let mut sampler = Sampler::new(sampling);
