@@ -242,6 +242,8 @@ pub fn run(
         // Sample every slot whose prompt is read; those that go on decode together.
         let mut next = Vec::new();
         let mut finished = Vec::new();
+        // Slots whose batch failed, with the message.
+        let mut failed: Option<String> = None;
         for (i, s) in slots.iter_mut().enumerate() {
             if s.logits.is_empty() {
                 continue;
@@ -272,22 +274,23 @@ pub fn run(
                             .extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
                     }
                 }
-                Err(e) => {
-                    // Only a broken invariant gets here (every sequence was checked to have
-                    // room): fail the batch rather than the server.
-                    let message = e.to_string();
-                    for &(i, _) in next.iter().rev() {
-                        let s = slots.remove(i);
-                        fail(s, &message);
-                    }
-                    finished.retain(|i| !next.iter().any(|&(j, _)| j == *i));
-                }
+                // Only a broken invariant gets here (every sequence was checked to have
+                // room): fail the batch rather than the server.
+                Err(e) => failed = Some(e.to_string()),
             }
         }
-        finished.sort_unstable();
-        for i in finished.into_iter().rev() {
+        // Take out, from the back so that indices hold, the finished slots (kept for reuse)
+        // and those of a failed batch.
+        let mut out: Vec<(usize, bool)> = finished.into_iter().map(|i| (i, true)).collect();
+        if failed.is_some() {
+            out.extend(next.iter().map(|&(i, _)| (i, false)));
+        }
+        out.sort_unstable();
+        for (i, done) in out.into_iter().rev() {
             let s = slots.remove(i);
-            if !s.job.cancel.load(Ordering::SeqCst) {
+            if !done {
+                fail(s, failed.as_deref().unwrap_or_default());
+            } else if !s.job.cancel.load(Ordering::SeqCst) {
                 cache.put(s.seq, s.exact);
             }
         }
