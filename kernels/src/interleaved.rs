@@ -1,5 +1,5 @@
 //! Q4_0 matrices stored sixteen rows interleaved ([`BlockQ4_0x16`], the `q4_0x16` dtype): the
-//! one-token product of the tiers that have a kernel for them, and the way back to plain rows
+//! small-batch product of the tiers that have a kernel for them, and the way back to plain rows
 //! for every other product.
 //!
 //! In a plain Q4_0 matrix–vector product each 32-weight block of each row pays for its own
@@ -10,6 +10,11 @@
 //! codes of all sixteen rows, which meet the same four activation codes, broadcast, in one
 //! integer dot; the sixteen scales convert in one instruction and the float work is done once
 //! per block for sixteen rows. About 27 instructions per 512 weights instead of 80.
+//!
+//! A kernel call takes a few tokens ([`Group::tokens`]): the loads and masks of a block are
+//! about half of those instructions, and a decoding step of several sequences, or a short
+//! prompt, shares them. That is what lets a server's batched decode gain more than the
+//! memory traffic it saves.
 //!
 //! Each row's sum is the scalar reference's, bit for bit: the integer dot of a block is exact,
 //! and the float work per block is the reference's `s + isum·(d_w·d_x)` in block order. So a
@@ -54,8 +59,21 @@ pub(crate) fn prepare_group_x(x: &[BlockQ8_0], out: &mut [GroupX]) {
 }
 
 /// The interleaved kernel of a tier: the `nb` groups of one sixteen-row chunk (`w`) against
-/// one token's prepared row (`x`, `nb` blocks), writing row `r`'s sum to `out[r]`.
-pub(crate) type GroupFn = fn(&[BlockQ4_0x16], &[GroupX], &mut [f32; GROUP_ROWS]);
+/// `out.len()` tokens' prepared rows (`x`: token after token, `nb` blocks each), writing token
+/// `t`'s sum of row `r` to `out[t][r]`. `out.len()` runs from 1 to the kernel's
+/// [`Group::tokens`]; each token's sums are the same bits whatever tokens share the call.
+pub(crate) type GroupFn = fn(&[BlockQ4_0x16], &[GroupX], &mut [[f32; GROUP_ROWS]]);
+
+/// The most tokens any tier's interleaved kernel takes per call.
+pub(crate) const GROUP_TOKENS_MAX: usize = 8;
+
+/// A tier's interleaved kernel and the most tokens it takes per call (as many as keep their
+/// accumulators and the unpacked weights in registers).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Group {
+    pub(crate) kernel: GroupFn,
+    pub(crate) tokens: usize,
+}
 
 /// The plain rows of one sixteen-row chunk (`w`: its `nb` groups) into `out` (`16·nb`
 /// blocks, row after row).
@@ -104,6 +122,7 @@ pub(crate) fn unpack_interleaved_row(
 mod tests {
     use super::*;
     use kiln_format::blocks::{interleave_q4_0, quantize_row_q4_0_ref, quantize_row_q8_0_ref};
+    use proptest::prelude::*;
 
     #[test]
     fn a_chunk_deinterleaves_to_its_rows() {
@@ -135,6 +154,74 @@ mod tests {
             assert_eq!(p.qs, q.qs);
             assert_eq!(p.dx, q.d.to_f32());
             assert_eq!(p.corr, -8 * q.qs.iter().map(|&c| c as i32).sum::<i32>());
+        }
+    }
+
+    proptest! {
+        /// Every tier's interleaved kernel gives the scalar reference's bits for every row and
+        /// every token, from one token per call to the kernel's most, on whole and partial
+        /// scale ranges (rows with tiny and large scales side by side), including blocks of
+        /// zero scale: a token's sums do not depend on which tokens share its call.
+        #[test]
+        fn interleaved_kernels_equal_reference_bits(
+            nb in 1usize..12,
+            seed in prop::collection::vec(-8.0f32..8.0, 16 * 32 * 11),
+            acts in prop::collection::vec(-4.0f32..4.0, GROUP_TOKENS_MAX * 32 * 11),
+            row_scale in prop::collection::vec(
+                prop::sample::select(vec![0.0f32, 1e-3, 1.0, 50.0]), 16),
+            tok_scale in prop::collection::vec(
+                prop::sample::select(vec![0.0f32, 1e-2, 1.0, 30.0]), GROUP_TOKENS_MAX),
+        ) {
+            let n = nb * QK;
+            let rows: Vec<f32> = (0..GROUP_ROWS)
+                .flat_map(|r| {
+                    let k = row_scale[r];
+                    seed[r * n..(r + 1) * n].iter().map(move |v| v * k)
+                })
+                .collect();
+            let groups = interleave_q4_0(&quantize_row_q4_0_ref(&rows).unwrap(), nb);
+            let xs: Vec<Vec<BlockQ8_0>> = (0..GROUP_TOKENS_MAX)
+                .map(|t| {
+                    let v: Vec<f32> = acts[t * n..(t + 1) * n].iter().map(|a| a * tok_scale[t]).collect();
+                    quantize_row_q8_0_ref(&v).unwrap()
+                })
+                .collect();
+            let mut gx = vec![GroupX::ZERO; GROUP_TOKENS_MAX * nb];
+            for (x, o) in xs.iter().zip(gx.chunks_exact_mut(nb)) {
+                prepare_group_x(x, o);
+            }
+            let want: Vec<[f32; GROUP_ROWS]> = xs
+                .iter()
+                .map(|x| {
+                    let mut o = [f32::NAN; GROUP_ROWS];
+                    crate::reference::matvec_q4_0x16_ref(&groups, x, &mut o);
+                    o
+                })
+                .collect();
+            for isa in crate::isa::tested_isas() {
+                let Some(group) = crate::kernels(isa).and_then(|k| k.group_q4_0x16) else {
+                    continue;
+                };
+                prop_assert!((1..=GROUP_TOKENS_MAX).contains(&group.tokens));
+                for tokens in 1..=group.tokens {
+                    // Tokens from the start, `tokens` per call, the last call maybe shorter.
+                    for t0 in (0..GROUP_TOKENS_MAX).step_by(tokens) {
+                        let k = tokens.min(GROUP_TOKENS_MAX - t0);
+                        let mut got = vec![[f32::NAN; GROUP_ROWS]; k];
+                        (group.kernel)(&groups, &gx[t0 * nb..(t0 + k) * nb], &mut got);
+                        for (t, got) in got.iter().enumerate() {
+                            for r in 0..GROUP_ROWS {
+                                prop_assert_eq!(
+                                    got[r].to_bits(),
+                                    want[t0 + t][r].to_bits(),
+                                    "{:?}, {} per call, token {}, row {}: {} vs {}",
+                                    isa, tokens, t0 + t, r, got[r], want[t0 + t][r]
+                                );
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -23,7 +23,9 @@ use std::cell::RefCell;
 use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 
 use crate::dispatch::active;
-use crate::interleaved::{deinterleave_chunk, prepare_group_x, unpack_interleaved_row, GroupX};
+use crate::interleaved::{
+    deinterleave_chunk, prepare_group_x, unpack_interleaved_row, GroupX, GROUP_TOKENS_MAX,
+};
 use crate::lanes::{
     prepare_float_tile, prepare_group, unpack_row, FloatAcc, FloatLanesFn, LaneBlock, LaneWeight,
     LanesAcc, LanesFn, FLOAT_ROWS, FLOAT_TILE, LANES,
@@ -251,7 +253,7 @@ impl Kernels {
     }
 
     /// Sixteen-row interleaved Q4_0 (see [`crate::interleaved`]) along `path`: through the
-    /// tier's interleaved kernel, one token at a time ([`Path::Interleaved`]); through the
+    /// tier's interleaved kernel, a few tokens per call ([`Path::Interleaved`]); through the
     /// lanes kernel, rows unpacked straight from the interleaved bytes ([`Path::Lanes`]); or
     /// each chunk turned back into plain rows for the tier's Q4_0 tiles
     /// ([`Path::Deinterleaved`]).
@@ -272,7 +274,7 @@ impl Kernels {
         }
         ACT_Q8_0.with_borrow_mut(|xq| {
             self.quantize_tokens(x, cols, xq, pool);
-            if path == Path::Interleaved {
+            if let Path::Interleaved { tokens } = path {
                 let group = self.group_q4_0x16.expect("planned for the tier's kernel");
                 return ACT_GROUP.with_borrow_mut(|gx| {
                     gx.clear();
@@ -282,10 +284,14 @@ impl Kernels {
                     });
                     run_chunks(ws, n_tokens, outs, pool, ROW_CHUNK, |w, r0, _, outs| {
                         let chunk = &w[r0 / GROUP_ROWS * nb..][..nb];
-                        for (t, o) in outs.iter_mut().enumerate() {
-                            let o: &mut [f32; GROUP_ROWS] =
-                                (&mut **o).try_into().expect("whole sixteen-row chunks");
-                            group(chunk, &gx[t * nb..(t + 1) * nb], o);
+                        let mut sums = [[0f32; GROUP_ROWS]; GROUP_TOKENS_MAX];
+                        for (c, outs) in outs.chunks_mut(tokens).enumerate() {
+                            let t0 = c * tokens;
+                            let sums = &mut sums[..outs.len()];
+                            (group.kernel)(chunk, &gx[t0 * nb..(t0 + outs.len()) * nb], sums);
+                            for (o, s) in outs.iter_mut().zip(sums.iter()) {
+                                o.copy_from_slice(s);
+                            }
                         }
                     })
                 });

@@ -30,13 +30,13 @@ use crate::tile::Tile;
 /// already faster: measured at 12-token prompts.)
 pub const LANES_MIN_TOKENS: usize = 8;
 
-/// The same for interleaved Q4_0 (`q4_0x16`) on tiers with an interleaved kernel, whose
-/// one-token product leaves the lanes kernel less to win: below this many tokens it runs
-/// token by token (the chunk stays in cache between tokens). Measured on SmolLM2-135M Q4_0,
-/// one and two threads: the per-token kernel prefills 8 tokens 2.2× as fast as the lanes
-/// kernel, 16 tokens 1.4×, 32 tokens about as fast; at 64 tokens the lanes kernel is ahead
-/// (1.1× at one thread), at 128 by 1.05–1.2×.
-pub const INTERLEAVED_LANES_MIN_TOKENS: usize = 48;
+/// The same for interleaved Q4_0 (`q4_0x16`) on tiers with an interleaved kernel, which takes
+/// a few tokens per call (the chunk stays in cache between calls) and leaves the lanes kernel
+/// little to win. Measured with `kiln-run bench -p N`, two threads, AVX-512 (prefill tok/s of
+/// the interleaved kernel over the lanes kernel at the same N): SmolLM2-135M Q4_0 1.35× at 64,
+/// 1.15× at 128, 1.06–1.19× at 256, even at 512; the 1B shape 1.2× at 64, 1.0–1.17× at 128,
+/// 0.93–1.1× at 256, even at 512.
+pub const INTERLEAVED_LANES_MIN_TOKENS: usize = 256;
 
 /// The same for K-quant weights (Q4_K, Q5_K, Q6_K) and the tier's K-quant lanes kernel (see
 /// [`crate::klanes`]). Both paths give the reference's bits, so this only chooses the faster:
@@ -95,9 +95,10 @@ pub enum Path {
     /// tier's Q4_0 tiles over Q8_0 activations, as [`Path::Tiles`] describes (tiers without an
     /// interleaved kernel).
     Deinterleaved { tokens: usize, wide: bool },
-    /// Interleaved Q4_0 through the tier's interleaved kernel, one token at a time, sixteen
-    /// rows per call: the scalar reference's bits.
-    Interleaved,
+    /// Interleaved Q4_0 through the tier's interleaved kernel, sixteen rows and up to `tokens`
+    /// tokens per call (the kernel's most, or the batch when smaller): the scalar reference's
+    /// bits for every token, however the batch is cut.
+    Interleaved { tokens: usize },
     /// The block lanes kernel: the batch's Q8_0 activations transposed, sixteen tokens a
     /// vector, each weight row unpacked once (from plain or interleaved blocks): the scalar
     /// reference's bits, which may differ from the one-token tiles' in the last bits.
@@ -124,7 +125,7 @@ impl fmt::Display for Path {
             Path::Deinterleaved { tokens, wide: w } => {
                 write!(f, "deinterleaved tiles (q8_0, {tokens} tok{})", wide(w))
             }
-            Path::Interleaved => f.write_str("interleaved q4_0x16 (1 tok)"),
+            Path::Interleaved { tokens } => write!(f, "interleaved q4_0x16 ({tokens} tok)"),
             Path::Lanes => f.write_str("lanes (q8_0)"),
             Path::KLanes => f.write_str("k-lanes (q8_k)"),
             Path::FloatLanes => f.write_str("float lanes (f32)"),
@@ -228,7 +229,9 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
                 };
             match (lanes, k.group_q4_0x16) {
                 (true, _) => Path::Lanes,
-                (false, Some(_)) => Path::Interleaved,
+                (false, Some(g)) => Path::Interleaved {
+                    tokens: n_tokens.min(g.tokens),
+                },
                 (false, None) => {
                     let (tokens, wide) = tile_shape(&k.tile_q4_0, n_tokens);
                     Path::Deinterleaved { tokens, wide }

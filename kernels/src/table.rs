@@ -14,7 +14,7 @@ use kiln_format::{
     BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, DType, QK,
 };
 
-use crate::interleaved::GroupFn;
+use crate::interleaved::Group;
 use crate::isa::Isa;
 use crate::klanes::KLanesFn;
 use crate::kquant::{KTiles, SCALAR_TILES};
@@ -77,9 +77,9 @@ pub struct Kernels {
     pub(crate) klanes: Option<KLanesFn>,
     /// The same for float weights (F32, F16, BF16, widened once per row).
     pub(crate) float_lanes: Option<FloatLanesFn>,
-    /// The one-token kernel for sixteen interleaved Q4_0 rows, where the tier has one (other
-    /// tiers turn each chunk back into plain rows for their Q4_0 tiles).
-    pub(crate) group_q4_0x16: Option<GroupFn>,
+    /// The kernel for sixteen interleaved Q4_0 rows against a few tokens, where the tier has
+    /// one (other tiers turn each chunk back into plain rows for their Q4_0 tiles).
+    pub(crate) group_q4_0x16: Option<Group>,
     /// The Q5_0, Q5_1 and K-quant tiles (see [`crate::kquant`]).
     pub(crate) kq: KTiles,
 }

@@ -529,7 +529,7 @@ fn plan_names_the_products() {
                     one,
                     Path::Tiles { tokens: 1, .. }
                         | Path::Deinterleaved { tokens: 1, .. }
-                        | Path::Interleaved
+                        | Path::Interleaved { tokens: 1 }
                 ),
                 "{} {:?}: one token planned as {one}",
                 m.data.dtype_name(),

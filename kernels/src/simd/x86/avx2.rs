@@ -5,6 +5,7 @@ use std::arch::x86_64::*;
 use half::{bf16, f16};
 use kiln_format::{BlockQ4_0, BlockQ8_0};
 
+use super::avx2_group;
 use super::float::{self, F32Simd, Weight};
 use super::quant::{self, hsum256, QBlock, QDot};
 use crate::isa::Isa;
@@ -447,26 +448,6 @@ pub(crate) use isa_entry_points;
 // (+ 2 loaded, 1 broadcast) for float lanes.
 isa_entry_points!("avx2,fma,f16c", Avx2, 1, 2, 2, 4, 2);
 
-fn group_q4_0x16(
-    w: &[kiln_format::BlockQ4_0x16],
-    x: &[crate::interleaved::GroupX],
-    out: &mut [f32; kiln_format::GROUP_ROWS],
-) {
-    assert_eq!(w.len(), x.len(), "group kernel: block count mismatch");
-    // SAFETY: this tier's table, the only way here, is handed out only when the CPU has the
-    // tier's features (`crate::kernels`); lengths checked.
-    *out = unsafe { group_impl(w, x) };
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_impl(
-    w: &[kiln_format::BlockQ4_0x16],
-    x: &[crate::interleaved::GroupX],
-) -> [f32; kiln_format::GROUP_ROWS] {
-    // SAFETY: features enabled by this function's attribute; lengths checked by the caller.
-    unsafe { super::avx2_group::matvec(w, x) }
-}
-
 fn lanes_tile(
     codes: &[&[u8]; TILE_ROWS],
     dw: &[&[f32]; TILE_ROWS],
@@ -512,7 +493,7 @@ fn quantize_row_q8_k_act(x: &[f32], out: &mut [kiln_format::BlockQ8K]) {
 pub(crate) fn table() -> &'static Kernels {
     static TABLE: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| Kernels {
-        group_q4_0x16: Some(group_q4_0x16),
+        group_q4_0x16: Some(super::group_kernel!("avx2,fma,f16c", avx2_group)),
         lanes: Some(lanes_tile),
         lanes_wide_only: true,
         klanes: Some(klanes_tile),

@@ -9,7 +9,7 @@
 use std::arch::x86_64::*;
 
 use half::{bf16, f16};
-use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS};
+use kiln_format::{BlockQ4_0, BlockQ8_0};
 
 use super::avx2::isa_entry_points;
 use super::avx512_group;
@@ -17,7 +17,6 @@ use super::avx512_lanes;
 use super::avx512_pair::{self, PairBlock, PairSource};
 use super::float::{self, F32Simd, Weight};
 use super::quant::{self, QBlock, QDot};
-use crate::interleaved::GroupX;
 use crate::isa::Isa;
 use crate::lanes::{LaneBlock, LanesAcc};
 use crate::table::{Kernels, SCALAR_TABLE};
@@ -367,19 +366,6 @@ fn quantize_row_q8_k_act(x: &[f32], out: &mut [kiln_format::BlockQ8K]) {
     unsafe { super::q8k::quantize_avx512(x, out) }
 }
 
-fn group_q4_0x16(w: &[BlockQ4_0x16], x: &[GroupX], out: &mut [f32; GROUP_ROWS]) {
-    assert_eq!(w.len(), x.len(), "group kernel: block count mismatch");
-    // SAFETY: this tier's table, the only way here, is handed out only when the CPU has the
-    // tier's features (`crate::kernels`); lengths checked.
-    *out = unsafe { group_impl(w, x) };
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn group_impl(w: &[BlockQ4_0x16], x: &[GroupX]) -> [f32; GROUP_ROWS] {
-    // SAFETY: features enabled by this function's attribute; lengths checked by the caller.
-    unsafe { avx512_group::matvec(w, x) }
-}
-
 /// This tier's table; [`crate::kernels`] only calls it when the CPU supports the tier.
 pub(crate) fn table() -> &'static Kernels {
     static TABLE: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
@@ -393,7 +379,10 @@ pub(crate) fn table() -> &'static Kernels {
         lanes: Some(lanes_tile),
         klanes: Some(klanes_tile),
         quantize_row_q8_k_act,
-        group_q4_0x16: Some(group_q4_0x16),
+        group_q4_0x16: Some(super::group_kernel!(
+            "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
+            avx512_group
+        )),
         kq: super::kquant::AVX512_TILES,
         ..table_for(Isa::Avx512)
     })
@@ -569,39 +558,6 @@ mod tests {
                 (4..8).map(|i| quantize_row_q4_0_ref(vals(i)).unwrap()).collect();
             same_bits(&q8, &xs);
             same_bits(&q4, &xs);
-        }
-
-        /// The interleaved kernel gives the scalar reference's bits for every row, on whole
-        /// and partial scale ranges (rows with tiny and large scales side by side), including
-        /// blocks of zero scale.
-        #[test]
-        fn interleaved_kernel_equals_reference_bits(
-            nb in 1usize..12,
-            seed in prop::collection::vec(-8.0f32..8.0, 17 * 32 * 11),
-            row_scale in prop::collection::vec(prop::sample::select(vec![0.0f32, 1e-3, 1.0, 50.0]), 16),
-        ) {
-            if !crate::isa::tested_isas().contains(&Isa::Avx512) {
-                return Ok(());
-            }
-            let n = nb * 32;
-            let x = quantize_row_q8_0_ref(&seed[..n]).unwrap();
-            let rows: Vec<f32> = (0..16)
-                .flat_map(|r| {
-                    let k = row_scale[r];
-                    seed[(r + 1) * n..(r + 2) * n].iter().map(move |v| v * k)
-                })
-                .collect();
-            let plain = quantize_row_q4_0_ref(&rows).unwrap();
-            let groups = kiln_format::blocks::interleave_q4_0(&plain, nb);
-            let mut gx = vec![GroupX::ZERO; nb];
-            crate::interleaved::prepare_group_x(&x, &mut gx);
-            let mut got = [f32::NAN; GROUP_ROWS];
-            group_q4_0x16(&groups, &gx, &mut got);
-            let mut want = [f32::NAN; GROUP_ROWS];
-            crate::reference::matvec_q4_0x16_ref(&groups, &x, &mut want);
-            for r in 0..GROUP_ROWS {
-                prop_assert_eq!(got[r].to_bits(), want[r].to_bits(), "row {}: {} vs {}", r, got[r], want[r]);
-            }
         }
     }
 }

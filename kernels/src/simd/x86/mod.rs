@@ -18,8 +18,9 @@
 //! - [`avx512_lanes`], [`avx2_lanes`]: the block lanes kernels ([`crate::lanes`]);
 //!   [`avx512_klanes`], [`avx2_klanes`]: the K-quant lanes kernels ([`crate::klanes`]), a token
 //!   per 32-bit lane.
-//! - [`avx512_group`], [`avx2_group`]: the one-token kernels for sixteen interleaved Q4_0
-//!   rows ([`crate::interleaved`]), a row per 32-bit lane.
+//! - [`avx512_group`], [`avx2_group`]: the kernels for sixteen interleaved Q4_0 rows
+//!   ([`crate::interleaved`]), a row per 32-bit lane and a few tokens per call
+//!   ([`group_kernel`] makes each tier's entry point).
 //!
 //! In matrix–vector tiles (one token) the kernels also prefetch the weight stream
 //! ([`float::PREFETCH_BYTES`] ahead).
@@ -39,3 +40,56 @@ pub(crate) mod kquant;
 pub(crate) mod q5;
 pub(crate) mod q8k;
 pub(crate) mod quant;
+
+/// A tier's [`crate::interleaved::Group`] from module `$m`'s `matvec::<T>` and `TOKENS`, run
+/// with target features `$features`: the safe entry point checks the lengths and picks the
+/// instance for the call's token count.
+macro_rules! group_kernel {
+    ($features:literal, $m:ident) => {{
+        use kiln_format::{BlockQ4_0x16, GROUP_ROWS};
+        use $crate::interleaved::{Group, GroupX};
+
+        fn kernel(w: &[BlockQ4_0x16], x: &[GroupX], out: &mut [[f32; GROUP_ROWS]]) {
+            let n = out.len();
+            assert!(
+                (1..=$m::TOKENS).contains(&n),
+                "group kernel: {n} tokens in one call"
+            );
+            assert_eq!(x.len(), n * w.len(), "group kernel: block count mismatch");
+
+            #[target_feature(enable = $features)]
+            unsafe fn run<const T: usize>(
+                w: &[BlockQ4_0x16],
+                x: &[GroupX],
+                out: &mut [[f32; GROUP_ROWS]],
+            ) {
+                // SAFETY: features enabled by this function's attribute; x.len() == T·w.len()
+                // checked by the caller.
+                out.copy_from_slice(&unsafe { $m::matvec::<T>(w, x) });
+            }
+
+            // SAFETY: this tier's table, the only way here, is handed out only when the CPU
+            // has the tier's features (`crate::kernels`); lengths checked above, and `n` is
+            // the instance's `T`.
+            unsafe {
+                match n {
+                    1 => run::<1>(w, x, out),
+                    2 => run::<2>(w, x, out),
+                    3 => run::<3>(w, x, out),
+                    4 => run::<4>(w, x, out),
+                    5 => run::<5>(w, x, out),
+                    6 => run::<6>(w, x, out),
+                    7 => run::<7>(w, x, out),
+                    _ => run::<8>(w, x, out),
+                }
+            }
+        }
+
+        const _: () = assert!($m::TOKENS <= $crate::interleaved::GROUP_TOKENS_MAX);
+        Group {
+            kernel,
+            tokens: $m::TOKENS,
+        }
+    }};
+}
+pub(crate) use group_kernel;
