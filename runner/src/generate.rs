@@ -1,6 +1,7 @@
 //! The generation loop: batched prefill, then one token at a time until a stop token, the
 //! token budget, the end of the context or an [`Interrupt`], streaming text as it becomes valid
-//! UTF-8.
+//! UTF-8. With [`GenerateOptions::lookup`], each step may also check guesses from the text
+//! itself ([`crate::lookup`]) in the same pass, keeping the ones the model agrees with.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -30,6 +31,10 @@ pub struct GenerateOptions {
     /// Checked before each prefill batch and each token: once raised, generation stops with
     /// [`StopReason::Interrupted`].
     pub interrupt: Option<Interrupt>,
+    /// Most tokens guessed by prompt lookup ([`crate::lookup`]) and checked per decoding
+    /// pass (0: off). Lossless: greedy output is token for token what plain decoding gives,
+    /// and sampled output has the same distribution (see [`Sampler::sample_draft`]).
+    pub lookup: usize,
 }
 
 impl Default for GenerateOptions {
@@ -39,6 +44,7 @@ impl Default for GenerateOptions {
             ignore_eos: false,
             prefill_batch: DEFAULT_PREFILL_BATCH,
             interrupt: None,
+            lookup: 0,
         }
     }
 }
@@ -130,10 +136,18 @@ pub struct Stats {
     pub prefill_s: f64,
     /// Tokens generated (including a final stop token).
     pub generated_tokens: usize,
-    /// Single-token forward passes run while decoding.
+    /// Forward passes run while decoding (one token each, or a token and its guesses).
     pub decode_steps: usize,
-    /// Seconds spent in those passes.
+    /// Seconds spent decoding: those passes, and finding guesses.
     pub decode_s: f64,
+    /// Tokens chosen from the decoding passes' logits (every generated token but the
+    /// first, which comes from prefill).
+    pub decoded_tokens: usize,
+    /// Guessed tokens checked by those passes.
+    pub drafted_tokens: usize,
+    /// Guessed tokens the model agreed with (each one a token that needed no pass of its
+    /// own).
+    pub accepted_tokens: usize,
 }
 
 impl Stats {
@@ -142,9 +156,28 @@ impl Stats {
         rate(self.prefill_tokens, self.prefill_s)
     }
 
-    /// Decode throughput (forward passes per second; the first token comes from prefill).
+    /// Decode throughput: tokens decoded per second of decoding, guessing and checking
+    /// included (the first token comes from prefill).
     pub fn decode_tok_s(&self) -> f64 {
-        rate(self.decode_steps, self.decode_s)
+        rate(self.decoded_tokens, self.decode_s)
+    }
+
+    /// The share of checked guesses that were accepted (0 when none were checked).
+    pub fn acceptance(&self) -> f64 {
+        if self.drafted_tokens == 0 {
+            0.0
+        } else {
+            self.accepted_tokens as f64 / self.drafted_tokens as f64
+        }
+    }
+
+    /// Tokens decoded per decoding pass: 1 without guesses.
+    pub fn tokens_per_pass(&self) -> f64 {
+        if self.decode_steps == 0 {
+            0.0
+        } else {
+            self.decoded_tokens as f64 / self.decode_steps as f64
+        }
     }
 }
 
@@ -221,36 +254,115 @@ pub fn generate(
     let mut tokens = Vec::new();
     let mut stream = tokenizer.stream();
     let mut text = String::new();
-    let stop_reason = loop {
-        if tokens.len() >= opts.max_tokens {
-            break StopReason::Length;
-        }
-        if interrupted() {
-            break StopReason::Interrupted;
-        }
-        let id = sampler.sample(&logits, &history);
+    // Record a chosen token: `Some(reason)` when generation ends with it.
+    let mut take = |id: u32,
+                    tokens: &mut Vec<u32>,
+                    history: &mut Vec<u32>,
+                    text: &mut String|
+     -> Result<Option<StopReason>> {
         tokens.push(id);
         history.push(id);
         if !opts.ignore_eos && tokenizer.stop_tokens().contains(&id) {
-            break StopReason::Eos;
+            return Ok(Some(StopReason::Eos));
         }
         let piece = stream.push(id)?;
         if !piece.is_empty() {
             text.push_str(&piece);
             on_text(&piece)?;
         }
-        if tokens.len() >= opts.max_tokens {
-            break StopReason::Length;
+        Ok((tokens.len() >= opts.max_tokens).then_some(StopReason::Length))
+    };
+    if opts.max_tokens == 0 {
+        stats.generated_tokens = 0;
+        return Ok(Generation {
+            tokens,
+            text,
+            stop: StopReason::Length,
+            stats,
+        });
+    }
+    if interrupted() {
+        return Ok(Generation {
+            tokens,
+            text,
+            stop: StopReason::Interrupted,
+            stats,
+        });
+    }
+    // `id` is chosen and recorded; its forward pass has not run.
+    let mut id = sampler.sample(&logits, &history);
+    let stop_reason = 'gen: loop {
+        if let Some(stop) = take(id, &mut tokens, &mut history, &mut text)? {
+            break stop;
         }
         if session.tokens().len() >= ctx {
             break StopReason::Context;
         }
+        if interrupted() {
+            break StopReason::Interrupted;
+        }
         let t = Instant::now();
-        let l = session.forward(&[id], Logits::Last, None)?;
-        logits.clear();
-        logits.extend_from_slice(l);
-        stats.decode_s += t.elapsed().as_secs_f64();
+        // Guesses for what follows `id`, as many as fit the context and the token budget
+        // (the pass runs `id` and every guess; the last guess's own row picks one more).
+        let room = (ctx - session.tokens().len() - 1).min(opts.max_tokens - tokens.len() - 1);
+        let draft = crate::lookup::guess(&history, opts.lookup.min(room));
+        if draft.is_empty() {
+            let l = session.forward(&[id], Logits::Last, None)?;
+            logits.clear();
+            logits.extend_from_slice(l);
+            stats.decode_steps += 1;
+            id = sampler.sample(&logits, &history);
+            stats.decoded_tokens += 1;
+            stats.decode_s += t.elapsed().as_secs_f64();
+            continue;
+        }
+        // One pass over `id` and the guesses; row i gives the token after input i.
+        let base = session.tokens().len();
+        let mut input = Vec::with_capacity(draft.len() + 1);
+        input.push(id);
+        input.extend_from_slice(&draft);
+        let vocab = session.model().config.vocab;
+        let rows = session.verify(&input)?.to_vec();
         stats.decode_steps += 1;
+        stats.drafted_tokens += draft.len();
+        let mut accepted = 0;
+        let mut stop = None;
+        let mut rejected = None;
+        let row = |i: usize| &rows[i * vocab..(i + 1) * vocab];
+        for (i, &guess) in draft.iter().enumerate() {
+            let chosen = sampler.sample_draft(row(i), &history, guess);
+            stats.decoded_tokens += 1;
+            if chosen != guess {
+                rejected = Some(chosen);
+                break;
+            }
+            accepted += 1;
+            stats.accepted_tokens += 1;
+            if let Some(s) = take(chosen, &mut tokens, &mut history, &mut text)? {
+                stop = Some(s);
+                break;
+            }
+        }
+        // Keep `id` and the accepted guesses in the cache, as decoding them one at a time
+        // would have left it (a token that ended generation is never run).
+        let keep = match stop {
+            Some(_) => base + accepted,
+            None => base + 1 + accepted,
+        };
+        rewind_to(session, &history, keep)?;
+        if let Some(s) = stop {
+            stats.decode_s += t.elapsed().as_secs_f64();
+            break 'gen s;
+        }
+        id = match rejected {
+            Some(chosen) => chosen,
+            // Every guess accepted: the last row gives the token after them.
+            None => {
+                stats.decoded_tokens += 1;
+                sampler.sample(row(draft.len()), &history)
+            }
+        };
+        stats.decode_s += t.elapsed().as_secs_f64();
     };
     let rest = stream.finish()?;
     if !rest.is_empty() {
@@ -264,6 +376,17 @@ pub fn generate(
         stop: stop_reason,
         stats,
     })
+}
+
+/// Cut the session's cache back to the first `keep` tokens of `history`. A sliding layer's
+/// ring may already have dropped keys that position needs (only with a window shorter than
+/// the guesses); then the missing tokens run again one at a time, as decoding ran them.
+fn rewind_to(session: &mut Session<'_>, history: &[u32], keep: usize) -> Result<()> {
+    let kept = session.rewind(keep);
+    for &t in &history[kept..keep] {
+        session.forward(&[t], Logits::None, None)?;
+    }
+    Ok(())
 }
 
 /// A multi-turn conversation over one session, reusing the KV cache between turns.

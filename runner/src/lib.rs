@@ -25,6 +25,7 @@ pub mod config;
 pub mod error;
 pub mod generate;
 pub mod kv_cache;
+pub mod lookup;
 pub mod model;
 pub mod observer;
 pub mod rope;

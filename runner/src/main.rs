@@ -206,6 +206,14 @@ struct GenerateArgs {
     #[arg(short = 'b', long = "batch-size", default_value_t = DEFAULT_PREFILL_BATCH as u32,
           value_parser = clap::value_parser!(u32).range(1..))]
     batch_size: u32,
+    /// Speculative decoding by prompt lookup: guess up to N tokens per step from what followed
+    /// the last few tokens earlier in the prompt or the output, and check them in the same
+    /// pass (0: off). Lossless: greedy output is token for token what plain decoding gives,
+    /// sampled output has the same distribution. Pays off on edits, rewrites, code and
+    /// summaries that repeat their input.
+    #[arg(long, value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(u16).range(0..=64))]
+    lookup: u16,
     /// Render the prompt as a user turn through the model's chat template.
     #[arg(long)]
     chat: bool,
@@ -249,6 +257,14 @@ struct ChatArgs {
     #[arg(short = 'b', long = "batch-size", default_value_t = DEFAULT_PREFILL_BATCH as u32,
           value_parser = clap::value_parser!(u32).range(1..))]
     batch_size: u32,
+    /// Speculative decoding by prompt lookup: guess up to N tokens per step from what followed
+    /// the last few tokens earlier in the prompt or the output, and check them in the same
+    /// pass (0: off). Lossless: greedy output is token for token what plain decoding gives,
+    /// sampled output has the same distribution. Pays off on edits, rewrites, code and
+    /// summaries that repeat their input.
+    #[arg(long, value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(u16).range(0..=64))]
+    lookup: u16,
     #[command(flatten)]
     sampling: SamplingArgs,
 }
@@ -548,13 +564,28 @@ fn print_summary(load_ms: f64, g: &Generation) {
     let s = &g.stats;
     eprintln!(
         "\n[load {load_ms:.0} ms | prompt {} tokens, prefill {:.1} tok/s | generated {} tokens, \
-         decode {:.1} tok/s | stop: {}]",
+         decode {:.1} tok/s{} | stop: {}]",
         s.prompt_tokens,
         s.prefill_tok_s(),
         s.generated_tokens,
         s.decode_tok_s(),
+        lookup_summary(s),
         g.stop.name(),
     );
+}
+
+/// ", N of M guesses accepted, T tokens per pass" when guesses were checked.
+fn lookup_summary(s: &kiln_runner::generate::Stats) -> String {
+    if s.drafted_tokens == 0 {
+        return String::new();
+    }
+    format!(
+        ", {} of {} guesses accepted ({:.0}%), {:.2} tokens per pass",
+        s.accepted_tokens,
+        s.drafted_tokens,
+        100.0 * s.acceptance(),
+        s.tokens_per_pass()
+    )
 }
 
 fn cmd_generate(a: GenerateArgs, interrupt: &Interrupt) -> Result<()> {
@@ -585,6 +616,7 @@ fn cmd_generate(a: GenerateArgs, interrupt: &Interrupt) -> Result<()> {
         ignore_eos: a.ignore_eos,
         prefill_batch: a.batch_size as usize,
         interrupt: Some(interrupt.clone()),
+        lookup: usize::from(a.lookup),
     };
     let seed = sampling.seed;
     let mut sampler = Sampler::new(sampling);
@@ -605,6 +637,11 @@ fn cmd_generate(a: GenerateArgs, interrupt: &Interrupt) -> Result<()> {
             "generated_tokens": s.generated_tokens,
             "prefill_tok_s": s.prefill_tok_s(),
             "decode_tok_s": s.decode_tok_s(),
+            "decode_passes": s.decode_steps,
+            "drafted_tokens": s.drafted_tokens,
+            "accepted_tokens": s.accepted_tokens,
+            "acceptance": s.acceptance(),
+            "tokens_per_pass": s.tokens_per_pass(),
             "load_ms": load_ms,
             "stop": g.stop,
             "seed": seed,
@@ -646,6 +683,7 @@ fn cmd_chat(a: ChatArgs, interrupt: &Interrupt) -> Result<()> {
         max_tokens: a.n_predict,
         prefill_batch: a.batch_size as usize,
         interrupt: Some(interrupt.clone()),
+        lookup: usize::from(a.lookup),
         ..GenerateOptions::default()
     };
     eprintln!(
@@ -702,12 +740,13 @@ fn cmd_chat(a: ChatArgs, interrupt: &Interrupt) -> Result<()> {
                     ""
                 };
                 eprintln!(
-                    "[{} new prompt tokens ({} cached), {:.1} tok/s | {} tokens, {:.1} tok/s{stop}]",
+                    "[{} new prompt tokens ({} cached), {:.1} tok/s | {} tokens, {:.1} tok/s{}{stop}]",
                     s.prefill_tokens,
                     s.prompt_tokens - s.prefill_tokens,
                     s.prefill_tok_s(),
                     s.generated_tokens,
-                    s.decode_tok_s()
+                    s.decode_tok_s(),
+                    lookup_summary(s)
                 );
             }
             // The conversation outgrew the context: say so and keep the session usable.

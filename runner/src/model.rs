@@ -339,7 +339,19 @@ impl<'m> Compute<'m> {
     ) -> Result<&[f32]> {
         let pool = Arc::clone(&self.pool);
         let mut segs = [Segment { seq, tokens }];
-        pool.install(move || self.run(&mut segs, which, observer))
+        pool.install(move || self.run(&mut segs, which, observer, false))
+    }
+
+    /// Run `tokens` at positions `seq.len()..seq.len()+n` in one pass and return all `n`
+    /// rows of logits, row `i` bit for bit what [`Compute::forward`] of `tokens[i]` alone
+    /// gives after `tokens[..i]` went in one at a time: every matrix reads its weights once
+    /// for all the rows ([`Batching::Independent`]), and each row's attention runs as a lone
+    /// token's does. Speculative decoding checks its guesses with it, and keeps only the
+    /// cache positions it accepts ([`Sequence::rewind`]).
+    pub fn verify(&mut self, seq: &mut Sequence, tokens: &[u32]) -> Result<&[f32]> {
+        let pool = Arc::clone(&self.pool);
+        let mut segs = [Segment { seq, tokens }];
+        pool.install(move || self.run(&mut segs, Logits::All, None, true))
     }
 
     /// One decoding step for several sequences at once: `tokens[i]` goes to `seqs[i]`, every
@@ -360,17 +372,19 @@ impl<'m> Compute<'m> {
             .zip(tokens.chunks(1))
             .map(|(seq, t)| Segment { seq, tokens: t })
             .collect();
-        pool.install(move || self.run(&mut segs, Logits::Last, None))
+        pool.install(move || self.run(&mut segs, Logits::Last, None, true))
     }
 
     /// The forward pass over `segs` (one sequence's prompt, or one token each of several
     /// sequences), on the current thread. With several segments, [`Logits::Last`] gives
-    /// each segment's last row.
+    /// each segment's last row. `lone_rows`: every row gets the bits it gets as a lone token
+    /// (independent rows in every product, attention one query at a time).
     fn run(
         &mut self,
         segs: &mut [Segment<'_>],
         which: Logits,
         mut observer: Option<&mut dyn Observer>,
+        lone_rows: bool,
     ) -> Result<&[f32]> {
         let model = self.model;
         let c = &model.config;
@@ -397,8 +411,9 @@ impl<'m> Compute<'m> {
                 return Err(RunnerError::TokenOutOfRange { id, vocab: c.vocab });
             }
         }
-        // Several sequences' tokens: each must get the bits it gets alone.
-        let batching = if segs.len() > 1 {
+        // Several sequences' tokens, or a guess being checked: each must get the bits it
+        // gets alone.
+        let batching = if lone_rows || segs.len() > 1 {
             Batching::Independent
         } else {
             Batching::Joint
@@ -479,11 +494,17 @@ impl<'m> Compute<'m> {
                 let rows = first..first + seg_n;
                 first += seg_n;
                 // q, k = apply_rotary_pos_emb(q, k, cos, sin)  (the layer type's tables)
-                let rope = match &self.rope_local {
-                    Some(local) if c.local_rope(l) => local,
-                    _ => global,
+                // Lone rows choose LongRoPE's tables as their own forward call would.
+                let rope_at = |end: usize| match (&self.rope_local, &self.rope_long) {
+                    (Some(local), _) if c.local_rope(l) => local,
+                    (_, Some(long)) if lone_rows => match c.long_rope_from() {
+                        Some(from) if end > from => long,
+                        _ => &self.rope,
+                    },
+                    _ => *global,
                 };
                 for (i, t) in rows.clone().enumerate() {
+                    let rope = rope_at(pos0 + i + 1);
                     rope.apply(&mut s.q[t * qd..(t + 1) * qd], pos0 + i);
                     rope.apply(&mut s.k[t * kvd..(t + 1) * kvd], pos0 + i);
                 }
@@ -491,8 +512,13 @@ impl<'m> Compute<'m> {
                 // attn_output = eager_attention_forward(...)
                 // A ring takes its layer's tokens a step at a time: each step's keys are
                 // written after the previous step's queries have read the keys they overwrite.
+                // Lone rows go one at a time, as decoding writes and reads them.
                 let cache = &mut seg.seq.cache;
-                let step = cache.batch_limit(l).min(seg_n);
+                let step = if lone_rows {
+                    1
+                } else {
+                    cache.batch_limit(l).min(seg_n)
+                };
                 for t0 in (0..seg_n).step_by(step) {
                     let t1 = (t0 + step).min(seg_n);
                     let (a, b) = (rows.start + t0, rows.start + t1);
@@ -715,6 +741,11 @@ impl<'m> Session<'m> {
         observer: Option<&mut dyn Observer>,
     ) -> Result<&[f32]> {
         self.compute.forward(&mut self.seq, tokens, which, observer)
+    }
+
+    /// See [`Compute::verify`].
+    pub fn verify(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        self.compute.verify(&mut self.seq, tokens)
     }
 }
 

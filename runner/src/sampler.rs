@@ -155,6 +155,57 @@ impl Sampler {
 
     /// Pick the next token from `logits` given the tokens so far (`history`, for the penalty).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        if let Some(id) = self.distribution(logits, history) {
+            return id;
+        }
+        let total: f64 = self.candidates.iter().map(|x| f64::from(x.1)).sum();
+        self.draw(total, None)
+    }
+
+    /// Pick the next token where a guess (`draft`, from a draft model or a lookup) is to be
+    /// checked: the result is `draft` exactly when it is accepted. Greedy: the most likely
+    /// token, as [`Sampler::sample`]. Sampling: the speculative sampling rule for a guess made
+    /// with certainty: accept it with its probability `p(draft)`, else draw from the other
+    /// tokens renormalized, so each token comes out with its probability `p`, as from
+    /// [`Sampler::sample`] (one more random number is used).
+    pub fn sample_draft(&mut self, logits: &[f32], history: &[u32], draft: u32) -> u32 {
+        if let Some(id) = self.distribution(logits, history) {
+            return id;
+        }
+        let total: f64 = self.candidates.iter().map(|x| f64::from(x.1)).sum();
+        let p = self
+            .candidates
+            .iter()
+            .find(|x| x.0 == draft)
+            .map_or(0.0, |x| f64::from(x.1));
+        if p > 0.0 && self.rng.next_f64() * total < p {
+            return draft;
+        }
+        if p >= total {
+            // The guess was the only candidate: accepted with certainty above.
+            return draft;
+        }
+        self.draw(total - p, Some(draft))
+    }
+
+    /// Draw from the candidates (their weights summing to `total`), leaving out `skip`.
+    fn draw(&mut self, total: f64, skip: Option<u32>) -> u32 {
+        let mut r = self.rng.next_f64() * total;
+        let mut last = self.candidates[0].0;
+        for &(id, p) in self.candidates.iter().filter(|x| Some(x.0) != skip) {
+            r -= f64::from(p);
+            last = id;
+            if r < 0.0 {
+                return id;
+            }
+        }
+        last
+    }
+
+    /// The sampling distribution for `logits`: the chosen token when greedy, else `None`
+    /// with the surviving candidates and their probabilities in `self.candidates`, most
+    /// likely first.
+    fn distribution(&mut self, logits: &[f32], history: &[u32]) -> Option<u32> {
         let c = &self.config;
         let penalized = c.repetition_penalty != 1.0 && c.repeat_last_n > 0;
         let recent = &history[history.len().saturating_sub(c.repeat_last_n)..];
@@ -191,12 +242,12 @@ impl Sampler {
             l
         };
         if c.is_greedy() {
-            return argmax(
+            return Some(argmax(
                 logits
                     .iter()
                     .enumerate()
                     .map(|(i, &l)| penalty(i as u32, l)),
-            );
+            ));
         }
         let cand = &mut self.candidates;
         cand.clear();
@@ -242,15 +293,7 @@ impl Sampler {
             let keep = cand.iter().take_while(|x| x.1 >= floor).count().max(1);
             cand.truncate(keep);
         }
-        let total: f64 = cand.iter().map(|x| f64::from(x.1)).sum();
-        let mut r = self.rng.next_f64() * total;
-        for &(id, p) in cand.iter() {
-            r -= f64::from(p);
-            if r < 0.0 {
-                return id;
-            }
-        }
-        cand[cand.len() - 1].0
+        None
     }
 }
 
@@ -382,6 +425,54 @@ mod tests {
                 c.validate(),
                 Err(RunnerError::InvalidArgument { .. })
             ));
+        }
+    }
+
+    /// Checking a guess does not change what comes out: with the speculative rule, each
+    /// token's frequency over many draws matches its probability, whether the guess is the
+    /// likeliest token, an unlikely one, or one top-p has cut (never returned); greedy returns
+    /// the argmax whatever the guess. Each frequency must be within five standard deviations.
+    #[test]
+    fn a_checked_guess_leaves_the_distribution_unchanged() {
+        let logits = [1.0f32, 2.5, 0.3, 2.0, -1.0];
+        let softmax = |l: &[f32]| {
+            let m = l.iter().fold(f32::MIN, |a, &b| a.max(b));
+            let e: Vec<f64> = l.iter().map(|&x| f64::from(x - m).exp()).collect();
+            let s: f64 = e.iter().sum();
+            e.into_iter().map(|x| x / s).collect::<Vec<f64>>()
+        };
+        let n = 200_000;
+        let check = |mut s: Sampler, draft: u32, want: &[f64]| {
+            let mut counts = [0usize; 5];
+            for _ in 0..n {
+                counts[s.sample_draft(&logits, &[], draft) as usize] += 1;
+            }
+            for (t, (&c, &p)) in counts.iter().zip(want).enumerate() {
+                let sd = (n as f64 * p * (1.0 - p)).sqrt().max(1.0);
+                let dev = (c as f64 - n as f64 * p).abs() / sd;
+                assert!(
+                    dev < 5.0,
+                    "guess {draft}, token {t}: {c} of {n} against p = {p}"
+                );
+            }
+        };
+        let p = softmax(&logits);
+        for draft in [1, 2, 4] {
+            check(sampler(|_| {}), draft, &p);
+        }
+        // top_p = 0.75 keeps tokens 1 and 3 (0.51, then 0.31 reaches it).
+        let kept = [1usize, 3];
+        let q = softmax(&kept.map(|i| logits[i]));
+        let mut want = [0.0f64; 5];
+        for (&i, &qi) in kept.iter().zip(&q) {
+            want[i] = qi;
+        }
+        for draft in [0, 2, 3] {
+            check(sampler(|c| c.top_p = 0.75), draft, &want);
+        }
+        let mut g = Sampler::new(SamplerConfig::default());
+        for draft in 0..5 {
+            assert_eq!(g.sample_draft(&logits, &[], draft), 1);
         }
     }
 }

@@ -79,6 +79,32 @@ fn generate_json_reports_text_tokens_and_rates() {
     assert!(v["decode_tok_s"].as_f64().unwrap() > 0.0);
 }
 
+/// `--lookup` checks guesses without changing the output: greedy ids are still transformers'
+/// (the reference dump's), the JSON counts the guesses, and an out-of-range N is refused
+/// with exit status 2, naming the flag.
+#[test]
+fn generate_with_prompt_lookup_keeps_the_reference_tokens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let r = Reference::load(&root().join("fixtures/reference/tiny/llama-tied-f32/0.safetensors"));
+    for n in ["1", "4", "16"] {
+        let (v, tokens) = greedy_json(&m, &["-t", "2", "--lookup", n]);
+        assert_eq!(tokens, r.greedy_ids, "--lookup {n}");
+        let drafted = v["drafted_tokens"].as_u64().unwrap();
+        let accepted = v["accepted_tokens"].as_u64().unwrap();
+        assert!(accepted <= drafted, "--lookup {n}: {v}");
+        let passes = v["decode_passes"].as_u64().unwrap();
+        assert!((1..8).contains(&passes), "--lookup {n}: {v}");
+        assert!(
+            v["tokens_per_pass"].as_f64().unwrap() >= 1.0,
+            "--lookup {n}: {v}"
+        );
+    }
+    let o = kiln_run(&["generate", m.to_str().unwrap(), "-p", "x", "--lookup", "65"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--lookup"), "{}", stderr(&o));
+}
+
 #[test]
 fn generate_streams_text_and_prints_a_summary_and_seeds_reproduce() {
     let tmp = tempfile::tempdir().unwrap();

@@ -442,33 +442,7 @@ fn sliding_layers_in_rings_match_the_whole_cache() {
 fn batched_decode_gives_each_sequence_the_bits_it_gets_alone() {
     let tmp = tempfile::tempdir().unwrap();
     let ids = prompt_ids();
-    let mut cases = Vec::new();
-    for name in [
-        "llama-untied-bf16",
-        "gemma3-f32",
-        "qwen3-f32",
-        "phi3-f32",
-        "mistral-f32",
-    ] {
-        let src = tiny(tmp.path(), name);
-        for (tag, pick) in [
-            ("f32", None),
-            ("q8_0", Some(DType::Q8_0)),
-            ("q4_0", Some(DType::Q4_0)),
-            ("f16", Some(DType::F16)),
-        ] {
-            let path = match pick {
-                None => src.clone(),
-                Some(d) => {
-                    let p = tmp.path().join(format!("{name}-{tag}.kiln"));
-                    reencode(&src, &p, |_| Some(d));
-                    p
-                }
-            };
-            cases.push((format!("{name} {tag}"), path));
-        }
-    }
-    for (label, path) in cases {
+    for (label, path) in every_layout_and_encoding(tmp.path()) {
         let f = KilnFile::open(&path).unwrap();
         let model = Model::load(&f).unwrap();
         let vocab = model.config.vocab as u32;
@@ -525,4 +499,140 @@ fn batched_decode_gives_each_sequence_the_bits_it_gets_alone() {
             }
         }
     }
+}
+
+/// Every family's layout (tiny fixtures), as f32, q8_0, q4_0 and f16: the weights whose
+/// products take different kernels at different batch sizes.
+fn every_layout_and_encoding(dir: &std::path::Path) -> Vec<(String, std::path::PathBuf)> {
+    let mut cases = Vec::new();
+    for name in [
+        "llama-untied-bf16",
+        "gemma3-f32",
+        "qwen3-f32",
+        "phi3-f32",
+        "mistral-f32",
+    ] {
+        let src = tiny(dir, name);
+        for (tag, pick) in [
+            ("f32", None),
+            ("q8_0", Some(DType::Q8_0)),
+            ("q4_0", Some(DType::Q4_0)),
+            ("f16", Some(DType::F16)),
+        ] {
+            let path = match pick {
+                None => src.clone(),
+                Some(d) => {
+                    let p = dir.join(format!("{name}-{tag}.kiln"));
+                    reencode(&src, &p, |_| Some(d));
+                    p
+                }
+            };
+            cases.push((format!("{name} {tag}"), path));
+        }
+    }
+    cases
+}
+
+/// A speculative check of several guessed tokens gives each row exactly the logits the token
+/// gets decoded alone, one at a time, and after a rewind to the accepted ones the next check
+/// still does: what makes speculative decoding lossless. Seventeen rows, where one prompt
+/// chunk would take the block and float lanes kernels and attention's query blocks.
+#[test]
+fn verify_gives_each_row_the_bits_of_decoding_one_token_at_a_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ids = prompt_ids();
+    for (label, path) in every_layout_and_encoding(tmp.path()) {
+        let f = KilnFile::open(&path).unwrap();
+        let model = Model::load(&f).unwrap();
+        let vocab = model.config.vocab;
+        let mut checked = model.session(64, 2).unwrap();
+        let mut alone = model.session(64, 2).unwrap();
+        let prompt = &ids[..ids.len().min(9)];
+        checked.forward(prompt, Logits::Last, None).unwrap();
+        alone.forward(prompt, Logits::Last, None).unwrap();
+        let guesses: Vec<u32> = ids
+            .iter()
+            .cycle()
+            .skip(3)
+            .take(17)
+            .map(|&t| (t * 7 + 1) % vocab as u32)
+            .collect();
+        let mut at = prompt.len();
+        for (round, (take, keep)) in [(17usize, 5usize), (12, 12)].into_iter().enumerate() {
+            let tokens = &guesses[..take];
+            let got = checked.verify(tokens).unwrap().to_vec();
+            assert_eq!(got.len(), take * vocab, "{label}: one row per token");
+            for (i, &t) in tokens.iter().enumerate() {
+                let want = alone.forward(&[t], Logits::Last, None).unwrap();
+                let row = &got[i * vocab..(i + 1) * vocab];
+                assert!(
+                    row.iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{label}: round {round}, row {i}: checked logits differ from decoding alone"
+                );
+            }
+            // Keep the accepted guesses only, on both sides.
+            assert_eq!(checked.rewind(at + keep), at + keep, "{label}");
+            assert_eq!(alone.rewind(at + keep), at + keep, "{label}");
+            at += keep;
+        }
+    }
+}
+
+/// Prompt lookup is lossless: greedy generation with guesses checked gives token for token
+/// what plain decoding gives, leaves the same tokens in the cache (what the next chat turn
+/// reuses), and stops where it does, at the token budget and at the context's end. On a
+/// repetitive prompt guesses are accepted, so the check is exercised. Gemma 3's sliding
+/// layers in rings of 3 + 2 slots cannot rewind past what they overwrote, so there the
+/// rejected guesses' positions are recomputed.
+#[test]
+fn prompt_lookup_generates_what_plain_decoding_generates() {
+    use kiln_runner::{CacheType, SlidingCache};
+    let tmp = tempfile::tempdir().unwrap();
+    let ids = prompt_ids();
+    let prompt: Vec<u32> = ids.iter().take(7).cycle().take(28).copied().collect();
+    let mut accepted = 0;
+    for name in ["llama-tied-f32", "gemma3-f32", "qwen3-f32"] {
+        let f = KilnFile::open(tiny(tmp.path(), name)).unwrap();
+        let model = Model::load(&f).unwrap();
+        let tok = Tokenizer::from_file(&f).unwrap();
+        for (ctx, max_tokens) in [(128, 60), (40, 60), (128, 9)] {
+            let run = |lookup: usize| {
+                let ring = SlidingCache::Ring { batch: 2 };
+                let mut s = model.session_sliding(ctx, 2, CacheType::F16, ring).unwrap();
+                let opts = GenerateOptions {
+                    max_tokens,
+                    ignore_eos: true,
+                    lookup,
+                    ..Default::default()
+                };
+                let mut sampler = Sampler::new(SamplerConfig::default());
+                let g =
+                    generate(&mut s, &tok, &prompt, &opts, &mut sampler, &mut |_| Ok(())).unwrap();
+                (g, s.tokens().to_vec())
+            };
+            let (plain, plain_cache) = run(0);
+            assert_eq!(plain.stats.drafted_tokens, 0);
+            for lookup in [1, 4, 8] {
+                let (g, cache) = run(lookup);
+                let label = format!("{name}, ctx {ctx}, {max_tokens} tokens, lookup {lookup}");
+                assert_eq!(g.tokens, plain.tokens, "{label}: tokens");
+                assert_eq!(g.text, plain.text, "{label}: text");
+                assert_eq!(g.stop, plain.stop, "{label}: stop");
+                assert_eq!(cache, plain_cache, "{label}: cached tokens");
+                assert!(g.stats.accepted_tokens <= g.stats.drafted_tokens);
+                assert_eq!(g.stats.decoded_tokens + 1, g.tokens.len(), "{label}");
+                accepted += g.stats.accepted_tokens;
+                eprintln!(
+                    "{label}: {:?} {}/{}",
+                    g.stop, g.stats.accepted_tokens, g.stats.drafted_tokens
+                );
+            }
+        }
+    }
+    assert!(
+        accepted > 0,
+        "no guess was ever accepted: the check was not exercised"
+    );
 }
