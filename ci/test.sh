@@ -19,6 +19,17 @@ cd "$root"
 
 step() { printf '\n== %s\n' "$*"; }
 
+# CI's disk is shared and sometimes nearly full, so the real-model files that no later step
+# reads are removed as soon as their own step has checked them (a few GB in all), and the free
+# space is printed at each point so a "No space left on device" can be told from a bug.
+disk() { df -h --output=avail target 2> /dev/null | tail -1 | sed 's/^ */disk: /;s/$/ free/'; }
+drop() {  # drop FILE...: outputs of a finished step that nothing later reads
+    rm -rf -- "$@"
+    disk
+}
+mkdir -p target
+disk
+
 # The SIMD tiers the kernels' tests must run (kernels/tests/expected_tiers.rs fails when one is
 # not available, rather than skipping it): both x86 tiers on x86_64 (CI's machines have
 # AVX-512); NEON is expected in ci/aarch64.sh. A machine without AVX-512 sets
@@ -29,6 +40,7 @@ fi
 
 step "fixtures (python venv, real SmolLM2 checkpoint, real tokenizers and vocabularies, committed fixture checks)"
 ci/check-fixtures.sh
+drop target/gguf-check/smollm2-*
 
 step "the reference-dump tool's input checks (verify/reference, no torch needed)"
 "$(ci/python-env.sh)" -m unittest discover -s verify/reference -p 'test_*.py'
@@ -50,6 +62,7 @@ ci/accuracy.sh
 
 step "docs/CI.md's workflow on SmolLM2: JUnit results, a corrupted layer named, gates, the HTML reports in chromium"
 ci/verify-reports.sh
+drop target/accuracy/{f32,bf16,f16,q4_0}.kiln target/verify-reports/bad.kiln target/verify-reports/smollm2-bad-layer5
 
 step "kiln-run serve on SmolLM2: the openai client, batch invariance, the chat page in chromium, load and faults"
 ci/serve.sh
