@@ -546,6 +546,30 @@ fn tiles_chunk<W, X>(
         let out: &mut [f32; WIDE_ROWS] = (&mut *outs[0]).try_into().expect("full chunk");
         return rows(&w[r0 * wl..r1 * wl], &x[..xl], out);
     }
+    // Several tokens and a full chunk: the sixteen-row kernel for several tokens, as many per
+    // call as it takes.
+    if let Some(many) = tile
+        .rows_many
+        .filter(|_| n_tokens > 1 && r1 - r0 == WIDE_ROWS)
+    {
+        let w = &w[r0 * wl..r1 * wl];
+        let per_call = tile.rows_tokens.clamp(1, MAX_TILE_TOKENS);
+        let mut t = 0;
+        while t < n_tokens {
+            let nt = per_call.min(n_tokens - t);
+            let mut xs = [&x[..0]; MAX_TILE_TOKENS];
+            for (j, xj) in xs[..nt].iter_mut().enumerate() {
+                *xj = &x[(t + j) * xl..(t + j + 1) * xl];
+            }
+            let mut res = [[0.0f32; WIDE_ROWS]; MAX_TILE_TOKENS];
+            many(w, &xs[..nt], &mut res[..nt]);
+            for (j, r) in res[..nt].iter().enumerate() {
+                outs[t + j][..WIDE_ROWS].copy_from_slice(r);
+            }
+            t += nt;
+        }
+        return;
+    }
     for g in (r0..r1).step_by(TILE_ROWS) {
         let n = TILE_ROWS.min(r1 - g);
         let wr: [&[W]; TILE_ROWS] = std::array::from_fn(|i| {

@@ -84,8 +84,9 @@ pub enum Path {
     Empty,
     /// The tier's tile kernels: [`crate::TILE_ROWS`] rows at a time against `tokens` tokens
     /// per call (register-blocked; a batch's remainder one at a time), over activations
-    /// `operand`. With `wide`, a single token takes the sixteen-row kernel for every full
-    /// chunk of [`crate::ROW_CHUNK`] rows. A token's bits do not depend on its batch.
+    /// `operand`. With `wide`, every full chunk of [`crate::ROW_CHUNK`] rows takes the
+    /// sixteen-row kernel instead, `tokens` tokens per call (float weights take several, block
+    /// weights one). A token's bits do not depend on its batch.
     Tiles {
         operand: Operand,
         tokens: usize,
@@ -241,13 +242,21 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
     }
 }
 
-/// Tokens per tile call at the start of a batch of `n_tokens` (the register-blocked count when
-/// the batch has that many, else one), and whether one token takes the sixteen-row kernel.
+/// Tokens per tile call at the start of a batch of `n_tokens`, and whether full chunks take
+/// the sixteen-row kernel: for one token where the tier has it, for several where it has the
+/// several-token one (up to its count per call); else the register-blocked count when the
+/// batch has that many, else one.
 fn tile_shape<W, X>(tile: &Tile<W, X>, n_tokens: usize) -> (usize, bool) {
+    if n_tokens == 1 {
+        return (1, tile.rows.is_some());
+    }
+    if tile.rows_many.is_some() {
+        return (n_tokens.min(tile.rows_tokens), true);
+    }
     let tokens = if n_tokens >= tile.tokens {
         tile.tokens
     } else {
         1
     };
-    (tokens, n_tokens == 1 && tile.rows.is_some())
+    (tokens, false)
 }

@@ -42,6 +42,12 @@ pub(crate) const WIDE_ROWS: usize = 4 * TILE_ROWS;
 /// instead of per four, which matters on the short rows of small models.
 pub(crate) type RowsFn<W, X> = fn(&[W], &[X], &mut [f32; WIDE_ROWS]);
 
+/// [`RowsFn`] for several tokens at once (`xs.len()` of them, at most the [`Tile`]'s
+/// `rows_tokens`), writing `out[t][r]`: each weight vector is loaded and widened once for all
+/// of them, and each (row, token) gets the bits [`RowsFn`] gives that token alone. This is
+/// what lets a few tokens (a speculative check, a server's batch) cost little more than one.
+pub(crate) type RowsManyFn<W, X> = fn(&[W], &[&[X]], &mut [[f32; WIDE_ROWS]]);
+
 /// One weight encoding's tile kernels: one token, and `tokens` tokens at once (the
 /// register-blocked kernel for prefill), and where the tier has one, the sixteen-row
 /// one-token kernel. All give the same bits for a (row, token) pair.
@@ -51,6 +57,9 @@ pub(crate) struct Tile<W: 'static, X: 'static> {
     pub(crate) tokens: usize,
     pub(crate) many: TileFn<W, X>,
     pub(crate) rows: Option<RowsFn<W, X>>,
+    /// The sixteen-row kernel for several tokens, and the most it takes per call.
+    pub(crate) rows_many: Option<RowsManyFn<W, X>>,
+    pub(crate) rows_tokens: usize,
 }
 
 impl<W, X> Tile<W, X> {
@@ -60,6 +69,8 @@ impl<W, X> Tile<W, X> {
             tokens,
             many,
             rows: None,
+            rows_many: None,
+            rows_tokens: 1,
         }
     }
 
@@ -69,6 +80,16 @@ impl<W, X> Tile<W, X> {
     pub(crate) const fn with_rows(self, rows: RowsFn<W, X>) -> Self {
         Tile {
             rows: Some(rows),
+            ..self
+        }
+    }
+
+    /// The same tiles with a sixteen-row kernel for up to `tokens` tokens per call.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) const fn with_rows_many(self, many: RowsManyFn<W, X>, tokens: usize) -> Self {
+        Tile {
+            rows_many: Some(many),
+            rows_tokens: tokens,
             ..self
         }
     }

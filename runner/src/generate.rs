@@ -1,7 +1,8 @@
 //! The generation loop: batched prefill, then one token at a time until a stop token, the
 //! token budget, the end of the context or an [`Interrupt`], streaming text as it becomes valid
 //! UTF-8. With [`GenerateOptions::lookup`], each step may also check guesses from the text
-//! itself ([`crate::lookup`]) in the same pass, keeping the ones the model agrees with.
+//! itself ([`crate::lookup`]) in the same pass, keeping the ones the model agrees with; with
+//! [`generate_with_draft`], guesses from a draft model ([`crate::draft`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::chat::{ChatTemplate, Message};
+use crate::draft::Draft;
 use crate::error::{Result, RunnerError};
 use crate::model::{Logits, Session};
 use crate::sampler::Sampler;
@@ -212,6 +214,21 @@ pub fn generate(
     sampler: &mut Sampler,
     on_text: &mut dyn FnMut(&str) -> Result<()>,
 ) -> Result<Generation> {
+    generate_with_draft(session, None, tokenizer, prompt, opts, sampler, on_text)
+}
+
+/// [`generate`], with `draft` (when given) proposing the guesses each decoding pass checks
+/// instead of prompt lookup. The output is what [`generate`] gives: the draft changes only
+/// how many tokens a pass yields.
+pub fn generate_with_draft(
+    session: &mut Session<'_>,
+    mut draft: Option<&mut Draft<'_>>,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    sampler: &mut Sampler,
+    on_text: &mut dyn FnMut(&str) -> Result<()>,
+) -> Result<Generation> {
     if prompt.is_empty() {
         return Err(RunnerError::EmptyPrompt);
     }
@@ -246,6 +263,9 @@ pub fn generate(
         let l = session.forward(chunk, Logits::Last, None)?;
         logits.clear();
         logits.extend_from_slice(l);
+    }
+    if let Some(d) = draft.as_deref_mut() {
+        d.prefill(prompt)?;
     }
     stats.prefill_tokens = prompt.len() - reused;
     stats.prefill_s = t0.elapsed().as_secs_f64();
@@ -305,8 +325,11 @@ pub fn generate(
         // Guesses for what follows `id`, as many as fit the context and the token budget
         // (the pass runs `id` and every guess; the last guess's own row picks one more).
         let room = (ctx - session.tokens().len() - 1).min(opts.max_tokens - tokens.len() - 1);
-        let draft = crate::lookup::guess(&history, opts.lookup.min(room));
-        if draft.is_empty() {
+        let guesses = match draft.as_deref_mut() {
+            Some(d) => d.propose(&history, room)?,
+            None => crate::lookup::guess(&history, opts.lookup.min(room)),
+        };
+        if guesses.is_empty() {
             let l = session.forward(&[id], Logits::Last, None)?;
             logits.clear();
             logits.extend_from_slice(l);
@@ -318,18 +341,20 @@ pub fn generate(
         }
         // One pass over `id` and the guesses; row i gives the token after input i.
         let base = session.tokens().len();
-        let mut input = Vec::with_capacity(draft.len() + 1);
+        let mut input = Vec::with_capacity(guesses.len() + 1);
         input.push(id);
-        input.extend_from_slice(&draft);
+        input.extend_from_slice(&guesses);
         let vocab = session.model().config.vocab;
+        let pass = Instant::now();
         let rows = session.verify(&input)?.to_vec();
+        let pass_s = pass.elapsed().as_secs_f64();
         stats.decode_steps += 1;
-        stats.drafted_tokens += draft.len();
+        stats.drafted_tokens += guesses.len();
         let mut accepted = 0;
         let mut stop = None;
         let mut rejected = None;
         let row = |i: usize| &rows[i * vocab..(i + 1) * vocab];
-        for (i, &guess) in draft.iter().enumerate() {
+        for (i, &guess) in guesses.iter().enumerate() {
             let chosen = sampler.sample_draft(row(i), &history, guess);
             stats.decoded_tokens += 1;
             if chosen != guess {
@@ -342,6 +367,9 @@ pub fn generate(
                 stop = Some(s);
                 break;
             }
+        }
+        if let Some(d) = draft.as_deref_mut() {
+            d.record(guesses.len(), accepted, pass_s);
         }
         // Keep `id` and the accepted guesses in the cache, as decoding them one at a time
         // would have left it (a token that ended generation is never run).
@@ -359,7 +387,7 @@ pub fn generate(
             // Every guess accepted: the last row gives the token after them.
             None => {
                 stats.decoded_tokens += 1;
-                sampler.sample(row(draft.len()), &history)
+                sampler.sample(row(guesses.len()), &history)
             }
         };
         stats.decode_s += t.elapsed().as_secs_f64();
@@ -419,10 +447,13 @@ impl<'t> Conversation<'t> {
         self.template.render(&msgs, true)
     }
 
-    /// Run one user turn: render, tokenize, reuse the cached prefix, generate, record.
+    /// Run one user turn: render, tokenize, reuse the cached prefix, generate (with `draft`
+    /// proposing guesses when given: [`generate_with_draft`]), record.
+    #[allow(clippy::too_many_arguments)]
     pub fn turn(
         &mut self,
         session: &mut Session<'_>,
+        draft: Option<&mut Draft<'_>>,
         tokenizer: &Tokenizer,
         user: &str,
         opts: &GenerateOptions,
@@ -432,7 +463,7 @@ impl<'t> Conversation<'t> {
         let rendered = self.prompt_for(user)?;
         tokenizer.check_fits(&rendered, session.ctx())?;
         let ids = tokenizer.encode_rendered(&rendered)?;
-        let g = generate(session, tokenizer, &ids, opts, sampler, on_text)?;
+        let g = generate_with_draft(session, draft, tokenizer, &ids, opts, sampler, on_text)?;
         self.messages.push(Message::new("user", user));
         self.messages
             .push(Message::new("assistant", g.text.clone()));

@@ -22,6 +22,7 @@ pub mod attention;
 pub mod bench;
 pub mod chat;
 pub mod config;
+pub mod draft;
 pub mod error;
 pub mod generate;
 pub mod kv_cache;

@@ -19,14 +19,15 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand};
 use kiln_format::{ExitStatus, KilnFile};
 use kiln_runner::bench::{bench, matrix_paths, BenchOptions, BenchResult};
-use kiln_runner::generate::DEFAULT_PREFILL_BATCH;
+use kiln_runner::draft::{Draft, DraftOptions};
+use kiln_runner::generate::{generate_with_draft, DEFAULT_PREFILL_BATCH};
 use kiln_runner::serve::engine::{self, EngineOptions};
 use kiln_runner::serve::front::{self, FrontConfig, FrontModel};
 use kiln_runner::serve::grammar::Grammars;
 use kiln_runner::serve::prompt_cache::Reuse;
 use kiln_runner::threads::{cap_notice, cap_threads, physical_cores};
 use kiln_runner::{
-    generate, open_model_verified, CacheType, ChatTemplate, Compute, Conversation, GenerateOptions,
+    open_model_verified, CacheType, ChatTemplate, Compute, Conversation, GenerateOptions,
     Generation, Interrupt, Model, Result, RunnerError, Sampler, SamplerConfig, Session,
     SlidingCache, StopReason, TemplateVars, Tokenizer,
 };
@@ -183,6 +184,38 @@ struct SamplingArgs {
     seed: Option<u64>,
 }
 
+/// Speculative decoding: guesses checked several at a time by one pass of the model. Lossless
+/// either way: greedy output is token for token what plain decoding gives, sampled output has
+/// the same distribution.
+#[derive(Debug, Args)]
+struct SpeculativeArgs {
+    /// Speculative decoding by prompt lookup: guess up to N tokens per step from what followed
+    /// the last few tokens earlier in the prompt or the output, and check them in the same
+    /// pass (0: off). Pays off on edits, rewrites, code and summaries that repeat their input.
+    #[arg(long, value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(u16).range(0..=64))]
+    lookup: u16,
+    /// Speculative decoding with a draft model: a smaller or lower-precision .kiln with the
+    /// same vocabulary (e.g. a q4_0 copy of an f16 model) proposes tokens, the model checks
+    /// them. Verified as the model is, unless --no-verify.
+    #[arg(long, value_name = "DRAFT.kiln", conflicts_with = "lookup")]
+    draft: Option<PathBuf>,
+    /// Most tokens the draft proposes per pass of the model.
+    #[arg(long, value_name = "K", default_value_t = DraftOptions::default().max as u16,
+          requires = "draft", value_parser = clap::value_parser!(u16).range(1..=64))]
+    draft_max: u16,
+    /// Fewest tokens aimed for per pass, however few get accepted: the length adapts between
+    /// this and --draft-max to the acceptance rate and the measured costs of the draft and of
+    /// the model's passes. With 0, drafting pauses while it does not pay (probing now and then).
+    #[arg(long, value_name = "K", default_value_t = DraftOptions::default().min as u16,
+          requires = "draft", value_parser = clap::value_parser!(u16).range(0..=64))]
+    draft_min: u16,
+    /// Stop proposing once the draft gives its next token less than this probability.
+    #[arg(long, value_name = "P", default_value_t = DraftOptions::default().p_min,
+          requires = "draft")]
+    draft_p_min: f32,
+}
+
 #[derive(Debug, Args)]
 struct GenerateArgs {
     #[command(flatten)]
@@ -206,14 +239,8 @@ struct GenerateArgs {
     #[arg(short = 'b', long = "batch-size", default_value_t = DEFAULT_PREFILL_BATCH as u32,
           value_parser = clap::value_parser!(u32).range(1..))]
     batch_size: u32,
-    /// Speculative decoding by prompt lookup: guess up to N tokens per step from what followed
-    /// the last few tokens earlier in the prompt or the output, and check them in the same
-    /// pass (0: off). Lossless: greedy output is token for token what plain decoding gives,
-    /// sampled output has the same distribution. Pays off on edits, rewrites, code and
-    /// summaries that repeat their input.
-    #[arg(long, value_name = "N", default_value_t = 0,
-          value_parser = clap::value_parser!(u16).range(0..=64))]
-    lookup: u16,
+    #[command(flatten)]
+    speculative: SpeculativeArgs,
     /// Render the prompt as a user turn through the model's chat template.
     #[arg(long)]
     chat: bool,
@@ -257,14 +284,8 @@ struct ChatArgs {
     #[arg(short = 'b', long = "batch-size", default_value_t = DEFAULT_PREFILL_BATCH as u32,
           value_parser = clap::value_parser!(u32).range(1..))]
     batch_size: u32,
-    /// Speculative decoding by prompt lookup: guess up to N tokens per step from what followed
-    /// the last few tokens earlier in the prompt or the output, and check them in the same
-    /// pass (0: off). Lossless: greedy output is token for token what plain decoding gives,
-    /// sampled output has the same distribution. Pays off on edits, rewrites, code and
-    /// summaries that repeat their input.
-    #[arg(long, value_name = "N", default_value_t = 0,
-          value_parser = clap::value_parser!(u16).range(0..=64))]
-    lookup: u16,
+    #[command(flatten)]
+    speculative: SpeculativeArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
 }
@@ -537,6 +558,47 @@ fn load(file: &KilnFile) -> Result<Loaded<'_>> {
     })
 }
 
+/// The `--draft` file, opened and verified as the model is.
+fn open_draft(spec: &SpeculativeArgs, run: &RunArgs) -> Result<Option<KilnFile>> {
+    spec.draft
+        .as_deref()
+        .map(|p| open_model_verified(p, !run.no_verify))
+        .transpose()
+}
+
+/// A draft over `loaded` (when `--draft` gave one) for the model `target`, on the threads of
+/// its session (the draft's context is the session's, at most its own model's).
+fn make_draft<'d>(
+    loaded: Option<&'d Loaded<'d>>,
+    spec: &SpeculativeArgs,
+    run: &RunArgs,
+    target: &Loaded<'_>,
+    target_session: &Session<'_>,
+    prefill_batch: usize,
+) -> Result<Option<Draft<'d>>> {
+    let Some(loaded) = loaded else {
+        return Ok(None);
+    };
+    let ctx = target_session
+        .ctx()
+        .min(loaded.model.config.max_position_embeddings.max(1));
+    let sess =
+        target_session.alongside(&loaded.model, ctx, run.cache_type, sliding(run.swa_full))?;
+    Draft::new(
+        sess,
+        &loaded.tokenizer,
+        &target.tokenizer,
+        target.model.config.vocab,
+        DraftOptions {
+            max: usize::from(spec.draft_max),
+            min: usize::from(spec.draft_min),
+            p_min: spec.draft_p_min,
+            prefill_batch,
+        },
+    )
+    .map(Some)
+}
+
 fn session<'m>(model: &'m Model<'m>, run: &RunArgs, threads: usize) -> Result<Session<'m>> {
     let ctx = run.ctx.unwrap_or_else(|| model.default_ctx());
     model.session_sliding(ctx, threads, run.cache_type, sliding(run.swa_full))
@@ -596,6 +658,16 @@ fn cmd_generate(a: GenerateArgs, interrupt: &Interrupt) -> Result<()> {
     let file = open_model_verified(&a.run.model, !a.run.no_verify)?;
     let m = load(&file)?;
     let mut sess = session(&m.model, &a.run, threads)?;
+    let draft_file = open_draft(&a.speculative, &a.run)?;
+    let draft_loaded = draft_file.as_ref().map(load).transpose()?;
+    let mut draft = make_draft(
+        draft_loaded.as_ref(),
+        &a.speculative,
+        &a.run,
+        &m,
+        &sess,
+        a.batch_size as usize,
+    )?;
     let sampling = sampler_config(file.label(), &file.metadata().generation, &a.sampling)?;
     m.tokenizer.check_fits(&text, sess.ctx())?;
     let ids = if a.chat {
@@ -616,13 +688,14 @@ fn cmd_generate(a: GenerateArgs, interrupt: &Interrupt) -> Result<()> {
         ignore_eos: a.ignore_eos,
         prefill_batch: a.batch_size as usize,
         interrupt: Some(interrupt.clone()),
-        lookup: usize::from(a.lookup),
+        lookup: usize::from(a.speculative.lookup),
     };
     let seed = sampling.seed;
     let mut sampler = Sampler::new(sampling);
     if a.json {
-        let g = generate(
+        let g = generate_with_draft(
             &mut sess,
+            draft.as_mut(),
             &m.tokenizer,
             &ids,
             &opts,
@@ -652,8 +725,9 @@ fn cmd_generate(a: GenerateArgs, interrupt: &Interrupt) -> Result<()> {
         });
         println!("{out}");
     } else {
-        let g = generate(
+        let g = generate_with_draft(
             &mut sess,
+            draft.as_mut(),
             &m.tokenizer,
             &ids,
             &opts,
@@ -674,6 +748,16 @@ fn cmd_chat(a: ChatArgs, interrupt: &Interrupt) -> Result<()> {
     let m = load(&file)?;
     let template = isolated_template(&file)?.with_vars(vars);
     let mut sess = session(&m.model, &a.run, threads)?;
+    let draft_file = open_draft(&a.speculative, &a.run)?;
+    let draft_loaded = draft_file.as_ref().map(load).transpose()?;
+    let mut draft = make_draft(
+        draft_loaded.as_ref(),
+        &a.speculative,
+        &a.run,
+        &m,
+        &sess,
+        a.batch_size as usize,
+    )?;
     let mut sampler = Sampler::new(sampler_config(
         file.label(),
         &file.metadata().generation,
@@ -683,7 +767,7 @@ fn cmd_chat(a: ChatArgs, interrupt: &Interrupt) -> Result<()> {
         max_tokens: a.n_predict,
         prefill_batch: a.batch_size as usize,
         interrupt: Some(interrupt.clone()),
-        lookup: usize::from(a.lookup),
+        lookup: usize::from(a.speculative.lookup),
         ..GenerateOptions::default()
     };
     eprintln!(
@@ -725,6 +809,7 @@ fn cmd_chat(a: ChatArgs, interrupt: &Interrupt) -> Result<()> {
         }
         match conv.turn(
             &mut sess,
+            draft.as_mut(),
             &m.tokenizer,
             input,
             &opts,

@@ -236,6 +236,26 @@ impl<'m> Compute<'m> {
         cache: CacheType,
         sliding: SlidingCache,
     ) -> Result<Compute<'m>> {
+        if threads == 0 {
+            return Err(RunnerError::InvalidArgument {
+                arg: "--threads",
+                reason: "at least one thread is needed".into(),
+            });
+        }
+        let pool = Arc::new(Pool::new(threads).map_err(RunnerError::Pool)?);
+        Compute::with_pool(model, ctx, pool, cache, sliding)
+    }
+
+    /// [`Compute::new`] on an existing pool: two models run in turn (a draft and its target)
+    /// share one set of threads, rather than one pool's threads spinning while the other's
+    /// work.
+    fn with_pool(
+        model: &'m Model<'m>,
+        ctx: usize,
+        pool: Arc<Pool>,
+        cache: CacheType,
+        sliding: SlidingCache,
+    ) -> Result<Compute<'m>> {
         let c = &model.config;
         if ctx == 0 {
             return Err(RunnerError::InvalidArgument {
@@ -252,13 +272,6 @@ impl<'m> Compute<'m> {
                 ),
             });
         }
-        if threads == 0 {
-            return Err(RunnerError::InvalidArgument {
-                arg: "--threads",
-                reason: "at least one thread is needed".into(),
-            });
-        }
-        let pool = Arc::new(Pool::new(threads).map_err(RunnerError::Pool)?);
         Ok(Compute {
             model,
             pool,
@@ -677,6 +690,22 @@ impl<'m> Session<'m> {
         sliding: SlidingCache,
     ) -> Result<Session<'m>> {
         let compute = Compute::new(model, ctx, threads, cache, sliding)?;
+        let seq = compute.sequence()?;
+        Ok(Session { compute, seq })
+    }
+
+    /// A session for `model` on this session's threads (`ctx` positions, its cache stored as
+    /// `cache`, sliding layers as `sliding`): for a draft model, which runs in turn with its
+    /// target. Separate pools would each keep their threads spinning while the other works.
+    pub fn alongside<'d>(
+        &self,
+        model: &'d Model<'d>,
+        ctx: usize,
+        cache: CacheType,
+        sliding: SlidingCache,
+    ) -> Result<Session<'d>> {
+        let pool = Arc::clone(&self.compute.pool);
+        let compute = Compute::with_pool(model, ctx, pool, cache, sliding)?;
         let seq = compute.sequence()?;
         Ok(Session { compute, seq })
     }

@@ -217,6 +217,42 @@ impl Tokenizer {
         Ok(out)
     }
 
+    /// Where `other`'s vocabulary differs from this one, as a phrase naming the first id
+    /// that does (or the sizes); `None` when every id maps to the same token, special tokens
+    /// included. Speculative decoding needs this: a draft's ids are read as
+    /// the target's.
+    pub fn vocabulary_difference(&self, other: &Tokenizer) -> Option<String> {
+        let (n, m) = (
+            self.inner.get_vocab_size(true),
+            other.inner.get_vocab_size(true),
+        );
+        if n != m {
+            return Some(format!("{n} tokens against {m}"));
+        }
+        for id in 0..u32::try_from(n).unwrap_or(u32::MAX) {
+            let (a, b) = (self.inner.id_to_token(id), other.inner.id_to_token(id));
+            if a != b {
+                let show =
+                    |t: Option<String>| t.map_or("nothing".to_string(), |t| format!("{t:?}"));
+                return Some(format!("id {id} is {} against {}", show(a), show(b)));
+            }
+        }
+        let special = |t: &Tokenizer| {
+            let mut v: Vec<(u32, String, bool)> = t
+                .inner
+                .get_added_tokens_decoder()
+                .into_iter()
+                .map(|(id, a)| (id, a.content, a.special))
+                .collect();
+            v.sort();
+            v
+        };
+        if special(self) != special(other) {
+            return Some("the added and special tokens differ".into());
+        }
+        None
+    }
+
     /// A streaming decoder for a new run of generated tokens.
     pub fn stream(&self) -> TextStream<'_> {
         TextStream {

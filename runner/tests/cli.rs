@@ -105,6 +105,52 @@ fn generate_with_prompt_lookup_keeps_the_reference_tokens() {
     assert!(stderr(&o).contains("--lookup"), "{}", stderr(&o));
 }
 
+/// `--draft` checks a draft model's guesses without changing the output: greedy ids are still
+/// transformers' with an F16 copy of the model as the draft, and with another model of the
+/// same vocabulary; the JSON counts the guesses. Bad combinations are refused with exit
+/// status 2, naming the flag or the file.
+#[test]
+fn generate_with_a_draft_model_keeps_the_reference_tokens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let r = Reference::load(&root().join("fixtures/reference/tiny/llama-tied-f32/0.safetensors"));
+    let copy = convert(
+        &root().join("fixtures/tiny/llama-tied-f32"),
+        tmp.path(),
+        Some(kiln_format::DType::F16),
+    );
+    let other = convert(&root().join("fixtures/tiny/qwen3-f32"), tmp.path(), None);
+    for draft in [&copy, &other] {
+        let d = draft.to_str().unwrap();
+        let (v, tokens) = greedy_json(&m, &["-t", "2", "--draft", d, "--draft-p-min", "0"]);
+        assert_eq!(tokens, r.greedy_ids, "--draft {d}");
+        let drafted = v["drafted_tokens"].as_u64().unwrap();
+        let accepted = v["accepted_tokens"].as_u64().unwrap();
+        assert!(drafted > 0 && accepted <= drafted, "--draft {d}: {v}");
+        assert!(v["tokens_per_pass"].as_f64().unwrap() >= 1.0, "{v}");
+    }
+    let c = copy.to_str().unwrap();
+    let mp = m.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut a = vec!["generate", mp, "-p", "x", "-n", "2"];
+        a.extend_from_slice(extra);
+        kiln_run(&a)
+    };
+    assert_fails(
+        &run(&["--draft", c, "--draft-min", "5", "--draft-max", "2"]),
+        USAGE,
+        &["--draft-min"],
+    );
+    assert_fails(&run(&["--draft", c, "--lookup", "4"]), USAGE, &["--lookup"]);
+    assert_fails(&run(&["--draft-max", "4"]), USAGE, &["--draft"]);
+    let missing = tmp.path().join("missing.kiln");
+    assert_fails(
+        &run(&["--draft", missing.to_str().unwrap()]),
+        FAILURE,
+        &["missing.kiln"],
+    );
+}
+
 #[test]
 fn generate_streams_text_and_prints_a_summary_and_seeds_reproduce() {
     let tmp = tempfile::tempdir().unwrap();

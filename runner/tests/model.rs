@@ -300,6 +300,7 @@ fn conversation_reuses_the_cache_and_matches_a_fresh_run() {
     let first = conv
         .turn(
             &mut s,
+            None,
             &tok,
             "What is 7 * 6?",
             &opts,
@@ -309,9 +310,15 @@ fn conversation_reuses_the_cache_and_matches_a_fresh_run() {
         .unwrap();
     assert_eq!(first.stats.prefill_tokens, first.stats.prompt_tokens);
     let second = conv
-        .turn(&mut s, &tok, "And 6 * 7?", &opts, &mut sampler, &mut |_| {
-            Ok(())
-        })
+        .turn(
+            &mut s,
+            None,
+            &tok,
+            "And 6 * 7?",
+            &opts,
+            &mut sampler,
+            &mut |_| Ok(()),
+        )
         .unwrap();
     assert!(second.stats.prefill_tokens < second.stats.prompt_tokens / 2);
     // The same second turn from an empty cache gives the same tokens.
@@ -320,6 +327,7 @@ fn conversation_reuses_the_cache_and_matches_a_fresh_run() {
     let _ = conv2
         .turn(
             &mut fresh,
+            None,
             &tok,
             "What is 7 * 6?",
             &opts,
@@ -331,6 +339,7 @@ fn conversation_reuses_the_cache_and_matches_a_fresh_run() {
     let again = conv2
         .turn(
             &mut fresh,
+            None,
             &tok,
             "And 6 * 7?",
             &opts,
@@ -634,5 +643,156 @@ fn prompt_lookup_generates_what_plain_decoding_generates() {
     assert!(
         accepted > 0,
         "no guess was ever accepted: the check was not exercised"
+    );
+}
+
+/// A draft model is lossless too: greedy generation with its guesses checked gives token for
+/// token what plain decoding gives, leaves the same tokens in the cache and stops where plain
+/// decoding does, whether the draft is a lower-precision copy of the model (mostly right) or
+/// another model with the same vocabulary (mostly wrong), and whatever the proposal lengths.
+/// The draft shares the model's threads and catches up lazily after each check.
+#[test]
+fn a_draft_model_generates_what_plain_decoding_generates() {
+    use kiln_runner::draft::{Draft, DraftOptions};
+    use kiln_runner::generate::generate_with_draft;
+    use kiln_runner::{CacheType, SlidingCache};
+    let tmp = tempfile::tempdir().unwrap();
+    let prompt = prompt_ids();
+    let other = tiny(tmp.path(), "qwen3-f32");
+    let (mut drafted, mut accepted) = (0, 0);
+    for name in ["llama-tied-f32", "gemma3-f32", "qwen3-f32"] {
+        let f = KilnFile::open(tiny(tmp.path(), name)).unwrap();
+        let model = Model::load(&f).unwrap();
+        let tok = Tokenizer::from_file(&f).unwrap();
+        let copy_path = convert(
+            &root().join("fixtures/tiny").join(name),
+            tmp.path(),
+            Some(DType::F16),
+        );
+        let copy = KilnFile::open(copy_path).unwrap();
+        let foreign = KilnFile::open(if name == "qwen3-f32" {
+            tiny(tmp.path(), "llama-tied-f32")
+        } else {
+            other.clone()
+        })
+        .unwrap();
+        for (ctx, max_tokens) in [(128, 40), (30, 40), (128, 5)] {
+            let ring = SlidingCache::Ring { batch: 2 };
+            let opts = GenerateOptions {
+                max_tokens,
+                ignore_eos: true,
+                ..Default::default()
+            };
+            let mut s = model.session_sliding(ctx, 2, CacheType::F16, ring).unwrap();
+            let mut sampler = Sampler::new(SamplerConfig::default());
+            let plain =
+                generate(&mut s, &tok, &prompt, &opts, &mut sampler, &mut |_| Ok(())).unwrap();
+            let plain_cache = s.tokens().to_vec();
+            for (which, draft_file) in [("f16 copy", &copy), ("another model", &foreign)] {
+                let draft_model = Model::load(draft_file).unwrap();
+                let draft_tok = Tokenizer::from_file(draft_file).unwrap();
+                for (min, max) in [(1, 1), (0, 4), (2, 16)] {
+                    let label = format!(
+                        "{name} + {which}, ctx {ctx}, {max_tokens} tokens, draft {min}..={max}"
+                    );
+                    let mut s = model.session_sliding(ctx, 2, CacheType::F16, ring).unwrap();
+                    let ds = s
+                        .alongside(&draft_model, ctx, CacheType::F16, ring)
+                        .unwrap();
+                    let mut d = Draft::new(
+                        ds,
+                        &draft_tok,
+                        &tok,
+                        model.config.vocab,
+                        // The tiny models' distributions are nearly flat: no confidence floor.
+                        DraftOptions {
+                            min,
+                            max,
+                            p_min: 0.0,
+                            ..Default::default()
+                        },
+                    )
+                    .unwrap();
+                    let g = generate_with_draft(
+                        &mut s,
+                        Some(&mut d),
+                        &tok,
+                        &prompt,
+                        &opts,
+                        &mut sampler,
+                        &mut |_| Ok(()),
+                    )
+                    .unwrap();
+                    assert_eq!(g.tokens, plain.tokens, "{label}: tokens");
+                    assert_eq!(g.text, plain.text, "{label}: text");
+                    assert_eq!(g.stop, plain.stop, "{label}: stop");
+                    assert_eq!(s.tokens(), &plain_cache[..], "{label}: cached tokens");
+                    assert!(g.stats.accepted_tokens <= g.stats.drafted_tokens, "{label}");
+                    assert_eq!(g.stats.decoded_tokens + 1, g.tokens.len(), "{label}");
+                    drafted += g.stats.drafted_tokens;
+                    accepted += g.stats.accepted_tokens;
+                }
+            }
+        }
+    }
+    assert!(
+        accepted > 0 && accepted < drafted,
+        "guesses were never accepted, or never rejected ({accepted} of {drafted}): the check was not exercised"
+    );
+}
+
+/// A draft whose vocabulary is not the model's is refused, naming the flag and the first id
+/// that differs.
+#[test]
+fn a_draft_with_another_vocabulary_is_refused() {
+    use kiln_runner::draft::{Draft, DraftOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let f = KilnFile::open(tiny(tmp.path(), "llama-tied-f32")).unwrap();
+    let model = Model::load(&f).unwrap();
+    let tok = Tokenizer::from_file(&f).unwrap();
+    let src = root().join("fixtures/tiny/llama-tied-f32");
+    let renamed = tmp.path().join("renamed");
+    std::fs::create_dir(&renamed).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), renamed.join(e.file_name())).unwrap();
+    }
+    // Rename the token with id 100.
+    let tj = renamed.join("tokenizer.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&tj).unwrap()).unwrap();
+    let vocab = json["model"]["vocab"].as_object_mut().unwrap();
+    let key = vocab
+        .iter()
+        .find(|(_, v)| v.as_u64() == Some(100))
+        .map(|(k, _)| k.clone())
+        .unwrap();
+    vocab.remove(&key);
+    vocab.insert("renamed-token".into(), 100.into());
+    std::fs::write(&tj, serde_json::to_string(&json).unwrap()).unwrap();
+    let other = KilnFile::open(convert(&renamed, tmp.path(), None)).unwrap();
+    let other_model = Model::load(&other).unwrap();
+    let other_tok = Tokenizer::from_file(&other).unwrap();
+    let s = model.session(64, 1).unwrap();
+    let ds = s
+        .alongside(
+            &other_model,
+            64,
+            kiln_runner::CacheType::F32,
+            Default::default(),
+        )
+        .unwrap();
+    let e = Draft::new(
+        ds,
+        &other_tok,
+        &tok,
+        model.config.vocab,
+        DraftOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("--draft") && e.contains("id 100") && e.contains("renamed-token"),
+        "{e}"
     );
 }

@@ -127,6 +127,7 @@ fn smollm2_q8_0_and_q4_0_answer_coherently() {
         let g = conv
             .turn(
                 &mut sess,
+                None,
                 &tok,
                 // Not the dumps' bare question: there Q8_0's first-token logits for "The" and
                 // "L" are 0.05 apart, and batched prefill (matrix-product attention, activations

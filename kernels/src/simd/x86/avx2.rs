@@ -144,9 +144,11 @@ unsafe impl QDot for Avx2 {
 /// vectors per row of a `weighted_sum` block, likewise (`WEIGHTED_ROWS × $wc` accumulators
 /// plus `$wc` loaded vectors and a broadcast probability). `$fr × $fv` is the float lanes
 /// kernel's register block: rows by vectors of tokens (`$fr·$fv` accumulators, `$fv` loaded
-/// vectors and a broadcast weight).
+/// vectors and a broadcast weight). `$tr` is the most tokens the sixteen-row float kernel takes
+/// per call (`2·$tr` accumulators, two weight vectors, the tokens' loads).
 macro_rules! isa_entry_points {
-    ($features:literal, $S:ty, $tf:literal, $tq:literal, $wc:literal, $fr:literal, $fv:literal) => {
+    ($features:literal, $S:ty, $tf:literal, $tq:literal, $wc:literal, $fr:literal, $fv:literal,
+     $tr:literal) => {
         #[target_feature(enable = $features)]
         unsafe fn float_lanes_impl(
             w: &[&[f32]; $crate::lanes::FLOAT_ROWS],
@@ -172,6 +174,15 @@ macro_rules! isa_entry_points {
         unsafe fn rows_float<W: Weight>(w: &[W], x: &[f32]) -> [f32; WIDE_ROWS] {
             // SAFETY: features enabled by this function's attribute; lengths checked by callers.
             unsafe { float::rows16::<$S, W>(w, x) }
+        }
+
+        #[target_feature(enable = $features)]
+        unsafe fn rows_float_tokens<W: Weight, const T: usize>(
+            w: &[W],
+            xs: &[&[f32]; T],
+        ) -> [[f32; WIDE_ROWS]; T] {
+            // SAFETY: features enabled by this function's attribute; lengths checked by callers.
+            unsafe { float::rows16_tokens::<$S, W, T>(w, xs) }
         }
 
         #[target_feature(enable = $features)]
@@ -305,6 +316,56 @@ macro_rules! isa_entry_points {
             *out = unsafe { rows_float::<W>(w, x) };
         }
 
+        fn float_rows_many<W: Weight>(w: &[W], xs: &[&[f32]], out: &mut [[f32; WIDE_ROWS]]) {
+            let n = xs.first().map_or(0, |x| x.len());
+            assert!(
+                (1..=$tr).contains(&xs.len())
+                    && out.len() == xs.len()
+                    && xs.iter().all(|x| x.len() == n)
+                    && w.len() == WIDE_ROWS * n,
+                "rows: token count or row length mismatch"
+            );
+            /// The first `T` tokens as an array (the length is checked above).
+            fn first<'a, const T: usize>(xs: &'a [&'a [f32]]) -> &'a [&'a [f32]; T] {
+                xs.try_into().expect("token count checked")
+            }
+            match xs.len() {
+                1 => {
+                    // SAFETY: features supported (see above); lengths checked.
+                    out.copy_from_slice(&unsafe { rows_float_tokens::<W, 1>(w, first(xs)) })
+                }
+                2 => {
+                    // SAFETY: features supported (see above); lengths checked.
+                    out.copy_from_slice(&unsafe { rows_float_tokens::<W, 2>(w, first(xs)) })
+                }
+                3 => {
+                    // SAFETY: features supported (see above); lengths checked.
+                    out.copy_from_slice(&unsafe { rows_float_tokens::<W, 3>(w, first(xs)) })
+                }
+                4 => {
+                    // SAFETY: features supported (see above); lengths checked.
+                    out.copy_from_slice(&unsafe { rows_float_tokens::<W, 4>(w, first(xs)) })
+                }
+                5 => {
+                    // SAFETY: features supported (see above); lengths checked.
+                    out.copy_from_slice(&unsafe { rows_float_tokens::<W, 5>(w, first(xs)) })
+                }
+                6 => {
+                    // SAFETY: features supported (see above); lengths checked.
+                    out.copy_from_slice(&unsafe { rows_float_tokens::<W, 6>(w, first(xs)) })
+                }
+                7 => {
+                    // SAFETY: features supported (see above); lengths checked.
+                    out.copy_from_slice(&unsafe { rows_float_tokens::<W, 7>(w, first(xs)) })
+                }
+                8 => {
+                    // SAFETY: features supported (see above); lengths checked.
+                    out.copy_from_slice(&unsafe { rows_float_tokens::<W, 8>(w, first(xs)) })
+                }
+                _ => unreachable!("token count checked"),
+            }
+        }
+
         fn quant_tile<W: QBlock, const T: usize>(
             rows: &[&[W]; TILE_ROWS],
             xs: &[&[BlockQ8_0]],
@@ -419,11 +480,14 @@ macro_rules! isa_entry_points {
                 decode_bf16: super::avx2_convert::decode_bf16,
                 quantize_blocks: super::avx2_convert::quantize_blocks,
                 tile_f32: Tile::new(float_tile::<f32, 1>, $tf, float_tile::<f32, $tf>)
-                    .with_rows(float_rows::<f32>),
+                    .with_rows(float_rows::<f32>)
+                    .with_rows_many(float_rows_many::<f32>, $tr),
                 tile_f16: Tile::new(float_tile::<f16, 1>, $tf, float_tile::<f16, $tf>)
-                    .with_rows(float_rows::<f16>),
+                    .with_rows(float_rows::<f16>)
+                    .with_rows_many(float_rows_many::<f16>, $tr),
                 tile_bf16: Tile::new(float_tile::<bf16, 1>, $tf, float_tile::<bf16, $tf>)
-                    .with_rows(float_rows::<bf16>),
+                    .with_rows(float_rows::<bf16>)
+                    .with_rows_many(float_rows_many::<bf16>, $tr),
                 tile_q8_0: Tile::new(
                     quant_tile::<BlockQ8_0, 1>,
                     $tq,
@@ -446,7 +510,7 @@ pub(crate) use isa_entry_points;
 // AVX2 has 16 registers: 4 rows × 2 accumulators × 1 token for floats, 4 × 2 tokens for blocks,
 // 4 rows × 2 vectors (+ 2 loaded, 1 broadcast) for weighted sums, 4 rows × 2 vectors of tokens
 // (+ 2 loaded, 1 broadcast) for float lanes.
-isa_entry_points!("avx2,fma,f16c", Avx2, 1, 2, 2, 4, 2);
+isa_entry_points!("avx2,fma,f16c", Avx2, 1, 2, 2, 4, 2, 4);
 
 fn lanes_tile(
     codes: &[&[u8]; TILE_ROWS],

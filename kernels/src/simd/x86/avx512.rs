@@ -228,7 +228,8 @@ unsafe impl QDot for Avx512 {
 
 // 32 registers: 4 rows × 2 accumulators × 2 tokens for floats, 4 rows × 4 tokens for blocks,
 // 4 rows × 4 vectors (+ 4 loaded, 1 broadcast) for weighted sums (a head of 64 in one block),
-// 8 rows × 2 vectors of tokens (+ 2 loaded, 1 broadcast) for float lanes.
+// 8 rows × 2 vectors of tokens (+ 2 loaded, 1 broadcast) for float lanes, 2 accumulators × 8
+// tokens for the sixteen-row float kernel.
 isa_entry_points!(
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
     Avx512,
@@ -236,7 +237,8 @@ isa_entry_points!(
     4,
     4,
     8,
-    2
+    2,
+    8
 );
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]

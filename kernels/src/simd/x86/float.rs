@@ -156,6 +156,71 @@ pub(crate) unsafe fn rows16<S: F32Simd, W: Weight>(w: &[W], x: &[f32]) -> [f32; 
     sums
 }
 
+/// [`rows16`] for `T` tokens: each of the sixteen rows one sequential stream, as there, each
+/// weight vector loaded (and widened) once and multiplied into every token's accumulators.
+/// Every (row, token) is the one-row, `T`-token [`tile`]'s, so the same bits as [`rows16`]
+/// gives that token alone. As [`rows16`], it asks for the lines
+/// [`crate::stream::distances`]`().float_rows` bytes ahead where that is set: a row at a time
+/// here, since each row's FMAs for several tokens leave the loads sparse enough that the
+/// hardware prefetchers alone fall behind (SmolLM2 F16, eight tokens: 34 ms a pass without).
+///
+/// # Safety
+/// The ISA's features are enabled, every token slice has the same length and
+/// `w.len() == 16 * xs[0].len()`.
+#[inline(always)]
+pub(crate) unsafe fn rows16_tokens<S: F32Simd, W: Weight, const T: usize>(
+    w: &[W],
+    xs: &[&[f32]; T],
+) -> [[f32; 16]; T] {
+    use std::arch::x86_64::{_MM_HINT_NTA, _MM_HINT_T0, _MM_HINT_T1, _MM_HINT_T2};
+    let sp = crate::stream::distances();
+    let ahead = sp.float_rows;
+    // SAFETY: forwarded contract (each arm).
+    unsafe {
+        match sp.hint.unwrap_or(Hint::T1) {
+            Hint::T0 => rows16_tokens_with::<S, W, T, _MM_HINT_T0>(w, xs, ahead),
+            Hint::T1 => rows16_tokens_with::<S, W, T, _MM_HINT_T1>(w, xs, ahead),
+            Hint::T2 => rows16_tokens_with::<S, W, T, _MM_HINT_T2>(w, xs, ahead),
+            Hint::Nta => rows16_tokens_with::<S, W, T, _MM_HINT_NTA>(w, xs, ahead),
+        }
+    }
+}
+
+/// [`rows16_tokens`] with prefetch strategy `H` and distance `ahead` (0: none).
+///
+/// # Safety
+/// As [`rows16_tokens`].
+#[inline(always)]
+unsafe fn rows16_tokens_with<S: F32Simd, W: Weight, const T: usize, const H: i32>(
+    w: &[W],
+    xs: &[&[f32]; T],
+    ahead: usize,
+) -> [[f32; 16]; T] {
+    let n = xs[0].len();
+    // SAFETY: features enabled (caller contract).
+    let mut v = [[unsafe { S::zero() }; 16]; T];
+    for r in 0..16 {
+        let row = &w[r * n..(r + 1) * n];
+        if ahead > 0 {
+            prefetch_lines::<H, W>(row.as_ptr(), ahead, std::mem::size_of_val(row));
+        }
+        // SAFETY: every row and token has n elements; features enabled (caller contract).
+        let acc = unsafe { tile_sums::<S, W, 1, T>(&[row], xs) };
+        for t in 0..T {
+            v[t][r] = acc[t][0];
+        }
+    }
+    let mut out = [[0.0; 16]; T];
+    for t in 0..T {
+        // SAFETY: features enabled (caller contract).
+        out[t] = unsafe { S::reduce_many(&v[t], 16) };
+        for (r, s) in out[t].iter_mut().enumerate() {
+            *s = add_tail(*s, &w[r * n..(r + 1) * n], xs[t], S::LANES);
+        }
+    }
+    out
+}
+
 /// [`tile_sums`] for one row and one token, asking for the line `ahead` bytes past each one it
 /// reads with `_mm_prefetch` strategy `H`: the same loads and FMAs in the same order, so the
 /// same bits.
