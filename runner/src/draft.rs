@@ -49,12 +49,18 @@ impl Default for DraftOptions {
 /// passes count.
 const DECAY: f64 = 0.9;
 
-/// While drafting is paused (it did not pay), every this many passes one short proposal is
-/// made anyway, so that a change in the text (a stretch the draft predicts well) is noticed.
+/// While drafting is paused (it did not pay), one short proposal is made anyway after this many
+/// passes, so that a change in the text (a stretch the draft predicts well) is noticed. Each
+/// probe that finds drafting still not paying doubles the wait, up to [`PROBE_EVERY_MAX`]: a
+/// probe costs the draft's catching up on every token since the last one.
 const PROBE_EVERY: usize = 32;
+const PROBE_EVERY_MAX: usize = 1024;
 
 /// The length of such a probe.
 const PROBE_LEN: usize = 2;
+
+/// The length of the first proposal, before anything is measured.
+const FIRST_LEN: usize = 4;
 
 /// A draft model's session and what it has learned about paying off.
 pub struct Draft<'d> {
@@ -74,8 +80,11 @@ pub struct Draft<'d> {
     fit: [f64; 5],
     /// The proposal length aimed for next (0: paused).
     aim: usize,
-    /// Passes since drafting paused or last probed.
+    /// Passes since drafting paused or last probed, the passes to wait before the next probe,
+    /// and whether the proposal being checked is a probe.
     idle: usize,
+    probe_every: usize,
+    probing: bool,
 }
 
 impl std::fmt::Debug for Draft<'_> {
@@ -132,8 +141,11 @@ impl<'d> Draft<'d> {
             tried: 4.0,
             step_s: 0.0,
             fit: [0.0; 5],
-            aim: opts.max,
+            // Short until the costs are measured: a long first proposal is mostly wasted.
+            aim: FIRST_LEN.clamp(opts.min, opts.max),
             idle: 0,
+            probe_every: PROBE_EVERY,
+            probing: false,
         })
     }
 
@@ -182,10 +194,11 @@ impl<'d> Draft<'d> {
             self.aim
         } else {
             self.idle += 1;
-            if self.idle < PROBE_EVERY {
+            if self.idle < self.probe_every {
                 return Ok(Vec::new());
             }
             self.idle = 0;
+            self.probing = true;
             PROBE_LEN.min(self.opts.max)
         };
         // The draft's cache holds `history` and all but the last proposed token.
@@ -217,6 +230,14 @@ impl<'d> Draft<'d> {
         } else {
             DECAY * self.step_s + (1.0 - DECAY) * per_step
         };
+        if out.is_empty() {
+            // A step that proposed nothing (the draft was unsure from the start) cost as much
+            // as a rejected guess and gave as little: count it as one, so that a draft that is
+            // mostly unsure pauses rather than paying a step on every pass.
+            self.accepted *= DECAY;
+            self.tried = DECAY * self.tried + 1.0;
+            self.update_aim();
+        }
         Ok(out)
     }
 
@@ -234,6 +255,12 @@ impl<'d> Draft<'d> {
         for (sum, v) in self.fit.iter_mut().zip([1.0, k, pass_s, k * k, k * pass_s]) {
             *sum = DECAY * *sum + v;
         }
+        self.update_aim();
+    }
+
+    /// Choose the length aimed for next from the current estimates (after a probe, also when
+    /// to probe next).
+    fn update_aim(&mut self) {
         let (base, per_row) = self.pass_cost();
         if base > 0.0 {
             self.aim = best_length(
@@ -242,6 +269,13 @@ impl<'d> Draft<'d> {
                 self.opts.min,
                 self.opts.max,
             );
+        }
+        if std::mem::take(&mut self.probing) {
+            self.probe_every = if self.aim == 0 {
+                (2 * self.probe_every).min(PROBE_EVERY_MAX)
+            } else {
+                PROBE_EVERY
+            };
         }
     }
 
