@@ -547,13 +547,13 @@ fn tiles_chunk<W, X>(
         return rows(&w[r0 * wl..r1 * wl], &x[..xl], out);
     }
     // Several tokens and a full chunk: the sixteen-row kernel for several tokens, as many per
-    // call as it takes.
+    // call as keep their activations in L1 (none: the four-row tiles below).
+    let per_call = tile.rows_many_tokens(xl).min(MAX_TILE_TOKENS);
     if let Some(many) = tile
         .rows_many
-        .filter(|_| n_tokens > 1 && r1 - r0 == WIDE_ROWS)
+        .filter(|_| n_tokens > 1 && per_call > 1 && r1 - r0 == WIDE_ROWS)
     {
         let w = &w[r0 * wl..r1 * wl];
-        let per_call = tile.rows_tokens.clamp(1, MAX_TILE_TOKENS);
         let mut t = 0;
         while t < n_tokens {
             let nt = per_call.min(n_tokens - t);

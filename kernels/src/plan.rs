@@ -165,8 +165,8 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
     let cols = w.cols;
     let nb = cols / QK;
     /// The tile path of `tile` over `operand`.
-    fn tiles<W, X>(tile: &Tile<W, X>, operand: Operand, n_tokens: usize) -> Path {
-        let (tokens, wide) = tile_shape(tile, n_tokens);
+    fn tiles<W, X>(tile: &Tile<W, X>, operand: Operand, n_tokens: usize, cols: usize) -> Path {
+        let (tokens, wide) = tile_shape(tile, n_tokens, cols);
         Path::Tiles {
             operand,
             tokens,
@@ -190,30 +190,30 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
         }
     };
     match w.data {
-        WeightData::F32(_) => float(tiles(&k.tile_f32, Operand::F32, n_tokens)),
-        WeightData::F16(_) => float(tiles(&k.tile_f16, Operand::F32, n_tokens)),
-        WeightData::BF16(_) => float(tiles(&k.tile_bf16, Operand::F32, n_tokens)),
+        WeightData::F32(_) => float(tiles(&k.tile_f32, Operand::F32, n_tokens, cols)),
+        WeightData::F16(_) => float(tiles(&k.tile_f16, Operand::F32, n_tokens, cols)),
+        WeightData::BF16(_) => float(tiles(&k.tile_bf16, Operand::F32, n_tokens, cols)),
         WeightData::Q8_0(_) if lanes(BlockQ8_0::OFFSET) => Path::Lanes,
         WeightData::Q8_0(_) => match k.prepared_q8_0.filter(|_| nb > 0) {
-            Some(p) => tiles(&p.tile, Operand::Q8_0Pairs, n_tokens),
-            None => tiles(&k.tile_q8_0, Operand::Q8_0, n_tokens),
+            Some(p) => tiles(&p.tile, Operand::Q8_0Pairs, n_tokens, cols),
+            None => tiles(&k.tile_q8_0, Operand::Q8_0, n_tokens, cols),
         },
         WeightData::Q4_0(_) if lanes(BlockQ4_0::OFFSET) => Path::Lanes,
         WeightData::Q4_0(_) => match k.prepared_q4_0.filter(|_| nb > 0) {
-            Some(p) => tiles(&p.tile, Operand::Q8_0Pairs, n_tokens),
-            None => tiles(&k.tile_q4_0, Operand::Q8_0, n_tokens),
+            Some(p) => tiles(&p.tile, Operand::Q8_0Pairs, n_tokens, cols),
+            None => tiles(&k.tile_q4_0, Operand::Q8_0, n_tokens, cols),
         },
         WeightData::Q5_0(_) if lanes(BlockQ5_0::OFFSET) => Path::Lanes,
-        WeightData::Q5_0(_) => tiles(&k.kq.q5_0, Operand::Q8_0, n_tokens),
-        WeightData::Q5_1(_) => tiles(&k.kq.q5_1, Operand::Q8_0, n_tokens),
+        WeightData::Q5_0(_) => tiles(&k.kq.q5_0, Operand::Q8_0, n_tokens, cols),
+        WeightData::Q5_1(_) => tiles(&k.kq.q5_1, Operand::Q8_0, n_tokens, cols),
         WeightData::Q4_K(_) | WeightData::Q5_K(_) | WeightData::Q6_K(_)
             if k.klanes.is_some() && cols / QK_K > 0 && n_tokens >= KLANES_MIN_TOKENS =>
         {
             Path::KLanes
         }
-        WeightData::Q4_K(_) => tiles(&k.kq.q4_k, Operand::Q8_K, n_tokens),
-        WeightData::Q5_K(_) => tiles(&k.kq.q5_k, Operand::Q8_K, n_tokens),
-        WeightData::Q6_K(_) => tiles(&k.kq.q6_k, Operand::Q8_K, n_tokens),
+        WeightData::Q4_K(_) => tiles(&k.kq.q4_k, Operand::Q8_K, n_tokens, cols),
+        WeightData::Q5_K(_) => tiles(&k.kq.q5_k, Operand::Q8_K, n_tokens, cols),
+        WeightData::Q6_K(_) => tiles(&k.kq.q6_k, Operand::Q8_K, n_tokens, cols),
         WeightData::Q4_0x16(_) => {
             if nb == 0 {
                 return Path::Empty;
@@ -234,7 +234,7 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
                     tokens: n_tokens.min(g.tokens),
                 },
                 (false, None) => {
-                    let (tokens, wide) = tile_shape(&k.tile_q4_0, n_tokens);
+                    let (tokens, wide) = tile_shape(&k.tile_q4_0, n_tokens, cols);
                     Path::Deinterleaved { tokens, wide }
                 }
             }
@@ -242,16 +242,18 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
     }
 }
 
-/// Tokens per tile call at the start of a batch of `n_tokens`, and whether full chunks take
-/// the sixteen-row kernel: for one token where the tier has it, for several where it has the
-/// several-token one (up to its count per call); else the register-blocked count when the
-/// batch has that many, else one.
-fn tile_shape<W, X>(tile: &Tile<W, X>, n_tokens: usize) -> (usize, bool) {
+/// Tokens per tile call at the start of a batch of `n_tokens` over rows of `cols`, and whether
+/// full chunks take the sixteen-row kernel: for one token where the tier has it, for several
+/// where it has the several-token one and at least two tokens' activations fit its budget
+/// ([`Tile::rows_many_tokens`]); else the register-blocked count when the batch has that
+/// many, else one.
+fn tile_shape<W, X>(tile: &Tile<W, X>, n_tokens: usize, cols: usize) -> (usize, bool) {
     if n_tokens == 1 {
         return (1, tile.rows.is_some());
     }
-    if tile.rows_many.is_some() {
-        return (n_tokens.min(tile.rows_tokens), true);
+    let many = tile.rows_many_tokens(cols);
+    if many > 1 {
+        return (n_tokens.min(many), true);
     }
     let tokens = if n_tokens >= tile.tokens {
         tile.tokens
