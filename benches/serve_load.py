@@ -21,6 +21,9 @@ Nothing beyond the Python standard library. Not run in CI: numbers depend on the
 
     # against a running server
     python3 benches/serve_load.py --url http://127.0.0.1:8080
+    # chat answers (to their end) instead of fixed-length completions, e.g. against a server
+    # started with --lookup 8
+    python3 benches/serve_load.py --url http://127.0.0.1:8080 --chat benches/prompts/edit-text.txt
     # start one (stopped at the end), and compare with llama-server on the same GGUF
     python3 benches/serve_load.py --model target/serve/q8_0.kiln -t 8 \\
         --compare http://127.0.0.1:8081
@@ -56,8 +59,14 @@ def percentile(xs, p):
 def one_stream(url, args, result):
     """Stream one completion; fills `result` with timestamps and the token count."""
     u = urlsplit(url)
-    body = {"prompt": args.prompt, "max_tokens": args.max_tokens, "temperature": 0,
-            "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    body = {"max_tokens": args.max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if args.chat:
+        path = "/v1/chat/completions"
+        body["messages"] = [{"role": "user", "content": args.chat_text}]
+    else:
+        path = "/v1/completions"
+        body.update(prompt=args.prompt, ignore_eos=True)
     if args.model_name:
         body["model"] = args.model_name
     headers = {"Content-Type": "application/json"}
@@ -65,7 +74,7 @@ def one_stream(url, args, result):
         headers["Authorization"] = f"Bearer {args.api_key}"
     conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=args.timeout)
     t0 = time.perf_counter()
-    conn.request("POST", "/v1/completions", body=json.dumps(body), headers=headers)
+    conn.request("POST", path, body=json.dumps(body), headers=headers)
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"{url}: HTTP {resp.status}: {resp.read()[:300]!r}")
@@ -81,7 +90,7 @@ def one_stream(url, args, result):
         if chunk.get("usage"):
             usage = chunk["usage"]
         for c in chunk.get("choices") or []:
-            if c.get("text"):
+            if c.get("text") or (c.get("delta") or {}).get("content"):
                 times.append(time.perf_counter())
     conn.close()
     result["start"] = t0
@@ -184,11 +193,15 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per stream [128]")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per level and server [3]")
     ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--chat", metavar="FILE",
+                    help="chat completions answering FILE's text as the user's turn, to their "
+                         "natural end or --max-tokens (instead of fixed-length completions)")
     ap.add_argument("--model-name", help="the `model` field to send (some servers need it)")
     ap.add_argument("--api-key")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per request [600]")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args()
+    args.chat_text = Path(args.chat).read_text() if args.chat else None
 
     proc = None
     url = args.url
@@ -215,8 +228,12 @@ def main():
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print(f"{args.max_tokens} tokens per stream, {args.rounds} rounds per level, prompt of "
-          f"{len(args.prompt)} characters")
+    if args.chat:
+        print(f"chat answers to {Path(args.chat).name}, {args.max_tokens} tokens at most, "
+              f"{args.rounds} rounds per level")
+    else:
+        print(f"{args.max_tokens} tokens per stream, {args.rounds} rounds per level, prompt of "
+              f"{len(args.prompt)} characters")
     print("| server | streams | aggregate tok/s | decode tok/s | stream tok/s "
           "| TTFT ms (median / p90) | ITL ms (median / p90) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")

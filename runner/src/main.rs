@@ -125,6 +125,12 @@ struct ServeArgs {
     #[arg(short = 'b', long = "batch-size", default_value_t = DEFAULT_PREFILL_BATCH as u32,
           value_parser = clap::value_parser!(u32).range(1..))]
     batch_size: u32,
+    /// Speculative decoding by prompt lookup: each sequence guesses up to N tokens per step
+    /// from what followed its last few tokens earlier in its prompt or output, checked in the
+    /// same batched pass (0: off); output unchanged, as with `generate --lookup`.
+    #[arg(long, value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(u16).range(0..=64))]
+    lookup: u16,
     /// Set a variable the chat template reads, as transformers' `apply_chat_template(**kwargs)`
     /// does (NAME=VALUE, VALUE as JSON or a plain string).
     #[arg(long = "template-var", value_name = "NAME=VALUE")]
@@ -1073,6 +1079,7 @@ fn cmd_serve(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
         prefill_batch: a.batch_size as usize,
         cache_bytes: a.cache_mb.saturating_mul(1 << 20),
         reuse: a.cache_reuse,
+        lookup: usize::from(a.lookup),
     };
     let (handle, jobs) = engine::queue(opts.parallel, usize::from(a.queue));
     eprintln!(

@@ -388,9 +388,29 @@ impl<'m> Compute<'m> {
         pool.install(move || self.run(&mut segs, Logits::Last, None, true))
     }
 
-    /// The forward pass over `segs` (one sequence's prompt, or one token each of several
-    /// sequences), on the current thread. With several segments, [`Logits::Last`] gives
-    /// each segment's last row. `lone_rows`: every row gets the bits it gets as a lone token
+    /// Several sequences' tokens in one pass, `inputs[i]` going to `seqs[i]` (a decoding
+    /// step where some sequences also check guesses): every row of logits, in order, each
+    /// bit for bit what [`Compute::forward`] of its token alone gives after the tokens before
+    /// it went in one at a time ([`Compute::verify`] for several sequences).
+    pub fn decode_rows(&mut self, seqs: &mut [&mut Sequence], inputs: &[&[u32]]) -> Result<&[f32]> {
+        if seqs.len() != inputs.len() {
+            return Err(RunnerError::InvalidArgument {
+                arg: "decode",
+                reason: format!("{} sequences but {} inputs", seqs.len(), inputs.len()),
+            });
+        }
+        let pool = Arc::clone(&self.pool);
+        let mut segs: Vec<Segment<'_>> = seqs
+            .iter_mut()
+            .zip(inputs)
+            .map(|(seq, tokens)| Segment { seq, tokens })
+            .collect();
+        pool.install(move || self.run(&mut segs, Logits::All, None, true))
+    }
+
+    /// The forward pass over `segs` (one sequence's prompt, or tokens of several sequences),
+    /// on the current thread. With several segments, [`Logits::Last`] gives each segment's
+    /// last row and [`Logits::All`] every row. `lone_rows`: every row gets the bits it gets as a lone token
     /// (independent rows in every product, attention one query at a time).
     fn run(
         &mut self,
@@ -402,10 +422,10 @@ impl<'m> Compute<'m> {
         let model = self.model;
         let c = &model.config;
         let w = &model.weights;
-        if segs.len() > 1 && (which == Logits::All || observer.is_some()) {
+        if segs.len() > 1 && observer.is_some() {
             return Err(RunnerError::InvalidArgument {
                 arg: "forward",
-                reason: "all logits and observers are for one sequence at a time".into(),
+                reason: "observers are for one sequence at a time".into(),
             });
         }
         for seg in segs.iter() {

@@ -29,6 +29,9 @@ struct Output {
     tokens: Vec<TokenInfo>,
     finish: Finish,
     usage: Usage,
+    /// Prompt-lookup guesses made, and accepted.
+    guessed: usize,
+    accepted: usize,
 }
 
 fn job(id: u64, prompt: &[u32], max_tokens: usize) -> (Job, Receiver<Event>, Arc<AtomicBool>) {
@@ -61,12 +64,18 @@ fn collect(rx: &Receiver<Event>) -> Output {
                 text.push_str(&t);
                 tokens.extend(k);
             }
-            Event::Done { finish, usage, .. } => {
+            Event::Done {
+                finish,
+                usage,
+                timings,
+            } => {
                 return Output {
                     text,
                     tokens,
                     finish,
                     usage,
+                    guessed: timings.guessed,
+                    accepted: timings.accepted,
                 }
             }
             Event::Failed { message } => panic!("job failed: {message}"),
@@ -81,6 +90,7 @@ fn options(parallel: usize, cache_mb: usize) -> EngineOptions {
         prefill_batch: 512,
         cache_bytes: cache_mb << 20,
         reuse: Reuse::Exact,
+        lookup: 0,
     }
 }
 
@@ -150,6 +160,94 @@ fn prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
     .iter()
     .map(|p| tok.encode(p).unwrap())
     .collect()
+}
+
+/// Prompt lookup's guesses, checked in the batched pass beside other sequences, change no
+/// token, text, log-probability or finish: against an engine without lookup, for jobs that
+/// run into the context, stop on a string or ask for log-probabilities, and for a second
+/// turn that reuses a first one's cache (which must hold no rejected guess).
+#[test]
+fn lookup_guesses_change_nothing() {
+    let prompts_of = |tok: &Tokenizer| {
+        let mut p = prompts(tok);
+        p.push(
+            tok.encode("red green blue red green blue red green blue red green")
+                .unwrap(),
+        );
+        p
+    };
+    // Each job: prompt index, max_tokens, stop strings, log-probabilities.
+    let spec = |i: usize| -> (usize, Vec<String>, Option<usize>) {
+        match i {
+            // Runs into the 256-token context.
+            0 => (1000, Vec::new(), None),
+            3 => (40, vec![" the".into()], None),
+            5 => (40, Vec::new(), Some(3)),
+            _ => (48, Vec::new(), None),
+        }
+    };
+    let run = |lookup: usize| -> (Vec<Output>, Output) {
+        let mut outs = Vec::new();
+        let mut second = None;
+        let opts = EngineOptions {
+            lookup,
+            reuse: Reuse::Prefix,
+            ..options(4, 64)
+        };
+        with_engine(opts, |engine, tok, _| {
+            let prompts = prompts_of(tok);
+            let rxs: Vec<_> = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let (max, stop, logprobs) = spec(i);
+                    let (mut j, rx, _) = job(i as u64, p, max);
+                    j.stop = stop;
+                    j.logprobs = logprobs;
+                    engine.submit(j).unwrap();
+                    rx
+                })
+                .collect();
+            outs = rxs.iter().map(collect).collect();
+            // A second turn over the last job's conversation and then some.
+            let last = prompts.len() - 1;
+            let mut p = prompts[last].clone();
+            p.extend(outs[last].tokens.iter().map(|t| t.id));
+            p.extend(tok.encode(" and again red green").unwrap());
+            let (j, rx, _) = job(99, &p, 32);
+            engine.submit(j).unwrap();
+            second = Some(collect(&rx));
+        });
+        (outs, second.unwrap())
+    };
+    let (plain, plain_second) = run(0);
+    let (guessed, guessed_second) = run(8);
+    let key = |o: &Output| {
+        let t: Vec<(u32, u32, Vec<(u32, u32)>)> = o
+            .tokens
+            .iter()
+            .map(|t| {
+                let top = t.top.iter().map(|&(i, l)| (i, l.to_bits())).collect();
+                (t.id, t.logprob.to_bits(), top)
+            })
+            .collect();
+        (t, o.text.clone(), o.finish, o.usage)
+    };
+    for (i, (a, b)) in plain.iter().zip(&guessed).enumerate() {
+        assert_eq!(key(a), key(b), "job {i}");
+        assert_eq!(a.guessed, 0);
+    }
+    assert_eq!(plain[0].finish, Finish::Length);
+    assert!(plain[0].usage.prompt_tokens + plain[0].usage.completion_tokens >= CTX - 1);
+    assert!(plain[5].tokens.iter().all(|t| t.top.len() == 3));
+    assert_eq!(key(&plain_second), key(&guessed_second));
+    assert!(
+        guessed_second.usage.cached_tokens > 0,
+        "the second turn reused the first"
+    );
+    let made: usize = guessed.iter().map(|o| o.guessed).sum();
+    let kept: usize = guessed.iter().map(|o| o.accepted).sum();
+    assert!(kept > 0 && kept < made, "{kept} of {made} guesses accepted");
 }
 
 #[test]

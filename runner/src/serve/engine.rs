@@ -117,6 +117,10 @@ pub struct EngineOptions {
     pub cache_bytes: usize,
     /// Which part of a kept conversation a new prompt may reuse (`--cache-reuse`).
     pub reuse: Reuse,
+    /// Tokens each sequence may guess per step by prompt lookup (`--lookup`, 0: none): they
+    /// are checked in the same batched pass, and kept only where the model agrees, so the
+    /// output is what plain decoding gives ([`crate::lookup`]).
+    pub lookup: usize,
 }
 
 /// A job holding a sequence.
@@ -130,8 +134,20 @@ struct Slot<'t> {
     /// Leading positions read in whole prefill chunks from position 0 (what
     /// [`Reuse::Exact`] may reuse later).
     exact: usize,
-    /// The last position's logits, once the prompt is read.
+    /// The last pass's logits, once the prompt is read: one row, or one per guess in
+    /// `guesses` and one after them.
     logits: Vec<f32>,
+    /// The guesses the last pass checked.
+    guesses: Vec<u32>,
+    /// Guesses made, and of those accepted.
+    drafted: usize,
+    accepted: usize,
+    /// Guessed tokens the model agreed and disagreed with, recent ones weighing more: how
+    /// far ahead guessing pays ([`guess_len`]).
+    agreed: f64,
+    disagreed: f64,
+    /// Steps since the slot last guessed.
+    idle: usize,
     sampler: Sampler,
     /// Prompt and generated tokens (the penalties' window).
     history: Vec<u32>,
@@ -248,13 +264,43 @@ pub fn run(
             if s.logits.is_empty() {
                 continue;
             }
-            match step(s, tokenizer) {
-                Outcome::Continue(id) => next.push((i, id)),
+            match settle(s, tokenizer, vocab) {
+                Outcome::Continue(id) => match trim(compute, &mut s.seq, &s.history) {
+                    Ok(()) => next.push((i, id)),
+                    Err(e) => {
+                        // Not kept for reuse: its cache is in doubt.
+                        s.job.cancel.store(true, Ordering::SeqCst);
+                        drop_failed(s, &e.to_string());
+                        finished.push(i);
+                    }
+                },
                 Outcome::Finished | Outcome::Dropped => finished.push(i),
             }
         }
         if !next.is_empty() {
-            let tokens: Vec<u32> = next.iter().map(|&(_, id)| id).collect();
+            // Each sequence's token, then its guesses (what followed the last n-gram before),
+            // as many as pay for their rows and its context and token budget leave room for.
+            let decoding = next.len();
+            let inputs: Vec<Vec<u32>> = next
+                .iter()
+                .map(|&(i, id)| {
+                    let s = &mut slots[i];
+                    let room = (s.seq.ctx() - s.seq.tokens().len() - 1)
+                        .min(s.job.max_tokens - s.generated - 1);
+                    let mut len = guess_len(s.agreed, s.disagreed, decoding, opts.lookup);
+                    if len == 0 && opts.lookup > 0 && s.idle >= PROBE_EVERY {
+                        len = 1;
+                    }
+                    s.guesses = crate::lookup::guess(&s.history, len.min(room));
+                    s.idle = if s.guesses.is_empty() { s.idle + 1 } else { 0 };
+                    s.drafted += s.guesses.len();
+                    let mut input = Vec::with_capacity(s.guesses.len() + 1);
+                    input.push(id);
+                    input.extend_from_slice(&s.guesses);
+                    input
+                })
+                .collect();
+            let inputs: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
             let mut seqs: Vec<&mut Sequence> = Vec::with_capacity(next.len());
             let mut rest = &mut slots[..];
             let mut base = 0;
@@ -265,13 +311,16 @@ pub fn run(
                 rest = tail;
                 base = i + 1;
             }
-            match compute.decode(&mut seqs, &tokens) {
+            match compute.decode_rows(&mut seqs, &inputs) {
                 Ok(logits) => {
-                    for (row, &(i, _)) in next.iter().enumerate() {
+                    let mut row = 0;
+                    for (&(i, _), input) in next.iter().zip(&inputs) {
                         let s = &mut slots[i];
+                        let end = row + input.len();
                         s.logits.clear();
                         s.logits
-                            .extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
+                            .extend_from_slice(&logits[row * vocab..end * vocab]);
+                        row = end;
                     }
                 }
                 // Only a broken invariant gets here (every sequence was checked to have
@@ -287,10 +336,15 @@ pub fn run(
         }
         out.sort_unstable();
         for (i, done) in out.into_iter().rev() {
-            let s = slots.remove(i);
+            let mut s = slots.remove(i);
             if !done {
                 fail(s, failed.as_deref().unwrap_or_default());
             } else if !s.job.cancel.load(Ordering::SeqCst) {
+                // Without the guesses it rejected: what plain decoding leaves.
+                let run = s.history.len() - 1;
+                if s.seq.tokens().len() > run {
+                    s.seq.rewind(run);
+                }
                 cache.put(s.seq, s.exact);
             }
         }
@@ -338,6 +392,12 @@ fn admit<'t>(
         reused,
         exact,
         logits: Vec::new(),
+        guesses: Vec::new(),
+        drafted: 0,
+        accepted: 0,
+        agreed: 0.0,
+        disagreed: 0.0,
+        idle: 0,
         sampler: Sampler::new(job.sampler.clone()),
         history: job.prompt.clone(),
         generated: 0,
@@ -351,8 +411,84 @@ fn admit<'t>(
     })
 }
 
-/// Sample `s`'s next token from its logits, report it, and say whether it goes on.
-fn step(s: &mut Slot<'_>, tokenizer: &Tokenizer) -> Outcome {
+/// Take `s`'s tokens from the last pass's rows: each guess in turn is checked against its
+/// row ([`Sampler::sample_draft`]: the token chosen is the guess exactly when the model
+/// accepts it), the first one rejected ends the check, and the row after the last accepted
+/// guess gives the next token. Without guesses, one token from the one row.
+fn settle(s: &mut Slot<'_>, tokenizer: &Tokenizer, vocab: usize) -> Outcome {
+    let rows = std::mem::take(&mut s.logits);
+    let guesses = std::mem::take(&mut s.guesses);
+    let mut outcome = Outcome::Dropped;
+    let before = s.accepted;
+    for (i, row) in rows.chunks_exact(vocab).enumerate() {
+        let guess = guesses.get(i).copied();
+        outcome = step(s, tokenizer, row, guess);
+        match outcome {
+            Outcome::Continue(id) if guess == Some(id) => s.accepted += 1,
+            _ => break,
+        }
+    }
+    if !guesses.is_empty() {
+        let agreed = s.accepted - before;
+        s.agreed = s.agreed * DECAY + agreed as f64;
+        s.disagreed = s.disagreed * DECAY + f64::from(u8::from(agreed < guesses.len()));
+    }
+    // Kept (not empty) until the next pass replaces it: the slot is past its prompt.
+    s.logits = rows;
+    outcome
+}
+
+/// How much the counts of [`guess_len`] keep per checked guess: about the last ten count.
+const DECAY: f64 = 0.9;
+/// Steps a slot that stopped guessing waits before guessing one token again, to see whether
+/// its text has begun to repeat.
+const PROBE_EVERY: usize = 16;
+/// Rows of a pass a guess is worth, in a batch of `decoding` sequences: a row costs about a
+/// fifth of a one-token pass's fixed cost (reading the weights; measured on the 1B and
+/// SmolLM2 shapes, Q4_0 and F16), so where that is shared by `decoding` sequences a guess
+/// must be right with probability `decoding / (decoding + 5)` to save time.
+fn row_worth(decoding: usize) -> f64 {
+    let n = decoding.max(1) as f64;
+    n / (n + 5.0)
+}
+
+/// How many tokens a sequence should guess, at most `max`: the longest run whose last guess
+/// is still right with at least [`row_worth`]'s probability, each guess right with the rate
+/// its recent guesses had (`agreed` and `disagreed` tokens; one of each assumed to start).
+fn guess_len(agreed: f64, disagreed: f64, decoding: usize, max: usize) -> usize {
+    let p = (agreed + 1.0) / (agreed + disagreed + 2.0);
+    let worth = row_worth(decoding);
+    let mut reach = 1.0;
+    let mut len = 0;
+    while len < max {
+        reach *= p;
+        if reach < worth {
+            break;
+        }
+        len += 1;
+    }
+    len
+}
+
+/// Cut `seq` back to the tokens plain decoding would have run: all of `history` but its
+/// last token (chosen, not yet run), dropping rejected guesses. A sliding layer's ring may
+/// have lost what that position reads (only with a window shorter than the guesses): the
+/// rest runs again a token at a time, as decoding ran it.
+fn trim(compute: &mut Compute<'_>, seq: &mut Sequence, history: &[u32]) -> crate::Result<()> {
+    let run = history.len() - 1;
+    if seq.tokens().len() <= run {
+        return Ok(());
+    }
+    let kept = seq.rewind(run);
+    for &t in &history[kept..run] {
+        compute.forward(seq, &[t], Logits::None, None)?;
+    }
+    Ok(())
+}
+
+/// Sample `s`'s next token from `row` (checking `guess`, when there is one), report it, and
+/// say whether it goes on.
+fn step(s: &mut Slot<'_>, tokenizer: &Tokenizer, row: &[f32], guess: Option<u32>) -> Outcome {
     if s.decode_start.is_none() {
         s.decode_start = Some(Instant::now());
     }
@@ -361,12 +497,12 @@ fn step(s: &mut Slot<'_>, tokenizer: &Tokenizer) -> Outcome {
     }
     // The grammar's mask, over a copy of the logits (the originals give the log-probabilities).
     let mut masked;
-    let mut logits: &[f32] = &s.logits;
+    let mut logits: &[f32] = row;
     if let Some(c) = s.job.constraint.as_mut() {
         match c.allowed() {
             Ok(None) => {}
             Ok(Some(bits)) => {
-                masked = s.logits.clone();
+                masked = row.to_vec();
                 let mut any = false;
                 for (id, l) in masked.iter_mut().enumerate() {
                     let on = bits.get(id / 32).is_some_and(|w| w >> (id % 32) & 1 == 1);
@@ -384,7 +520,10 @@ fn step(s: &mut Slot<'_>, tokenizer: &Tokenizer) -> Outcome {
             Err(e) => return drop_failed(s, &format!("response format: {e}")),
         }
     }
-    let id = s.sampler.sample(logits, &s.history);
+    let id = match guess {
+        Some(g) => s.sampler.sample_draft(logits, &s.history, g),
+        None => s.sampler.sample(logits, &s.history),
+    };
     s.history.push(id);
     s.generated += 1;
     let info = TokenInfo {
@@ -393,7 +532,7 @@ fn step(s: &mut Slot<'_>, tokenizer: &Tokenizer) -> Outcome {
         top: Vec::new(),
     };
     let info = match s.job.logprobs {
-        Some(k) => with_logprobs(info, &s.logits, k),
+        Some(k) => with_logprobs(info, row, k),
         None => info,
     };
     let is_stop = !s.job.ignore_eos && tokenizer.stop_tokens().contains(&id);
@@ -431,7 +570,9 @@ fn step(s: &mut Slot<'_>, tokenizer: &Tokenizer) -> Outcome {
     if s.job.constraint.as_ref().is_some_and(|c| c.is_finished()) {
         return finish(s, Finish::Stop);
     }
-    if s.generated >= s.job.max_tokens || s.seq.tokens().len() + 1 > s.seq.ctx() {
+    // The chosen token runs next, after everything before it (`history` less rejected
+    // guesses the cache may still hold).
+    if s.generated >= s.job.max_tokens || s.history.len() > s.seq.ctx() {
         return finish(s, Finish::Length);
     }
     Outcome::Continue(id)
@@ -465,11 +606,18 @@ fn finish(s: &mut Slot<'_>, why: Finish) -> Outcome {
         queued_s: s.queued_s,
         prompt_s: s.prompt_s,
         decode_s,
+        guessed: s.drafted,
+        accepted: s.accepted,
+    };
+    let guessed = if s.drafted > 0 {
+        format!(", {} of {} guesses accepted", s.accepted, s.drafted)
+    } else {
+        String::new()
     };
     log_line(
         &s.job,
         &format!(
-            "{}: {} prompt tokens ({} cached) in {:.3} s, {} generated in {:.3} s",
+            "{}: {} prompt tokens ({} cached) in {:.3} s, {} generated in {:.3} s{guessed}",
             why.name(),
             usage.prompt_tokens,
             usage.cached_tokens,
@@ -559,4 +707,27 @@ fn with_logprobs(mut info: TokenInfo, logits: &[f32], k: usize) -> TokenInfo {
             .collect();
     }
     info
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guesses_grow_with_agreement_and_shrink_with_a_fuller_batch() {
+        // No history: even odds, worth two guesses alone (0.25 >= 1/6), none beside seven
+        // others (0.5 < 8/13).
+        assert_eq!(guess_len(0.0, 0.0, 1, 8), 2);
+        assert_eq!(guess_len(0.0, 0.0, 8, 8), 0);
+        // Mostly right: long guesses alone, shorter in a batch, never past `max`.
+        assert_eq!(guess_len(9.0, 1.0, 1, 8), 8);
+        let p: f64 = 10.0 / 12.0;
+        let alone = (row_worth(1).ln() / p.ln()).floor() as usize;
+        assert_eq!(guess_len(9.0, 1.0, 1, 64), alone);
+        assert!(guess_len(9.0, 1.0, 8, 8) < guess_len(9.0, 1.0, 1, 8));
+        assert!(guess_len(9.0, 1.0, 8, 8) > 0);
+        // Mostly wrong: none.
+        assert_eq!(guess_len(0.0, 9.0, 1, 8), 0);
+        assert_eq!(guess_len(5.0, 5.0, 1, 0), 0);
+    }
 }

@@ -116,6 +116,10 @@ pub struct Timings {
     pub prompt_s: f64,
     /// Seconds from the first generated token to the last.
     pub decode_s: f64,
+    /// Tokens guessed by prompt lookup (`--lookup`).
+    pub guessed: usize,
+    /// Of [`Timings::guessed`], how many the model agreed with.
+    pub accepted: usize,
 }
 
 /// What the engine reports about a job.
