@@ -223,7 +223,9 @@ fn lookup_guesses_change_nothing() {
     let (plain, plain_second) = run(0);
     let (guessed, guessed_second) = run(8);
     let key = |o: &Output| {
-        let t: Vec<(u32, u32, Vec<(u32, u32)>)> = o
+        // Each token: id, log-probability's bits, the top alternatives and their bits.
+        type Bits = (u32, u32, Vec<(u32, u32)>);
+        let t: Vec<Bits> = o
             .tokens
             .iter()
             .map(|t| {
