@@ -12,6 +12,11 @@
 //! An [`Interrupt`] raised while it runs stops it before the next forward pass; the tests
 //! already completed are returned.
 //!
+//! [`speculative`] measures speculative decoding (`--lookup`, `--draft`) where it means
+//! something, on a real prompt's greedy continuation rather than on synthetic ids: plain and
+//! speculative generation take turns, and the result carries the acceptance, the tokens per
+//! pass of the model and the speedup over the plain runs.
+//!
 //! [`matrix_paths`] says which product ([`kiln_kernels::Path`]) each of the model's matrices
 //! takes at decode and at the prefill batch size (`kiln-run bench --verbose`).
 
@@ -20,9 +25,14 @@ use std::time::Instant;
 use kiln_kernels::{plan, Kernels, Matrix};
 use serde::Serialize;
 
+use crate::draft::Draft;
 use crate::error::{Result, RunnerError};
-use crate::generate::{raised, Interrupt};
+use crate::generate::{
+    generate_with_draft, raised, GenerateOptions, Generation, Interrupt, StopReason,
+};
 use crate::model::{Logits, Model, Session};
+use crate::sampler::{Sampler, SamplerConfig};
+use crate::tokenizer::Tokenizer;
 
 /// What to measure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +77,15 @@ pub struct BenchResult {
     pub tok_s_stddev: f64,
     /// Every repetition, in order.
     pub samples: Vec<f64>,
+    /// Speculative tests: guesses accepted over guesses made, over all repetitions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acceptance: Option<f64>,
+    /// Speculative tests: tokens generated per pass of the model, over all repetitions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_pass: Option<f64>,
+    /// Speculative tests: the median rate over the plain runs' median, same repetitions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speedup: Option<f64>,
 }
 
 /// Deterministic, varied token ids (no tokenizer needed): `i·7919 + 13 mod vocab`.
@@ -204,7 +223,150 @@ fn measure(
         tok_s_max: max,
         tok_s_stddev: stddev,
         samples,
+        acceptance: None,
+        tokens_per_pass: None,
+        speedup: None,
     }))
+}
+
+/// Makes a draft for a model's session ([`crate::Session::alongside`] it).
+pub type DraftMaker<'d> = dyn FnMut(&Session<'_>) -> Result<Draft<'d>> + 'd;
+
+/// The speculative test's prompt and guesser.
+pub struct SpecTest<'a, 'd> {
+    /// The prompt's tokens (a rendered chat turn, or plain text).
+    pub prompt: &'a [u32],
+    /// The model's tokenizer.
+    pub tokenizer: &'a Tokenizer,
+    /// Prompt lookup's guesses per pass, when there is no draft.
+    pub lookup: usize,
+    /// Makes a fresh draft for each speculative run (its cache and adaptive length start
+    /// anew, as for a new `generate`).
+    pub draft: Option<&'a mut DraftMaker<'d>>,
+    /// How the results name the speculative runs (`lookup 8`, `draft small.kiln`).
+    pub label: String,
+}
+
+impl std::fmt::Debug for SpecTest<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpecTest")
+            .field("prompt", &self.prompt.len())
+            .field("lookup", &self.lookup)
+            .field("draft", &self.draft.is_some())
+            .field("label", &self.label)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Greedy generation of `opts.gen_tokens` tokens at most from `test.prompt` (stopping at an
+/// end-of-sequence token, as text does), plain and speculative in turn, `opts.reps` times
+/// after one unmeasured pair: two results, `tgN text` and `tgN text, LABEL`, whose rates count
+/// every generated token over the decode time (drafting and checking included). Fails if the
+/// two ever generate different tokens. Empty when interrupted.
+pub fn speculative(
+    session: &mut Session<'_>,
+    test: &mut SpecTest<'_, '_>,
+    opts: &BenchOptions,
+) -> Result<Vec<BenchResult>> {
+    if opts.reps == 0 {
+        return Err(RunnerError::InvalidArgument {
+            arg: "-r",
+            reason: "at least one repetition is needed".into(),
+        });
+    }
+    if opts.gen_tokens == 0 {
+        return Err(RunnerError::InvalidArgument {
+            arg: "-n",
+            reason: "the speculative test generates tokens: give -n 1 or more".into(),
+        });
+    }
+    let need = test.prompt.len() + opts.gen_tokens;
+    if need > session.ctx() {
+        return Err(RunnerError::ContextOverflow {
+            tokens: need,
+            ctx: session.ctx(),
+            max_ctx: session.model().config.max_position_embeddings,
+        });
+    }
+    let run = |s: &mut Session<'_>, t: &mut SpecTest<'_, '_>, spec: bool| {
+        s.reset();
+        let gen = GenerateOptions {
+            max_tokens: opts.gen_tokens,
+            ignore_eos: false,
+            prefill_batch: opts.batch,
+            interrupt: opts.interrupt.clone(),
+            lookup: if spec { t.lookup } else { 0 },
+        };
+        let mut draft = match (&mut t.draft, spec) {
+            (Some(make), true) => Some(make(s)?),
+            _ => None,
+        };
+        let mut sampler = Sampler::new(SamplerConfig::default());
+        let g = generate_with_draft(
+            s,
+            draft.as_mut(),
+            t.tokenizer,
+            t.prompt,
+            &gen,
+            &mut sampler,
+            &mut |_| Ok(()),
+        )?;
+        Ok::<_, RunnerError>((g.stop != StopReason::Interrupted).then_some(g))
+    };
+    let mut plain: Vec<Generation> = Vec::with_capacity(opts.reps);
+    let mut spec: Vec<Generation> = Vec::with_capacity(opts.reps);
+    for rep in 0..=opts.reps {
+        let (Some(a), Some(b)) = (run(session, test, false)?, run(session, test, true)?) else {
+            session.reset();
+            return Ok(Vec::new());
+        };
+        if let Some(at) = a.tokens.iter().zip(&b.tokens).position(|(x, y)| x != y) {
+            return Err(RunnerError::SpeculativeMismatch {
+                label: test.label.clone(),
+                at,
+                plain: a.tokens[at],
+                speculative: b.tokens[at],
+            });
+        }
+        if rep > 0 || !opts.warmup {
+            plain.push(a);
+            spec.push(b);
+        }
+    }
+    session.reset();
+    let result = |name: String, runs: &[Generation]| {
+        let samples: Vec<f64> = runs.iter().map(|g| g.stats.decode_tok_s()).collect();
+        let (median, min, max, stddev) = summarize(&samples);
+        BenchResult {
+            test: name,
+            n_tokens: runs.last().map_or(0, |g| g.stats.generated_tokens),
+            n_depth: 0,
+            n_batch: opts.batch,
+            threads: session.threads(),
+            tok_s: median,
+            tok_s_min: min,
+            tok_s_max: max,
+            tok_s_stddev: stddev,
+            samples,
+            acceptance: None,
+            tokens_per_pass: None,
+            speedup: None,
+        }
+    };
+    let base = format!("tg{} text", opts.gen_tokens);
+    let p = result(base.clone(), &plain);
+    let mut s = result(format!("{base}, {}", test.label), &spec);
+    let sum = |f: fn(&Generation) -> usize| spec.iter().map(f).sum::<usize>() as f64;
+    let drafted = sum(|g| g.stats.drafted_tokens);
+    s.acceptance = Some(if drafted > 0.0 {
+        sum(|g| g.stats.accepted_tokens) / drafted
+    } else {
+        0.0
+    });
+    s.tokens_per_pass =
+        Some(sum(|g| g.stats.decoded_tokens) / sum(|g| g.stats.decode_steps).max(1.0));
+    s.speedup = Some(s.tok_s / p.tok_s.max(1e-12));
+    Ok(vec![p, s])
 }
 
 /// The matrices of one shape and encoding in a model, and the path

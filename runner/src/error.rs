@@ -122,6 +122,17 @@ pub enum RunnerError {
     #[error("template variable `{name}`: {reason}")]
     TemplateVar { name: String, reason: String },
     /// A command-line value out of range.
+    #[error(
+        "{label}: generated token {at} is {plain} plainly but {speculative} speculatively; \
+         speculative decoding must not change greedy output (a bug)"
+    )]
+    SpeculativeMismatch {
+        label: String,
+        at: usize,
+        plain: u32,
+        speculative: u32,
+    },
+
     #[error("invalid value for {arg}: {reason}")]
     InvalidArgument { arg: &'static str, reason: String },
     /// A token id outside the vocabulary.

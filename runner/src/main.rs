@@ -18,7 +18,10 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use kiln_format::{ExitStatus, KilnFile};
-use kiln_runner::bench::{bench, matrix_paths, BenchOptions, BenchResult};
+use kiln_runner::bench::{
+    bench, matrix_paths, speculative as speculative_test, BenchOptions, BenchResult, DraftMaker,
+    SpecTest,
+};
 use kiln_runner::draft::{Draft, DraftOptions};
 use kiln_runner::generate::{generate_with_draft, DEFAULT_PREFILL_BATCH};
 use kiln_runner::serve::engine::{self, EngineOptions};
@@ -340,6 +343,16 @@ struct BenchArgs {
     /// running.
     #[arg(long)]
     no_verify: bool,
+    /// With --lookup or --draft: a text prompt whose greedy continuation (-n tokens at most)
+    /// is generated plainly and speculatively in turn, reporting both rates, the guesses'
+    /// acceptance, tokens per pass and the speedup.
+    #[arg(short = 'f', long, value_name = "FILE")]
+    file: Option<PathBuf>,
+    /// Render -f's text as a user turn through the model's chat template.
+    #[arg(long, requires = "file")]
+    chat: bool,
+    #[command(flatten)]
+    speculative: SpeculativeArgs,
 }
 
 fn main() -> ExitCode {
@@ -377,6 +390,10 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitStatus::Success.into(),
         Err(e) if e.is_broken_pipe() => ExitStatus::Success.into(),
+        Err(e @ RunnerError::SpeculativeMismatch { .. }) => {
+            eprintln!("kiln-run: error: {e}");
+            ExitStatus::VerificationFailed.into()
+        }
         Err(e) => {
             eprintln!("kiln-run: error: {e}");
             ExitStatus::Error.into()
@@ -565,10 +582,10 @@ fn load(file: &KilnFile) -> Result<Loaded<'_>> {
 }
 
 /// The `--draft` file, opened and verified as the model is.
-fn open_draft(spec: &SpeculativeArgs, run: &RunArgs) -> Result<Option<KilnFile>> {
+fn open_draft(spec: &SpeculativeArgs, no_verify: bool) -> Result<Option<KilnFile>> {
     spec.draft
         .as_deref()
-        .map(|p| open_model_verified(p, !run.no_verify))
+        .map(|p| open_model_verified(p, !no_verify))
         .transpose()
 }
 
@@ -577,7 +594,7 @@ fn open_draft(spec: &SpeculativeArgs, run: &RunArgs) -> Result<Option<KilnFile>>
 fn make_draft<'d>(
     loaded: Option<&'d Loaded<'d>>,
     spec: &SpeculativeArgs,
-    run: &RunArgs,
+    (cache_type, swa_full): (CacheType, bool),
     target: &Loaded<'_>,
     target_session: &Session<'_>,
     prefill_batch: usize,
@@ -588,8 +605,7 @@ fn make_draft<'d>(
     let ctx = target_session
         .ctx()
         .min(loaded.model.config.max_position_embeddings.max(1));
-    let sess =
-        target_session.alongside(&loaded.model, ctx, run.cache_type, sliding(run.swa_full))?;
+    let sess = target_session.alongside(&loaded.model, ctx, cache_type, sliding(swa_full))?;
     Draft::new(
         sess,
         &loaded.tokenizer,
@@ -664,12 +680,12 @@ fn cmd_generate(a: GenerateArgs, interrupt: &Interrupt) -> Result<()> {
     let file = open_model_verified(&a.run.model, !a.run.no_verify)?;
     let m = load(&file)?;
     let mut sess = session(&m.model, &a.run, threads)?;
-    let draft_file = open_draft(&a.speculative, &a.run)?;
+    let draft_file = open_draft(&a.speculative, a.run.no_verify)?;
     let draft_loaded = draft_file.as_ref().map(load).transpose()?;
     let mut draft = make_draft(
         draft_loaded.as_ref(),
         &a.speculative,
-        &a.run,
+        (a.run.cache_type, a.run.swa_full),
         &m,
         &sess,
         a.batch_size as usize,
@@ -754,12 +770,12 @@ fn cmd_chat(a: ChatArgs, interrupt: &Interrupt) -> Result<()> {
     let m = load(&file)?;
     let template = isolated_template(&file)?.with_vars(vars);
     let mut sess = session(&m.model, &a.run, threads)?;
-    let draft_file = open_draft(&a.speculative, &a.run)?;
+    let draft_file = open_draft(&a.speculative, a.run.no_verify)?;
     let draft_loaded = draft_file.as_ref().map(load).transpose()?;
     let mut draft = make_draft(
         draft_loaded.as_ref(),
         &a.speculative,
-        &a.run,
+        (a.run.cache_type, a.run.swa_full),
         &m,
         &sess,
         a.batch_size as usize,
@@ -859,17 +875,51 @@ fn cmd_bench(a: BenchArgs, interrupt: &Interrupt) -> Result<()> {
             .map(|&t| threads_arg(Some(t)))
             .collect::<Result<_>>()?
     };
+    let speculative = a.speculative.lookup > 0 || a.speculative.draft.is_some();
+    if speculative != a.file.is_some() {
+        return Err(RunnerError::InvalidArgument {
+            arg: if speculative {
+                "--lookup/--draft"
+            } else {
+                "-f"
+            },
+            reason: "the speculative test needs both a text prompt (-f FILE) and a way to \
+                     guess (--lookup N or --draft DRAFT.kiln)"
+                .into(),
+        });
+    }
     let t0 = Instant::now();
     let file = open_model_verified(&a.model, !a.no_verify)?;
-    let model = Model::load(&file)?;
+    let loaded = load(&file)?;
+    let model = &loaded.model;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let prompt: Vec<u32> = match &a.file {
+        Some(f) => {
+            let text = prompt_text(None, Some(f))?;
+            let ids = if a.chat {
+                let template = isolated_template(&file)?;
+                let rendered = Conversation::new(&template, None).prompt_for(&text)?;
+                loaded.tokenizer.encode_rendered(&rendered)?
+            } else {
+                loaded.tokenizer.encode(&text)?
+            };
+            if ids.is_empty() {
+                return Err(RunnerError::EmptyPrompt);
+            }
+            ids
+        }
+        None => Vec::new(),
+    };
+    let draft_file = open_draft(&a.speculative, a.no_verify)?;
+    let draft_loaded = draft_file.as_ref().map(load).transpose()?;
     let depth_max = a.depth.iter().copied().max().unwrap_or(0);
     let ctx = depth_max
         .checked_add(a.n_prompt.max(a.n_gen).max(1))
         .ok_or(RunnerError::InvalidArgument {
             arg: "--depth",
             reason: "too large".into(),
-        })?;
+        })?
+        .max(prompt.len().saturating_add(a.n_gen));
     let mut results: Vec<BenchResult> = Vec::new();
     'threads: for &t in &threads {
         let mut sess = model.session_sliding(ctx, t, a.cache_type, sliding(a.swa_full))?;
@@ -889,11 +939,55 @@ fn cmd_bench(a: BenchArgs, interrupt: &Interrupt) -> Result<()> {
                 break 'threads;
             }
         }
+        if speculative {
+            let opts = BenchOptions {
+                prompt_tokens: 0,
+                gen_tokens: a.n_gen,
+                reps: a.repetitions,
+                warmup: true,
+                depth: 0,
+                batch: a.batch_size,
+                interrupt: Some(interrupt.clone()),
+            };
+            let mut make = |target: &Session<'_>| {
+                make_draft(
+                    draft_loaded.as_ref(),
+                    &a.speculative,
+                    (a.cache_type, a.swa_full),
+                    &loaded,
+                    target,
+                    a.batch_size,
+                )
+                .map(|d| d.expect("--draft was given"))
+            };
+            let label = match &a.speculative.draft {
+                Some(d) => format!(
+                    "draft {}",
+                    d.file_name().map_or(d.display().to_string(), |n| n
+                        .to_string_lossy()
+                        .into_owned())
+                ),
+                None => format!("lookup {}", a.speculative.lookup),
+            };
+            let mut test = SpecTest {
+                prompt: &prompt,
+                tokenizer: &loaded.tokenizer,
+                lookup: usize::from(a.speculative.lookup),
+                draft: draft_loaded
+                    .is_some()
+                    .then_some(&mut make as &mut DraftMaker<'_>),
+                label,
+            };
+            results.extend(speculative_test(&mut sess, &mut test, &opts)?);
+            if interrupt.is_raised() {
+                break 'threads;
+            }
+        }
     }
     let weights = weight_summary(&file);
     let paths = a.verbose.then(|| {
         let prefill = a.n_prompt.min(a.batch_size).max(1);
-        matrix_paths(&model, kiln_kernels::active(), prefill)
+        matrix_paths(model, kiln_kernels::active(), prefill)
     });
     let mut out = std::io::stdout();
     let w = |e| RunnerError::io("writing to stdout", e);
@@ -935,6 +1029,27 @@ fn cmd_bench(a: BenchArgs, interrupt: &Interrupt) -> Result<()> {
                 r.tok_s_stddev,
                 r.tok_s_min,
                 r.tok_s_max
+            )
+            .map_err(w)?;
+        }
+        let spec: Vec<&BenchResult> = results.iter().filter(|r| r.speedup.is_some()).collect();
+        if !spec.is_empty() {
+            writeln!(
+                out,
+                "\n| threads | test | guesses accepted | tokens per pass | speedup |"
+            )
+            .map_err(w)?;
+            writeln!(out, "|--:|---|--:|--:|--:|").map_err(w)?;
+        }
+        for r in spec {
+            writeln!(
+                out,
+                "| {} | {} | {:.1}% | {:.2} | {:.2}× |",
+                r.threads,
+                r.test,
+                100.0 * r.acceptance.unwrap_or(0.0),
+                r.tokens_per_pass.unwrap_or(0.0),
+                r.speedup.unwrap_or(0.0)
             )
             .map_err(w)?;
         }

@@ -267,6 +267,60 @@ fn bench_json_names_tests_like_llama_bench() {
     assert!(String::from_utf8_lossy(&table.stdout).contains("| pp8 |"));
 }
 
+/// `bench -f PROMPT --lookup N` / `--draft D`: plain and speculative greedy generation of
+/// the prompt's continuation, with acceptance, tokens per pass and speedup on the
+/// speculative row; either half alone is bad input.
+#[test]
+fn bench_measures_speculative_decoding_on_a_text_prompt() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny(tmp.path());
+    let copy = convert(
+        &root().join("fixtures/tiny/llama-tied-f32"),
+        tmp.path(),
+        Some(kiln_format::DType::F16),
+    );
+    let prompt = tmp.path().join("prompt.txt");
+    std::fs::write(&prompt, "one two three one two three one two").unwrap();
+    let p = prompt.to_str().unwrap();
+    for (how, label) in [
+        (vec!["--lookup", "4"], "lookup 4".to_string()),
+        (
+            vec!["--draft", copy.to_str().unwrap(), "--draft-p-min", "0"],
+            format!("draft {}", copy.file_name().unwrap().to_string_lossy()),
+        ),
+    ] {
+        let mut args = vec!["-p", "0", "-n", "12", "-r", "2", "-t", "1", "-f", p];
+        args.extend_from_slice(&how);
+        let results = bench_json(&m, &args);
+        let names: Vec<String> = results
+            .iter()
+            .map(|r| r["test"].as_str().unwrap().to_string())
+            .collect();
+        let want = [
+            "tg12".to_string(),
+            "tg12 text".into(),
+            format!("tg12 text, {label}"),
+        ];
+        assert_eq!(names, want);
+        let (plain, spec) = (&results[1], &results[2]);
+        assert!(plain.get("speedup").is_none(), "{plain}");
+        assert_eq!(plain["samples"].as_array().unwrap().len(), 2);
+        let acceptance = spec["acceptance"].as_f64().unwrap();
+        assert!(acceptance > 0.0 && acceptance <= 1.0, "{spec}");
+        assert!(spec["tokens_per_pass"].as_f64().unwrap() > 1.0, "{spec}");
+        let ratio = spec["tok_s"].as_f64().unwrap() / plain["tok_s"].as_f64().unwrap();
+        assert!(
+            (spec["speedup"].as_f64().unwrap() - ratio).abs() < 1e-9,
+            "{spec}"
+        );
+    }
+    let mp = m.to_str().unwrap();
+    let o = kiln_run(&["bench", mp, "-n", "4", "-r", "1", "--lookup", "4"]);
+    assert_fails(&o, FAILURE, &["-f FILE"]);
+    let o = kiln_run(&["bench", mp, "-n", "4", "-r", "1", "-f", p]);
+    assert_fails(&o, FAILURE, &["--lookup"]);
+}
+
 /// `-b`: a prompt longer than the batch runs in several forward passes (reported as
 /// `n_batch`); a batch of zero tokens is bad input naming the option.
 #[test]
