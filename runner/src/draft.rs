@@ -97,6 +97,21 @@ impl std::fmt::Debug for Draft<'_> {
     }
 }
 
+/// Refuse a draft whose vocabulary is not the target's, id for id, naming the first id that
+/// differs.
+pub fn same_vocabulary(draft: &Tokenizer, target: &Tokenizer) -> Result<()> {
+    match draft.vocabulary_difference(target) {
+        None => Ok(()),
+        Some(why) => Err(RunnerError::InvalidArgument {
+            arg: "--draft",
+            reason: format!(
+                "the draft model's vocabulary is not the model's ({why}); a draft must share \
+                 the target's tokenizer"
+            ),
+        }),
+    }
+}
+
 impl<'d> Draft<'d> {
     /// A draft over `session`, for a target whose tokenizer is `target` and whose logits have
     /// `target_vocab` entries. The vocabularies must be the same, id for id: otherwise the
@@ -108,15 +123,7 @@ impl<'d> Draft<'d> {
         target_vocab: usize,
         opts: DraftOptions,
     ) -> Result<Draft<'d>> {
-        if let Some(why) = draft.vocabulary_difference(target) {
-            return Err(RunnerError::InvalidArgument {
-                arg: "--draft",
-                reason: format!(
-                    "the draft model's vocabulary is not the model's ({why}); a draft must \
-                     share the target's tokenizer"
-                ),
-            });
-        }
+        same_vocabulary(draft, target)?;
         if opts.max == 0 || opts.min > opts.max {
             return Err(RunnerError::InvalidArgument {
                 arg: "--draft-min",
@@ -303,7 +310,7 @@ fn line(fit: [f64; 5]) -> (f64, f64) {
 }
 
 /// The id with the largest logit and its probability under the softmax.
-fn most_likely(logits: &[f32]) -> (u32, f32) {
+pub(crate) fn most_likely(logits: &[f32]) -> (u32, f32) {
     let mut best = 0;
     for (i, &l) in logits.iter().enumerate() {
         if l > logits[best] {

@@ -22,9 +22,9 @@ use kiln_runner::bench::{
     bench, matrix_paths, speculative as speculative_test, BenchOptions, BenchResult, DraftMaker,
     SpecTest,
 };
-use kiln_runner::draft::{Draft, DraftOptions};
+use kiln_runner::draft::{same_vocabulary, Draft, DraftOptions};
 use kiln_runner::generate::{generate_with_draft, DEFAULT_PREFILL_BATCH};
-use kiln_runner::serve::engine::{self, EngineOptions};
+use kiln_runner::serve::engine::{self, EngineDraft, EngineOptions};
 use kiln_runner::serve::front::{self, FrontConfig, FrontModel};
 use kiln_runner::serve::grammar::Grammars;
 use kiln_runner::serve::prompt_cache::Reuse;
@@ -128,12 +128,10 @@ struct ServeArgs {
     #[arg(short = 'b', long = "batch-size", default_value_t = DEFAULT_PREFILL_BATCH as u32,
           value_parser = clap::value_parser!(u32).range(1..))]
     batch_size: u32,
-    /// Speculative decoding by prompt lookup: each sequence guesses up to N tokens per step
-    /// from what followed its last few tokens earlier in its prompt or output, checked in the
-    /// same batched pass (0: off); output unchanged, as with `generate --lookup`.
-    #[arg(long, value_name = "N", default_value_t = 0,
-          value_parser = clap::value_parser!(u16).range(0..=64))]
-    lookup: u16,
+    /// Speculative decoding (each sequence's guesses checked in the batched pass; output
+    /// unchanged): --lookup or --draft, as for `generate`.
+    #[command(flatten)]
+    speculative: SpeculativeArgs,
     /// Set a variable the chat template reads, as transformers' `apply_chat_template(**kwargs)`
     /// does (NAME=VALUE, VALUE as JSON or a plain string).
     #[arg(long = "template-var", value_name = "NAME=VALUE")]
@@ -1194,11 +1192,55 @@ fn cmd_serve(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
         prefill_batch: a.batch_size as usize,
         cache_bytes: a.cache_mb.saturating_mul(1 << 20),
         reuse: a.cache_reuse,
-        lookup: usize::from(a.lookup),
+        lookup: usize::from(a.speculative.lookup),
+    };
+    let draft_file = open_draft(&a.speculative, a.run.no_verify)?;
+    let draft_loaded = draft_file.as_ref().map(load).transpose()?;
+    let mut draft = match &draft_loaded {
+        Some(d) => {
+            same_vocabulary(&d.tokenizer, &m.tokenizer)?;
+            if a.speculative.draft_min > a.speculative.draft_max {
+                return Err(RunnerError::InvalidArgument {
+                    arg: "--draft-min",
+                    reason: format!(
+                        "must be at most --draft-max (got {} and {})",
+                        a.speculative.draft_min, a.speculative.draft_max
+                    ),
+                });
+            }
+            if !(0.0..=1.0).contains(&a.speculative.draft_p_min) {
+                return Err(RunnerError::InvalidArgument {
+                    arg: "--draft-p-min",
+                    reason: format!(
+                        "must be between 0 and 1 (got {})",
+                        a.speculative.draft_p_min
+                    ),
+                });
+            }
+            let dctx = ctx.min(d.model.config.max_position_embeddings.max(1));
+            Some(EngineDraft {
+                compute: compute.alongside(
+                    &d.model,
+                    dctx,
+                    a.run.cache_type,
+                    sliding(a.run.swa_full),
+                )?,
+                max: usize::from(a.speculative.draft_max),
+                min: usize::from(a.speculative.draft_min),
+                p_min: a.speculative.draft_p_min,
+                target_vocab: vocab,
+            })
+        }
+        None => None,
     };
     let (handle, jobs) = engine::queue(opts.parallel, usize::from(a.queue));
+    let guessing = match (&draft_file, opts.lookup) {
+        (Some(d), _) => format!(", draft {}", d.label()),
+        (None, n) if n > 0 => format!(", prompt lookup of {n} tokens"),
+        _ => String::new(),
+    };
     eprintln!(
-        "kiln-run serve: {} ({}), {} sequences of {ctx} tokens, {} threads, {} KV cache",
+        "kiln-run serve: {} ({}), {} sequences of {ctx} tokens, {} threads, {} KV cache{guessing}",
         file.label(),
         weight_summary(&file),
         opts.parallel,
@@ -1212,7 +1254,10 @@ fn cmd_serve(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
         let (tokenizer, stop) = (&m.tokenizer, engine_stop.clone());
         let compute = &mut compute;
         let opts = &opts;
-        scope.spawn(move || engine::run(compute, tokenizer, jobs, &engine_handle, opts, &stop));
+        let draft = draft.as_mut();
+        scope.spawn(move || {
+            engine::run(compute, draft, tokenizer, jobs, &engine_handle, opts, &stop)
+        });
         let served = front::serve(listener, &cfg, &front_model, &handle, interrupt);
         engine_stop.raise(1);
         served

@@ -301,6 +301,18 @@ impl<'m> Compute<'m> {
         })
     }
 
+    /// A compute for another model (a draft) on this one's threads, as
+    /// [`Session::alongside`].
+    pub fn alongside<'d>(
+        &self,
+        model: &'d Model<'d>,
+        ctx: usize,
+        cache: CacheType,
+        sliding: SlidingCache,
+    ) -> Result<Compute<'d>> {
+        Compute::with_pool(model, ctx, Arc::clone(&self.pool), cache, sliding)
+    }
+
     /// An empty sequence: a KV cache for the context (its memory is touched as it fills).
     pub fn sequence(&self) -> Result<Sequence> {
         let c = &self.model.config;
@@ -389,10 +401,16 @@ impl<'m> Compute<'m> {
     }
 
     /// Several sequences' tokens in one pass, `inputs[i]` going to `seqs[i]` (a decoding
-    /// step where some sequences also check guesses): every row of logits, in order, each
-    /// bit for bit what [`Compute::forward`] of its token alone gives after the tokens before
-    /// it went in one at a time ([`Compute::verify`] for several sequences).
-    pub fn decode_rows(&mut self, seqs: &mut [&mut Sequence], inputs: &[&[u32]]) -> Result<&[f32]> {
+    /// step where some sequences also check guesses): with [`Logits::All`] every row of
+    /// logits, in order, each bit for bit what [`Compute::forward`] of its token alone gives
+    /// after the tokens before it went in one at a time ([`Compute::verify`] for several
+    /// sequences); with [`Logits::Last`] each sequence's last row.
+    pub fn decode_rows(
+        &mut self,
+        seqs: &mut [&mut Sequence],
+        inputs: &[&[u32]],
+        which: Logits,
+    ) -> Result<&[f32]> {
         if seqs.len() != inputs.len() {
             return Err(RunnerError::InvalidArgument {
                 arg: "decode",
@@ -405,7 +423,7 @@ impl<'m> Compute<'m> {
             .zip(inputs)
             .map(|(seq, tokens)| Segment { seq, tokens })
             .collect();
-        pool.install(move || self.run(&mut segs, Logits::All, None, true))
+        pool.install(move || self.run(&mut segs, which, None, true))
     }
 
     /// The forward pass over `segs` (one sequence's prompt, or tokens of several sequences),
@@ -724,8 +742,7 @@ impl<'m> Session<'m> {
         cache: CacheType,
         sliding: SlidingCache,
     ) -> Result<Session<'d>> {
-        let pool = Arc::clone(&self.compute.pool);
-        let compute = Compute::with_pool(model, ctx, pool, cache, sliding)?;
+        let compute = self.compute.alongside(model, ctx, cache, sliding)?;
         let seq = compute.sequence()?;
         Ok(Session { compute, seq })
     }

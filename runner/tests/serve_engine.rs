@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use kiln_format::{DType, KilnFile};
-use kiln_runner::serve::engine::{self, EngineHandle, EngineOptions, SubmitError};
+use kiln_runner::serve::engine::{self, EngineDraft, EngineHandle, EngineOptions, SubmitError};
 use kiln_runner::serve::job::{Event, Finish, Job, TokenInfo, Usage};
 use kiln_runner::serve::prompt_cache::Reuse;
 use kiln_runner::{
@@ -102,25 +102,40 @@ fn with_engine(opts: EngineOptions, body: impl FnOnce(&EngineHandle, &Tokenizer,
         tmp.path(),
         Some(DType::F32),
     );
-    run_on(&path, opts, body);
+    run_on(&path, None, opts, body);
 }
 
+/// Run `body` against an engine over the model at `path`, with `draft` as its draft model
+/// (`--draft-max 6`, `--draft-min 2`, `--draft-p-min 0`: it always proposes) when given.
 fn run_on(
     path: &Path,
+    draft: Option<&Path>,
     opts: EngineOptions,
     body: impl FnOnce(&EngineHandle, &Tokenizer, &Model<'_>),
 ) {
     let f = KilnFile::open(path).unwrap();
     let model = Model::load(&f).unwrap();
     let tok = Tokenizer::from_file(&f).unwrap();
+    let draft_file = draft.map(|p| KilnFile::open(p).unwrap());
+    let draft_model = draft_file.as_ref().map(|f| Model::load(f).unwrap());
     let (handle, jobs) = engine::queue(opts.parallel, 16);
     let stop = Interrupt::new();
     std::thread::scope(|scope| {
         let (h, t, m, s) = (handle.clone(), &tok, &model, stop.clone());
+        let dm = draft_model.as_ref();
         scope.spawn(move || {
             let mut compute =
                 Compute::new(m, CTX, 2, CacheType::F16, SlidingCache::default()).unwrap();
-            engine::run(&mut compute, t, jobs, &h, &opts, &s);
+            let mut draft = dm.map(|dm| EngineDraft {
+                compute: compute
+                    .alongside(dm, CTX, CacheType::F16, SlidingCache::default())
+                    .unwrap(),
+                max: 6,
+                min: 2,
+                p_min: 0.0,
+                target_vocab: m.config.vocab,
+            });
+            engine::run(&mut compute, draft.as_mut(), t, jobs, &h, &opts, &s);
         });
         // Stops the engine even when `body` panics, so that the scope can end.
         struct Raise(Interrupt);
@@ -162,12 +177,13 @@ fn prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
     .collect()
 }
 
-/// Prompt lookup's guesses, checked in the batched pass beside other sequences, change no
-/// token, text, log-probability or finish: against an engine without lookup, for jobs that
-/// run into the context, stop on a string or ask for log-probabilities, and for a second
-/// turn that reuses a first one's cache (which must hold no rejected guess).
+/// Guesses, from prompt lookup or from a draft model (an F16 copy), checked in the batched
+/// pass beside other sequences, change no token, text, log-probability or finish: against an
+/// engine without them, for jobs that run into the context, stop on a string or ask for
+/// log-probabilities, and for a second turn that reuses a first one's cache (which must hold
+/// no rejected guess).
 #[test]
-fn lookup_guesses_change_nothing() {
+fn guesses_change_nothing() {
     let prompts_of = |tok: &Tokenizer| {
         let mut p = prompts(tok);
         p.push(
@@ -186,7 +202,14 @@ fn lookup_guesses_change_nothing() {
             _ => (48, Vec::new(), None),
         }
     };
-    let run = |lookup: usize| -> (Vec<Output>, Output) {
+    let tmp = tempfile::tempdir().unwrap();
+    let fixture = root().join("fixtures/tiny/qwen2-bias-f32");
+    let target = convert(&fixture, tmp.path(), Some(DType::F32));
+    let draft_dir = tmp.path().join("draft");
+    std::fs::create_dir(&draft_dir).unwrap();
+    let copy = convert(&fixture, &draft_dir, Some(DType::F16));
+    let other = convert(&root().join("fixtures/tiny/qwen3-f32"), tmp.path(), None);
+    let run = |lookup: usize, draft: Option<&Path>| -> (Vec<Output>, Output) {
         let mut outs = Vec::new();
         let mut second = None;
         let opts = EngineOptions {
@@ -194,7 +217,7 @@ fn lookup_guesses_change_nothing() {
             reuse: Reuse::Prefix,
             ..options(4, 64)
         };
-        with_engine(opts, |engine, tok, _| {
+        run_on(&target, draft, opts, |engine, tok, _| {
             let prompts = prompts_of(tok);
             let rxs: Vec<_> = prompts
                 .iter()
@@ -220,8 +243,10 @@ fn lookup_guesses_change_nothing() {
         });
         (outs, second.unwrap())
     };
-    let (plain, plain_second) = run(0);
-    let (guessed, guessed_second) = run(8);
+    let (plain, plain_second) = run(0, None);
+    let (looked, looked_second) = run(8, None);
+    let (copied, copied_second) = run(0, Some(&copy));
+    let (othered, othered_second) = run(0, Some(&other));
     let key = |o: &Output| {
         // Each token: id, log-probability's bits, the top alternatives and their bits.
         type Bits = (u32, u32, Vec<(u32, u32)>);
@@ -235,21 +260,35 @@ fn lookup_guesses_change_nothing() {
             .collect();
         (t, o.text.clone(), o.finish, o.usage)
     };
-    for (i, (a, b)) in plain.iter().zip(&guessed).enumerate() {
-        assert_eq!(key(a), key(b), "job {i}");
-        assert_eq!(a.guessed, 0);
-    }
     assert_eq!(plain[0].finish, Finish::Length);
     assert!(plain[0].usage.prompt_tokens + plain[0].usage.completion_tokens >= CTX - 1);
     assert!(plain[5].tokens.iter().all(|t| t.top.len() == 3));
-    assert_eq!(key(&plain_second), key(&guessed_second));
-    assert!(
-        guessed_second.usage.cached_tokens > 0,
-        "the second turn reused the first"
-    );
-    let made: usize = guessed.iter().map(|o| o.guessed).sum();
-    let kept: usize = guessed.iter().map(|o| o.accepted).sum();
-    assert!(kept > 0 && kept < made, "{kept} of {made} guesses accepted");
+    assert!(plain.iter().all(|o| o.guessed == 0));
+    let mut counts = Vec::new();
+    for (how, guessed, second) in [
+        ("lookup", &looked, &looked_second),
+        ("the F16 copy as draft", &copied, &copied_second),
+        ("another model as draft", &othered, &othered_second),
+    ] {
+        for (i, (a, b)) in plain.iter().zip(guessed).enumerate() {
+            assert_eq!(key(a), key(b), "{how}: job {i}");
+        }
+        assert_eq!(key(&plain_second), key(second), "{how}: second turn");
+        assert!(
+            second.usage.cached_tokens > 0,
+            "the second turn reused the first"
+        );
+        let made: usize = guessed.iter().map(|o| o.guessed).sum();
+        let kept: usize = guessed.iter().map(|o| o.accepted).sum();
+        counts.push((how, kept, made));
+    }
+    // Guesses were made and both kept and rejected, by lookup and by the drafts together.
+    let (lookup_kept, lookup_made) = (counts[0].1, counts[0].2);
+    assert!(lookup_kept > 0 && lookup_kept < lookup_made, "{counts:?}");
+    let kept: usize = counts[1..].iter().map(|c| c.1).sum();
+    let made: usize = counts[1..].iter().map(|c| c.2).sum();
+    assert!(counts[1..].iter().all(|c| c.2 > 0), "{counts:?}");
+    assert!(kept > 0 && kept < made, "{counts:?}");
 }
 
 #[test]

@@ -5,8 +5,9 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::draft::most_likely;
 use crate::generate::Interrupt;
-use crate::model::{Compute, Logits, Sequence};
+use crate::model::{common_prefix, Compute, Logits, Sequence};
 use crate::sampler::Sampler;
 use crate::serve::job::{Event, Finish, Job, Timings, TokenInfo, Usage};
 use crate::serve::prompt_cache::{PromptCache, Reuse};
@@ -123,10 +124,41 @@ pub struct EngineOptions {
     pub lookup: usize,
 }
 
+/// A draft model for the engine (`serve --draft`): its compute, on the model's threads
+/// ([`Compute::alongside`]), proposes the guesses instead of prompt lookup, each sequence
+/// keeping its own draft sequence beside its own.
+pub struct EngineDraft<'d> {
+    /// The draft model's compute.
+    pub compute: Compute<'d>,
+    /// Most tokens proposed per sequence and step (`--draft-max`).
+    pub max: usize,
+    /// Fewest tokens aimed for, however few get accepted (`--draft-min`).
+    pub min: usize,
+    /// Proposing stops where the draft gives its next token less than this probability
+    /// (`--draft-p-min`).
+    pub p_min: f32,
+    /// The model's vocabulary size: a draft id at or past it ends a proposal.
+    pub target_vocab: usize,
+}
+
+impl std::fmt::Debug for EngineDraft<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineDraft")
+            .field("max", &self.max)
+            .field("p_min", &self.p_min)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A job holding a sequence.
 struct Slot<'t> {
     job: Job,
     seq: Sequence,
+    /// The draft model's sequence for this job (with `--draft`): a prefix of `history`
+    /// and the guesses it last proposed.
+    draft_seq: Option<Sequence>,
+    /// Tokens to guess this step.
+    want: usize,
     /// Prompt tokens already in the cache (reused, then read).
     read: usize,
     /// Of those, reused from the prompt cache.
@@ -146,8 +178,10 @@ struct Slot<'t> {
     /// far ahead guessing pays ([`guess_len`]).
     agreed: f64,
     disagreed: f64,
-    /// Steps since the slot last guessed.
+    /// Steps since the slot last guessed, and the steps to wait before a probe (one guess
+    /// while guessing does not pay).
     idle: usize,
+    probe_every: usize,
     sampler: Sampler,
     /// Prompt and generated tokens (the penalties' window).
     history: Vec<u32>,
@@ -173,8 +207,10 @@ enum Outcome {
 /// The engine's loop: admit queued jobs into free slots, read one prompt chunk, decode every
 /// slot whose prompt is read in one batched step, and repeat until `stop` is raised (then every
 /// job still held or queued gets [`Event::Failed`]).
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     compute: &mut Compute<'_>,
+    mut draft: Option<&mut EngineDraft<'_>>,
     tokenizer: &Tokenizer,
     jobs: Receiver<Job>,
     handle: &EngineHandle,
@@ -185,6 +221,8 @@ pub fn run(
     let mut cache = PromptCache::new(opts.cache_bytes);
     let mut slots: Vec<Slot<'_>> = Vec::new();
     let vocab = compute.model().config.vocab;
+    // Seconds of a decoding pass and of a draft step, smoothed: what a draft's guess costs.
+    let (mut pass_s, mut draft_step_s) = (0.0f64, 0.0f64);
     let publish = |slots: &[Slot<'_>], cache: &PromptCache| {
         state.active.store(slots.len(), Ordering::SeqCst);
         state.cached.store(cache.len(), Ordering::SeqCst);
@@ -215,7 +253,7 @@ pub fn run(
             };
             let Some(job) = next else { break };
             state.queued.fetch_sub(1, Ordering::SeqCst);
-            match admit(compute, tokenizer, &mut cache, opts, job) {
+            match admit(compute, draft.as_deref(), tokenizer, &mut cache, opts, job) {
                 Ok(slot) => slots.push(slot),
                 Err((job, message)) => {
                     log_line(&job, &format!("refused: {message}"));
@@ -236,7 +274,19 @@ pub fn run(
             let t = Instant::now();
             let end = (s.read + opts.prefill_batch.max(1)).min(s.job.prompt.len());
             let chunk = &s.job.prompt[s.read..end];
-            match compute.forward(&mut s.seq, chunk, Logits::Last, None) {
+            let read = compute.forward(&mut s.seq, chunk, Logits::Last, None);
+            // The draft reads the prompt alongside, in chunks of the same size.
+            let draft_read = match (draft.as_deref_mut(), s.draft_seq.as_mut()) {
+                (Some(d), Some(ds)) if read.is_ok() => {
+                    catch_up(&mut d.compute, ds, &s.job.prompt[..end], opts.prefill_batch)
+                }
+                _ => Ok(()),
+            };
+            if let Err(e) = draft_read {
+                log_line(&s.job, &format!("the draft stops guessing: {e}"));
+                s.draft_seq = None;
+            }
+            match read {
                 Ok(l) => {
                     if end == s.job.prompt.len() {
                         s.logits = l.to_vec();
@@ -278,20 +328,67 @@ pub fn run(
             }
         }
         if !next.is_empty() {
-            // Each sequence's token, then its guesses (what followed the last n-gram before),
-            // as many as pay for their rows and its context and token budget leave room for.
-            let decoding = next.len();
+            // Each sequence's token, then its guesses (the draft's proposal, or what followed
+            // the last n-gram before), as many as pay for their rows and its context and token
+            // budget leave room for.
+            // A guess costs its row, and with a draft the draft's step: at worst one step for
+            // this sequence alone (the others stopped proposing), against a token's share of
+            // the pass, `pass_s / decoding` (both measured, smoothed).
+            let decoding = next.len() as f64;
+            let draft_cost = if pass_s > 0.0 {
+                decoding * draft_step_s / pass_s
+            } else {
+                0.0
+            };
+            let worth = row_worth(next.len()) + draft_cost;
+            let most = draft.as_deref().map_or(opts.lookup, |d| d.max);
+            for &(i, _) in &next {
+                let s = &mut slots[i];
+                let mut room = (s.seq.ctx() - s.seq.tokens().len() - 1)
+                    .min(s.job.max_tokens - s.generated - 1);
+                if let Some(ds) = &s.draft_seq {
+                    // The draft's cache holds the history and all but the last guess.
+                    room = room.min((ds.ctx() + 1).saturating_sub(s.history.len()));
+                }
+                let mut len = guess_len(s.agreed, s.disagreed, worth, most);
+                if len > 0 {
+                    s.probe_every = PROBE_EVERY;
+                } else if most > 0 && s.idle >= s.probe_every {
+                    // A probe; if the next step still finds no length that pays, the wait
+                    // doubles (a draft's probe costs its catching up with the text).
+                    len = 1;
+                    s.probe_every = (s.probe_every * 2).min(PROBE_MAX);
+                }
+                len = len.max(draft.as_deref().map_or(0, |d| d.min));
+                s.want = len.min(room);
+                s.guesses.clear();
+            }
+            match draft.as_deref_mut() {
+                Some(d) => {
+                    match propose(d, &mut slots, opts.prefill_batch) {
+                        Ok((0, _)) => {}
+                        Ok((steps, secs)) => {
+                            draft_step_s = smooth(draft_step_s, secs / steps as f64);
+                        }
+                        Err(e) => {
+                            // The draft's failure costs its guesses, not the requests.
+                            eprintln!("kiln-run serve: the draft proposed nothing this step: {e}");
+                            slots.iter_mut().for_each(|s| s.guesses.clear());
+                        }
+                    }
+                }
+                None => {
+                    for &(i, _) in &next {
+                        let s = &mut slots[i];
+                        s.guesses = crate::lookup::guess(&s.history, s.want);
+                    }
+                }
+            }
             let inputs: Vec<Vec<u32>> = next
                 .iter()
                 .map(|&(i, id)| {
                     let s = &mut slots[i];
-                    let room = (s.seq.ctx() - s.seq.tokens().len() - 1)
-                        .min(s.job.max_tokens - s.generated - 1);
-                    let mut len = guess_len(s.agreed, s.disagreed, decoding, opts.lookup);
-                    if len == 0 && opts.lookup > 0 && s.idle >= PROBE_EVERY {
-                        len = 1;
-                    }
-                    s.guesses = crate::lookup::guess(&s.history, len.min(room));
+                    s.want = 0;
                     s.idle = if s.guesses.is_empty() { s.idle + 1 } else { 0 };
                     s.drafted += s.guesses.len();
                     let mut input = Vec::with_capacity(s.guesses.len() + 1);
@@ -311,8 +408,10 @@ pub fn run(
                 rest = tail;
                 base = i + 1;
             }
-            match compute.decode_rows(&mut seqs, &inputs) {
+            let t = Instant::now();
+            match compute.decode_rows(&mut seqs, &inputs, Logits::All) {
                 Ok(logits) => {
+                    pass_s = smooth(pass_s, t.elapsed().as_secs_f64());
                     let mut row = 0;
                     for (&(i, _), input) in next.iter().zip(&inputs) {
                         let s = &mut slots[i];
@@ -356,6 +455,7 @@ pub fn run(
 /// that prefix, or a new one. Refuses a prompt the context cannot hold with room to generate.
 fn admit<'t>(
     compute: &mut Compute<'_>,
+    draft: Option<&EngineDraft<'_>>,
     tokenizer: &'t Tokenizer,
     cache: &mut PromptCache,
     opts: &EngineOptions,
@@ -387,7 +487,13 @@ fn admit<'t>(
             Err(e) => return Err((Box::new(job), e.to_string())),
         },
     };
+    let draft_seq = match draft.map(|d| d.compute.sequence()).transpose() {
+        Ok(d) => d,
+        Err(e) => return Err((Box::new(job), e.to_string())),
+    };
     Ok(Slot {
+        draft_seq,
+        want: 0,
         read: reused,
         reused,
         exact,
@@ -398,6 +504,7 @@ fn admit<'t>(
         agreed: 0.0,
         disagreed: 0.0,
         idle: 0,
+        probe_every: PROBE_EVERY,
         sampler: Sampler::new(job.sampler.clone()),
         history: job.prompt.clone(),
         generated: 0,
@@ -438,11 +545,99 @@ fn settle(s: &mut Slot<'_>, tokenizer: &Tokenizer, vocab: usize) -> Outcome {
     outcome
 }
 
+/// Bring `seq` to `tokens`: keep the common prefix and run the rest in chunks of `batch`
+/// (no logits).
+fn catch_up(
+    compute: &mut Compute<'_>,
+    seq: &mut Sequence,
+    tokens: &[u32],
+    batch: usize,
+) -> crate::Result<()> {
+    let kept = seq.rewind(common_prefix(seq.tokens(), tokens));
+    for chunk in tokens[kept..].chunks(batch.max(1)) {
+        compute.forward(seq, chunk, Logits::None, None)?;
+    }
+    Ok(())
+}
+
+/// The draft's proposals for every slot that wants guesses (`want > 0`), into `guesses`: its
+/// most likely token each time, stopping where it is less sure than `p_min`. The draft
+/// sequences first catch up with their histories (the tokens accepted since, and the token
+/// about to run), then take one step for all the proposing slots together per token.
+/// Returns the steps and their seconds (catching up left out: what a longer proposal costs).
+fn propose(
+    d: &mut EngineDraft<'_>,
+    slots: &mut [Slot<'_>],
+    batch: usize,
+) -> crate::Result<(usize, f64)> {
+    let vocab = d.compute.model().config.vocab;
+    // Each proposing slot's input for the next draft step.
+    let mut inputs: Vec<Vec<u32>> = Vec::new();
+    for s in slots.iter_mut() {
+        let Some(ds) = s.draft_seq.as_mut().filter(|_| s.want > 0) else {
+            s.want = 0;
+            continue;
+        };
+        // What the draft lacks goes with the other slots' in one pass, giving the logits of
+        // the history's last token. A long gap (after a pause) first runs alone, its tokens
+        // batched together (the draft's bits need not match anything).
+        let last = s.history.len() - 1;
+        if last - common_prefix(ds.tokens(), &s.history).min(last) > CATCH_UP_TOGETHER {
+            catch_up(&mut d.compute, ds, &s.history[..last], batch)?;
+        }
+        let kept = ds.rewind(common_prefix(ds.tokens(), &s.history).min(last));
+        inputs.push(s.history[kept..].to_vec());
+    }
+    let mut steps = 0;
+    let t = Instant::now();
+    while !inputs.is_empty() {
+        steps += 1;
+        let mut seqs: Vec<&mut Sequence> = slots
+            .iter_mut()
+            .filter(|s| s.want > 0)
+            .filter_map(|s| s.draft_seq.as_mut())
+            .collect();
+        let ins: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
+        let logits = d.compute.decode_rows(&mut seqs, &ins, Logits::Last)?;
+        let mut going = Vec::with_capacity(inputs.len());
+        let proposing = slots.iter_mut().filter(|s| s.want > 0);
+        for (s, row) in proposing.zip(logits.chunks_exact(vocab)) {
+            let (id, p) = most_likely(row);
+            if id as usize >= d.target_vocab || p < d.p_min {
+                s.want = 0;
+                continue;
+            }
+            s.guesses.push(id);
+            if s.guesses.len() == s.want {
+                s.want = 0;
+            } else {
+                going.push(vec![id]);
+            }
+        }
+        inputs = going;
+    }
+    Ok((steps, t.elapsed().as_secs_f64()))
+}
+
+/// A running mean of step times, the recent ones weighing more (the first sets it).
+fn smooth(mean: f64, x: f64) -> f64 {
+    if mean == 0.0 {
+        x
+    } else {
+        DECAY * mean + (1.0 - DECAY) * x
+    }
+}
+
+/// Tokens a draft sequence may lack and still catch up inside the batched step.
+const CATCH_UP_TOGETHER: usize = 4;
+
 /// How much the counts of [`guess_len`] keep per checked guess: about the last ten count.
 const DECAY: f64 = 0.9;
-/// Steps a slot that stopped guessing waits before guessing one token again, to see whether
-/// its text has begun to repeat.
+/// Steps a slot that stopped guessing first waits before guessing one token again, to see
+/// whether its text has begun to repeat.
 const PROBE_EVERY: usize = 16;
+/// The longest wait between probes.
+const PROBE_MAX: usize = 1024;
 /// Rows of a pass a guess is worth, in a batch of `decoding` sequences: a row costs about a
 /// fifth of a one-token pass's fixed cost (reading the weights; measured on the 1B and
 /// SmolLM2 shapes, Q4_0 and F16), so where that is shared by `decoding` sequences a guess
@@ -453,11 +648,11 @@ fn row_worth(decoding: usize) -> f64 {
 }
 
 /// How many tokens a sequence should guess, at most `max`: the longest run whose last guess
-/// is still right with at least [`row_worth`]'s probability, each guess right with the rate
-/// its recent guesses had (`agreed` and `disagreed` tokens; one of each assumed to start).
-fn guess_len(agreed: f64, disagreed: f64, decoding: usize, max: usize) -> usize {
+/// is still right with at least probability `worth` (what a guess costs, in tokens' worth of
+/// time: [`row_worth`], plus a draft's step), each guess right with the rate its recent
+/// guesses had (`agreed` and `disagreed` tokens; one of each assumed to start).
+fn guess_len(agreed: f64, disagreed: f64, worth: f64, max: usize) -> usize {
     let p = (agreed + 1.0) / (agreed + disagreed + 2.0);
-    let worth = row_worth(decoding);
     let mut reach = 1.0;
     let mut len = 0;
     while len < max {
@@ -717,17 +912,20 @@ mod tests {
     fn guesses_grow_with_agreement_and_shrink_with_a_fuller_batch() {
         // No history: even odds, worth two guesses alone (0.25 >= 1/6), none beside seven
         // others (0.5 < 8/13).
-        assert_eq!(guess_len(0.0, 0.0, 1, 8), 2);
-        assert_eq!(guess_len(0.0, 0.0, 8, 8), 0);
+        assert_eq!(guess_len(0.0, 0.0, row_worth(1), 8), 2);
+        assert_eq!(guess_len(0.0, 0.0, row_worth(8), 8), 0);
         // Mostly right: long guesses alone, shorter in a batch, never past `max`.
-        assert_eq!(guess_len(9.0, 1.0, 1, 8), 8);
+        assert_eq!(guess_len(9.0, 1.0, row_worth(1), 8), 8);
         let p: f64 = 10.0 / 12.0;
         let alone = (row_worth(1).ln() / p.ln()).floor() as usize;
-        assert_eq!(guess_len(9.0, 1.0, 1, 64), alone);
-        assert!(guess_len(9.0, 1.0, 8, 8) < guess_len(9.0, 1.0, 1, 8));
-        assert!(guess_len(9.0, 1.0, 8, 8) > 0);
+        assert_eq!(guess_len(9.0, 1.0, row_worth(1), 64), alone);
+        assert!(guess_len(9.0, 1.0, row_worth(8), 8) < guess_len(9.0, 1.0, row_worth(1), 8));
+        assert!(guess_len(9.0, 1.0, row_worth(8), 8) > 0);
+        // A draft step costing half a pass on top: shorter, and none at even odds.
+        assert!(guess_len(9.0, 1.0, row_worth(1) + 0.5, 8) < guess_len(9.0, 1.0, row_worth(1), 8));
+        assert_eq!(guess_len(0.0, 0.0, row_worth(1) + 0.5, 8), 0);
         // Mostly wrong: none.
-        assert_eq!(guess_len(0.0, 9.0, 1, 8), 0);
-        assert_eq!(guess_len(5.0, 5.0, 1, 0), 0);
+        assert_eq!(guess_len(0.0, 9.0, row_worth(1), 8), 0);
+        assert_eq!(guess_len(5.0, 5.0, row_worth(1), 0), 0);
     }
 }
