@@ -93,15 +93,21 @@ fn bench_tokens(n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 7919 + 13) % vocab) as u32).collect()
 }
 
-/// Run the tests on `session` (its cache is reset before each repetition). When
-/// `opts.interrupt` is raised, the tests completed so far (possibly none).
-pub fn bench(session: &mut Session<'_>, opts: &BenchOptions) -> Result<Vec<BenchResult>> {
+/// `-r 0` measures nothing: bad input.
+fn need_reps(opts: &BenchOptions) -> Result<()> {
     if opts.reps == 0 {
         return Err(RunnerError::InvalidArgument {
             arg: "-r",
             reason: "at least one repetition is needed".into(),
         });
     }
+    Ok(())
+}
+
+/// Run the tests on `session` (its cache is reset before each repetition). When
+/// `opts.interrupt` is raised, the tests completed so far (possibly none).
+pub fn bench(session: &mut Session<'_>, opts: &BenchOptions) -> Result<Vec<BenchResult>> {
+    need_reps(opts)?;
     if opts.batch == 0 {
         return Err(RunnerError::InvalidArgument {
             arg: "--batch-size",
@@ -268,12 +274,7 @@ pub fn speculative(
     test: &mut SpecTest<'_, '_>,
     opts: &BenchOptions,
 ) -> Result<Vec<BenchResult>> {
-    if opts.reps == 0 {
-        return Err(RunnerError::InvalidArgument {
-            arg: "-r",
-            reason: "at least one repetition is needed".into(),
-        });
-    }
+    need_reps(opts)?;
     if opts.gen_tokens == 0 {
         return Err(RunnerError::InvalidArgument {
             arg: "-n",

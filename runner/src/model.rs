@@ -379,27 +379,6 @@ impl<'m> Compute<'m> {
         pool.install(move || self.run(&mut segs, Logits::All, None, true))
     }
 
-    /// One decoding step for several sequences at once: `tokens[i]` goes to `seqs[i]`, every
-    /// matrix reads its weights once for all of them, attention runs per sequence over its
-    /// own cache. Returns `(seqs.len(), vocab)` logits, row `i` bit for bit what
-    /// [`Compute::forward`] of `tokens[i]` alone on `seqs[i]` gives
-    /// ([`Batching::Independent`]).
-    pub fn decode(&mut self, seqs: &mut [&mut Sequence], tokens: &[u32]) -> Result<&[f32]> {
-        if seqs.len() != tokens.len() {
-            return Err(RunnerError::InvalidArgument {
-                arg: "decode",
-                reason: format!("{} sequences but {} tokens", seqs.len(), tokens.len()),
-            });
-        }
-        let pool = Arc::clone(&self.pool);
-        let mut segs: Vec<Segment<'_>> = seqs
-            .iter_mut()
-            .zip(tokens.chunks(1))
-            .map(|(seq, t)| Segment { seq, tokens: t })
-            .collect();
-        pool.install(move || self.run(&mut segs, Logits::Last, None, true))
-    }
-
     /// Several sequences' tokens in one pass, `inputs[i]` going to `seqs[i]` (a decoding
     /// step where some sequences also check guesses): with [`Logits::All`] every row of
     /// logits, in order, each bit for bit what [`Compute::forward`] of its token alone gives
