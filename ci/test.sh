@@ -10,7 +10,8 @@
 # readers, chat-template rendering and tokenizer loading,
 # the accuracy gate on the real model (ci/accuracy.sh), and docs/CI.md's workflow on it with
 # the HTML reports opened in Debian's chromium and every JUnit file checked against the JUnit
-# schema (ci/verify-reports.sh); also the reference-dump tool's input checks, and `kiln-run
+# schema (ci/verify-reports.sh); `kiln-run embed` on the real all-MiniLM-L6-v2 against
+# sentence-transformers' vectors (ci/embeddings.sh); also the reference-dump tool's input checks, and `kiln-run
 # serve` through its clients: the openai package, concurrent requests, Debian's chromium on
 # the chat page, a bounded load-and-fault run on loopback (ci/serve.sh).
 set -euo pipefail
@@ -66,6 +67,10 @@ drop target/accuracy/{f32,bf16,f16,q4_0}.kiln target/verify-reports/bad.kiln tar
 
 step "kiln-run serve on SmolLM2: the openai client, batch invariance, the chat page in chromium, load and faults"
 ci/serve.sh
+
+step "embedding models: the real all-MiniLM-L6-v2 against sentence-transformers (F32, Q8_0, Q4_0)"
+ci/embeddings.sh
+drop target/embeddings
 
 step "cargo test (including real-model tests)"
 cargo test --workspace --release -- --include-ignored

@@ -197,7 +197,10 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
     };
     let config_text = read_text_as(&config_path, "config.json")?;
     // Resolves and runs the check every reader of the output runs (ModelConfig::check).
-    let config = hf_config::parse(&config_path, &config_text, generation.as_ref())?;
+    let mut config = hf_config::parse(&config_path, &config_text, generation.as_ref())?;
+    if let Some(base) = config.family.embedding.take() {
+        config.family.embedding = Some(crate::sentence_transformers::read(dir, base)?);
+    }
     let tokenizer = tokenizer_files::read(dir)?;
     let ck = Checkpoint::open(dir, &config)?;
     // The layer count against the tensors the checkpoint holds, before the plan lists every
@@ -222,6 +225,7 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
     let mut side: Vec<String> = ["config.json", "generation_config.json"]
         .iter()
         .chain(tokenizer_files::FILES)
+        .chain(crate::sentence_transformers::FILES.iter())
         .map(|s| s.to_string())
         .filter(|f| dir.join(f).is_file())
         .collect();

@@ -306,6 +306,23 @@ pub fn render(i: &Inspection) -> String {
         "               bos {:?}, eos {:?}, {} parameters",
         c.bos_token_id, c.eos_token_ids, i.parameters
     );
+    if let Some(e) = &c.family.embedding {
+        let _ = writeln!(
+            s,
+            "embedding      {} pooling{}, max {} tokens{}",
+            e.pooling.name(),
+            if e.normalize { ", normalised" } else { "" },
+            e.max_seq_length.unwrap_or(c.max_position_embeddings),
+            if e.prompts.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", prompts {}",
+                    e.prompts.keys().cloned().collect::<Vec<_>>().join(", ")
+                )
+            }
+        );
+    }
     let m = &i.metadata;
     let _ = writeln!(
         s,

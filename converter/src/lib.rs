@@ -23,6 +23,7 @@ pub mod hf;
 pub mod hf_config;
 pub mod inspect;
 pub mod names;
+pub mod sentence_transformers;
 pub mod tokenizer_files;
 
 pub use error::{ConvertError, Result};

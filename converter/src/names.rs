@@ -96,6 +96,117 @@ const TABLE: &[(Role, &str, &str)] = &[
     ),
 ];
 
+/// `(role, Hugging Face spelling, GGUF spelling)` of an encoder (`BertModel`, and llama.cpp's
+/// `bert` graph). Its norms sit after the residual adds: `attention.output.LayerNorm` is the
+/// attention sublayer's ([`Role::AttnNorm`]), `output.LayerNorm` the MLP's ([`Role::MlpNorm`]).
+const ENCODER_TABLE: &[(Role, &str, &str)] = &[
+    (
+        Role::Embed,
+        "embeddings.word_embeddings.weight",
+        "token_embd.weight",
+    ),
+    (
+        Role::PosEmbed,
+        "embeddings.position_embeddings.weight",
+        "position_embd.weight",
+    ),
+    (
+        Role::TypeEmbed,
+        "embeddings.token_type_embeddings.weight",
+        "token_types.weight",
+    ),
+    (
+        Role::EmbedNorm,
+        "embeddings.LayerNorm.weight",
+        "token_embd_norm.weight",
+    ),
+    (
+        Role::EmbedNormBias,
+        "embeddings.LayerNorm.bias",
+        "token_embd_norm.bias",
+    ),
+    (
+        Role::AttnQ,
+        "encoder.layer.{}.attention.self.query.weight",
+        "blk.{}.attn_q.weight",
+    ),
+    (
+        Role::AttnQBias,
+        "encoder.layer.{}.attention.self.query.bias",
+        "blk.{}.attn_q.bias",
+    ),
+    (
+        Role::AttnK,
+        "encoder.layer.{}.attention.self.key.weight",
+        "blk.{}.attn_k.weight",
+    ),
+    (
+        Role::AttnKBias,
+        "encoder.layer.{}.attention.self.key.bias",
+        "blk.{}.attn_k.bias",
+    ),
+    (
+        Role::AttnV,
+        "encoder.layer.{}.attention.self.value.weight",
+        "blk.{}.attn_v.weight",
+    ),
+    (
+        Role::AttnVBias,
+        "encoder.layer.{}.attention.self.value.bias",
+        "blk.{}.attn_v.bias",
+    ),
+    (
+        Role::AttnO,
+        "encoder.layer.{}.attention.output.dense.weight",
+        "blk.{}.attn_output.weight",
+    ),
+    (
+        Role::AttnOBias,
+        "encoder.layer.{}.attention.output.dense.bias",
+        "blk.{}.attn_output.bias",
+    ),
+    (
+        Role::AttnNorm,
+        "encoder.layer.{}.attention.output.LayerNorm.weight",
+        "blk.{}.attn_output_norm.weight",
+    ),
+    (
+        Role::AttnNormBias,
+        "encoder.layer.{}.attention.output.LayerNorm.bias",
+        "blk.{}.attn_output_norm.bias",
+    ),
+    (
+        Role::MlpUp,
+        "encoder.layer.{}.intermediate.dense.weight",
+        "blk.{}.ffn_up.weight",
+    ),
+    (
+        Role::MlpUpBias,
+        "encoder.layer.{}.intermediate.dense.bias",
+        "blk.{}.ffn_up.bias",
+    ),
+    (
+        Role::MlpDown,
+        "encoder.layer.{}.output.dense.weight",
+        "blk.{}.ffn_down.weight",
+    ),
+    (
+        Role::MlpDownBias,
+        "encoder.layer.{}.output.dense.bias",
+        "blk.{}.ffn_down.bias",
+    ),
+    (
+        Role::MlpNorm,
+        "encoder.layer.{}.output.LayerNorm.weight",
+        "blk.{}.layer_output_norm.weight",
+    ),
+    (
+        Role::MlpNormBias,
+        "encoder.layer.{}.output.LayerNorm.bias",
+        "blk.{}.layer_output_norm.bias",
+    ),
+];
+
 /// One role's spellings in one family.
 struct Row {
     role: Role,
@@ -198,7 +309,14 @@ fn fused_source(source: Source, arch: Architecture, name: TensorName) -> Option<
 /// spells alike in every family and Hugging Face by the modules the family's row names
 /// ([`NormModules`]: Gemma 3's `post_attention_layernorm` is its attention-output norm,
 /// Llama's name for the pre-MLP norm).
-fn rows(arch: Architecture) -> impl Iterator<Item = Row> {
+fn rows(arch: Architecture) -> Box<dyn Iterator<Item = Row>> {
+    if arch.spec().encoder {
+        return Box::new(ENCODER_TABLE.iter().map(|&(role, hf, gguf)| Row {
+            role,
+            hf: Cow::Borrowed(hf),
+            gguf,
+        }));
+    }
     let NormModules { mlp, post } = arch.spec().norms;
     let norms = [
         Some((Role::MlpNorm, mlp, "blk.{}.ffn_norm.weight")),
@@ -216,15 +334,25 @@ fn rows(arch: Architecture) -> impl Iterator<Item = Row> {
         hf: Cow::Borrowed(hf),
         gguf,
     });
-    shared.chain(norms.into_iter().flatten().map(|(role, module, gguf)| Row {
-        role,
-        hf: Cow::Owned(format!("model.layers.{{}}.{module}.weight")),
-        gguf,
-    }))
+    Box::new(
+        shared.chain(norms.into_iter().flatten().map(|(role, module, gguf)| Row {
+            role,
+            hf: Cow::Owned(format!("model.layers.{{}}.{module}.weight")),
+            gguf,
+        })),
+    )
 }
 
 /// Buffers some checkpoints carry that are derived from the config, not weights.
-const IGNORED_HF: &[&str] = &["model.layers.{}.self_attn.rotary_emb.inv_freq"];
+/// BERT checkpoints carry their position ids as a buffer, and a pooler (a dense layer on the
+/// `[CLS]` state, trained for next-sentence prediction) that sentence-transformers does not
+/// use.
+const IGNORED_HF: &[&str] = &[
+    "model.layers.{}.self_attn.rotary_emb.inv_freq",
+    "embeddings.position_ids",
+    "pooler.dense.weight",
+    "pooler.dense.bias",
+];
 
 fn pattern(row: &Row, source: Source) -> &str {
     match source {
@@ -325,7 +453,10 @@ mod tests {
     #[test]
     fn every_family_spells_every_expected_role() {
         for arch in Architecture::ALL {
-            for role in Role::ALL {
+            if arch.spec().encoder {
+                continue;
+            }
+            for role in Role::ALL.into_iter().filter(|r| !encoder_only(*r)) {
                 let covered = rows(arch).any(|r| r.role == role);
                 let needed = matches!(role, Role::AttnPostNorm | Role::MlpPostNorm)
                     .then_some(matches!(arch, Architecture::Gemma3 | Architecture::Glm4))
@@ -342,6 +473,78 @@ mod tests {
             canonical(Source::HuggingFace, Architecture::Llama, n),
             Some(TensorName::layer(2, Role::MlpNorm))
         );
+    }
+
+    /// The roles no decoder family has (LayerNorm biases, learned positions, BERT's biases).
+    fn encoder_only(role: Role) -> bool {
+        matches!(
+            role,
+            Role::PosEmbed
+                | Role::TypeEmbed
+                | Role::EmbedNorm
+                | Role::EmbedNormBias
+                | Role::FinalNormBias
+                | Role::AttnNormBias
+                | Role::MlpNormBias
+                | Role::AttnOBias
+                | Role::MlpUpBias
+                | Role::MlpDownBias
+        )
+    }
+
+    /// An encoder's every role (those of a `BertModel` config) has a spelling in both
+    /// sources, and its norms are the ones after each residual add.
+    #[test]
+    fn encoders_spell_every_bert_role() {
+        let arch = Architecture::Bert;
+        let config = kiln_format::ModelConfig {
+            architecture: arch,
+            source_architecture: "BertModel".into(),
+            hidden_size: 8,
+            intermediate_size: 16,
+            num_layers: 2,
+            num_heads: 2,
+            num_kv_heads: 2,
+            head_dim: 4,
+            vocab_size: 10,
+            max_position_embeddings: 32,
+            rms_norm_eps: 1e-12,
+            rope_theta: 1e4,
+            rope_scaling: None,
+            tie_word_embeddings: true,
+            attention_bias: true,
+            sliding_window: None,
+            bos_token_id: None,
+            eos_token_ids: vec![],
+            family: kiln_format::FamilyOptions {
+                type_vocab_size: Some(2),
+                embedding: Some(kiln_format::EmbeddingSpec {
+                    pooling: kiln_format::Pooling::Mean,
+                    normalize: true,
+                    max_seq_length: None,
+                    prompts: Default::default(),
+                    default_prompt_name: None,
+                }),
+                ..arch.spec().options()
+            },
+        };
+        let expected = kiln_format::expected_tensors(&config);
+        assert_eq!(expected.len(), 5 + 2 * 16);
+        for (name, _) in expected {
+            for src in [Source::HuggingFace, Source::Gguf] {
+                let spelled = source_name(src, arch, name);
+                assert_eq!(canonical(src, arch, &spelled), Some(name), "{spelled}");
+            }
+        }
+        assert_eq!(
+            canonical(
+                Source::HuggingFace,
+                arch,
+                "encoder.layer.3.attention.output.LayerNorm.bias"
+            ),
+            Some(TensorName::layer(3, Role::AttnNormBias))
+        );
+        assert!(is_ignorable_hf("pooler.dense.weight"));
     }
 
     #[test]

@@ -11,7 +11,10 @@
 //! table and the runner's activation names read the row; a family that differs from another
 //! only in these values is a new row (plus its tensor-name rows and fixtures), nothing else.
 
-use crate::metadata::{Architecture, FamilyOptions, MlpActivation, NormStyle, RopePairing};
+use crate::metadata::{
+    Architecture, AttentionMask, FamilyOptions, MlpActivation, MlpKind, NormKind, NormPlace,
+    NormStyle, Positions, RopePairing,
+};
 
 /// Everything Kiln knows about one family, as data.
 #[derive(Debug)]
@@ -51,6 +54,21 @@ pub struct FamilySpec {
     pub norms: NormModules,
     /// The projections each source stores fused.
     pub fused: Fusion,
+    /// How the norms normalize (RMSNorm, or LayerNorm with biases).
+    pub norm_kind: NormKind,
+    /// Where the norms sit (before each sublayer, or after each residual add).
+    pub norm_place: NormPlace,
+    /// Whether the MLP has a gate.
+    pub mlp_kind: MlpKind,
+    /// How positions enter (rotary, or learned rows added to the embeddings).
+    pub positions: Positions,
+    /// Which keys a query sees.
+    pub attention_mask: AttentionMask,
+    /// Biases on the attention output and the MLP projections.
+    pub linear_bias: bool,
+    /// Whether the family is an encoder whose checkpoints are embedding models (pooled
+    /// states, no output head).
+    pub encoder: bool,
 }
 
 /// A family's Hugging Face checkpoints: its class, and the defaults its config class applies
@@ -65,7 +83,9 @@ pub struct HfSpec {
     pub max_position_embeddings: u64,
     /// `head_dim` when absent; `None`: `hidden_size / num_attention_heads`.
     pub head_dim: Option<u64>,
-    /// `rms_norm_eps` when absent.
+    /// The key naming the norm epsilon (`rms_norm_eps`; BERT's `layer_norm_eps`).
+    pub eps_key: &'static str,
+    /// The epsilon when absent.
     pub rms_norm_eps: f64,
     /// `rope_theta` when absent.
     pub rope_theta: f64,
@@ -222,6 +242,7 @@ const LLAMA: FamilySpec = FamilySpec {
         model_type: "llama",
         max_position_embeddings: 2048,
         head_dim: None,
+        eps_key: "rms_norm_eps",
         rms_norm_eps: 1e-6,
         rope_theta: 10_000.0,
         activation_key: "hidden_act",
@@ -253,6 +274,13 @@ const LLAMA: FamilySpec = FamilySpec {
     sliding_layers: None,
     norms: LLAMA_NORMS,
     fused: SPLIT,
+    norm_kind: NormKind::Rms,
+    norm_place: NormPlace::Pre,
+    mlp_kind: MlpKind::Gated,
+    positions: Positions::Rope,
+    attention_mask: AttentionMask::Causal,
+    linear_bias: false,
+    encoder: false,
 };
 
 /// Qwen's per-layer window, which Kiln does not implement.
@@ -301,8 +329,48 @@ const MROPE_REFUSED: &[(&str, &str)] = &[(
     "multimodal rotary sections (M-RoPE) are not supported",
 )];
 
+/// BERT-style encoders (`BertModel`, what sentence-transformers' all-MiniLM and bge
+/// checkpoints hold): post-norm LayerNorm blocks with biases everywhere, a plain GELU MLP,
+/// learned absolute and token-type position embeddings, bidirectional attention.
+const BERT: FamilySpec = FamilySpec {
+    architecture: Architecture::Bert,
+    display: "BERT",
+    hf: HfSpec {
+        class: "BertModel",
+        model_type: "bert",
+        max_position_embeddings: 512,
+        eps_key: "layer_norm_eps",
+        rms_norm_eps: 1e-12,
+        attention_bias: AttentionBias::Always,
+        tie_word_embeddings: true,
+        refused: &[
+            Refused::True("is_decoder", "BERT as a decoder is not supported"),
+            Refused::True("add_cross_attention", "cross-attention is not supported"),
+        ],
+        ..LLAMA.hf
+    },
+    gguf: GgufSpec {
+        name: "bert",
+        permute_qk: false,
+        ..LLAMA.gguf
+    },
+    mlp_activation: MlpActivation::Gelu,
+    norms: NormModules {
+        mlp: "attention.output.LayerNorm",
+        post: None,
+    },
+    norm_kind: NormKind::Layer,
+    norm_place: NormPlace::Post,
+    mlp_kind: MlpKind::Plain,
+    positions: Positions::Learned,
+    attention_mask: AttentionMask::Bidirectional,
+    linear_bias: true,
+    encoder: true,
+    ..LLAMA
+};
+
 /// Every family, in [`Architecture::ALL`]'s order.
-pub static FAMILIES: [FamilySpec; 8] = [
+pub static FAMILIES: [FamilySpec; 9] = [
     LLAMA,
     FamilySpec {
         architecture: Architecture::Mistral,
@@ -479,6 +547,7 @@ pub static FAMILIES: [FamilySpec; 8] = [
         ..GLM
     },
     GLM,
+    BERT,
 ];
 
 impl Architecture {
@@ -534,6 +603,12 @@ impl FamilySpec {
             norm_style: self.norm_style,
             mlp_activation: self.mlp_activation,
             rope_pairing: self.rope_pairing,
+            norm_kind: self.norm_kind,
+            norm_place: self.norm_place,
+            mlp_kind: self.mlp_kind,
+            positions: self.positions,
+            attention_mask: self.attention_mask,
+            linear_bias: self.linear_bias,
             ..FamilyOptions::default()
         }
     }
@@ -550,6 +625,7 @@ impl MlpActivation {
         match self {
             MlpActivation::Silu => ("silu", "SwiGLU with silu"),
             MlpActivation::GeluTanh => ("gelu_pytorch_tanh", "GeGLU with tanh-approximated GELU"),
+            MlpActivation::Gelu => ("gelu", "a plain MLP with exact (erf) GELU"),
         }
     }
 }

@@ -60,8 +60,9 @@ pub use family::{FamilySpec, FAMILIES};
 pub use input::{open_regular, read_bounded, read_text_bounded};
 pub use kquants::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 pub use metadata::{
-    Architecture, FamilyOptions, LayerKind, Metadata, MlpActivation, ModelConfig, NormStyle,
-    ProvenanceStep, RopePairing, RopeScaling, SourceFile, TokenizerFiles,
+    Architecture, AttentionMask, EmbeddingSpec, FamilyOptions, LayerKind, Metadata, MlpActivation,
+    MlpKind, ModelConfig, NormKind, NormPlace, NormStyle, Pooling, Positions, ProvenanceStep,
+    RopePairing, RopeScaling, SourceFile, TokenizerFiles,
 };
 pub use names::{Role, TensorName};
 pub use q5::{BlockQ5_0, BlockQ5_1};

@@ -5,6 +5,8 @@
 //! model is in [`ModelConfig`], already resolved: no `Option`s for values that have defaults in
 //! the source format, so the runner never re-implements Hugging Face's defaulting rules.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// Architectures the runner implements. They differ by configuration only: each is a row of
@@ -31,11 +33,15 @@ pub enum Architecture {
     Glm4,
     /// GLM (`GlmForCausalLM`): GLM-4's attention and MLP without the output norms.
     Glm,
+    /// BERT-style encoders (`BertModel`: all-MiniLM, bge): learned absolute and token-type
+    /// position embeddings, LayerNorm after each residual add, a plain GELU MLP, biases on
+    /// every projection, bidirectional attention; an embedding model, not a generator.
+    Bert,
 }
 
 impl Architecture {
     /// Every architecture this build implements, as the metadata spells them.
-    pub const ALL: [Architecture; 8] = [
+    pub const ALL: [Architecture; 9] = [
         Architecture::Llama,
         Architecture::Mistral,
         Architecture::Qwen2,
@@ -44,6 +50,7 @@ impl Architecture {
         Architecture::Phi3,
         Architecture::Glm4,
         Architecture::Glm,
+        Architecture::Bert,
     ];
 
     /// The name stored in the metadata (`config.architecture`).
@@ -57,6 +64,7 @@ impl Architecture {
             Architecture::Phi3 => "phi3",
             Architecture::Glm4 => "glm4",
             Architecture::Glm => "glm",
+            Architecture::Bert => "bert",
         }
     }
 
@@ -117,6 +125,113 @@ pub enum MlpActivation {
     Silu,
     /// GELU with the tanh approximation (`gelu_pytorch_tanh`): GeGLU (Gemma).
     GeluTanh,
+    /// Exact GELU, `x·Φ(x)` through `erf` (`gelu`: BERT's plain MLP).
+    Gelu,
+}
+
+/// How a norm normalizes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormKind {
+    /// RMSNorm: `x / √(mean(x²) + ε) · w` (the decoders).
+    #[default]
+    Rms,
+    /// LayerNorm: `(x − mean) / √(var + ε) · w + b`, with a bias tensor beside each weight
+    /// (BERT).
+    Layer,
+}
+
+/// Where a block's two norms sit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormPlace {
+    /// On each sublayer's input, with a final norm after the last layer (the decoders).
+    #[default]
+    Pre,
+    /// On the residual stream after each add (`x = norm(x + f(x))`), with a norm on the
+    /// embeddings and none after the last layer (BERT).
+    Post,
+}
+
+/// The MLP's shape.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MlpKind {
+    /// `down(act(gate(x)) · up(x))` (SwiGLU, GeGLU).
+    #[default]
+    Gated,
+    /// `down(act(up(x)))`: no gate (BERT's intermediate and output dense layers).
+    Plain,
+}
+
+/// How positions enter the model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Positions {
+    /// Rotary embeddings of queries and keys.
+    #[default]
+    Rope,
+    /// A learned row per position added to the token embeddings (BERT's
+    /// `position_embeddings`); `max_position_embeddings` rows.
+    Learned,
+}
+
+/// Which keys a query sees.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionMask {
+    /// Its own position and the ones before it.
+    #[default]
+    Causal,
+    /// Every position of its sequence (encoders).
+    Bidirectional,
+}
+
+/// How an embedding model turns the last hidden states into one vector per text (what
+/// sentence-transformers' `Pooling` and `Normalize` modules do).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pooling {
+    /// The mean of every token's state.
+    Mean,
+    /// The first token's state (`[CLS]`).
+    Cls,
+    /// The last token's state (decoder-based embedders).
+    LastToken,
+}
+
+impl Pooling {
+    /// Every pooling, as the metadata and `--pooling` spell them.
+    pub const ALL: [Pooling; 3] = [Pooling::Mean, Pooling::Cls, Pooling::LastToken];
+
+    /// The name (`mean`, `cls`, `last_token`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::LastToken => "last_token",
+        }
+    }
+}
+
+/// What makes a model an embedding model: its pooling, whether the vectors are normalised,
+/// the longest input it was trained on, and the prompts its card documents.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmbeddingSpec {
+    /// How token states become one vector.
+    pub pooling: Pooling,
+    /// Whether the vector is scaled to unit length (a `Normalize` module).
+    pub normalize: bool,
+    /// Inputs are cut to this many tokens (`max_seq_length`), if the model states it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_seq_length: Option<u64>,
+    /// Text put before an input, by name (`query`, `document`), as the model's
+    /// `config_sentence_transformers.json` lists them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub prompts: BTreeMap<String, String>,
+    /// The prompt used when none is named, if the model sets one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_prompt_name: Option<String>,
 }
 
 /// Which elements of a head a rotary pair couples.
@@ -186,6 +301,31 @@ pub struct FamilyOptions {
     /// Which elements a rotary pair couples.
     #[serde(default, skip_serializing_if = "is_default")]
     pub rope_pairing: RopePairing,
+    /// How every norm normalizes.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub norm_kind: NormKind,
+    /// Where the norms sit.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub norm_place: NormPlace,
+    /// The MLP's shape.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub mlp_kind: MlpKind,
+    /// How positions enter.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub positions: Positions,
+    /// Which keys a query sees.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub attention_mask: AttentionMask,
+    /// Biases on the attention output and the MLP's projections (BERT).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub linear_bias: bool,
+    /// Rows of the token-type embedding (BERT's `type_vocab_size`), whose row 0 every token
+    /// gets; none when the model has no such table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub type_vocab_size: Option<u64>,
+    /// Pooling and normalisation, for an embedding model; none for a generator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedding: Option<EmbeddingSpec>,
 }
 
 impl ModelConfig {
@@ -282,6 +422,14 @@ impl ModelConfig {
                 Some(self.max_position_embeddings),
             ),
             ("sliding_window", self.sliding_window),
+            ("type_vocab_size", self.family.type_vocab_size),
+            (
+                "max_seq_length",
+                self.family
+                    .embedding
+                    .as_ref()
+                    .and_then(|e| e.max_seq_length),
+            ),
         ];
         for (field, v) in dims {
             if let Some(v) = v {
@@ -327,6 +475,16 @@ impl ModelConfig {
                 "rms_norm_eps",
                 format!("{} must be positive", self.rms_norm_eps),
             );
+        }
+        if let Some(e) = &self.family.embedding {
+            if let Some(name) = e.default_prompt_name.as_ref() {
+                if !e.prompts.contains_key(name) {
+                    return bad(
+                        "embedding.default_prompt_name",
+                        format!("`{name}` names none of the prompts"),
+                    );
+                }
+            }
         }
         if !(self.rope_theta > 1.0 && self.rope_theta.is_finite()) {
             return bad("rope_theta", format!("{} must exceed 1", self.rope_theta));

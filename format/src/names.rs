@@ -48,11 +48,31 @@ pub enum Role {
     MlpUp,
     /// SwiGLU down projection, `(hidden, intermediate)`.
     MlpDown,
+    /// Learned position embeddings (BERT), `(max_position_embeddings, hidden)`.
+    PosEmbed,
+    /// Token-type embeddings (BERT), `(type_vocab_size, hidden)`.
+    TypeEmbed,
+    /// LayerNorm weight on the summed embeddings (BERT), `(hidden)`.
+    EmbedNorm,
+    /// Its bias, `(hidden)`.
+    EmbedNormBias,
+    /// The final norm's bias (LayerNorm families), `(hidden)`.
+    FinalNormBias,
+    /// The attention norm's bias (LayerNorm families), `(hidden)`.
+    AttnNormBias,
+    /// The MLP norm's bias (LayerNorm families), `(hidden)`.
+    MlpNormBias,
+    /// Attention output bias (BERT), `(hidden)`.
+    AttnOBias,
+    /// Up projection bias (BERT), `(intermediate)`.
+    MlpUpBias,
+    /// Down projection bias (BERT), `(hidden)`.
+    MlpDownBias,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 19] = [
+    pub const ALL: [Role; 29] = [
         Role::Embed,
         Role::FinalNorm,
         Role::LmHead,
@@ -72,11 +92,31 @@ impl Role {
         Role::MlpGate,
         Role::MlpUp,
         Role::MlpDown,
+        Role::PosEmbed,
+        Role::TypeEmbed,
+        Role::EmbedNorm,
+        Role::EmbedNormBias,
+        Role::FinalNormBias,
+        Role::AttnNormBias,
+        Role::MlpNormBias,
+        Role::AttnOBias,
+        Role::MlpUpBias,
+        Role::MlpDownBias,
     ];
 
     /// Whether the role repeats once per decoder layer.
     pub const fn per_layer(self) -> bool {
-        !matches!(self, Role::Embed | Role::FinalNorm | Role::LmHead)
+        !matches!(
+            self,
+            Role::Embed
+                | Role::FinalNorm
+                | Role::LmHead
+                | Role::PosEmbed
+                | Role::TypeEmbed
+                | Role::EmbedNorm
+                | Role::EmbedNormBias
+                | Role::FinalNormBias
+        )
     }
 
     /// The name's part after `layers.N.` (or the whole name for model-level roles).
@@ -101,14 +141,26 @@ impl Role {
             Role::MlpGate => "mlp.gate.weight",
             Role::MlpUp => "mlp.up.weight",
             Role::MlpDown => "mlp.down.weight",
+            Role::PosEmbed => "pos_embed.weight",
+            Role::TypeEmbed => "type_embed.weight",
+            Role::EmbedNorm => "embed_norm.weight",
+            Role::EmbedNormBias => "embed_norm.bias",
+            Role::FinalNormBias => "final_norm.bias",
+            Role::AttnNormBias => "attn_norm.bias",
+            Role::MlpNormBias => "mlp_norm.bias",
+            Role::AttnOBias => "attn.o.bias",
+            Role::MlpUpBias => "mlp.up.bias",
+            Role::MlpDownBias => "mlp.down.bias",
         }
     }
 
-    /// Whether the tensor is an RMSNorm weight (whose meaning `NormStyle` sets).
+    /// Whether the tensor is a norm's weight (whose meaning `NormStyle` sets; a LayerNorm's
+    /// bias is not one).
     pub const fn is_norm(self) -> bool {
         matches!(
             self,
             Role::FinalNorm
+                | Role::EmbedNorm
                 | Role::AttnNorm
                 | Role::AttnQNorm
                 | Role::AttnKNorm
@@ -118,7 +170,8 @@ impl Role {
         )
     }
 
-    /// Whether the tensor is a weight matrix (2-D) rather than a vector.
+    /// Whether the tensor is a projection or token-embedding matrix, which quantization may
+    /// store in blocks (the small position and token-type tables stay as they are).
     pub const fn is_matrix(self) -> bool {
         matches!(
             self,

@@ -9,7 +9,7 @@
 //! the count is bounded: [`expected_tensor_count`] gives its length by arithmetic, and
 //! [`check_layer_count`] compares the layers against the tensors a file actually holds.
 
-use crate::metadata::ModelConfig;
+use crate::metadata::{MlpKind, ModelConfig, NormKind, NormPlace, Positions};
 use crate::names::{Role, TensorName};
 
 /// Fewest tensors one decoder layer is stored as, in any source Kiln reads: its two norms,
@@ -17,13 +17,17 @@ use crate::names::{Role, TensorName};
 /// MLP's gate and up projections (one fused tensor in Phi-3 and GLM) and its down projection.
 pub const MIN_TENSORS_PER_LAYER: u64 = 6;
 
-/// Tensors outside the layers that every model has: the embedding and the final norm.
+/// Fewest tensors outside the layers any model has: the embedding and one norm (the final
+/// norm, or an encoder's embedding norm).
 pub const GLOBAL_TENSORS: u64 = 2;
 
 /// The roles of one layer of `c`, in forward-pass order.
 fn layer_roles(c: &ModelConfig) -> impl Iterator<Item = Role> + '_ {
+    let f = &c.family;
+    let layer_norm = f.norm_kind == NormKind::Layer;
     [
         (Role::AttnNorm, true),
+        (Role::AttnNormBias, layer_norm),
         (Role::AttnQ, true),
         (Role::AttnK, true),
         (Role::AttnV, true),
@@ -33,11 +37,15 @@ fn layer_roles(c: &ModelConfig) -> impl Iterator<Item = Role> + '_ {
         (Role::AttnQNorm, c.family.qk_norm),
         (Role::AttnKNorm, c.family.qk_norm),
         (Role::AttnO, true),
+        (Role::AttnOBias, f.linear_bias),
         (Role::AttnPostNorm, c.family.post_norms),
         (Role::MlpNorm, true),
-        (Role::MlpGate, true),
+        (Role::MlpNormBias, layer_norm),
+        (Role::MlpGate, f.mlp_kind == MlpKind::Gated),
         (Role::MlpUp, true),
+        (Role::MlpUpBias, f.linear_bias),
         (Role::MlpDown, true),
+        (Role::MlpDownBias, f.linear_bias),
         (Role::MlpPostNorm, c.family.post_norms),
     ]
     .into_iter()
@@ -51,11 +59,21 @@ pub fn expected_shape(c: &ModelConfig, name: TensorName) -> Option<Vec<u64>> {
     let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
     let q = c.num_heads.saturating_mul(c.head_dim);
     let kv = c.num_kv_heads.saturating_mul(c.head_dim);
+    let f = &c.family;
+    let post = f.norm_place == NormPlace::Post;
+    let layer_norm = f.norm_kind == NormKind::Layer;
     match name.layer {
         None => match name.role {
             Role::Embed => Some(vec![v, h]),
-            Role::FinalNorm => Some(vec![h]),
-            Role::LmHead if !c.tie_word_embeddings => Some(vec![v, h]),
+            Role::PosEmbed if f.positions == Positions::Learned => {
+                Some(vec![c.max_position_embeddings, h])
+            }
+            Role::TypeEmbed => f.type_vocab_size.map(|t| vec![t, h]),
+            Role::EmbedNorm if post => Some(vec![h]),
+            Role::EmbedNormBias if post && layer_norm => Some(vec![h]),
+            Role::FinalNorm if !post => Some(vec![h]),
+            Role::FinalNormBias if !post && layer_norm => Some(vec![h]),
+            Role::LmHead if has_head(c) => Some(vec![v, h]),
             _ => None,
         },
         Some(l) if u64::from(l) < c.num_layers && layer_roles(c).any(|r| r == name.role) => {
@@ -67,6 +85,7 @@ pub fn expected_shape(c: &ModelConfig, name: TensorName) -> Option<Vec<u64>> {
                 Role::AttnQNorm | Role::AttnKNorm => vec![c.head_dim],
                 Role::AttnO => vec![h, q],
                 Role::MlpGate | Role::MlpUp => vec![i, h],
+                Role::MlpUpBias => vec![i],
                 Role::MlpDown => vec![h, i],
                 // The norms: one weight per residual element.
                 _ => vec![h],
@@ -76,11 +95,32 @@ pub fn expected_shape(c: &ModelConfig, name: TensorName) -> Option<Vec<u64>> {
     }
 }
 
+/// Whether `c` has an output head of its own: a generator with untied embeddings (an
+/// embedding model has none).
+fn has_head(c: &ModelConfig) -> bool {
+    !c.tie_word_embeddings && c.family.embedding.is_none()
+}
+
+/// The model-level roles, in file order before the layers (`true`) or after them.
+const GLOBAL_ROLES: [(Role, bool); 8] = [
+    (Role::Embed, true),
+    (Role::PosEmbed, true),
+    (Role::TypeEmbed, true),
+    (Role::EmbedNorm, true),
+    (Role::EmbedNormBias, true),
+    (Role::FinalNorm, false),
+    (Role::FinalNormBias, false),
+    (Role::LmHead, false),
+];
+
 /// How many tensors [`expected_tensors`] lists for `c`, by arithmetic (saturating, so a
 /// hostile layer count gives a huge number rather than an overflow).
 pub fn expected_tensor_count(c: &ModelConfig) -> u64 {
     let per_layer = layer_roles(c).count() as u64;
-    let globals = GLOBAL_TENSORS + u64::from(!c.tie_word_embeddings);
+    let globals = GLOBAL_ROLES
+        .iter()
+        .filter(|(r, _)| expected_shape(c, TensorName::global(*r)).is_some())
+        .count() as u64;
     c.num_layers
         .saturating_mul(per_layer)
         .saturating_add(globals)
@@ -124,15 +164,18 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<(TensorName, Vec<u64>)> {
             out.push((name, shape));
         }
     };
-    push(TensorName::global(Role::Embed));
+    for (role, _) in GLOBAL_ROLES.iter().filter(|(_, before)| *before) {
+        push(TensorName::global(*role));
+    }
     let roles: Vec<Role> = layer_roles(c).collect();
     for l in 0..u32::try_from(c.num_layers).unwrap_or(u32::MAX) {
         for &role in &roles {
             push(TensorName::layer(l, role));
         }
     }
-    push(TensorName::global(Role::FinalNorm));
-    push(TensorName::global(Role::LmHead));
+    for (role, _) in GLOBAL_ROLES.iter().filter(|(_, before)| !*before) {
+        push(TensorName::global(*role));
+    }
     out
 }
 

@@ -65,6 +65,9 @@ pub struct AttnShape {
     pub window: Option<usize>,
     /// Factor on the scores (`1/√head_dim`, or the family's own).
     pub scale: f32,
+    /// Whether a query sees only its own and earlier positions; an encoder's queries see
+    /// every key of the call's tokens.
+    pub causal: bool,
 }
 
 impl AttnShape {
@@ -165,7 +168,8 @@ pub fn attention(
     for g in 0..shape.kv_heads {
         for t0 in (0..n).step_by(QUERY_TILE) {
             let t1 = (t0 + QUERY_TILE).min(n);
-            let (lo, hi) = (shape.first_key(pos0 + t0), pos0 + t1);
+            let hi = if shape.causal { pos0 + t1 } else { pos0 + n };
+            let lo = shape.first_key(pos0 + t0);
             let span = if split { KEY_SPAN } else { hi - lo };
             for k0 in (lo..hi).step_by(span.max(1)) {
                 if count == items.len() {
@@ -280,7 +284,8 @@ fn run_item(
         let mut seen = false;
         for (r, row) in b.s.chunks_exact_mut(kb).enumerate() {
             let p = pos0 + it.t0 + r / group;
-            let (a, z) = (shape.first_key(p).max(j0), (p + 1).min(j1));
+            let last = if shape.causal { (p + 1).min(j1) } else { j1 };
+            let (a, z) = (shape.first_key(p).max(j0), last);
             if a >= z {
                 row.fill(0.0);
                 continue;
@@ -420,6 +425,7 @@ mod tests {
                 head_dim,
                 window,
                 scale: 1.0 / (head_dim as f32).sqrt(),
+                causal: true,
             }
         }
     }

@@ -404,15 +404,18 @@ pub fn matrix_paths(
     let w = &model.weights;
     let mut all: Vec<(&'static str, &Matrix, usize)> = Vec::new();
     for l in &w.layers {
+        let gate = l.gate.as_ref().map(|g| ("gate", g));
         for (role, m) in [
             ("q", &l.q),
             ("k", &l.k),
             ("v", &l.v),
             ("o", &l.o),
-            ("gate", &l.gate),
             ("up", &l.up),
             ("down", &l.down),
-        ] {
+        ]
+        .into_iter()
+        .chain(gate)
+        {
             all.push((role, m, prefill_tokens));
         }
     }

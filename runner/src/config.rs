@@ -9,8 +9,8 @@
 use std::path::Path;
 
 use kiln_format::{
-    Architecture, KilnFile, LayerKind, MlpActivation, ModelConfig, NormStyle, RopePairing,
-    RopeScaling,
+    Architecture, AttentionMask, EmbeddingSpec, KilnFile, LayerKind, MlpActivation, MlpKind,
+    ModelConfig, NormKind, NormPlace, NormStyle, Positions, RopePairing, RopeScaling,
 };
 use kiln_format::{Role, TensorName};
 
@@ -74,6 +74,22 @@ pub struct Config {
     pub rotary_dim: usize,
     /// Which elements a rotary pair couples.
     pub rope_pairing: RopePairing,
+    /// How the norms normalize (RMSNorm, or LayerNorm with biases).
+    pub norm_kind: NormKind,
+    /// Where the norms sit.
+    pub norm_place: NormPlace,
+    /// Whether the MLP has a gate.
+    pub mlp_kind: MlpKind,
+    /// How positions enter.
+    pub positions: Positions,
+    /// Which keys a query sees.
+    pub attention_mask: AttentionMask,
+    /// Biases on the attention output and the MLP projections.
+    pub linear_bias: bool,
+    /// Rows of the token-type table, if the model has one (every token gets row 0).
+    pub type_vocab: Option<usize>,
+    /// Pooling and normalisation of an embedding model; none for a generator.
+    pub embedding: Option<EmbeddingSpec>,
 }
 
 impl Config {
@@ -114,6 +130,16 @@ impl Config {
             }) => Some(usize::try_from(*original_max_position_embeddings).unwrap_or(usize::MAX)),
             _ => None,
         }
+    }
+
+    /// Whether this is an embedding model (pooled states, no output head).
+    pub fn is_encoder(&self) -> bool {
+        self.embedding.is_some()
+    }
+
+    /// Whether queries see every position of their sequence.
+    pub fn bidirectional(&self) -> bool {
+        self.attention_mask == AttentionMask::Bidirectional
     }
 
     /// Whether layer `l` uses the local RoPE base.
@@ -171,6 +197,14 @@ impl Config {
             rope_local_theta: mc.family.rope_local_theta,
             rotary_dim: mc.rotary_dim() as usize,
             rope_pairing: mc.family.rope_pairing,
+            norm_kind: mc.family.norm_kind,
+            norm_place: mc.family.norm_place,
+            mlp_kind: mc.family.mlp_kind,
+            positions: mc.family.positions,
+            attention_mask: mc.family.attention_mask,
+            linear_bias: mc.family.linear_bias,
+            type_vocab: mc.family.type_vocab_size.map(|t| t as usize),
+            embedding: mc.family.embedding.clone(),
         };
         Ok(cfg)
     }
@@ -215,7 +249,7 @@ impl Config {
                     file: label.to_string(),
                     tensor,
                     dtype: info.dtype.to_string(),
-                    reason: "norm weights and biases must be f32, f16 or bf16",
+                    reason: "norm weights, biases and position tables must be f32, f16 or bf16",
                 });
             }
         }

@@ -23,6 +23,7 @@ pub mod bench;
 pub mod chat;
 pub mod config;
 pub mod draft;
+pub mod embed;
 pub mod error;
 pub mod generate;
 pub mod kv_cache;

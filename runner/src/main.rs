@@ -57,7 +57,7 @@ static WAITING_FOR_INPUT: AtomicBool = AtomicBool::new(false);
 #[command(
     name = "kiln-run",
     version,
-    about = "Run .kiln models (Llama, Mistral, Qwen2/3, Gemma 3, Phi-3, GLM families) on the CPU"
+    about = "Run .kiln models (Llama, Mistral, Qwen2/3, Gemma 3, Phi-3, GLM families; BERT embedding models) on the CPU"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -75,6 +75,73 @@ enum Command {
     /// Serve the model over HTTP with OpenAI's API (chat and text completions), decoding
     /// concurrent requests together; a chat page at `/`.
     Serve(ServeArgs),
+    /// Embed texts with an embedding model (a converted sentence-transformers or BERT
+    /// checkpoint): one vector per text, as JSON lines or a .npy file.
+    #[command(after_help = "Examples:\n  \
+        kiln-run embed minilm.kiln -p 'A man is eating food.' -p 'A man rides a horse.'\n  \
+        kiln-run embed minilm.kiln -f sentences.txt -o vectors.npy --format npy\n  \
+        cat docs.txt | kiln-run embed e5.kiln --prompt-name document")]
+    Embed(EmbedArgs),
+}
+
+#[derive(Debug, Args)]
+struct EmbedArgs {
+    /// The .kiln embedding model.
+    model: PathBuf,
+    /// A text to embed; repeat for several.
+    #[arg(short = 'p', long = "text")]
+    texts: Vec<OsString>,
+    /// A file of texts, one per line (every line is a text, empty ones too); without -p or -f
+    /// the texts are read from standard input.
+    #[arg(short = 'f', long, conflicts_with = "texts")]
+    file: Option<PathBuf>,
+    /// Compute threads [default: physical cores; at most the CPUs available].
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    /// Pool token states this way instead of the model's (mean, cls, last_token).
+    #[arg(long, value_parser = parse_pooling)]
+    pooling: Option<kiln_format::Pooling>,
+    /// Scale every vector to unit length (the default when the model has a Normalize module).
+    #[arg(long, conflicts_with = "no_normalize")]
+    normalize: bool,
+    /// Keep the vectors as pooled, even if the model normalises them.
+    #[arg(long)]
+    no_normalize: bool,
+    /// Cut each text to this many tokens, special tokens included [default: the model's
+    /// max_seq_length].
+    #[arg(long)]
+    truncate: Option<usize>,
+    /// Put the model's prompt of this name before every text (e.g. `query`, `document`, as
+    /// the model's config_sentence_transformers.json lists them) [default: the model's
+    /// default prompt, if it names one].
+    #[arg(long, conflicts_with = "prefix")]
+    prompt_name: Option<String>,
+    /// Put this text before every text.
+    #[arg(long)]
+    prefix: Option<String>,
+    /// jsonl: one JSON object per text, in input order ({"index", "tokens", "truncated",
+    /// "embedding"}); npy: one float32 array of (texts, dim), which needs -o.
+    #[arg(long, default_value = "jsonl", value_parser = ["jsonl", "npy"])]
+    format: String,
+    /// Write to this file (atomically) instead of standard output.
+    #[arg(short = 'o', long)]
+    output: Option<PathBuf>,
+    /// Replace the output file if it exists.
+    #[arg(long)]
+    force: bool,
+    /// Tokens per forward pass.
+    #[arg(short = 'b', long = "batch-tokens", default_value_t = kiln_runner::embed::DEFAULT_BATCH_TOKENS as u32, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    batch_tokens: u32,
+    /// Skip checking every tensor's sha256 and value before running.
+    #[arg(long)]
+    no_verify: bool,
+}
+
+fn parse_pooling(s: &str) -> std::result::Result<kiln_format::Pooling, String> {
+    kiln_format::Pooling::ALL
+        .into_iter()
+        .find(|p| p.name() == s)
+        .ok_or_else(|| format!("`{s}`: expected mean, cls or last_token"))
 }
 
 #[derive(Debug, Args)]
@@ -405,6 +472,7 @@ fn run(cli: Cli, interrupt: &Interrupt) -> Result<()> {
         Command::Chat(a) => cmd_chat(a, interrupt),
         Command::Bench(a) => cmd_bench(a, interrupt),
         Command::Serve(a) => cmd_serve(a, interrupt),
+        Command::Embed(a) => cmd_embed(a, interrupt),
     }
 }
 
@@ -862,6 +930,200 @@ fn cmd_chat(a: ChatArgs, interrupt: &Interrupt) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The texts `kiln-run embed` reads: its -p texts, the lines of -f, or standard input's.
+fn embed_texts(a: &EmbedArgs) -> Result<Vec<String>> {
+    if !a.texts.is_empty() {
+        return a
+            .texts
+            .iter()
+            .map(|t| prompt_text(Some(t.clone()), None))
+            .collect();
+    }
+    let (bytes, source_name) = match &a.file {
+        Some(f) => (
+            kiln_format::read_bounded(f, MAX_PROMPT_FILE_BYTES, "texts")?,
+            format!("in {}", f.display()),
+        ),
+        None => {
+            let mut buf = Vec::new();
+            std::io::Read::read_to_end(
+                &mut std::io::Read::take(std::io::stdin().lock(), MAX_PROMPT_FILE_BYTES + 1),
+                &mut buf,
+            )
+            .map_err(|e| RunnerError::InvalidArgument {
+                arg: "stdin",
+                reason: format!("cannot read the texts: {e}"),
+            })?;
+            if buf.len() as u64 > MAX_PROMPT_FILE_BYTES {
+                return Err(RunnerError::InvalidArgument {
+                    arg: "stdin",
+                    reason: format!("more than {MAX_PROMPT_FILE_BYTES} bytes of texts"),
+                });
+            }
+            (buf, "on standard input".to_string())
+        }
+    };
+    let text = String::from_utf8(bytes).map_err(|e| RunnerError::PromptNotUtf8 {
+        source_name,
+        offset: e.utf8_error().valid_up_to(),
+    })?;
+    Ok(text.lines().map(str::to_string).collect())
+}
+
+fn cmd_embed(a: EmbedArgs, interrupt: &Interrupt) -> Result<()> {
+    use kiln_runner::embed::{EmbedOptions, Embedder};
+    let threads = threads_arg(a.threads)?;
+    if a.format == "npy" && a.output.is_none() {
+        return Err(RunnerError::InvalidArgument {
+            arg: "--format",
+            reason: "npy is binary: name a file with -o".into(),
+        });
+    }
+    if let Some(out) = &a.output {
+        kiln_format::check_destination(out, a.force)?;
+        kiln_format::refuse_output_is_input(out, [a.model.as_path()])?;
+    }
+    let texts = embed_texts(&a)?;
+    let file = open_model_verified(&a.model, !a.no_verify)?;
+    let m = load(&file)?;
+    let spec = m.model.config.embedding.clone();
+    let opts = EmbedOptions {
+        pooling: a.pooling,
+        normalize: if a.normalize {
+            Some(true)
+        } else if a.no_normalize {
+            Some(false)
+        } else {
+            None
+        },
+        truncate: a.truncate,
+        batch_tokens: a.batch_tokens as usize,
+    };
+    let mut embedder = Embedder::new(&m.model, file.label(), threads, &opts)?;
+    let prefix = match (&a.prefix, &a.prompt_name, &spec) {
+        (Some(p), _, _) => p.clone(),
+        (None, Some(name), Some(spec)) => {
+            spec.prompts
+                .get(name)
+                .cloned()
+                .ok_or_else(|| RunnerError::InvalidArgument {
+                    arg: "--prompt-name",
+                    reason: format!(
+                        "`{name}`: the model names {}",
+                        if spec.prompts.is_empty() {
+                            "no prompts".to_string()
+                        } else {
+                            spec.prompts.keys().cloned().collect::<Vec<_>>().join(", ")
+                        }
+                    ),
+                })?
+        }
+        (None, None, Some(spec)) => spec
+            .default_prompt_name
+            .as_ref()
+            .and_then(|n| spec.prompts.get(n))
+            .cloned()
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
+    let tokenizer = m.tokenizer.truncating(embedder.max_tokens())?;
+    let mut ids = Vec::with_capacity(texts.len());
+    let mut cut = Vec::with_capacity(texts.len());
+    for t in &texts {
+        let (i, c) = tokenizer.encode_cut(&format!("{prefix}{t}"))?;
+        if i.is_empty() {
+            return Err(RunnerError::EmptyPrompt);
+        }
+        ids.push(i);
+        cut.push(c);
+    }
+    let t0 = Instant::now();
+    let show = std::io::IsTerminal::is_terminal(&std::io::stderr()) && texts.len() > 64;
+    let total = texts.len();
+    let mut vectors = Vec::with_capacity(total);
+    // Passes a few at a time, so that a signal stops the run between them.
+    let chunk = 256;
+    for (i, part) in ids.chunks(chunk).enumerate() {
+        if interrupt.is_raised() {
+            return Ok(());
+        }
+        let before = i * chunk;
+        vectors.extend(embedder.embed_ids(part, &mut |done| {
+            if show {
+                eprint!("\rkiln-run: embedded {}/{total} texts", before + done);
+            }
+        })?);
+    }
+    if show {
+        eprintln!();
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let dim = embedder.dim();
+    let bytes = if a.format == "npy" {
+        npy_f32(&vectors, dim)
+    } else {
+        let mut out = Vec::new();
+        for (i, v) in vectors.iter().enumerate() {
+            let line = serde_json::json!({
+                "index": i,
+                "tokens": ids[i].len(),
+                "truncated": cut[i],
+                "embedding": v,
+            });
+            out.extend_from_slice(line.to_string().as_bytes());
+            out.push(b'\n');
+        }
+        out
+    };
+    match &a.output {
+        Some(path) => {
+            kiln_format::write_file_atomic(path, &bytes, a.force)?;
+            eprintln!(
+                "kiln-run: {total} texts ({} tokens) → {} ({dim} dims, {} pooling{}) in {secs:.2} s, {:.1} texts/s",
+                ids.iter().map(Vec::len).sum::<usize>(),
+                path.display(),
+                embedder.pooling().name(),
+                if embedder.normalizes() { ", normalised" } else { "" },
+                total as f64 / secs.max(1e-9),
+            );
+        }
+        None => {
+            let mut stdout = std::io::stdout().lock();
+            stdout
+                .write_all(&bytes)
+                .and_then(|()| stdout.flush())
+                .map_err(|e| RunnerError::InvalidArgument {
+                    arg: "stdout",
+                    reason: format!("cannot write the embeddings: {e}"),
+                })?;
+        }
+    }
+    Ok(())
+}
+
+/// A `.npy` file (format 1.0) holding `rows` as one little-endian float32 array of
+/// `(rows, dim)`.
+fn npy_f32(rows: &[Vec<f32>], dim: usize) -> Vec<u8> {
+    let mut header = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {dim}), }}",
+        rows.len()
+    );
+    // Magic (6) + version (2) + length (2) + header + '\n', padded to a multiple of 64.
+    let unpadded = 10 + header.len() + 1;
+    header.push_str(&" ".repeat(unpadded.div_ceil(64) * 64 - unpadded));
+    header.push('\n');
+    let mut out = Vec::with_capacity(10 + header.len() + rows.len() * dim * 4);
+    out.extend_from_slice(b"\x93NUMPY\x01\x00");
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    for v in rows {
+        for x in v {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    out
 }
 
 fn cmd_bench(a: BenchArgs, interrupt: &Interrupt) -> Result<()> {

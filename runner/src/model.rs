@@ -1,8 +1,10 @@
-//! The decoder, written once over a handful of operations.
+//! The transformer (decoders, and encoders for embeddings), written once over a handful of
+//! operations.
 //!
-//! Every family (Llama, Mistral, Qwen2, Qwen3, Gemma 3, Phi-3, GLM-4, GLM) differs only by
-//! [`Config`] (biases, q/k norms, post-attention and post-MLP norms, per-layer sliding windows
-//! and RoPE bases, partial rotary and its pairing, LongRoPE, the MLP's activation, embedding and
+//! Every family (Llama, Mistral, Qwen2, Qwen3, Gemma 3, Phi-3, GLM-4, GLM, and BERT encoders)
+//! differs only by [`Config`] (the norms' kind and place, the MLP's gate, learned or rotary
+//! positions, causal or bidirectional attention, biases, q/k norms, post-attention and post-MLP
+//! norms, per-layer sliding windows and RoPE bases, partial rotary and its pairing, LongRoPE, the MLP's activation, embedding and
 //! score scales, tied embeddings; Phi-3's and GLM's fused projections are stored split), and
 //! every weight encoding goes through the same [`matmul`]: there is one forward pass. A
 //! feature a family lacks costs a branch per layer. A [`Model`] borrows its weights from the file; a [`Session`] owns what one
@@ -14,9 +16,9 @@
 use std::sync::Arc;
 
 use kiln_format::KilnFile;
-use kiln_format::MlpActivation;
+use kiln_format::{MlpActivation, NormPlace};
 use kiln_kernels::{
-    axpy, gelu_tanh_mul, matmul_many_for, rmsnorm, silu_mul, Batching, Matrix, Pool,
+    axpy, gelu, gelu_tanh_mul, matmul_many_for, rmsnorm, silu_mul, Batching, Matrix, Pool,
 };
 
 use crate::attention::{attention, AttnScratch, AttnShape};
@@ -25,7 +27,7 @@ use crate::error::{Result, RunnerError};
 use crate::kv_cache::{CacheType, KvCache, SlidingCache};
 use crate::observer::{emit, wants, Activation, Observer};
 use crate::rope::{FactorSet, Rope};
-use crate::weights::{dequantize_row, Weights};
+use crate::weights::{dequantize_row, Norm, Weights};
 
 /// The context used when none is asked for, at most: the model's trained context can be far
 /// larger (128k for Llama 3.1) than a CPU session needs, and the KV cache is allocated up front.
@@ -94,7 +96,13 @@ pub enum Logits {
     /// None: the output matrix is skipped and `forward` returns an empty slice (calibration,
     /// which needs only activations; an observer that wants `model.norm.output` still gets it).
     None,
+    /// Every token's final hidden state, `(T, hidden)`, in place of logits (an embedding
+    /// model's output, which pooling reduces to one vector).
+    States,
 }
+
+/// A gated MLP's activation: `out = act(gate) · up`, element-wise.
+type GatedAct = fn(&[f32], &[f32], &mut [f32]);
 
 /// Activation buffers for a batch of `n` tokens, grown on demand and then reused.
 #[derive(Debug, Default)]
@@ -390,9 +398,29 @@ impl<'m> Compute<'m> {
         inputs: &[&[u32]],
         which: Logits,
     ) -> Result<&[f32]> {
+        self.run_segments("decode", seqs, inputs, which, true)
+    }
+
+    /// An encoder's pass: each of `inputs` (whole texts) into its own empty sequence of
+    /// `seqs`, returning every token's final state, `(Σ len, hidden)`, in order. Every
+    /// product reads its rows independently and each text attends over its own tokens only,
+    /// so a text's states are the same bits alone or beside others.
+    pub fn encode(&mut self, seqs: &mut [&mut Sequence], inputs: &[&[u32]]) -> Result<&[f32]> {
+        self.run_segments("encode", seqs, inputs, Logits::States, false)
+    }
+
+    /// `inputs[i]` into `seqs[i]`, all in one pass on the pool ([`Compute::run`]).
+    fn run_segments(
+        &mut self,
+        what: &'static str,
+        seqs: &mut [&mut Sequence],
+        inputs: &[&[u32]],
+        which: Logits,
+        lone_rows: bool,
+    ) -> Result<&[f32]> {
         if seqs.len() != inputs.len() {
             return Err(RunnerError::InvalidArgument {
-                arg: "decode",
+                arg: what,
                 reason: format!("{} sequences but {} inputs", seqs.len(), inputs.len()),
             });
         }
@@ -402,7 +430,7 @@ impl<'m> Compute<'m> {
             .zip(inputs)
             .map(|(seq, tokens)| Segment { seq, tokens })
             .collect();
-        pool.install(move || self.run(&mut segs, which, None, true))
+        pool.install(move || self.run(&mut segs, which, None, lone_rows))
     }
 
     /// The forward pass over `segs` (one sequence's prompt, or tokens of several sequences),
@@ -443,11 +471,19 @@ impl<'m> Compute<'m> {
         }
         // Several sequences' tokens, or a guess being checked: each must get the bits it
         // gets alone.
-        let batching = if lone_rows || segs.len() > 1 {
+        // An encoder's texts, too, so that a text's embedding is the same alone or in a batch.
+        let batching = if lone_rows || segs.len() > 1 || c.bidirectional() {
             Batching::Independent
         } else {
             Batching::Joint
         };
+        if c.bidirectional() && lone_rows {
+            return Err(RunnerError::InvalidArgument {
+                arg: "forward",
+                reason: "a bidirectional model reads each text whole; it has no one-token steps"
+                    .into(),
+            });
+        }
         let n: usize = segs.iter().map(|s| s.tokens.len()).sum();
         let (h, qd, kvd, ff) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate);
         let hd = c.head_dim;
@@ -458,15 +494,36 @@ impl<'m> Compute<'m> {
         s.fit(c, n);
 
         // inputs_embeds = self.embed_tokens(input_ids)
-        let ids = segs.iter().flat_map(|seg| seg.tokens.iter());
-        for (&id, row) in ids.zip(s.x.chunks_exact_mut(h)) {
+        let ids = segs.iter().flat_map(|seg| {
+            let pos0 = seg.seq.cache.len();
+            seg.tokens
+                .iter()
+                .enumerate()
+                .map(move |(i, id)| (id, pos0 + i))
+        });
+        let mut pos_row = vec![0.0f32; if w.pos_embed.is_some() { h } else { 0 }];
+        for ((&id, pos), row) in ids.zip(s.x.chunks_exact_mut(h)) {
             dequantize_row(&w.embed, id as usize, row);
             // Gemma: `embed_tokens(ids) * embed_scale`, in f32.
             if let Some(scale) = c.embed_scale {
                 row.iter_mut().for_each(|v| *v *= scale);
             }
+            // BERT: inputs_embeds + token_type_embeddings + position_embeddings, in that order.
+            if let Some(types) = &w.type_embed {
+                axpy(1.0, types, row);
+            }
+            if let Some(table) = &w.pos_embed {
+                dequantize_row(table, pos, &mut pos_row);
+                axpy(1.0, &pos_row, row);
+            }
+        }
+        // BERT: embeddings = self.LayerNorm(embeddings)
+        if let Some(norm) = &w.embed_norm {
+            norm_rows_inplace_with(&mut s.x, norm, eps, h);
         }
         emit(&mut observer, arch, Activation::Embed, &s.x, h);
+        let post_norm = c.norm_place == NormPlace::Post;
+        let learned_positions = w.pos_embed.is_some();
 
         // Each segment's full-attention RoPE tables for this call: LongRoPE's long factors
         // when its last position + 1 exceeds the original context, as transformers chooses
@@ -482,9 +539,13 @@ impl<'m> Compute<'m> {
             })
             .collect();
         for (l, lw) in w.layers.iter().enumerate() {
-            // hidden_states = self.input_layernorm(hidden_states)
-            norm_rows(&s.x, &lw.attn_norm, eps, &mut s.xn, h);
-            emit(&mut observer, arch, Activation::AttnNorm(l), &s.xn, h);
+            // hidden_states = self.input_layernorm(hidden_states)  (BERT: no norm before)
+            if post_norm {
+                s.xn.copy_from_slice(&s.x);
+            } else {
+                norm_rows(&s.x, &lw.attn_norm, eps, &mut s.xn, h);
+                emit(&mut observer, arch, Activation::AttnNorm(l), &s.xn, h);
+            }
 
             // q/k/v = self.{q,k,v}_proj(hidden_states)  (+ bias for Qwen2)
             matmul_many_for(
@@ -517,6 +578,7 @@ impl<'m> Compute<'m> {
                 head_dim: hd,
                 window: c.window(l),
                 scale: c.attn_scale,
+                causal: !c.bidirectional(),
             };
             let mut first = 0;
             for (seg, global) in segs.iter_mut().zip(&rope_global) {
@@ -533,7 +595,13 @@ impl<'m> Compute<'m> {
                     },
                     _ => *global,
                 };
-                for (i, t) in rows.clone().enumerate() {
+                // (Learned positions went in with the embeddings.)
+                let rotated = if learned_positions {
+                    0..0
+                } else {
+                    rows.clone()
+                };
+                for (i, t) in rotated.enumerate() {
                     let rope = rope_at(pos0 + i + 1);
                     rope.apply(&mut s.q[t * qd..(t + 1) * qd], pos0 + i);
                     rope.apply(&mut s.k[t * kvd..(t + 1) * kvd], pos0 + i);
@@ -549,6 +617,15 @@ impl<'m> Compute<'m> {
                 } else {
                     cache.batch_limit(l).min(seg_n)
                 };
+                // Every query of a bidirectional layer reads every key: all are written first.
+                if !shape.causal && step < seg_n {
+                    return Err(RunnerError::InvalidArgument {
+                        arg: "forward",
+                        reason: format!(
+                            "a bidirectional layer needs the text's {seg_n} tokens in one step"
+                        ),
+                    });
+                }
                 for t0 in (0..seg_n).step_by(step) {
                     let t1 = (t0 + step).min(seg_n);
                     let (a, b) = (rows.start + t0, rows.start + t1);
@@ -568,6 +645,9 @@ impl<'m> Compute<'m> {
             // attn_output = self.o_proj(attn_output)
             emit(&mut observer, arch, Activation::AttnOut(l), &s.att, qd);
             matmul_many_for(&[&lw.o], &s.att, n, &mut [&mut s.proj], pool, batching);
+            if let Some(b) = &lw.o_bias {
+                add_rows(&mut s.proj, b);
+            }
             emit(&mut observer, arch, Activation::O(l), &s.proj, h);
             // Gemma: hidden_states = self.post_attention_layernorm(hidden_states)
             if let Some(post) = &lw.attn_post_norm {
@@ -576,42 +656,65 @@ impl<'m> Compute<'m> {
             }
             // hidden_states = residual + hidden_states
             axpy(1.0, &s.proj, &mut s.x);
-
-            // hidden_states = self.post_attention_layernorm(hidden_states)
-            //   (Gemma: self.pre_feedforward_layernorm)
-            norm_rows(&s.x, &lw.mlp_norm, eps, &mut s.xn, h);
-            let mlp_norm = if c.post_norms {
-                Activation::PreFfnNorm(l)
+            // BERT: hidden_states = self.LayerNorm(hidden_states + input_tensor)
+            if post_norm {
+                norm_rows_inplace_with(&mut s.x, &lw.attn_norm, eps, h);
+                emit(&mut observer, arch, Activation::AttnNorm(l), &s.x, h);
+                s.xn.copy_from_slice(&s.x);
             } else {
-                Activation::MlpNorm(l)
-            };
-            emit(&mut observer, arch, mlp_norm, &s.xn, h);
-            // down_proj(act_fn(gate_proj(x)) * up_proj(x))
-            matmul_many_for(
-                &[&lw.gate, &lw.up],
-                &s.xn,
-                n,
-                &mut [&mut s.gate, &mut s.up],
-                pool,
-                batching,
-            );
-            emit(&mut observer, arch, Activation::Gate(l), &s.gate, ff);
+                // hidden_states = self.post_attention_layernorm(hidden_states)
+                //   (Gemma: self.pre_feedforward_layernorm)
+                norm_rows(&s.x, &lw.mlp_norm, eps, &mut s.xn, h);
+                let mlp_norm = if c.post_norms {
+                    Activation::PreFfnNorm(l)
+                } else {
+                    Activation::MlpNorm(l)
+                };
+                emit(&mut observer, arch, mlp_norm, &s.xn, h);
+            }
+            // down_proj(act_fn(gate_proj(x)) * up_proj(x))  (BERT: output(gelu(intermediate(x))))
+            match &lw.gate {
+                Some(gate) => {
+                    matmul_many_for(
+                        &[gate, &lw.up],
+                        &s.xn,
+                        n,
+                        &mut [&mut s.gate, &mut s.up],
+                        pool,
+                        batching,
+                    );
+                    emit(&mut observer, arch, Activation::Gate(l), &s.gate, ff);
+                }
+                None => matmul_many_for(&[&lw.up], &s.xn, n, &mut [&mut s.up], pool, batching),
+            }
+            if let Some(b) = &lw.up_bias {
+                add_rows(&mut s.up, b);
+            }
             emit(&mut observer, arch, Activation::Up(l), &s.up, ff);
             // Element-wise, so over the pool for a prompt (one token: microseconds, kept here).
-            let act: fn(&[f32], &[f32], &mut [f32]) = match c.mlp_activation {
-                MlpActivation::Silu => silu_mul,
-                MlpActivation::GeluTanh => gelu_tanh_mul,
+            let gated: Option<GatedAct> = match c.mlp_activation {
+                MlpActivation::Silu => Some(silu_mul),
+                MlpActivation::GeluTanh => Some(gelu_tanh_mul),
+                MlpActivation::Gelu => None,
+            };
+            let (gate_in, up_in) = (&s.gate, &s.up);
+            let act = |t: usize, a: &mut [f32]| {
+                let r = t * ff..(t + 1) * ff;
+                match (gated, lw.gate.is_some()) {
+                    (Some(f), true) => f(&gate_in[r.clone()], &up_in[r], a),
+                    _ => gelu(&up_in[r], a),
+                }
             };
             if n > 1 {
-                pool.for_each_chunk(&mut s.act, ff, |t, a| {
-                    let r = t * ff..(t + 1) * ff;
-                    act(&s.gate[r.clone()], &s.up[r], a)
-                });
+                pool.for_each_chunk(&mut s.act, ff, act);
             } else {
-                act(&s.gate, &s.up, &mut s.act);
+                act(0, &mut s.act);
             }
             emit(&mut observer, arch, Activation::DownIn(l), &s.act, ff);
             matmul_many_for(&[&lw.down], &s.act, n, &mut [&mut s.proj], pool, batching);
+            if let Some(b) = &lw.down_bias {
+                add_rows(&mut s.proj, b);
+            }
             emit(&mut observer, arch, Activation::Mlp(l), &s.proj, h);
             // Gemma: hidden_states = self.post_feedforward_layernorm(hidden_states)
             if let Some(post) = &lw.mlp_post_norm {
@@ -620,6 +723,10 @@ impl<'m> Compute<'m> {
             }
             // hidden_states = residual + hidden_states
             axpy(1.0, &s.proj, &mut s.x);
+            // BERT: layer_output = self.LayerNorm(hidden_states + attention_output)
+            if post_norm {
+                norm_rows_inplace_with(&mut s.x, &lw.mlp_norm, eps, h);
+            }
             emit(&mut observer, arch, Activation::Layer(l), &s.x, h);
         }
         for seg in segs.iter_mut() {
@@ -644,17 +751,28 @@ impl<'m> Compute<'m> {
             }
         }
         let rows = picked.len();
+        // An encoder's states are the last layer's output (BERT has no final norm).
+        if which == Logits::States {
+            return Ok(match &w.final_norm {
+                Some(norm) => {
+                    norm_rows(&s.x, norm, eps, &mut s.xn, h);
+                    &s.xn
+                }
+                None => &s.x,
+            });
+        }
+        let Some(final_norm) = &w.final_norm else {
+            return Err(RunnerError::InvalidArgument {
+                arg: "forward",
+                reason: "an embedding model has no output head; it gives states, not logits".into(),
+            });
+        };
         if all {
-            norm_rows(&s.x, &w.final_norm, eps, &mut s.xn, h);
+            norm_rows(&s.x, final_norm, eps, &mut s.xn, h);
             emit(&mut observer, arch, Activation::FinalNorm, &s.xn, h);
         } else {
             for (i, &r) in picked.iter().enumerate() {
-                rmsnorm(
-                    &s.x[r * h..(r + 1) * h],
-                    &w.final_norm,
-                    eps,
-                    &mut s.xn[i * h..(i + 1) * h],
-                );
+                final_norm.apply(&s.x[r * h..(r + 1) * h], eps, &mut s.xn[i * h..(i + 1) * h]);
             }
         }
         if which == Logits::None {
@@ -795,9 +913,18 @@ impl<'m> Session<'m> {
 }
 
 /// RMSNorm of each `width`-wide row of `x` into `out`.
-fn norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], width: usize) {
+fn norm_rows(x: &[f32], norm: &Norm<'_>, eps: f32, out: &mut [f32], width: usize) {
     for (xr, or) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
-        rmsnorm(xr, weight, eps, or);
+        norm.apply(xr, eps, or);
+    }
+}
+
+/// A block's norm of each `width`-wide row of `x`, in place (a post-norm model's residual).
+fn norm_rows_inplace_with(x: &mut [f32], norm: &Norm<'_>, eps: f32, width: usize) {
+    let mut row = vec![0.0f32; width];
+    for xr in x.chunks_exact_mut(width) {
+        row.copy_from_slice(xr);
+        norm.apply(&row, eps, xr);
     }
 }
 

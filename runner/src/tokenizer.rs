@@ -65,6 +65,12 @@ impl Tokenizer {
             )
         })?;
         let mut inner = parse_tokenizer_json(json).map_err(err)?;
+        // transformers' `tokenizer(text)` neither pads nor truncates unless asked, whatever
+        // the tokenizer.json's `padding` and `truncation` say (all-MiniLM's pads to 128).
+        inner.with_padding(None);
+        inner
+            .with_truncation(None)
+            .map_err(|e| err(format!("cannot turn off its truncation: {e}")))?;
         let roles = role_tokens(files).map_err(err)?;
         mark_special(&mut inner, &roles).map_err(|e| err(e.to_string()))?;
         // A post-processor or decoder that crashes on every input is found here, naming the
@@ -119,6 +125,39 @@ impl Tokenizer {
             }
         }
         Ok(ids)
+    }
+
+    /// This tokenizer, cutting every [`Tokenizer::encode_cut`] to at most `max_tokens` ids as
+    /// transformers' `truncation=True, max_length=max_tokens` cuts: the special tokens the
+    /// post-processor adds are kept and counted.
+    pub fn truncating(&self, max_tokens: usize) -> Result<Tokenizer> {
+        let mut inner = self.inner.clone();
+        let params = tokenizers::TruncationParams {
+            max_length: max_tokens,
+            ..Default::default()
+        };
+        inner
+            .with_truncation(Some(params))
+            .map_err(|e| RunnerError::InvalidArgument {
+                arg: "--truncate",
+                reason: format!("the tokenizer cannot cut to {max_tokens} tokens: {e}"),
+            })?;
+        Ok(Tokenizer {
+            inner,
+            bos: self.bos,
+            add_bos: self.add_bos,
+            stop: self.stop.clone(),
+            bos_token: self.bos_token.clone(),
+            eos_token: self.eos_token.clone(),
+            max_token_bytes: self.max_token_bytes,
+        })
+    }
+
+    /// Encode `text` with special tokens, as [`Tokenizer::truncating`] set it up, and say
+    /// whether anything was cut.
+    pub fn encode_cut(&self, text: &str) -> Result<(Vec<u32>, bool)> {
+        let enc = guarded("encoding", || self.inner.encode(text, true))?;
+        Ok((enc.get_ids().to_vec(), !enc.get_overflowing().is_empty()))
     }
 
     /// Encode text that already holds its special tokens (a rendered chat template): no

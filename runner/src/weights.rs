@@ -7,8 +7,11 @@
 
 use std::borrow::Cow;
 
-use kiln_format::{DType, KilnFile, NormStyle, Role, TensorName, GROUP_ROWS, QK};
-use kiln_kernels::{Matrix, WeightData};
+use kiln_format::{
+    DType, KilnFile, MlpKind, NormKind, NormPlace, NormStyle, Positions, Role, TensorName,
+    GROUP_ROWS, QK,
+};
+use kiln_kernels::{layernorm, rmsnorm, Matrix, WeightData};
 
 use crate::config::Config;
 use crate::error::{Result, RunnerError};
@@ -16,11 +19,31 @@ use crate::error::{Result, RunnerError};
 /// A 1-D f32 weight: borrowed from the map when stored as f32, decoded otherwise.
 pub type Vector<'a> = Cow<'a, [f32]>;
 
+/// A norm: RMSNorm's weight, or LayerNorm's weight and bias.
+#[derive(Debug)]
+pub struct Norm<'a> {
+    /// The weight, `(width)` (`1 + w` already added for [`NormStyle::OnePlusWeight`]).
+    pub weight: Vector<'a>,
+    /// LayerNorm's bias; `None` for RMSNorm.
+    pub bias: Option<Vector<'a>>,
+}
+
+impl Norm<'_> {
+    /// Normalize one row `x` into `out`.
+    pub fn apply(&self, x: &[f32], eps: f32, out: &mut [f32]) {
+        match &self.bias {
+            None => rmsnorm(x, &self.weight, eps, out),
+            Some(b) => layernorm(x, &self.weight, b, eps, out),
+        }
+    }
+}
+
 /// One decoder layer.
 #[derive(Debug)]
 pub struct LayerWeights<'a> {
-    /// Pre-attention RMSNorm weight, `(hidden)`.
-    pub attn_norm: Vector<'a>,
+    /// The attention sublayer's norm, `(hidden)`: on its input (pre-norm) or on the residual
+    /// after it (post-norm, BERT's `attention.output.LayerNorm`).
+    pub attn_norm: Norm<'a>,
     /// Query projection, `(heads*head_dim, hidden)`.
     pub q: Matrix<'a>,
     /// Key projection, `(kv_heads*head_dim, hidden)`.
@@ -31,20 +54,26 @@ pub struct LayerWeights<'a> {
     pub o: Matrix<'a>,
     /// q/k/v biases (Qwen2): `(heads*head_dim)`, `(kv_heads*head_dim)`, `(kv_heads*head_dim)`.
     pub qkv_bias: Option<[Vector<'a>; 3]>,
+    /// Attention output bias (BERT), `(hidden)`.
+    pub o_bias: Option<Vector<'a>>,
     /// Per-head query and key RMSNorm weights, `(head_dim)` each (Qwen3, Gemma 3).
     pub qk_norm: Option<[Vector<'a>; 2]>,
     /// RMSNorm weight on the attention output (Gemma 3), `(hidden)`.
     pub attn_post_norm: Option<Vector<'a>>,
-    /// Pre-MLP RMSNorm weight, `(hidden)`.
-    pub mlp_norm: Vector<'a>,
+    /// The MLP sublayer's norm, `(hidden)` (pre- or post-, as `attn_norm`).
+    pub mlp_norm: Norm<'a>,
     /// RMSNorm weight on the MLP output (Gemma 3), `(hidden)`.
     pub mlp_post_norm: Option<Vector<'a>>,
-    /// SwiGLU gate projection, `(intermediate, hidden)`.
-    pub gate: Matrix<'a>,
-    /// SwiGLU up projection, `(intermediate, hidden)`.
+    /// Gate projection, `(intermediate, hidden)`; none in a plain MLP (BERT).
+    pub gate: Option<Matrix<'a>>,
+    /// Up projection, `(intermediate, hidden)`.
     pub up: Matrix<'a>,
-    /// SwiGLU down projection, `(hidden, intermediate)`.
+    /// Up projection bias (BERT), `(intermediate)`.
+    pub up_bias: Option<Vector<'a>>,
+    /// Down projection, `(hidden, intermediate)`.
     pub down: Matrix<'a>,
+    /// Down projection bias (BERT), `(hidden)`.
+    pub down_bias: Option<Vector<'a>>,
 }
 
 /// The whole model.
@@ -52,10 +81,16 @@ pub struct LayerWeights<'a> {
 pub struct Weights<'a> {
     /// Token embeddings, `(vocab, hidden)`; also the output projection when tied.
     pub embed: Matrix<'a>,
+    /// Learned position embeddings (BERT), `(max_position_embeddings, hidden)`.
+    pub pos_embed: Option<Matrix<'a>>,
+    /// Row 0 of the token-type table (BERT), `(hidden)`: the type every token gets.
+    pub type_embed: Option<Vec<f32>>,
+    /// The norm on the summed embeddings (post-norm models), `(hidden)`.
+    pub embed_norm: Option<Norm<'a>>,
     /// Decoder layers, `(layers)`.
     pub layers: Vec<LayerWeights<'a>>,
-    /// Final RMSNorm weight, `(hidden)`.
-    pub final_norm: Vector<'a>,
+    /// Final norm (pre-norm models), `(hidden)`.
+    pub final_norm: Option<Norm<'a>>,
     /// Output projection, `(vocab, hidden)`; `None` when tied to `embed`.
     pub lm_head: Option<Matrix<'a>>,
 }
@@ -70,8 +105,15 @@ impl<'a> Weights<'a> {
                 let t = |role| TensorName::layer(l, role);
                 let norm = |role| norm(file, t(role), config.norm_style);
                 let post = |role| config.post_norms.then(|| norm(role)).transpose();
+                let full = |w, b| full_norm(file, config, t(w), t(b));
+                let bias = |role| {
+                    config
+                        .linear_bias
+                        .then(|| vector(file, t(role)))
+                        .transpose()
+                };
                 Ok(LayerWeights {
-                    attn_norm: norm(Role::AttnNorm)?,
+                    attn_norm: full(Role::AttnNorm, Role::AttnNormBias)?,
                     q: matrix(file, t(Role::AttnQ))?,
                     k: matrix(file, t(Role::AttnK))?,
                     v: matrix(file, t(Role::AttnV))?,
@@ -90,20 +132,46 @@ impl<'a> Weights<'a> {
                     } else {
                         None
                     },
+                    o_bias: bias(Role::AttnOBias)?,
                     attn_post_norm: post(Role::AttnPostNorm)?,
-                    mlp_norm: norm(Role::MlpNorm)?,
+                    mlp_norm: full(Role::MlpNorm, Role::MlpNormBias)?,
                     mlp_post_norm: post(Role::MlpPostNorm)?,
-                    gate: matrix(file, t(Role::MlpGate))?,
+                    gate: match config.mlp_kind {
+                        MlpKind::Gated => Some(matrix(file, t(Role::MlpGate))?),
+                        MlpKind::Plain => None,
+                    },
                     up: matrix(file, t(Role::MlpUp))?,
+                    up_bias: bias(Role::MlpUpBias)?,
                     down: matrix(file, t(Role::MlpDown))?,
+                    down_bias: bias(Role::MlpDownBias)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let post = config.norm_place == NormPlace::Post;
+        let type_embed = match config.type_vocab {
+            Some(_) => {
+                let table = matrix(file, g(Role::TypeEmbed))?;
+                let mut row = vec![0.0; config.hidden];
+                dequantize_row(&table, 0, &mut row);
+                Some(row)
+            }
+            None => None,
+        };
         Ok(Weights {
             embed: matrix(file, g(Role::Embed))?,
+            pos_embed: match config.positions {
+                Positions::Learned => Some(matrix(file, g(Role::PosEmbed))?),
+                Positions::Rope => None,
+            },
+            type_embed,
+            embed_norm: post
+                .then(|| full_norm(file, config, g(Role::EmbedNorm), g(Role::EmbedNormBias)))
+                .transpose()?,
             layers,
-            final_norm: norm(file, g(Role::FinalNorm), config.norm_style)?,
-            lm_head: if config.tie_word_embeddings {
+            final_norm: (!post)
+                .then(|| full_norm(file, config, g(Role::FinalNorm), g(Role::FinalNormBias)))
+                .transpose()?,
+            lm_head: if config.tie_word_embeddings || config.is_encoder() {
                 None
             } else {
                 Some(matrix(file, g(Role::LmHead))?)
@@ -122,8 +190,9 @@ impl<'a> Weights<'a> {
             .layers
             .iter()
             .map(|l| {
-                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
-                    .iter()
+                [&l.q, &l.k, &l.v, &l.o, &l.up, &l.down]
+                    .into_iter()
+                    .chain(&l.gate)
                     .map(|m| m.data.byte_len())
                     .sum::<usize>()
             })
@@ -189,6 +258,22 @@ fn norm<'a>(file: &'a KilnFile, name: TensorName, style: NormStyle) -> Result<Ve
     Ok(match style {
         NormStyle::Weight => w,
         NormStyle::OnePlusWeight => Cow::Owned(w.iter().map(|x| 1.0 + x).collect()),
+    })
+}
+
+/// A block's norm: its weight, and for [`NormKind::Layer`] its bias (`bias`).
+fn full_norm<'a>(
+    file: &'a KilnFile,
+    config: &Config,
+    weight: TensorName,
+    bias: TensorName,
+) -> Result<Norm<'a>> {
+    Ok(Norm {
+        weight: norm(file, weight, config.norm_style)?,
+        bias: match config.norm_kind {
+            NormKind::Layer => Some(vector(file, bias)?),
+            NormKind::Rms => None,
+        },
     })
 }
 

@@ -763,3 +763,29 @@ fn absurd_thread_counts_are_capped_with_a_notice() {
     let threads = v["threads"].as_u64().unwrap() as usize;
     assert_eq!(threads, kiln_runner::threads::max_threads());
 }
+
+/// `embed` on a generator is refused by name, before any output file is created; a bad
+/// output request is refused before the model is read.
+#[test]
+fn embed_refuses_a_generator_and_leaves_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(dir.path());
+    let m = model.to_str().unwrap();
+    let out = dir.path().join("v.npy");
+    let o = kiln_run(&[
+        "embed",
+        m,
+        "-p",
+        "hello",
+        "--format",
+        "npy",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_fails(&o, USAGE, &["not an embedding model", "Llama"]);
+    assert!(!out.exists());
+    let o = kiln_run(&["embed", m, "-p", "hello", "--format", "npy"]);
+    assert_fails(&o, USAGE, &["--format", "-o"]);
+    let o = kiln_run(&["embed", m, "-p", "hello", "--pooling", "max"]);
+    assert_fails(&o, USAGE, &["max"]);
+}

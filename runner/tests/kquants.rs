@@ -54,7 +54,11 @@ fn gemma3_q4_k_m_keeps_k_quants_and_every_tier_gives_reference_bits() {
     let mut mats: Vec<&Matrix> = w
         .layers
         .iter()
-        .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
+        .flat_map(|l| {
+            [&l.q, &l.k, &l.v, &l.o, &l.up, &l.down]
+                .into_iter()
+                .chain(&l.gate)
+        })
         .collect();
     mats.push(w.output());
     let kinds = |f: fn(&WeightData) -> bool| mats.iter().filter(|m| f(&m.data)).count();

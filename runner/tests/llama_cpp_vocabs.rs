@@ -72,7 +72,8 @@ const VOCABS: &[(&str, &str, Expect)] = &[
         Expect::Refuse("`starcoder`"),
     ),
     // Other tokenizer models.
-    ("llama-cpp-vocab", "bert-bge", Expect::Refuse("`bert`")),
+    // WordPiece (GGUF model `bert`) rebuilt as BERT's tokenizer.
+    ("llama-cpp-vocab", "bert-bge", Expect::Agree),
     ("llama-cpp-vocab", "gemma-4", Expect::Refuse("`gemma4`")),
 ];
 

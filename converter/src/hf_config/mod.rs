@@ -211,7 +211,7 @@ impl Block {
     fn read(f: &Fields<'_>, spec: &FamilySpec) -> Result<Block> {
         let path = f.path;
         let rms_norm_eps = f
-            .float(f.map, "rms_norm_eps", "")?
+            .float(f.map, spec.hf.eps_key, "")?
             .unwrap_or(spec.hf.rms_norm_eps);
         let act_key = spec.hf.activation_key;
         let (want, what) = spec.mlp_activation.hf_name();
@@ -288,6 +288,32 @@ fn refuse_unsupported(f: &Fields<'_>, spec: &FamilySpec) -> Result<()> {
     Ok(())
 }
 
+/// An encoder's options: its token-type table, and the pooling a bare checkpoint gets (the
+/// mean of the last hidden states, unnormalised, as sentence-transformers builds for a model
+/// without `modules.json`; the directory's sentence-transformers files replace it).
+fn encoder_options(f: &Fields<'_>, family: &mut kiln_format::FamilyOptions) -> Result<()> {
+    match f.get("position_embedding_type") {
+        None => {}
+        Some(v) if v.as_str() == Some("absolute") => {}
+        Some(v) => {
+            return Err(ConvertError::field(
+                f.path,
+                "position_embedding_type",
+                format!("{v} is not supported; Kiln implements absolute position embeddings"),
+            ))
+        }
+    }
+    family.type_vocab_size = Some(f.uint("type_vocab_size")?.unwrap_or(2));
+    family.embedding = Some(kiln_format::EmbeddingSpec {
+        pooling: kiln_format::Pooling::Mean,
+        normalize: false,
+        max_seq_length: None,
+        prompts: Default::default(),
+        default_prompt_name: None,
+    });
+    Ok(())
+}
+
 /// The family's options: its fixed ones ([`FamilySpec::options`]), the per-layer kinds and
 /// scales of sliding layers, the embedding scale, and the rotated width, checked against
 /// LongRoPE's factor count.
@@ -300,6 +326,9 @@ fn options(
 ) -> Result<kiln_format::FamilyOptions> {
     let mut family = spec.options();
     family.mlp_activation = mlp_activation;
+    if spec.encoder {
+        encoder_options(f, &mut family)?;
+    }
     if let Some(layers) = &spec.sliding_layers {
         let (layer_kinds, attn_scale) = layers::sliding_layers(f, layers, dims.num_layers)?;
         family.layer_kinds = layer_kinds;

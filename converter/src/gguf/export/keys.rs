@@ -51,6 +51,9 @@ pub(super) fn file_type(matrix_bytes: &BTreeMap<DType, u64>) -> u32 {
 pub fn config_metadata(arch: &str, c: &ModelConfig) -> Vec<(String, Value)> {
     let k = |s: &str| format!("{arch}.{s}");
     let u = |v: u64| Value::U32(v.min(u64::from(u32::MAX)) as u32);
+    if let Some(e) = &c.family.embedding {
+        return encoder_metadata(arch, c, e);
+    }
     let mut kv = vec![
         (k("context_length"), u(c.max_position_embeddings)),
         (k("embedding_length"), u(c.hidden_size)),
@@ -111,6 +114,44 @@ pub fn config_metadata(arch: &str, c: &ModelConfig) -> Vec<(String, Value)> {
         None => {}
     }
     kv
+}
+
+/// An encoder's keys, as llama.cpp's converter writes a `BertModel`: no rotary keys, the
+/// LayerNorm epsilon, non-causal attention, the pooling, and the token-type count.
+fn encoder_metadata(
+    arch: &str,
+    c: &ModelConfig,
+    e: &kiln_format::EmbeddingSpec,
+) -> Vec<(String, Value)> {
+    let k = |s: &str| format!("{arch}.{s}");
+    let u = |v: u64| Value::U32(v.min(u64::from(u32::MAX)) as u32);
+    let pooling = match e.pooling {
+        kiln_format::Pooling::Mean => 1,
+        kiln_format::Pooling::Cls => 2,
+        kiln_format::Pooling::LastToken => 3,
+    };
+    vec![
+        (k("context_length"), u(c.max_position_embeddings)),
+        (k("embedding_length"), u(c.hidden_size)),
+        (k("block_count"), u(c.num_layers)),
+        (k("feed_forward_length"), u(c.intermediate_size)),
+        (k("attention.head_count"), u(c.num_heads)),
+        (
+            k("attention.layer_norm_epsilon"),
+            Value::F32(c.rms_norm_eps as f32),
+        ),
+        (k("attention.causal"), Value::Bool(false)),
+        (k("pooling_type"), Value::U32(pooling)),
+        (
+            "tokenizer.ggml.token_type_count".into(),
+            u(c.family.type_vocab_size.unwrap_or(1)),
+        ),
+        // What GGUF has no key for (normalisation, max_seq_length, prompts), for Kiln's import.
+        (
+            "kiln.embedding".into(),
+            Value::Str(serde_json::to_string(e).expect("serializable")),
+        ),
+    ]
 }
 
 #[cfg(test)]

@@ -101,10 +101,18 @@ pub(super) fn resolve_config(file: &str, h: &GgufHeader, bytes: &[u8]) -> Result
     let (rope_theta, rope_scaling) = rope_settings(file, bytes, &k, spec, head_dim, rotary_dim)?;
     let eos_token_ids = eos_token_ids(&k, spec)?;
     let num_layers = k.u64("block_count")?;
-    let (family, sliding_window) = family(&k, spec, num_layers, hidden, heads, head_dim)?;
+    let (mut family, sliding_window) = family(&k, spec, num_layers, hidden, heads, head_dim)?;
+    if spec.encoder {
+        encoder(&k, &mut family)?;
+    }
     let family = FamilyOptions {
         rotary_dim: (rotary_dim != head_dim).then_some(rotary_dim),
         ..family
+    };
+    // LayerNorm families state their epsilon under its own key.
+    let eps_key = match family.norm_kind {
+        kiln_format::NormKind::Rms => "attention.layer_norm_rms_epsilon",
+        kiln_format::NormKind::Layer => "attention.layer_norm_epsilon",
     };
     Ok(ModelConfig {
         architecture: spec.architecture,
@@ -118,13 +126,8 @@ pub(super) fn resolve_config(file: &str, h: &GgufHeader, bytes: &[u8]) -> Result
         vocab_size: vocab,
         max_position_embeddings: k.u64("context_length")?,
         rms_norm_eps: k
-            .f64_opt("attention.layer_norm_rms_epsilon")?
-            .ok_or_else(|| {
-                k.err(
-                    &format!("{arch}.attention.layer_norm_rms_epsilon"),
-                    "missing",
-                )
-            })?,
+            .f64_opt(eps_key)?
+            .ok_or_else(|| k.err(&format!("{arch}.{eps_key}"), "missing"))?,
         rope_theta,
         rope_scaling,
         tie_word_embeddings: h.tensor("output.weight").is_none(),
@@ -294,6 +297,79 @@ fn family(
         family.embed_scale = Some(f64::from((hidden as f64).sqrt() as f32));
     }
     Ok((family, window))
+}
+
+/// An encoder's options as llama.cpp's `bert` graph runs it: non-causal attention, the
+/// token-type table's rows, and the pooling `pooling_type` names. The file does not say
+/// whether the model normalises its vectors; llama.cpp's tools normalise by default
+/// (`--embd-normalize 2`), and so does the imported file (`kiln-run embed --no-normalize`
+/// keeps them raw).
+fn encoder(k: &Keys, family: &mut FamilyOptions) -> Result<()> {
+    if let Some((key, v)) = k.get("attention.causal") {
+        if *v != Value::Bool(false) {
+            return Err(k.err(&key, format!("{v:?}: a causal encoder is not supported")));
+        }
+    }
+    let pooling = match k.get("pooling_type") {
+        None => kiln_format::Pooling::Mean,
+        Some((key, v)) => match v.as_u64() {
+            Some(1) => kiln_format::Pooling::Mean,
+            Some(2) => kiln_format::Pooling::Cls,
+            Some(3) => kiln_format::Pooling::LastToken,
+            _ => {
+                return Err(k.err(
+                    &key,
+                    format!("{v:?}: Kiln pools by mean (1), CLS (2) or last token (3)"),
+                ))
+            }
+        },
+    };
+    family.type_vocab_size = match k.header.tensor("token_types.weight") {
+        Some(t) if t.dims.len() == 2 => Some(t.dims[1]),
+        Some(t) => {
+            return Err(k.err(
+                "token_types.weight",
+                format!("expected 2 dimensions, found {:?}", t.dims),
+            ))
+        }
+        None => None,
+    };
+    let spec = match k.header.get("kiln.embedding") {
+        // A file Kiln wrote: the rest of the model's embedding, checked against the pooling
+        // llama.cpp reads.
+        Some(v) => {
+            let stored: kiln_format::EmbeddingSpec = v
+                .as_str()
+                .and_then(|s| serde_json::from_str(s).ok())
+                .ok_or_else(|| {
+                    k.err(
+                        "kiln.embedding",
+                        format!("{v:?} is not Kiln's embedding JSON"),
+                    )
+                })?;
+            if stored.pooling != pooling {
+                return Err(k.err(
+                    "kiln.embedding",
+                    format!(
+                        "names {} pooling, but {}.pooling_type names {}",
+                        stored.pooling.name(),
+                        k.arch,
+                        pooling.name()
+                    ),
+                ));
+            }
+            stored
+        }
+        None => kiln_format::EmbeddingSpec {
+            pooling,
+            normalize: true,
+            max_seq_length: None,
+            prompts: Default::default(),
+            default_prompt_name: None,
+        },
+    };
+    family.embedding = Some(spec);
+    Ok(())
 }
 
 /// Sliding layers as llama.cpp runs them (Gemma 3), whose file states only the window: every

@@ -56,7 +56,7 @@ pub(super) fn flavour(file: &str, model: &str, arch: &str) -> Result<Flavour> {
             file,
             format!(
                 "GGUF tokenizer model `{model}` is not supported; Kiln imports byte-level BPE \
-                 (`gpt2`) and SentencePiece (`llama`) tokenizers"
+                 (`gpt2`), SentencePiece (`llama`) and WordPiece (`bert`) tokenizers"
             ),
         )),
     }
@@ -86,6 +86,9 @@ pub fn from_gguf<'h>(
     let model = model
         .as_str()
         .ok_or_else(|| wrong(file, model_key, model, "a string"))?;
+    if model == "bert" {
+        return super::wordpiece::from_gguf(file, get, context_length);
+    }
     let flavour = flavour(file, model, arch)?;
     let (pre, pre_json) = pre_tokenizer(file, get, flavour)?;
     let tokens_key = "tokenizer.ggml.tokens";
@@ -177,7 +180,7 @@ fn pre_tokenizer<'h>(file: &str, get: Get<'_, 'h>, flavour: Flavour) -> Result<(
 }
 
 /// `tokenizer.ggml.token_type`, one `llama_token_type` a token (all normal when absent).
-fn token_types(file: &str, get: Get<'_, '_>, tokens: &[String]) -> Result<Vec<i32>> {
+pub(super) fn token_types(file: &str, get: Get<'_, '_>, tokens: &[String]) -> Result<Vec<i32>> {
     let types_key = "tokenizer.ggml.token_type";
     let types: Vec<i32> = match get(types_key) {
         None => vec![token_type::NORMAL; tokens.len()],

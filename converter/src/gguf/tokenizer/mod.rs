@@ -25,6 +25,7 @@
 
 mod from_gguf;
 mod to_gguf;
+mod wordpiece;
 
 use serde_json::{json, Value as Json};
 
@@ -266,10 +267,10 @@ mod tests {
     #[test]
     fn unknown_tokenizer_model_is_refused_naming_it() {
         let mut kv = gemma_keys(&["<unk>", "<bos>"], &[3, 3]);
-        kv.insert("tokenizer.ggml.model".into(), Value::Str("bert".into()));
-        let e = from_gguf("b.gguf", &|k| kv.get(k), "bert", 64).unwrap_err();
+        kv.insert("tokenizer.ggml.model".into(), Value::Str("t5".into()));
+        let e = from_gguf("b.gguf", &|k| kv.get(k), "t5", 64).unwrap_err();
         assert!(
-            matches!(&e, ConvertError::UnsupportedTokenizer { reason, .. } if reason.contains("`bert`")),
+            matches!(&e, ConvertError::UnsupportedTokenizer { reason, .. } if reason.contains("`t5`")),
             "{e}"
         );
     }

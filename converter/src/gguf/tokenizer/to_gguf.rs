@@ -27,6 +27,10 @@ pub fn to_gguf(
         .map_err(|e| unsupported(file, format!("tokenizer.json does not parse: {e}")))?;
     let model = tj.get("model").unwrap_or(&Json::Null);
     let model_type = model.get("type").and_then(Json::as_str).unwrap_or("?");
+    if model_type == "WordPiece" {
+        let kv = super::wordpiece::to_gguf(file, &tj, &tok.special_tokens, config.vocab_size)?;
+        return Ok((kv, notices));
+    }
     let byte_level = has_byte_level(tj.get("pre_tokenizer").unwrap_or(&Json::Null))
         || has_byte_level(tj.get("decoder").unwrap_or(&Json::Null));
     // Gemma's: BPE over `▁`-spelled text with byte fallback, written as llama.cpp's

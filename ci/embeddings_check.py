@@ -1,0 +1,123 @@
+"""Check `kiln-run embed` against sentence-transformers' vectors (see ci/embeddings.sh)."""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+
+def embed(binary, model, texts, *extra):
+    args = [binary, "embed", model, "-t", "2", *extra]
+    for t in texts:
+        args += ["-p", t]
+    out = subprocess.run(args, capture_output=True, text=True, check=True)
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def cosines(ref, got):
+    a = np.array([r["embedding"] for r in ref], dtype=np.float64)
+    b = np.array([g["embedding"] for g in got], dtype=np.float64)
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def ranking(rows, queries, documents):
+    e = np.array([rows[i]["embedding"] for i in range(len(rows))], dtype=np.float64)
+    e /= np.linalg.norm(e, axis=1, keepdims=True)
+    return [list(np.argsort(-(e[documents] @ e[q]))) for q in queries]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--reference", required=True)
+    a = ap.parse_args()
+    ref = json.load(open(a.reference))
+    rows = ref["rows"]
+    texts = [r["text"] for r in rows]
+    failures = []
+    results = {}
+    # (least cosine, mean cosine) each file must reach. Q8_0's least is the empty text's
+    # ([CLS][SEP] alone), 0.998 when measured; every other text is above 0.999.
+    for name, floor in [("f32", (0.99999, 0.99999)), ("q8_0", (0.998, 0.9995)), ("q4_0", None)]:
+        got = embed(a.bin, os.path.join(a.dir, f"minilm-{name}.kiln"), texts)
+        cos = cosines(rows, got)
+        results[name] = got
+        worst = int(np.argmin(cos))
+        print(f"{name}: cosine to sentence-transformers min {cos.min():.7f} mean {cos.mean():.7f} "
+              f"(worst: {texts[worst][:40]!r})")
+        if floor is not None and (cos.min() < floor[0] or cos.mean() < floor[1]):
+            failures.append(f"{name}: cosine min {cos.min():.7f} mean {cos.mean():.7f}, "
+                            f"below {floor} (worst {texts[worst][:40]!r})")
+        nonempty = [c for c, t in zip(cos, texts) if t]
+        print(f"{name}: least over non-empty texts {min(nonempty):.7f}")
+        for r, g in zip(rows, got):
+            if len(r["ids"]) != g["tokens"]:
+                failures.append(f"{name}: {r['text'][:40]!r} has {g['tokens']} tokens, "
+                                f"sentence-transformers {len(r['ids'])}")
+    truncated = [g["truncated"] for g in results["f32"]]
+    if truncated.count(True) != 1 or not results["f32"][texts.index(max(texts, key=len))]["truncated"]:
+        failures.append(f"only the long text should be cut to max_seq_length: {truncated}")
+    # Retrieval order of the query/document set, Q4_0 against F32 and the reference.
+    q, d = ref["queries"], ref["documents"]
+    want = ranking(rows, q, d)
+    for name in ["f32", "q8_0", "q4_0"]:
+        order = ranking(results[name], q, d)
+        same = sum(o[0] == w[0] for o, w in zip(order, want))
+        print(f"{name}: top document right for {same}/{len(q)} queries; "
+              f"full order identical: {order == want}")
+        if same != len(q):
+            failures.append(f"{name}: retrieval's top document differs from sentence-transformers'")
+    # A text's vector is the same bits alone, in a batch of mixed lengths, and with 1-token passes.
+    f32 = os.path.join(a.dir, "minilm-f32.kiln")
+    alone = [embed(a.bin, f32, [t])[0]["embedding"] for t in texts[:6]]
+    batched = results["f32"][:6]
+    tiny = embed(a.bin, f32, texts, "-b", "1")
+    if any(x != y["embedding"] for x, y in zip(alone, batched)):
+        failures.append("a text's vector differs alone and in a batch")
+    if [t["embedding"] for t in tiny] != [g["embedding"] for g in results["f32"]]:
+        failures.append("vectors differ between one text per pass and full passes")
+    # .npy holds the same float32 values as the JSON lines.
+    npy = os.path.join(a.dir, "vectors.npy")
+    lines = os.path.join(a.dir, "texts.txt")
+    simple = [t for t in texts if "\n" not in t]
+    with open(lines, "w") as f:
+        f.write("\n".join(simple) + "\n")
+    subprocess.run([a.bin, "embed", f32, "-f", lines, "--format", "npy", "-o", npy, "--force"],
+                   check=True, capture_output=True)
+    arr = np.load(npy)
+    want_npy = np.array([results["f32"][texts.index(t)]["embedding"] for t in simple], np.float32)
+    if arr.shape != want_npy.shape or not np.array_equal(arr, want_npy):
+        failures.append(f".npy {arr.shape} differs from the JSON lines {want_npy.shape}")
+    # Through GGUF and back: the same vectors (Kiln's GGUF keeps the embedding settings).
+    for name in ["f32", "q8_0"]:
+        back = embed(a.bin, os.path.join(a.dir, f"minilm-{name}-from-gguf.kiln"), texts)
+        if [b["embedding"] for b in back] != [g["embedding"] for g in results[name]]:
+            failures.append(f"{name}: the file imported back from its GGUF embeds differently")
+        else:
+            print(f"{name}: GGUF export and import give the same vectors")
+    # Options and bad input.
+    raw = embed(a.bin, f32, texts[:3], "--no-normalize", "--pooling", "cls")
+    if abs(np.linalg.norm(raw[0]["embedding"]) - 1) < 1e-3:
+        failures.append("--no-normalize still normalised")
+    for args, needle in [
+        (["--truncate", "0"], "--truncate"),
+        (["--truncate", "100000"], "--truncate"),
+        (["--prompt-name", "nope"], "--prompt-name"),
+        (["--format", "npy"], "-o"),
+        (["--pooling", "max"], "max"),
+    ]:
+        p = subprocess.run([a.bin, "embed", f32, "-p", "x", *args], capture_output=True, text=True)
+        if p.returncode != 2 or needle not in p.stderr:
+            failures.append(f"{args}: exit {p.returncode}, stderr {p.stderr.strip()[:200]!r}")
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        sys.exit(1)
+    print("embeddings: all checks passed")
+
+
+if __name__ == "__main__":
+    main()

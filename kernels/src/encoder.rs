@@ -1,0 +1,96 @@
+//! The element-wise operations encoders add to the decoders' set: LayerNorm (with its bias)
+//! and exact GELU.
+//!
+//! Both run once per token per layer over a vector of `hidden` or `intermediate` values,
+//! next to matrix products that cost hundreds of times more, so they are written once in
+//! scalar code (no SIMD tiers, no dispatch): accuracy matters here, speed does not. Each
+//! computes in f64 and rounds once, which keeps them within an f32 rounding of PyTorch's
+//! `layer_norm` and `gelu` on every input.
+
+/// PyTorch's `LayerNorm` of one row: `(x − mean) / √(var + eps) · weight + bias`, the
+/// variance biased (divided by `n`), as `torch.nn.functional.layer_norm` computes it.
+///
+/// Panics if the lengths differ (the caller checked the shapes when it loaded the model).
+pub fn layernorm(x: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f32]) {
+    assert_eq!(x.len(), weight.len(), "layernorm: weight length mismatch");
+    assert_eq!(x.len(), bias.len(), "layernorm: bias length mismatch");
+    assert_eq!(x.len(), out.len(), "layernorm: output length mismatch");
+    if x.is_empty() {
+        return;
+    }
+    let n = x.len() as f64;
+    let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+    let var = x
+        .iter()
+        .map(|&v| {
+            let d = f64::from(v) - mean;
+            d * d
+        })
+        .sum::<f64>()
+        / n;
+    let inv = 1.0 / (var + f64::from(eps)).sqrt();
+    for (((o, &v), &w), &b) in out.iter_mut().zip(x).zip(weight).zip(bias) {
+        *o = ((f64::from(v) - mean) * inv * f64::from(w) + f64::from(b)) as f32;
+    }
+}
+
+/// [`layernorm`] in place.
+pub fn layernorm_inplace(x: &mut [f32], weight: &[f32], bias: &[f32], eps: f32) {
+    let src = x.to_vec();
+    layernorm(&src, weight, bias, eps, x);
+}
+
+/// `out = gelu(x)`, PyTorch's exact GELU (`approximate="none"`, transformers' `gelu`):
+/// `x · ½ · (1 + erf(x / √2))`.
+pub fn gelu(x: &[f32], out: &mut [f32]) {
+    assert_eq!(x.len(), out.len(), "gelu: output length mismatch");
+    for (o, &v) in out.iter_mut().zip(x) {
+        let v = f64::from(v);
+        *o = (v * 0.5 * (1.0 + libm::erf(v * std::f64::consts::FRAC_1_SQRT_2))) as f32;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layernorm_centres_and_scales() {
+        let x = [1.0f32, 2.0, 3.0, 4.0];
+        let mut out = [0.0f32; 4];
+        layernorm(&x, &[1.0; 4], &[0.0; 4], 0.0, &mut out);
+        // mean 2.5, variance 1.25
+        let s = 1.25f64.sqrt();
+        for (o, v) in out.iter().zip([-1.5, -0.5, 0.5, 1.5]) {
+            assert!((f64::from(*o) - v / s).abs() < 1e-6, "{o}");
+        }
+        let mut shifted = [0.0f32; 4];
+        layernorm(&x, &[2.0; 4], &[1.0; 4], 0.0, &mut shifted);
+        for (a, b) in shifted.iter().zip(out) {
+            assert!((a - (2.0 * b + 1.0)).abs() < 1e-6);
+        }
+        // A constant row is all bias, the epsilon keeping it finite.
+        let mut flat = [0.0f32; 3];
+        layernorm(&[5.0; 3], &[1.0; 3], &[0.25; 3], 1e-12, &mut flat);
+        assert_eq!(flat, [0.25; 3]);
+    }
+
+    #[test]
+    fn gelu_matches_known_values() {
+        // x·Φ(x) at a few points (Φ from tables of the normal distribution).
+        let x = [-3.0f32, -1.0, 0.0, 0.5, 1.0, 2.0];
+        let want = [
+            -0.004_049_71,
+            -0.158_655_25,
+            0.0,
+            0.345_731_37,
+            0.841_344_7,
+            1.954_499_7,
+        ];
+        let mut out = [0.0f32; 6];
+        gelu(&x, &mut out);
+        for ((o, w), x) in out.iter().zip(want).zip(x) {
+            assert!((o - w).abs() < 1e-6, "gelu({x}) = {o}, want {w}");
+        }
+    }
+}
