@@ -34,12 +34,6 @@ pub fn layernorm(x: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f
     }
 }
 
-/// [`layernorm`] in place.
-pub fn layernorm_inplace(x: &mut [f32], weight: &[f32], bias: &[f32], eps: f32) {
-    let src = x.to_vec();
-    layernorm(&src, weight, bias, eps, x);
-}
-
 /// `out = gelu(x)`, PyTorch's exact GELU (`approximate="none"`, transformers' `gelu`):
 /// `x · ½ · (1 + erf(x / √2))`.
 pub fn gelu(x: &[f32], out: &mut [f32]) {

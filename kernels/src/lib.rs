@@ -77,7 +77,7 @@ pub use kiln_format::{
 };
 
 pub use dispatch::{active, kernels};
-pub use encoder::{gelu, layernorm, layernorm_inplace};
+pub use encoder::{gelu, layernorm};
 pub use error::KernelError;
 pub use isa::{
     best_isa, isa, missing_tiers, supported_isas, tested_isas, Isa, EXPECT_TIERS_ENV, ISA_ENV,

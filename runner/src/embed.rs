@@ -51,6 +51,10 @@ pub struct Embedder<'m> {
     batch_tokens: usize,
 }
 
+/// Most texts in one forward pass, whatever the token budget: each holds a sequence (its
+/// KV cache) for the pass, so a huge `--batch-tokens` over many short texts stays bounded.
+pub const MAX_TEXTS_PER_PASS: usize = 256;
+
 /// Tokens per forward pass when [`EmbedOptions::batch_tokens`] is 0.
 pub const DEFAULT_BATCH_TOKENS: usize = 2048;
 
@@ -161,7 +165,10 @@ impl<'m> Embedder<'m> {
         while start < texts.len() {
             let mut end = start + 1;
             let mut tokens = texts[start].len();
-            while end < texts.len() && tokens + texts[end].len() <= self.batch_tokens {
+            while end < texts.len()
+                && end - start < MAX_TEXTS_PER_PASS
+                && tokens + texts[end].len() <= self.batch_tokens
+            {
                 tokens += texts[end].len();
                 end += 1;
             }

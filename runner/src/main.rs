@@ -983,7 +983,9 @@ fn cmd_embed(a: EmbedArgs, interrupt: &Interrupt) -> Result<()> {
     }
     if let Some(out) = &a.output {
         kiln_format::check_destination(out, a.force)?;
-        kiln_format::refuse_output_is_input(out, [a.model.as_path()])?;
+        // Neither the model nor the texts' file may be replaced by the vectors.
+        let inputs = std::iter::once(a.model.as_path()).chain(a.file.as_deref());
+        kiln_format::refuse_output_is_input(out, inputs)?;
     }
     let texts = embed_texts(&a)?;
     let file = open_model_verified(&a.model, !a.no_verify)?;

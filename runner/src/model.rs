@@ -143,7 +143,9 @@ impl Scratch {
         fit(&mut self.v, n * c.kv_dim());
         fit(&mut self.att, n * c.q_dim());
         fit(&mut self.proj, n * c.hidden);
-        fit(&mut self.gate, n * c.intermediate);
+        // A plain MLP (BERT) has no gate projection to hold.
+        let gated = c.mlp_kind == kiln_format::MlpKind::Gated;
+        fit(&mut self.gate, if gated { n * c.intermediate } else { 0 });
         fit(&mut self.up, n * c.intermediate);
         fit(&mut self.act, n * c.intermediate);
     }

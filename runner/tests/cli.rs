@@ -788,4 +788,11 @@ fn embed_refuses_a_generator_and_leaves_no_output() {
     assert_fails(&o, USAGE, &["--format", "-o"]);
     let o = kiln_run(&["embed", m, "-p", "hello", "--pooling", "max"]);
     assert_fails(&o, USAGE, &["max"]);
+    // The vectors never replace the texts they came from, even with --force.
+    let texts = dir.path().join("texts.txt");
+    std::fs::write(&texts, "one\ntwo\n").unwrap();
+    let t = texts.to_str().unwrap();
+    let o = kiln_run(&["embed", m, "-f", t, "-o", t, "--force"]);
+    assert_fails(&o, USAGE, &["the output is also an input"]);
+    assert_eq!(std::fs::read_to_string(&texts).unwrap(), "one\ntwo\n");
 }
