@@ -8,7 +8,11 @@
 # Q8_0 least ≥ 0.998 and mean ≥ 0.9995, Q4_0 reported with the retrieval order of a small query/document set; a
 # text's vector the same bits alone and in a batch; JSON lines and .npy agreeing; bad options
 # refused by name (exit 2); and the F32 and Q8_0 files through GGUF
-# (llama.cpp's `bert` layout) and back, giving the same vectors.
+# (llama.cpp's `bert` layout) and back, giving the same vectors. The tiny decoder-based
+# embedder of fixtures/tiny/qwen3-embedding-f32 (Qwen3-Embedding's layout) against its
+# sentence-transformers vectors too. Then `kiln-run serve` on the
+# F32 file: /v1/embeddings through the official openai client and raw HTTP, held to
+# `kiln-run embed`'s bits (runner/tests/serve/test_embeddings.py, on 127.0.0.1, bounded).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -35,3 +39,11 @@ for q in f32 q8_0; do
 done
 "$py" ci/embeddings_check.py --bin "$bin/kiln-run" --dir "$work" \
     --reference fixtures/reference/minilm/embeddings.json
+# A decoder-based embedder laid out as Qwen3-Embedding is (bare backbone, last-token pooling,
+# <|endoftext|> appended), tiny and committed, against sentence-transformers' vectors.
+"$bin/kiln-convert" hf fixtures/tiny/qwen3-embedding-f32 -o "$work/qwen3-embedding.kiln" --force > /dev/null
+"$py" ci/embeddings_check.py --bin "$bin/kiln-run" --model "$work/qwen3-embedding.kiln" \
+    --reference fixtures/reference/qwen3-embedding/embeddings.json
+echo "--    kiln-run serve: /v1/embeddings (runner/tests/serve/test_embeddings.py, at most 240 s)"
+KILN_BIN="$root/$bin" KILN_EMBED_MODEL="$root/$work/minilm-f32.kiln" \
+    timeout -k 10 240 "$py" -m unittest discover -s runner/tests/serve -p test_embeddings.py -v

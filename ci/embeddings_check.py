@@ -29,12 +29,62 @@ def ranking(rows, queries, documents):
     return [list(np.argsort(-(e[documents] @ e[q]))) for q in queries]
 
 
+def check_one(binary, model, reference):
+    """One F32 model against its reference: cosine ≥ 0.99999 (a zero vector only where the
+    reference's is zero), the same token counts, a text the same bits alone and in a batch,
+    and the model's `query` prompt put before the text. Returns the failures."""
+    ref = json.load(open(reference))
+    rows = ref["rows"]
+    texts = [r["text"] for r in rows]
+    got = embed(binary, model, texts)
+    failures = []
+    least = 1.0
+    for r, g in zip(rows, got):
+        a = np.array(r["embedding"], np.float64)
+        b = np.array(g["embedding"], np.float64)
+        na, nb = np.linalg.norm(a), np.linalg.norm(b)
+        if na == 0 or nb == 0:
+            ok = na == nb
+            cos = 1.0 if ok else 0.0
+        else:
+            cos = float(a @ b / na / nb)
+        least = min(least, cos)
+        if cos < 0.99999:
+            failures.append(f"{model}: {r['text'][:40]!r} cosine {cos:.7f}")
+        if len(r["ids"]) != g["tokens"]:
+            failures.append(f"{model}: {r['text'][:40]!r} has {g['tokens']} tokens, "
+                            f"sentence-transformers {len(r['ids'])}")
+    print(f"{os.path.basename(model)}: least cosine to sentence-transformers {least:.7f} "
+          f"over {len(rows)} texts, token counts {'equal' if not failures else 'checked'}")
+    alone = [embed(binary, model, [t])[0]["embedding"] for t in texts[:4]]
+    if alone != [g["embedding"] for g in got[:4]]:
+        failures.append(f"{model}: a text's vector differs alone and in a batch")
+    prompted = embed(binary, model, texts[:2], "--prompt-name", "query")
+    prefix = embed(binary, model, [PROMPT_QUERY + t for t in texts[:2]])
+    if [p["embedding"] for p in prompted] != [p["embedding"] for p in prefix]:
+        failures.append(f"{model}: --prompt-name query is not its prompt before the text")
+    return failures
+
+
+# Qwen3-Embedding's `query` prompt (fixtures/tiny/make_qwen3_embedding.py).
+PROMPT_QUERY = ("Instruct: Given a web search query, retrieve relevant passages that answer the "
+                "query\nQuery:")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
-    ap.add_argument("--dir", required=True)
+    ap.add_argument("--dir")
     ap.add_argument("--reference", required=True)
+    ap.add_argument("--model", help="check only this F32 model against --reference")
     a = ap.parse_args()
+    if a.model:
+        failures = check_one(a.bin, a.model, a.reference)
+        if failures:
+            print("FAILED:\n  " + "\n  ".join(failures))
+            sys.exit(1)
+        print("embeddings: all checks passed")
+        return
     ref = json.load(open(a.reference))
     rows = ref["rows"]
     texts = [r["text"] for r in rows]

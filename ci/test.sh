@@ -11,7 +11,7 @@
 # the accuracy gate on the real model (ci/accuracy.sh), and docs/CI.md's workflow on it with
 # the HTML reports opened in Debian's chromium and every JUnit file checked against the JUnit
 # schema (ci/verify-reports.sh); `kiln-run embed` on the real all-MiniLM-L6-v2 against
-# sentence-transformers' vectors (ci/embeddings.sh); also the reference-dump tool's input checks, and `kiln-run
+# sentence-transformers' vectors and served at /v1/embeddings (ci/embeddings.sh); also the reference-dump tool's input checks, and `kiln-run
 # serve` through its clients: the openai package, concurrent requests, Debian's chromium on
 # the chat page, a bounded load-and-fault run on loopback (ci/serve.sh).
 set -euo pipefail
@@ -68,7 +68,7 @@ drop target/accuracy/{f32,bf16,f16,q4_0}.kiln target/verify-reports/bad.kiln tar
 step "kiln-run serve on SmolLM2: the openai client, batch invariance, the chat page in chromium, load and faults"
 ci/serve.sh
 
-step "embedding models: the real all-MiniLM-L6-v2 against sentence-transformers (F32, Q8_0, Q4_0)"
+step "embedding models: the real all-MiniLM-L6-v2 against sentence-transformers (F32, Q8_0, Q4_0), and served at /v1/embeddings"
 ci/embeddings.sh
 drop target/embeddings
 

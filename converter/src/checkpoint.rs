@@ -226,26 +226,33 @@ impl Checkpoint {
                     shape: view.shape().iter().map(|&d| d as u64).collect(),
                     range: start..start + data.len(),
                 };
-                let resolved =
-                    match names::canonical(Source::HuggingFace, config.architecture, &name) {
-                        Some(canon) => vec![source(canon)],
-                        None => match names::fused_parts(
-                            names::Source::HuggingFace,
-                            config.architecture,
-                            &name,
-                        ) {
-                            Some(parts) => {
-                                split_rows(&source(parts[0]), &parts, config, &shard.path)?
-                            }
-                            None => {
-                                return Err(ConvertError::UnknownTensor {
-                                    path: shard.path.display().to_string(),
-                                    tensor: name.clone(),
-                                    arch: arch.to_string(),
-                                })
-                            }
-                        },
-                    };
+                // A bare decoder backbone (what `AutoModel` saves: Qwen3-Embedding, for one)
+                // spells its tensors without the `model.` prefix.
+                let bare = (!config.architecture.spec().encoder && !name.starts_with("model."))
+                    .then(|| format!("model.{name}"));
+                let spellings = [Some(name.as_str()), bare.as_deref()];
+                let family = config.architecture;
+                let resolved = match spellings
+                    .iter()
+                    .flatten()
+                    .find_map(|n| names::canonical(Source::HuggingFace, family, n))
+                {
+                    Some(canon) => vec![source(canon)],
+                    None => match spellings
+                        .iter()
+                        .flatten()
+                        .find_map(|n| names::fused_parts(names::Source::HuggingFace, family, n))
+                    {
+                        Some(parts) => split_rows(&source(parts[0]), &parts, config, &shard.path)?,
+                        None => {
+                            return Err(ConvertError::UnknownTensor {
+                                path: shard.path.display().to_string(),
+                                tensor: name.clone(),
+                                arch: arch.to_string(),
+                            })
+                        }
+                    },
+                };
                 for t in resolved {
                     if let Some(prev) = tensors.get(&t.name) {
                         return Err(ConvertError::DuplicateTensor {

@@ -198,7 +198,21 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
     let config_text = read_text_as(&config_path, "config.json")?;
     // Resolves and runs the check every reader of the output runs (ModelConfig::check).
     let mut config = hf_config::parse(&config_path, &config_text, generation.as_ref())?;
-    if let Some(base) = config.family.embedding.take() {
+    // An encoder is an embedding model by itself; a decoder is one when a sentence-transformers
+    // `modules.json` says how its token states become a vector (Qwen3-Embedding: last token).
+    // (The pooling is the Pooling module's: `read` requires one.)
+    let base = config.family.embedding.take().or_else(|| {
+        dir.join("modules.json")
+            .exists()
+            .then(|| kiln_format::EmbeddingSpec {
+                pooling: kiln_format::Pooling::LastToken,
+                normalize: false,
+                max_seq_length: None,
+                prompts: Default::default(),
+                default_prompt_name: None,
+            })
+    });
+    if let Some(base) = base {
         config.family.embedding = Some(crate::sentence_transformers::read(dir, base)?);
     }
     let tokenizer = tokenizer_files::read(dir)?;

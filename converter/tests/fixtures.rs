@@ -202,6 +202,49 @@ fn sharded_and_single_file_give_the_same_tensors() {
     );
 }
 
+#[test]
+fn a_bare_decoder_backbone_with_sentence_transformers_modules_is_an_embedding_model() {
+    // Qwen3-Embedding's layout: the decoder's tensors without `model.` and without a head,
+    // with modules.json and last-token pooling beside them.
+    let convert = |name: &str, out: &Path| {
+        convert_hf(
+            &ConvertOptions {
+                input: repo().join("fixtures/tiny").join(name),
+                output: out.to_path_buf(),
+                dtype: None,
+                overwrite: false,
+                allow_non_finite: false,
+            },
+            &NoProgress,
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        KilnFile::open(out).unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let gen = convert("qwen3-f32", &dir.path().join("g.kiln"));
+    let emb = convert("qwen3-embedding-f32", &dir.path().join("e.kiln"));
+    let tensors = |f: &KilnFile| {
+        f.tensors()
+            .iter()
+            .map(|t| (t.name.clone(), t.sha256))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        tensors(&gen),
+        tensors(&emb),
+        "the same weights under the same names"
+    );
+    let spec = emb.metadata().config.family.embedding.clone().unwrap();
+    assert_eq!(spec.pooling, kiln_format::Pooling::LastToken);
+    assert!(spec.normalize);
+    assert_eq!(spec.max_seq_length, Some(64));
+    assert_eq!(
+        spec.prompts.keys().collect::<Vec<_>>(),
+        ["document", "query"]
+    );
+    assert!(gen.metadata().config.family.embedding.is_none());
+}
+
 const SMOLLM2: &str = "target/models/smollm2-bf16";
 
 /// Real model: needs `ci/smollm2.sh` to have built the checkpoint (CI does).

@@ -51,6 +51,33 @@ pub(crate) fn gelu_tanh_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `out = gelu(x)`, the exact (erf) GELU, through [`exp`]: `gelu(x) = x·Φ(x)` with
+/// `Φ(x) = ½·erfc(−x/√2)`, and `erfc(z)` for `z = |x|/√2 ≥ 0` as `t·e^(−z² + P(t))`,
+/// `t = 1/(1 + z/2)`, `P` the degree-9 Chebyshev fit of Numerical Recipes' `erfcc` (relative
+/// error below 1.2·10⁻⁷ for every `z`); `Φ = 1 − ½erfc` for `x ≥ 0`. Branch-free, so a tier
+/// gets it as vector code, where the reference calls libm's f64 `erf` per element.
+#[inline(always)]
+pub(crate) fn gelu(x: &[f32], out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        let z = v.abs() * std::f32::consts::FRAC_1_SQRT_2;
+        let t = 1.0 / (1.0 + 0.5 * z);
+        let mut p = 0.170_872_77;
+        p = p * t - 0.822_152_23;
+        p = p * t + 1.488_515_9;
+        p = p * t - 1.135_204;
+        p = p * t + 0.278_868_07;
+        p = p * t - 0.186_288_06;
+        p = p * t + 0.096_784_18;
+        p = p * t + 0.374_091_96;
+        p = p * t + 1.000_023_7;
+        p = p * t - 1.265_512_2;
+        // z² as x²/2: one rounding, not z's and the square's.
+        let half_erfc = 0.5 * t * exp(p - v * v * 0.5);
+        let phi = if v < 0.0 { half_erfc } else { 1.0 - half_erfc };
+        *o = v * phi;
+    }
+}
+
 /// Softmax in place through [`exp`]: the maximum subtracted first, the sum taken left to
 /// right as the reference does.
 #[inline(always)]

@@ -1,11 +1,10 @@
-//! The element-wise operations encoders add to the decoders' set: LayerNorm (with its bias)
-//! and exact GELU.
+//! LayerNorm (with its bias), which encoders add to the decoders' RMSNorm. (Their exact GELU
+//! is a vector kernel of every tier: [`crate::gelu`].)
 //!
-//! Both run once per token per layer over a vector of `hidden` or `intermediate` values,
-//! next to matrix products that cost hundreds of times more, so they are written once in
-//! scalar code (no SIMD tiers, no dispatch): accuracy matters here, speed does not. Each
-//! computes in f64 and rounds once, which keeps them within an f32 rounding of PyTorch's
-//! `layer_norm` and `gelu` on every input.
+//! It runs twice per token per layer over a vector of `hidden` values, next to matrix
+//! products that cost hundreds of times more, so it is written once in scalar code (no SIMD
+//! tiers, no dispatch): it computes in f64 and rounds once, which keeps it within an f32
+//! rounding of PyTorch's `layer_norm` on every input.
 
 /// PyTorch's `LayerNorm` of one row: `(x − mean) / √(var + eps) · weight + bias`, the
 /// variance biased (divided by `n`), as `torch.nn.functional.layer_norm` computes it.
@@ -31,16 +30,6 @@ pub fn layernorm(x: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f
     let inv = 1.0 / (var + f64::from(eps)).sqrt();
     for (((o, &v), &w), &b) in out.iter_mut().zip(x).zip(weight).zip(bias) {
         *o = ((f64::from(v) - mean) * inv * f64::from(w) + f64::from(b)) as f32;
-    }
-}
-
-/// `out = gelu(x)`, PyTorch's exact GELU (`approximate="none"`, transformers' `gelu`):
-/// `x · ½ · (1 + erf(x / √2))`.
-pub fn gelu(x: &[f32], out: &mut [f32]) {
-    assert_eq!(x.len(), out.len(), "gelu: output length mismatch");
-    for (o, &v) in out.iter_mut().zip(x) {
-        let v = f64::from(v);
-        *o = (v * 0.5 * (1.0 + libm::erf(v * std::f64::consts::FRAC_1_SQRT_2))) as f32;
     }
 }
 
@@ -82,7 +71,11 @@ mod tests {
             1.954_499_7,
         ];
         let mut out = [0.0f32; 6];
-        gelu(&x, &mut out);
+        crate::reference::gelu_ref(&x, &mut out);
+        for (o, w) in out.iter().zip(want) {
+            assert!((o - w).abs() < 1e-6, "gelu_ref = {o}, want {w}");
+        }
+        crate::gelu(&x, &mut out);
         for ((o, w), x) in out.iter().zip(want).zip(x) {
             assert!((o - w).abs() < 1e-6, "gelu({x}) = {o}, want {w}");
         }

@@ -10,7 +10,7 @@
 //!   `QBlock`, `PairBlock`, NEON's) extends the format's [`kiln_format::BlockType`], so a kernel
 //!   exists only for a type that is a row of the format's block-type table, and
 //!   [`WeightData::dtype`] names that row.
-//! - The vector kernels ([`rmsnorm`], [`softmax_inplace`], [`exp_sum`], [`silu_mul`], [`gelu_tanh_mul`],
+//! - The vector kernels ([`rmsnorm`], [`softmax_inplace`], [`exp_sum`], [`silu_mul`], [`gelu_tanh_mul`], [`gelu`],
 //!   [`dot_f32`], [`axpy`], [`weighted_sum`], [`weighted_sum_f16`]) and the per-encoding dot products
 //!   ([`dot_q8_0_q8_0`], [`dot_q4_0_q8_0`], [`dot_f16_f32`], [`dot_bf16_f32`]) cover the rest of
 //!   a forward pass.
@@ -77,7 +77,7 @@ pub use kiln_format::{
 };
 
 pub use dispatch::{active, kernels};
-pub use encoder::{gelu, layernorm};
+pub use encoder::layernorm;
 pub use error::KernelError;
 pub use isa::{
     best_isa, isa, missing_tiers, supported_isas, tested_isas, Isa, EXPECT_TIERS_ENV, ISA_ENV,
@@ -113,6 +113,11 @@ pub fn exp_sum(x: &mut [f32], shift: f32) -> f32 {
 /// `out = silu(gate) · up`, element-wise.
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     active().silu_mul(gate, up, out)
+}
+
+/// `out = gelu(x)`, the exact (erf) GELU of encoders' plain MLPs, element-wise.
+pub fn gelu(x: &[f32], out: &mut [f32]) {
+    active().gelu(x, out)
 }
 
 /// `out = gelu_tanh(gate) · up` (GeGLU with PyTorch's tanh-approximated GELU), element-wise.

@@ -12,6 +12,9 @@
 //! | Q4_K, Q5_K, Q6_K | [`Path::KLanes`] from [`KLANES_MIN_TOKENS`], else [`Path::Tiles`] over Q8_K |
 //! | Q4_0x16 | [`Path::Interleaved`] below [`INTERLEAVED_LANES_MIN_TOKENS`], else [`Path::Lanes`]; on tiers without the interleaved kernel [`Path::Lanes`] from [`LANES_MIN_TOKENS`], else [`Path::Deinterleaved`] |
 //!
+//! With [`Batching::Texts`] the thresholds fall away: every lanes path the tier has is taken at
+//! every batch size (and interleaved Q4_0 goes as with [`Batching::Independent`]).
+//!
 //! Each lanes path needs the tier's kernel for it, and the block lanes kernel of a tier whose
 //! table says `lanes_wide_only` (AVX2) only takes Q8_0, whose offset codes exceed 127.
 
@@ -148,6 +151,12 @@ pub enum Batching {
     /// [`Path::FloatLanes`]) give way to the tiles; the K-quant lanes and the interleaved
     /// kernels, which give the reference's bits at every batch size, stay.
     Independent,
+    /// Whole texts of independent sequences, none ever computed a token at a time (an
+    /// encoder's inputs): each matrix takes one path at every batch size, its lanes kernel
+    /// where the tier has one (one fused chain per row and token, or the block lanes'
+    /// reference bits), else its tiles. A text's rows get the same bits alone or beside any
+    /// others, as with [`Batching::Independent`], without giving up the lanes kernels' speed.
+    Texts,
 }
 
 /// The path `w` takes through tier `k`'s kernels for a batch of `n_tokens` tokens: the one
@@ -159,6 +168,7 @@ pub fn plan(k: &Kernels, w: &Matrix, n_tokens: usize) -> Path {
 /// [`plan`] for a batch whose rows are related as `batching` says.
 pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) -> Path {
     let joint = batching == Batching::Joint;
+    let texts = batching == Batching::Texts;
     if n_tokens == 0 {
         return Path::Empty;
     }
@@ -176,14 +186,16 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
     // Block weights with a plain Q8_0 operand: the block lanes kernel for large enough
     // batches, if the tier's kernel takes weights with this offset.
     let lanes = |offset: i32| {
-        joint
+        (texts || joint && n_tokens >= LANES_MIN_TOKENS)
             && k.lanes.is_some()
             && nb > 0
-            && n_tokens >= LANES_MIN_TOKENS
             && (!k.lanes_wide_only || offset > 127)
     };
     let float = |tile_path: Path| {
-        if joint && k.float_lanes.is_some() && cols > 0 && n_tokens >= FLOAT_LANES_MIN_TOKENS {
+        if (texts || joint && n_tokens >= FLOAT_LANES_MIN_TOKENS)
+            && k.float_lanes.is_some()
+            && cols > 0
+        {
             Path::FloatLanes
         } else {
             tile_path
@@ -207,7 +219,9 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
         WeightData::Q5_0(_) => tiles(&k.kq.q5_0, Operand::Q8_0, n_tokens, cols),
         WeightData::Q5_1(_) => tiles(&k.kq.q5_1, Operand::Q8_0, n_tokens, cols),
         WeightData::Q4_K(_) | WeightData::Q5_K(_) | WeightData::Q6_K(_)
-            if k.klanes.is_some() && cols / QK_K > 0 && n_tokens >= KLANES_MIN_TOKENS =>
+            if k.klanes.is_some()
+                && cols / QK_K > 0
+                && (texts || n_tokens >= KLANES_MIN_TOKENS) =>
         {
             Path::KLanes
         }

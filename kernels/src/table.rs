@@ -52,6 +52,7 @@ pub struct Kernels {
     /// The reference in every tier: GeGLU runs once per MLP, a small share of a Gemma
     /// forward pass next to its matrix products.
     pub(crate) gelu_tanh_mul: fn(&[f32], &[f32], &mut [f32]),
+    pub(crate) gelu: fn(&[f32], &mut [f32]),
     pub(crate) decode_bf16: fn(&[u8], &mut [f32]),
     /// f16 weights widened to f32 for the float lanes kernel.
     pub(crate) widen_f16: fn(&[f16], &mut [f32]),
@@ -105,6 +106,7 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     exp_sum: r::exp_sum_ref,
     silu_mul: r::silu_mul_ref,
     gelu_tanh_mul: r::gelu_tanh_mul_ref,
+    gelu: r::gelu_ref,
     decode_bf16: r::decode_bf16_ref,
     widen_f16: r::widen_f16_ref,
     quantize_blocks: r::quantize_blocks_ref,
@@ -271,6 +273,12 @@ impl Kernels {
             "gelu_tanh_mul: output length mismatch"
         );
         (self.gelu_tanh_mul)(gate, up, out)
+    }
+
+    /// `out = gelu(x)`, the exact (erf) GELU of encoders' MLPs. Panics if the lengths differ.
+    pub fn gelu(&self, x: &[f32], out: &mut [f32]) {
+        assert_eq!(x.len(), out.len(), "gelu: output length mismatch");
+        (self.gelu)(x, out)
     }
 
     /// `out[i] = w[i]` as f32. Panics if the lengths differ.

@@ -105,6 +105,7 @@ fn check(rows: usize, cols: usize, n_tokens: usize, seed: u64) {
             }
             let out = first.unwrap();
             independent_rows_match_alone(k, &m, &x, n_tokens, &pools[1]);
+            texts_rows_match_alone(k, &m, &x, n_tokens, &pools[1]);
             let path = plan(k, &m, n_tokens);
             if path == Path::FloatLanes {
                 float_lanes_bits(&wd, &x, rows, cols, n_tokens, &out, k.isa());
@@ -547,6 +548,41 @@ fn plan_names_the_products() {
                 assert!(names.insert(p.to_string(), p).is_none_or(|q| q == p), "{p}");
             }
         }
+    }
+}
+
+/// With [`Batching::Texts`] every token of a batch gets the bits it gets in a batch of one
+/// under the same batching (an encoder's text is the same alone or beside others).
+fn texts_rows_match_alone(k: &Kernels, m: &Matrix, x: &[f32], n_tokens: usize, pool: &Pool) {
+    let (rows, cols) = (m.rows, m.cols);
+    let mut out = vec![f32::NAN; rows * n_tokens];
+    k.matmul_many_for(&[m], x, n_tokens, &mut [&mut out], pool, Batching::Texts);
+    let path = plan_for(k, m, n_tokens, Batching::Texts);
+    // One path at every size (interleaved Q4_0 aside, whose paths all give the reference's
+    // bits).
+    let lanes = |p: Path| matches!(p, Path::Lanes | Path::FloatLanes | Path::KLanes);
+    if !matches!(m.data, WeightData::Q4_0x16(_)) {
+        assert_eq!(
+            lanes(path),
+            lanes(plan_for(k, m, 1, Batching::Texts)),
+            "{} {:?} n={n_tokens}: {path}",
+            m.data.dtype_name(),
+            k.isa()
+        );
+    }
+    for t in 0..n_tokens {
+        let mut single = vec![f32::NAN; rows];
+        let one = &x[t * cols..(t + 1) * cols];
+        k.matmul_many_for(&[m], one, 1, &mut [&mut single], pool, Batching::Texts);
+        let got = &out[t * rows..(t + 1) * rows];
+        assert!(
+            got.iter()
+                .zip(&single)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{} {:?} {rows}x{cols} n={n_tokens} t={t} ({path}): a text's row differs alone",
+            m.data.dtype_name(),
+            k.isa()
+        );
     }
 }
 

@@ -295,6 +295,13 @@ proptest! {
             for (g, w) in got.iter().zip(&want_silu) {
                 within(*g, *w, w.abs(), 8.0, "silu_mul", k.isa());
             }
+            let mut want_erf = vec![0.0; x.len()];
+            r::gelu_ref(&x, &mut want_erf);
+            let mut got = vec![0.0; x.len()];
+            k.gelu(&x, &mut got);
+            for ((g, w), xi) in got.iter().zip(&want_erf).zip(&x) {
+                within(*g, *w, xi.abs(), 8.0, "gelu", k.isa());
+            }
             // Relative to |gate·up|: where tanh is near -1 the reference's `1 + tanh` cancels.
             let mut got = vec![0.0; x.len()];
             k.gelu_tanh_mul(&x, &y0, &mut got);
@@ -472,4 +479,33 @@ fn quantize_length_mismatch_panics() {
 fn neon_is_the_best_tier_on_aarch64() {
     assert_eq!(kiln_kernels::best_isa(), Isa::Neon);
     assert_eq!(kernels(Isa::Neon).map(|k| k.isa()), Some(Isa::Neon));
+}
+
+/// The exact GELU of every tier, over a fine sweep of `[-20, 20]` and the extremes: within a
+/// few roundings of `|x|` of the reference (f64 libm `erf`), and, for large negative `x`
+/// where the value is a tail probability, within `10⁻⁶ + 10⁻⁷·x²` relative of it (the square's
+/// rounding) where it is a normal f32.
+#[test]
+fn gelu_tracks_the_reference_over_its_range() {
+    let mut x: Vec<f32> = (-20_000..=20_000).map(|i| i as f32 * 1e-3).collect();
+    x.extend([f32::MAX, -f32::MAX, 1e-30, -1e-30, 0.0, -0.0, 1e6, -1e6]);
+    let mut want = vec![0.0; x.len()];
+    r::gelu_ref(&x, &mut want);
+    for k in tiers() {
+        let mut got = vec![0.0; x.len()];
+        k.gelu(&x, &mut got);
+        for ((&g, &w), &xi) in got.iter().zip(&want).zip(&x) {
+            within(g, w, xi.abs(), 8.0, "gelu", k.isa());
+            if xi < -1.0 && w.abs() > 1e-30 {
+                // The tail's relative error grows with x² from the rounding of x²/2 in f32.
+                let rel = ((g - w) / w).abs();
+                let bound = 1e-6 + 1e-7 * xi * xi;
+                assert!(
+                    rel < bound,
+                    "gelu({xi}) at {:?}: {g} vs {w} ({rel:e} relative)",
+                    k.isa()
+                );
+            }
+        }
+    }
 }

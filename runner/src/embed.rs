@@ -3,10 +3,10 @@
 //! sentence-transformers computes them.
 //!
 //! Texts are batched into forward passes of up to [`EmbedOptions::batch_tokens`] tokens, each
-//! text its own sequence. Encoders run every product with
-//! [`kiln_kernels::Batching::Independent`] and each text's attention over its own keys only,
-//! so a text's vector is the same bits alone or in any batch: nothing is padded, and nothing
-//! a neighbour holds reaches it.
+//! text its own sequence. Every product runs with [`kiln_kernels::Batching::Texts`] (one
+//! kernel path for a matrix at every batch size, the lanes kernels where the tier has them)
+//! and each text's attention over its own keys only, so a text's vector is the same bits
+//! alone or in any batch: nothing is padded, and nothing a neighbour holds reaches it.
 
 use kiln_format::{EmbeddingSpec, Pooling};
 
@@ -181,8 +181,15 @@ impl<'m> Embedder<'m> {
 
     /// One forward pass over `batch`, each text its own sequence.
     fn pass(&mut self, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
-        while self.seqs.len() < batch.len() {
-            self.seqs.push(self.compute.sequence()?);
+        // Each text's sequence holds what it needs (rounded up, so that it is reused), not the
+        // model's whole context: a decoder embedder's is thousands of positions.
+        for (i, ids) in batch.iter().enumerate() {
+            let need = ids.len().next_power_of_two().max(64);
+            match self.seqs.get(i) {
+                Some(s) if s.ctx() >= ids.len() => {}
+                Some(_) => self.seqs[i] = self.compute.sequence_of(need)?,
+                None => self.seqs.push(self.compute.sequence_of(need)?),
+            }
         }
         let h = self.dim();
         let (pooling, normalize) = (self.pooling, self.normalize);

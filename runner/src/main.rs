@@ -24,6 +24,7 @@ use kiln_runner::bench::{
 };
 use kiln_runner::draft::{same_vocabulary, Draft, DraftOptions};
 use kiln_runner::generate::{generate_with_draft, DEFAULT_PREFILL_BATCH};
+use kiln_runner::serve::embeddings::EmbedService;
 use kiln_runner::serve::engine::{self, EngineDraft, EngineOptions};
 use kiln_runner::serve::front::{self, FrontConfig, FrontModel};
 use kiln_runner::serve::grammar::Grammars;
@@ -73,7 +74,8 @@ enum Command {
     /// Measure prefill (ppN) and decode (tgN) throughput, like llama-bench.
     Bench(BenchArgs),
     /// Serve the model over HTTP with OpenAI's API (chat and text completions), decoding
-    /// concurrent requests together; a chat page at `/`.
+    /// concurrent requests together; a chat page at `/`. An embedding model answers
+    /// `/v1/embeddings` instead.
     Serve(ServeArgs),
     /// Embed texts with an embedding model (a converted sentence-transformers or BERT
     /// checkpoint): one vector per text, as JSON lines or a .npy file.
@@ -1392,6 +1394,27 @@ fn cmd_serve(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
     let file = open_model_verified(&a.run.model, !a.run.no_verify)?;
     let m = load(&file)?;
     let sampling = sampler_config(file.label(), &file.metadata().generation, &a.sampling)?;
+    let timeout = Duration::from_secs(a.timeout.max(1));
+    let cfg = FrontConfig {
+        api_key,
+        max_body_bytes: a.max_body_kb.saturating_mul(1024),
+        max_connections: usize::from(a.max_connections),
+        request_timeout: timeout,
+        idle_timeout: timeout.max(Duration::from_secs(60)),
+        default_max_tokens: a.max_tokens,
+        sampling,
+    };
+    let name = a
+        .run
+        .model
+        .file_stem()
+        .map_or("model".into(), |s| s.to_string_lossy().into_owned());
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if m.model.config.embedding.is_some() {
+        return serve_embeddings(&a, &file, &m, threads, cfg, name, created, interrupt);
+    }
     let ctx = a.run.ctx.unwrap_or_else(|| m.model.default_ctx());
     let mut compute = Compute::new(
         &m.model,
@@ -1415,23 +1438,7 @@ fn cmd_serve(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
             None
         }
     };
-    let listener = std::net::TcpListener::bind((a.host.as_str(), a.port)).map_err(|e| {
-        RunnerError::InvalidArgument {
-            arg: "--host/--port",
-            reason: format!("cannot listen on {}:{}: {e}", a.host, a.port),
-        }
-    })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| RunnerError::io("reading the listening address", e))?;
-    let name = a
-        .run
-        .model
-        .file_stem()
-        .map_or("model".into(), |s| s.to_string_lossy().into_owned());
-    let created = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let (listener, addr) = listen(&a)?;
     let front_model = FrontModel {
         name,
         tokenizer: &m.tokenizer,
@@ -1440,16 +1447,7 @@ fn cmd_serve(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
         vocab,
         grammars: grammars.as_ref(),
         created,
-    };
-    let timeout = Duration::from_secs(a.timeout.max(1));
-    let cfg = FrontConfig {
-        api_key,
-        max_body_bytes: a.max_body_kb.saturating_mul(1024),
-        max_connections: usize::from(a.max_connections),
-        request_timeout: timeout,
-        idle_timeout: timeout.max(Duration::from_secs(60)),
-        default_max_tokens: a.max_tokens,
-        sampling,
+        embeddings: None,
     };
     let opts = EngineOptions {
         parallel: usize::from(a.parallel),
@@ -1522,10 +1520,79 @@ fn cmd_serve(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
         scope.spawn(move || {
             engine::run(compute, draft, tokenizer, jobs, &engine_handle, opts, &stop)
         });
-        let served = front::serve(listener, &cfg, &front_model, &handle, interrupt);
+        let served = front::serve(listener, &cfg, &front_model, Some(&handle), interrupt);
         engine_stop.raise(1);
         served
     })
+}
+
+/// Bind `--host`/`--port`; the socket and the address it got.
+fn listen(a: &ServeArgs) -> Result<(std::net::TcpListener, std::net::SocketAddr)> {
+    let listener = std::net::TcpListener::bind((a.host.as_str(), a.port)).map_err(|e| {
+        RunnerError::InvalidArgument {
+            arg: "--host/--port",
+            reason: format!("cannot listen on {}:{}: {e}", a.host, a.port),
+        }
+    })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| RunnerError::io("reading the listening address", e))?;
+    Ok((listener, addr))
+}
+
+/// `serve` on an embedding model: `/v1/embeddings` (with `/v1/models`, `/health` and the
+/// tokenize routes), requests taking turns at one embedder, `--queue` of them waiting.
+#[allow(clippy::too_many_arguments)]
+fn serve_embeddings(
+    a: &ServeArgs,
+    file: &KilnFile,
+    m: &Loaded<'_>,
+    threads: usize,
+    cfg: FrontConfig,
+    name: String,
+    created: u64,
+    interrupt: &Interrupt,
+) -> Result<()> {
+    if a.speculative.lookup > 0 || a.speculative.draft.is_some() {
+        return Err(RunnerError::InvalidArgument {
+            arg: if a.speculative.lookup > 0 {
+                "--lookup"
+            } else {
+                "--draft"
+            },
+            reason: format!(
+                "{} is an embedding model: it does not generate, so there is nothing to speculate on",
+                file.label()
+            ),
+        });
+    }
+    let service = EmbedService::new(
+        &m.model,
+        &m.tokenizer,
+        file.label(),
+        threads,
+        usize::from(a.queue),
+    )?;
+    let (listener, addr) = listen(a)?;
+    let front_model = FrontModel {
+        name,
+        tokenizer: &m.tokenizer,
+        template: None,
+        ctx: service.max_tokens(),
+        vocab: m.model.config.vocab,
+        grammars: None,
+        created,
+        embeddings: Some(&service),
+    };
+    eprintln!(
+        "kiln-run serve: {} ({}), embeddings of {} dims, inputs of at most {} tokens, {threads} threads",
+        file.label(),
+        weight_summary(file),
+        service.dim(),
+        service.max_tokens(),
+    );
+    eprintln!("kiln-run serve: listening on http://{addr}");
+    front::serve(listener, &cfg, &front_model, None, interrupt)
 }
 
 /// The API key in the first line of `path`.

@@ -325,12 +325,19 @@ impl<'m> Compute<'m> {
 
     /// An empty sequence: a KV cache for the context (its memory is touched as it fills).
     pub fn sequence(&self) -> Result<Sequence> {
+        self.sequence_of(self.ctx)
+    }
+
+    /// A sequence holding at most `ctx` positions (at most [`Compute::ctx`]): what one text of
+    /// an embedding batch needs, rather than the longest any text may be.
+    pub fn sequence_of(&self, ctx: usize) -> Result<Sequence> {
+        let ctx = ctx.min(self.ctx);
         let c = &self.model.config;
         Ok(Sequence {
             cache: KvCache::with_windows(
                 &(0..c.layers).map(|l| c.window(l)).collect::<Vec<_>>(),
                 self.sliding,
-                self.ctx,
+                ctx,
                 c.kv_heads,
                 c.head_dim,
                 self.cache_type,
@@ -472,9 +479,12 @@ impl<'m> Compute<'m> {
             }
         }
         // Several sequences' tokens, or a guess being checked: each must get the bits it
-        // gets alone.
-        // An encoder's texts, too, so that a text's embedding is the same alone or in a batch.
-        let batching = if lone_rows || segs.len() > 1 || c.bidirectional() {
+        // gets alone. Texts being embedded, read whole and never a token at a time, take one
+        // path at every batch size instead, the lanes kernels' where the tier has them: a
+        // text's embedding is the same alone or in a batch, at the fast kernels' speed.
+        let batching = if c.bidirectional() || which == Logits::States {
+            Batching::Texts
+        } else if lone_rows || segs.len() > 1 {
             Batching::Independent
         } else {
             Batching::Joint

@@ -171,6 +171,7 @@ fn with_server_chat(
         vocab: VOCAB,
         grammars: Some(&grammars),
         created: 1,
+        embeddings: None,
     };
     let (handle, rx) = queue(2, depth);
     let stop = Interrupt::new();
@@ -178,7 +179,7 @@ fn with_server_chat(
     let addr = listener.local_addr().unwrap();
     let (seen_tx, seen_rx) = channel();
     std::thread::scope(|s| {
-        let server = s.spawn(|| serve(listener, &cfg, &model, &handle, &stop));
+        let server = s.spawn(|| serve(listener, &cfg, &model, Some(&handle), &stop));
         let _idle_queue = if engine {
             s.spawn(|| fake_engine(rx, seen_tx, &stop));
             None

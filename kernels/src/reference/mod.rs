@@ -376,6 +376,19 @@ pub fn silu_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `out = gelu(x)`, PyTorch's exact GELU (`approximate="none"`, transformers' `gelu`):
+/// `x · ½ · (1 + erf(x / √2))`, computed as `x · ½ · erfc(−x / √2)` in f64 with libm's
+/// `erfc` and rounded once: within an f32 rounding of PyTorch's on every input, and right in
+/// the far negative tail too, where `1 + erf` cancels (PyTorch's f32 gives −0 below about
+/// −5.5, the true value being under 10⁻⁷ in size).
+pub fn gelu_ref(x: &[f32], out: &mut [f32]) {
+    assert_eq!(x.len(), out.len(), "gelu: output length mismatch");
+    for (o, &v) in out.iter_mut().zip(x) {
+        let v = f64::from(v);
+        *o = (v * 0.5 * libm::erfc(-v * std::f64::consts::FRAC_1_SQRT_2)) as f32;
+    }
+}
+
 /// `out = gelu_tanh(gate) · up`, PyTorch's `gelu(approximate="tanh")` (transformers'
 /// `gelu_pytorch_tanh`) in f32 as its CPU kernel computes it:
 /// `0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))`.

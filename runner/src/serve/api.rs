@@ -1,4 +1,5 @@
-//! OpenAI's request and response shapes for `/v1/chat/completions` and `/v1/completions`.
+//! OpenAI's request and response shapes for `/v1/chat/completions` and `/v1/completions`
+//! (and, in [`embeddings`], `/v1/embeddings`).
 //!
 //! A body is parsed into a `serde_json::Value` and then walked field by field into
 //! [`ChatRequest`] or [`CompletionRequest`], so every refusal names its field as OpenAI does
@@ -14,6 +15,7 @@ use serde_json::{json, Map, Value};
 
 use crate::chat::Message;
 
+pub mod embeddings;
 pub mod response;
 pub use response::{
     chat_chunk_finish, chat_chunk_role, chat_chunk_text, chat_chunk_usage, chat_completion,

@@ -22,7 +22,8 @@ use crate::chat::ChatTemplate;
 use crate::error::{Result, RunnerError};
 use crate::generate::Interrupt;
 use crate::sampler::SamplerConfig;
-use crate::serve::api::{self, ApiError, Common, Meta, ResponseFormat};
+use crate::serve::api::{self, embeddings, ApiError, Common, Meta, ResponseFormat};
+use crate::serve::embeddings::EmbedService;
 use crate::serve::engine::{EngineHandle, SubmitError};
 use crate::serve::grammar::Grammars;
 use crate::serve::http::{self, HttpError, Limits, Request};
@@ -93,25 +94,30 @@ pub struct FrontModel<'a> {
     pub grammars: Option<&'a Grammars>,
     /// Unix seconds, for `/v1/models` (the file's modification time).
     pub created: u64,
+    /// The embedder, when the model is an embedding model (then it has no engine: the
+    /// generation routes answer 400, and `/v1/embeddings` answers).
+    pub embeddings: Option<&'a EmbedService<'a>>,
 }
 
 /// The routes and the methods they take.
-const ROUTES: [(&str, &str); 7] = [
+const ROUTES: [(&str, &str); 8] = [
     ("/", "GET"),
     ("/health", "GET"),
     ("/v1/models", "GET"),
     ("/v1/chat/completions", "POST"),
     ("/v1/completions", "POST"),
+    ("/v1/embeddings", "POST"),
     ("/tokenize", "POST"),
     ("/detokenize", "POST"),
 ];
 
 /// Serve on `listener` until `stop` is raised; returns once every connection has ended.
+/// `engine` generates; an embedding model has none.
 pub fn serve(
     listener: TcpListener,
     cfg: &FrontConfig,
     model: &FrontModel<'_>,
-    engine: &EngineHandle,
+    engine: Option<&EngineHandle>,
     stop: &Interrupt,
 ) -> Result<()> {
     listener
@@ -270,7 +276,7 @@ enum Reply {
 struct Server<'s, 'm> {
     cfg: &'s FrontConfig,
     model: &'s FrontModel<'m>,
-    engine: &'s EngineHandle,
+    engine: Option<&'s EngineHandle>,
     stop: &'s Interrupt,
     next_id: AtomicU64,
     /// The server's start time, so ids stay unique across restarts.
@@ -415,6 +421,7 @@ impl Server<'_, '_> {
             ))),
             "/v1/chat/completions" => self.chat(req, stream),
             "/v1/completions" => self.completion(req, stream),
+            "/v1/embeddings" => self.embeddings(req, stream),
             "/tokenize" => self.tokenize(req),
             _ => self.detokenize(req),
         }
@@ -446,7 +453,17 @@ impl Server<'_, '_> {
     }
 
     fn health(&self) -> Value {
-        let s = self.engine.status();
+        let Some(engine) = self.engine else {
+            let (queued, active) = self.model.embeddings.map_or((0, false), |e| e.load());
+            return json!({
+                "status": "ok",
+                "slots": 1,
+                "slots_idle": usize::from(!active),
+                "active": usize::from(active),
+                "queued": queued,
+            });
+        };
+        let s = engine.status();
         json!({
             "status": "ok",
             "slots": s.slots,
@@ -534,8 +551,22 @@ impl Server<'_, '_> {
         }
     }
 
+    /// The engine, or a 400 about `param` when the model only embeds.
+    fn engine(&self, param: &str) -> std::result::Result<&EngineHandle, ApiError> {
+        self.engine.ok_or_else(|| {
+            ApiError::invalid(
+                param,
+                format!(
+                    "{} is an embedding model: it does not generate; use /v1/embeddings",
+                    self.model.name
+                ),
+            )
+        })
+    }
+
     fn chat(&self, req: &Request, stream: &TcpStream) -> std::result::Result<Reply, ApiError> {
         let r = api::parse_chat(&req.body)?;
+        self.engine("messages")?;
         let template = self.model.template.ok_or_else(|| {
             ApiError::invalid(
                 "messages",
@@ -564,6 +595,7 @@ impl Server<'_, '_> {
         stream: &TcpStream,
     ) -> std::result::Result<Reply, ApiError> {
         let r = api::parse_completion(&req.body)?;
+        self.engine("prompt")?;
         let (prompt, text_offset) = match &r.prompt {
             api::Prompt::Text(text) => {
                 let tok = self.model.tokenizer;
@@ -587,6 +619,34 @@ impl Server<'_, '_> {
             text_offset,
         };
         self.generate(gen, req, stream)
+    }
+
+    fn embeddings(
+        &self,
+        req: &Request,
+        stream: &TcpStream,
+    ) -> std::result::Result<Reply, ApiError> {
+        let r = embeddings::parse_embeddings(&req.body)?;
+        let Some(service) = self.model.embeddings else {
+            return Err(ApiError::invalid(
+                "model",
+                format!(
+                    "{} generates text and has no pooling; serve an embedding model (one \
+                     converted from a sentence-transformers or BERT checkpoint) for \
+                     /v1/embeddings",
+                    self.model.name
+                ),
+            ));
+        };
+        let deadline = Instant::now().checked_add(self.cfg.request_timeout);
+        let abandoned = || self.stop.is_raised() || answer::client_gone(stream);
+        let out = service.embed(&r, deadline, &abandoned)?;
+        Ok(Reply::Json(embeddings::embeddings_response(
+            &self.model.name,
+            &out.vectors,
+            r.encoding,
+            out.tokens,
+        )))
     }
 
     /// The request's sampling fields over the server's defaults.
@@ -687,7 +747,7 @@ impl Server<'_, '_> {
             cancel: cancel.clone(),
             submitted: std::time::Instant::now(),
         };
-        if let Err((why, _)) = self.engine.submit(job) {
+        if let Err((why, _)) = self.engine(gen.param)?.submit(job) {
             let message = match why {
                 SubmitError::Full => {
                     "the server is busy: every slot and queue place is taken; retry"

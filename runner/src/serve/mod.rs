@@ -5,9 +5,11 @@
 //! and one engine thread ([`engine`]) decodes every active sequence in one forward pass per
 //! step, reads new prompts in chunks between steps, and keeps finished conversations' KV
 //! caches for reuse ([`prompt_cache`]). Output can be held to a JSON schema ([`grammar`]).
-//! [`page`] is the chat page served at `/`.
+//! [`page`] is the chat page served at `/`. An embedding model is served by [`embeddings`]
+//! instead of the engine: `/v1/embeddings`, requests taking turns at one embedder.
 
 pub mod api;
+pub mod embeddings;
 pub mod engine;
 pub mod front;
 pub mod grammar;

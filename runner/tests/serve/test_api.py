@@ -318,6 +318,14 @@ class Refusals(unittest.TestCase):
         for key in ("type", "param", "code"):
             self.assertIn(key, err)
 
+    def test_embeddings_from_a_generator(self):
+        # A decoder has no pooling: /v1/embeddings is refused by name, not answered with
+        # made-up vectors.
+        with self.assertRaises(openai.BadRequestError) as cm:
+            self.client.embeddings.create(model="kiln", input="hello")
+        self.assertEqual(cm.exception.param, "model", cm.exception.body)
+        self.assertIn("/v1/embeddings", cm.exception.message)
+
     def test_no_messages(self):
         status, _, body = server.request("POST", "/v1/chat/completions", {"max_tokens": 4})
         self.assertEqual(status, 400, body)

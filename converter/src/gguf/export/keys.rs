@@ -51,7 +51,7 @@ pub(super) fn file_type(matrix_bytes: &BTreeMap<DType, u64>) -> u32 {
 pub fn config_metadata(arch: &str, c: &ModelConfig) -> Vec<(String, Value)> {
     let k = |s: &str| format!("{arch}.{s}");
     let u = |v: u64| Value::U32(v.min(u64::from(u32::MAX)) as u32);
-    if let Some(e) = &c.family.embedding {
+    if let (true, Some(e)) = (c.architecture.spec().encoder, &c.family.embedding) {
         return encoder_metadata(arch, c, e);
     }
     let mut kv = vec![
@@ -113,7 +113,29 @@ pub fn config_metadata(arch: &str, c: &ModelConfig) -> Vec<(String, Value)> {
         }
         None => {}
     }
+    // A decoder-based embedder (Qwen3-Embedding) is the decoder plus its pooling, as
+    // llama.cpp's converter writes one, and the rest of its embedding for Kiln's import.
+    if let Some(e) = &c.family.embedding {
+        kv.extend(embedding_keys(arch, e));
+    }
     kv
+}
+
+/// `pooling_type` and `kiln.embedding`: how an embedding model's vector is made.
+fn embedding_keys(arch: &str, e: &kiln_format::EmbeddingSpec) -> [(String, Value); 2] {
+    let pooling = match e.pooling {
+        kiln_format::Pooling::Mean => 1,
+        kiln_format::Pooling::Cls => 2,
+        kiln_format::Pooling::LastToken => 3,
+    };
+    [
+        (format!("{arch}.pooling_type"), Value::U32(pooling)),
+        // What GGUF has no key for (normalisation, max_seq_length, prompts), for Kiln's import.
+        (
+            "kiln.embedding".into(),
+            Value::Str(serde_json::to_string(e).expect("serializable")),
+        ),
+    ]
 }
 
 /// An encoder's keys, as llama.cpp's converter writes a `BertModel`: no rotary keys, the
@@ -125,12 +147,7 @@ fn encoder_metadata(
 ) -> Vec<(String, Value)> {
     let k = |s: &str| format!("{arch}.{s}");
     let u = |v: u64| Value::U32(v.min(u64::from(u32::MAX)) as u32);
-    let pooling = match e.pooling {
-        kiln_format::Pooling::Mean => 1,
-        kiln_format::Pooling::Cls => 2,
-        kiln_format::Pooling::LastToken => 3,
-    };
-    vec![
+    let mut kv = vec![
         (k("context_length"), u(c.max_position_embeddings)),
         (k("embedding_length"), u(c.hidden_size)),
         (k("block_count"), u(c.num_layers)),
@@ -141,17 +158,13 @@ fn encoder_metadata(
             Value::F32(c.rms_norm_eps as f32),
         ),
         (k("attention.causal"), Value::Bool(false)),
-        (k("pooling_type"), Value::U32(pooling)),
         (
             "tokenizer.ggml.token_type_count".into(),
             u(c.family.type_vocab_size.unwrap_or(1)),
         ),
-        // What GGUF has no key for (normalisation, max_seq_length, prompts), for Kiln's import.
-        (
-            "kiln.embedding".into(),
-            Value::Str(serde_json::to_string(e).expect("serializable")),
-        ),
-    ]
+    ];
+    kv.extend(embedding_keys(arch, e));
+    kv
 }
 
 #[cfg(test)]

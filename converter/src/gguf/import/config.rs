@@ -104,6 +104,9 @@ pub(super) fn resolve_config(file: &str, h: &GgufHeader, bytes: &[u8]) -> Result
     let (mut family, sliding_window) = family(&k, spec, num_layers, hidden, heads, head_dim)?;
     if spec.encoder {
         encoder(&k, &mut family)?;
+    } else if k.get("pooling_type").is_some() || k.header.get("kiln.embedding").is_some() {
+        // A decoder-based embedder (Qwen3-Embedding: last-token pooling).
+        family.embedding = Some(embedding_spec(&k)?);
     }
     let family = FamilyOptions {
         rotary_dim: (rotary_dim != head_dim).then_some(rotary_dim),
@@ -310,6 +313,24 @@ fn encoder(k: &Keys, family: &mut FamilyOptions) -> Result<()> {
             return Err(k.err(&key, format!("{v:?}: a causal encoder is not supported")));
         }
     }
+    family.type_vocab_size = match k.header.tensor("token_types.weight") {
+        Some(t) if t.dims.len() == 2 => Some(t.dims[1]),
+        Some(t) => {
+            return Err(k.err(
+                "token_types.weight",
+                format!("expected 2 dimensions, found {:?}", t.dims),
+            ))
+        }
+        None => None,
+    };
+    family.embedding = Some(embedding_spec(k)?);
+    Ok(())
+}
+
+/// The pooling `pooling_type` names (mean when absent, llama.cpp's default for `bert`), and,
+/// in a file Kiln wrote, the rest of the model's embedding from `kiln.embedding`, checked
+/// against that pooling. Without it the vectors are normalised, as llama.cpp's tools do.
+fn embedding_spec(k: &Keys) -> Result<kiln_format::EmbeddingSpec> {
     let pooling = match k.get("pooling_type") {
         None => kiln_format::Pooling::Mean,
         Some((key, v)) => match v.as_u64() {
@@ -323,16 +344,6 @@ fn encoder(k: &Keys, family: &mut FamilyOptions) -> Result<()> {
                 ))
             }
         },
-    };
-    family.type_vocab_size = match k.header.tensor("token_types.weight") {
-        Some(t) if t.dims.len() == 2 => Some(t.dims[1]),
-        Some(t) => {
-            return Err(k.err(
-                "token_types.weight",
-                format!("expected 2 dimensions, found {:?}", t.dims),
-            ))
-        }
-        None => None,
     };
     let spec = match k.header.get("kiln.embedding") {
         // A file Kiln wrote: the rest of the model's embedding, checked against the pooling
@@ -368,8 +379,7 @@ fn encoder(k: &Keys, family: &mut FamilyOptions) -> Result<()> {
             default_prompt_name: None,
         },
     };
-    family.embedding = Some(spec);
-    Ok(())
+    Ok(spec)
 }
 
 /// Sliding layers as llama.cpp runs them (Gemma 3), whose file states only the window: every

@@ -213,6 +213,24 @@ pub fn to_gguf(
             kv.push((key.into(), Value::U32(id)));
         }
     }
+    // A template that puts a special token after the text (Qwen3-Embedding's `<|endoftext|>`)
+    // has no GGUF spelling that llama.cpp and Kiln's import read alike: refused, rather than
+    // written as a vocabulary that embeds every text without it.
+    if let Some(Json::Array(single)) = tj.pointer("/post_processor/single") {
+        let after = single
+            .iter()
+            .skip_while(|p| p.get("Sequence").is_none())
+            .find_map(|p| p.pointer("/SpecialToken/id").and_then(Json::as_str));
+        if let Some(t) = after {
+            return Err(unsupported(
+                file,
+                format!(
+                    "the tokenizer's post-processor appends `{t}` to every text, which this \
+                     GGUF vocabulary cannot state; use the .kiln file"
+                ),
+            ));
+        }
+    }
     let add_bos = tok.add_bos_token.unwrap_or_else(|| {
         // No explicit flag: a template post-processor that starts with a special token adds it.
         tj.pointer("/post_processor/single/0/SpecialToken")

@@ -390,6 +390,7 @@ const BASE: Kernels = Kernels {
     // NEON is baseline on aarch64, so the compiler vectorizes these as they stand.
     silu_mul: crate::approx::silu_mul,
     gelu_tanh_mul: crate::approx::gelu_tanh_mul,
+    gelu: crate::approx::gelu,
     softmax_inplace: crate::approx::softmax_inplace,
     exp_sum: crate::approx::exp_sum,
     ..SCALAR_TABLE

@@ -259,6 +259,11 @@ macro_rules! isa_entry_points {
         }
 
         #[target_feature(enable = $features)]
+        fn gelu_impl(x: &[f32], out: &mut [f32]) {
+            crate::approx::gelu(x, out)
+        }
+
+        #[target_feature(enable = $features)]
         fn softmax_impl(x: &mut [f32]) {
             crate::approx::softmax_inplace(x)
         }
@@ -450,6 +455,12 @@ macro_rules! isa_entry_points {
             unsafe { gelu_tanh_mul_impl(gate, up, out) }
         }
 
+        fn gelu(x: &[f32], out: &mut [f32]) {
+            assert!(out.len() == x.len(), "gelu: length mismatch");
+            // SAFETY: features supported (see above); a safe function with no length contract.
+            unsafe { gelu_impl(x, out) }
+        }
+
         fn softmax_inplace(x: &mut [f32]) {
             // SAFETY: features supported (see above); a safe function with no length contract.
             unsafe { softmax_impl(x) }
@@ -474,6 +485,7 @@ macro_rules! isa_entry_points {
                 rmsnorm,
                 silu_mul,
                 gelu_tanh_mul,
+                gelu,
                 softmax_inplace,
                 exp_sum,
                 quantize_row_q8_0_act,

@@ -91,7 +91,7 @@ impl<'a> Waiter<'a> {
 
 /// Whether the client has closed its side or the connection broke. Bytes waiting (a pipelined
 /// request) do not count: only end of input or an error does.
-fn client_gone(stream: &TcpStream) -> bool {
+pub(super) fn client_gone(stream: &TcpStream) -> bool {
     if stream.set_nonblocking(true).is_err() {
         return true;
     }
