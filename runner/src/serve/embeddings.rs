@@ -21,6 +21,11 @@ use crate::tokenizer::Tokenizer;
 /// Inputs embedded between two looks at the client and the stop flag.
 const CHECK_EVERY: usize = 64;
 
+/// Most tokens one request may have embedded, over all its inputs (OpenAI allows 300,000): a
+/// request holds the embedder while it runs, so this bounds how long others wait behind one
+/// (a few seconds a thread at a small model's speed).
+pub const MAX_REQUEST_TOKENS: usize = 65_536;
+
 /// What the server embeds with.
 #[derive(Debug)]
 pub struct EmbedService<'m> {
@@ -197,6 +202,16 @@ impl<'m> EmbedService<'m> {
         abandoned: &dyn Fn() -> bool,
     ) -> std::result::Result<Embedded, ApiError> {
         let ids = self.prepare(req)?;
+        let total: usize = ids.iter().map(Vec::len).sum();
+        if total > MAX_REQUEST_TOKENS {
+            return Err(ApiError::invalid(
+                "input",
+                format!(
+                    "the inputs total {total} tokens; at most {MAX_REQUEST_TOKENS} in one \
+                     request: send them in several"
+                ),
+            ));
+        }
         let busy = |why: &str| ApiError::new(503, "server_error", format!("{why}; retry"));
         let _turn = match self.turns.wait(deadline, abandoned) {
             Ok(t) => t,

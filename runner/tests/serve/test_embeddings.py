@@ -143,6 +143,8 @@ class Embeddings(unittest.TestCase):
             ({"input": ["word " * 300]}, "input[0]"),
             ({"input": [list(range(1, 300))]}, "input[0]"),
             ({"input": ["x"] * 2049}, "input"),
+            # 300 inputs of 256 tokens: more than 65,536 tokens in one request.
+            ({"input": ["word " * 300] * 300, "truncate": True}, "input"),
         ]:
             status, err = self.post(body)
             self.assertEqual(status, 400, (body, err))
