@@ -9,7 +9,7 @@
 # text's vector the same bits alone and in a batch; JSON lines and .npy agreeing; bad options
 # refused by name (exit 2); and the F32 and Q8_0 files through GGUF
 # (llama.cpp's `bert` layout) and back, giving the same vectors. The tiny decoder-based
-# embedder of fixtures/tiny/qwen3-embedding-f32 (Qwen3-Embedding's layout) against its
+# embedder of fixtures/embedding/qwen3-embedding-f32 (Qwen3-Embedding's layout) against its
 # sentence-transformers vectors too. Then `kiln-run serve` on the
 # F32 file: /v1/embeddings through the official openai client and raw HTTP, held to
 # `kiln-run embed`'s bits (runner/tests/serve/test_embeddings.py, on 127.0.0.1, bounded).
@@ -41,9 +41,18 @@ done
     --reference fixtures/reference/minilm/embeddings.json
 # A decoder-based embedder laid out as Qwen3-Embedding is (bare backbone, last-token pooling,
 # <|endoftext|> appended), tiny and committed, against sentence-transformers' vectors.
-"$bin/kiln-convert" hf fixtures/tiny/qwen3-embedding-f32 -o "$work/qwen3-embedding.kiln" --force > /dev/null
+"$bin/kiln-convert" hf fixtures/embedding/qwen3-embedding-f32 -o "$work/qwen3-embedding.kiln" --force 2> /dev/null
 "$py" ci/embeddings_check.py --bin "$bin/kiln-run" --model "$work/qwen3-embedding.kiln" \
     --reference fixtures/reference/qwen3-embedding/embeddings.json
+# Its tokenizer appends <|endoftext|>, which a byte-level GGUF vocabulary cannot state: export
+# is refused (status 2) and writes nothing.
+rm -f "$work/qwen3-embedding.gguf"
+status=0
+"$bin/kiln-convert" export-gguf "$work/qwen3-embedding.kiln" -o "$work/qwen3-embedding.gguf" 2> /dev/null || status=$?
+if [[ $status -ne 2 || -e "$work/qwen3-embedding.gguf" ]]; then
+    echo "embeddings: export of the Qwen3-Embedding layout should be refused with status 2 (got $status)" >&2
+    exit 1
+fi
 echo "--    kiln-run serve: /v1/embeddings (runner/tests/serve/test_embeddings.py, at most 240 s)"
 KILN_BIN="$root/$bin" KILN_EMBED_MODEL="$root/$work/minilm-f32.kiln" \
     timeout -k 10 240 "$py" -m unittest discover -s runner/tests/serve -p test_embeddings.py -v

@@ -66,7 +66,7 @@ def check_one(binary, model, reference):
     return failures
 
 
-# Qwen3-Embedding's `query` prompt (fixtures/tiny/make_qwen3_embedding.py).
+# Qwen3-Embedding's `query` prompt (fixtures/embedding/make_qwen3_embedding.py).
 PROMPT_QUERY = ("Instruct: Given a web search query, retrieve relevant passages that answer the "
                 "query\nQuery:")
 

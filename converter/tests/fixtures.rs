@@ -209,7 +209,7 @@ fn a_bare_decoder_backbone_with_sentence_transformers_modules_is_an_embedding_mo
     let convert = |name: &str, out: &Path| {
         convert_hf(
             &ConvertOptions {
-                input: repo().join("fixtures/tiny").join(name),
+                input: repo().join("fixtures").join(name),
                 output: out.to_path_buf(),
                 dtype: None,
                 overwrite: false,
@@ -221,8 +221,8 @@ fn a_bare_decoder_backbone_with_sentence_transformers_modules_is_an_embedding_mo
         KilnFile::open(out).unwrap()
     };
     let dir = tempfile::tempdir().unwrap();
-    let gen = convert("qwen3-f32", &dir.path().join("g.kiln"));
-    let emb = convert("qwen3-embedding-f32", &dir.path().join("e.kiln"));
+    let gen = convert("tiny/qwen3-f32", &dir.path().join("g.kiln"));
+    let emb = convert("embedding/qwen3-embedding-f32", &dir.path().join("e.kiln"));
     let tensors = |f: &KilnFile| {
         f.tensors()
             .iter()
