@@ -26,7 +26,7 @@ echo "== inspect and verify checksums"
 "$bin/kiln-convert" inspect "$out/smollm2-f32.kiln" --verify | grep '^checksums'
 
 echo "== quantize"
-for t in f16 q8_0 q4_0; do
+for t in f16 q8_0 q4_0 q3_k_m iq4_xs_mix; do
     "$bin/kiln-quantize" "$out/smollm2-bf16.kiln" "$out/smollm2-$t.kiln" --to "$t" --force | tail -1
 done
 echo "== quantize q4_0, calibrated on fixtures/text/calibration.txt"
@@ -36,13 +36,13 @@ echo "== export the calibrated q4_0 for llama.cpp"
 "$bin/kiln-convert" export-gguf "$out/smollm2-q4_0-cal.kiln" -o "$out/smollm2-q4_0-cal.gguf" --force
 
 echo "== run"
-for t in bf16 q8_0 q4_0 q4_0-cal; do
+for t in bf16 q8_0 q4_0 q4_0-cal q3_k_m iq4_xs_mix; do
     echo "-- $t"
     "$bin/kiln-run" generate "$out/smollm2-$t.kiln" --chat -p "Give me three tips for staying healthy." -n 48
     echo
 done
 echo "== verify against the transformers reference, layer by layer"
-for t in f32 q8_0 q4_0 q4_0-cal; do
+for t in f32 q8_0 q4_0 q4_0-cal q3_k_m iq4_xs_mix; do
     "$bin/kiln-verify" layers "$out/smollm2-$t.kiln" --reference fixtures/reference/smollm2/1.safetensors | tail -1
 done
 "$bin/kiln-verify" integrity "$out/smollm2-q4_0.kiln"

@@ -8,9 +8,11 @@
 # 1. Converts SmolLM2-135M-Instruct (bf16, and f16), quantizes it with kiln-quantize's
 #    reference method to q8_0 and q4_0 (every matrix, embedding included), and exports all four
 #    with `kiln-convert export-gguf`.
-# 2. Block identity: `llama-quantize --pure` of the exported bf16 GGUF to Q8_0 and Q4_0 (every
-#    matrix in that type, like Kiln's default policy) must hold the same bytes, tensor by
-#    tensor, as Kiln's exported q8_0/q4_0 (fixtures/gguf/compare_blocks.py).
+# 2. Block identity: `llama-quantize --pure` of the exported bf16 GGUF to Q8_0, Q4_0, Q2_K, Q3_K,
+#    IQ4_NL and IQ4_XS (every matrix in that type, like Kiln's default policy) must hold the
+#    same bytes, tensor by tensor, as Kiln's exported `--to` of the same type; and llama.cpp's
+#    mixes (`llama-quantize` Q2_K, Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, IQ4_NL, IQ4_XS) the same bytes
+#    and tensor types as Kiln's `--to` of that mix (fixtures/gguf/compare_blocks.py).
 # 3. Perplexity: `llama-perplexity -c 512` of each exported file next to `kiln-verify
 #    perplexity -c 512` of the .kiln it came from, on fixtures/text/gpl-3.txt (CHUNKS chunks of
 #    512 tokens; default all 14).
@@ -44,11 +46,25 @@ for t in bf16 f16 q8_0 q4_0; do
 done
 
 echo "== block identity: llama-quantize --pure of the exported bf16 vs Kiln's export" | tee -a "$summary"
-for t in Q8_0 Q4_0; do
+for t in Q8_0 Q4_0 Q2_K Q3_K IQ4_NL IQ4_XS; do
     lc="$(echo "$t" | tr 'A-Z' 'a-z')"
+    if [[ ! -f "$out/$lc.gguf" ]]; then
+        "$bin/kiln-quantize" "$out/bf16.kiln" "$out/$lc.kiln" --to "$lc" --force > /dev/null
+        "$bin/kiln-convert" export-gguf "$out/$lc.kiln" -o "$out/$lc.gguf" --force > /dev/null
+    fi
     "$bin_ll/llama-quantize" --pure "$out/bf16.gguf" "$out/llama-quantize-$lc.gguf" "$t" "$threads" > "$out/llama-quantize-$lc.log" 2>&1
     echo "-- $t" | tee -a "$summary"
     "$py" fixtures/gguf/compare_blocks.py "$out/$lc.gguf" "$out/llama-quantize-$lc.gguf" | tee -a "$summary"
+done
+echo "== block identity: llama-quantize's mixes vs Kiln's" | tee -a "$summary"
+for pair in q2_k_mix:Q2_K q3_k_s:Q3_K_S q3_k_m:Q3_K_M q3_k_l:Q3_K_L q4_k_s:Q4_K_S q4_k_m:Q4_K_M \
+    q5_k_s:Q5_K_S q5_k_m:Q5_K_M iq4_nl_mix:IQ4_NL iq4_xs_mix:IQ4_XS; do
+    mix="${pair%%:*}" t="${pair##*:}"
+    "$bin/kiln-quantize" "$out/bf16.kiln" "$out/$mix.kiln" --to "$mix" --force > /dev/null
+    "$bin/kiln-convert" export-gguf "$out/$mix.kiln" -o "$out/$mix.gguf" --force > /dev/null
+    "$bin_ll/llama-quantize" "$out/bf16.gguf" "$out/llama-quantize-$mix.gguf" "$t" "$threads" > "$out/llama-quantize-$mix.log" 2>&1
+    echo "-- $t: $(stat -c %s "$out/$mix.gguf") bytes (Kiln), $(stat -c %s "$out/llama-quantize-$mix.gguf") (llama-quantize)" | tee -a "$summary"
+    "$py" fixtures/gguf/compare_blocks.py "$out/$mix.gguf" "$out/llama-quantize-$mix.gguf" | tee -a "$summary"
 done
 
 echo "== perplexity (-c 512, chunks: ${chunks:-all}) on $text" | tee -a "$summary"

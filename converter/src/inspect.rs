@@ -79,7 +79,7 @@ pub struct DTypeSummary {
     /// Storage bits per weight (4.5 for Q4_0 and Q4_K, 6.5625 for Q6_K).
     pub bits_per_weight: f64,
     /// The format minor version that introduced the dtype (`q4_0x16` 1; Q5_0, Q5_1 and the
-    /// K-quants 2).
+    /// K-quants from Q4_K 2; Q2_K, Q3_K, IQ4_NL and IQ4_XS 4).
     pub since_minor: u16,
     /// What the dtype is: its layout in a few words.
     pub layout: &'static str,
@@ -103,6 +103,14 @@ fn layout(d: DType) -> &'static str {
             "GGML Q5_K: 256 weights, 8 sub-blocks with 6-bit scales and mins, 5-bit codes"
         }
         DType::Q6_K => "GGML Q6_K: 256 weights, 16 sub-blocks with 8-bit scales, 6-bit codes",
+        DType::Q2_K => {
+            "GGML Q2_K: 256 weights, 16 sub-blocks with 4-bit scales and mins, 2-bit codes"
+        }
+        DType::Q3_K => "GGML Q3_K: 256 weights, 16 sub-blocks with 6-bit scales, 3-bit codes",
+        DType::IQ4_NL => "GGML IQ4_NL: 32 weights, f16 scale, 4-bit indices into a 16-value grid",
+        DType::IQ4_XS => {
+            "GGML IQ4_XS: 256 weights, 8 sub-blocks with 6-bit scales, 4-bit grid indices"
+        }
     }
 }
 

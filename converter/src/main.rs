@@ -71,7 +71,7 @@ enum Command {
         json: bool,
     },
     /// Convert a GGUF file (llama, qwen2, qwen3, gemma3, phi3, glm4, chatglm, bert) to .kiln;
-    /// F32/F16/BF16/Q8_0/Q4_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K matrices are kept byte for byte, Q4_1
+    /// F32/F16/BF16/Q8_0/Q4_0/Q5_0/Q5_1/Q2_K…Q6_K/IQ4_NL/IQ4_XS matrices are kept byte for byte, Q4_1
     /// ones are dequantized (see --dequantize-to), quantized 1-D tensors become F32.
     #[command(
         after_help = "Example:\n  kiln-convert gguf SmolLM2-135M-Instruct.Q4_1.gguf -o smollm2.kiln"

@@ -13,7 +13,8 @@ use half::{bf16, f16};
 use crate::blocks::{self, BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 use crate::dtype::DType;
 use crate::error::{FormatError, Result};
-use crate::kquants::{self, BlockQ4K, BlockQ5K, BlockQ6K, QK_K};
+use crate::iq4::{self, BlockIQ4NL, BlockIQ4XS};
+use crate::kquants::{self, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, QK_K};
 use crate::q5::{self, BlockQ5_0, BlockQ5_1};
 
 /// The float encoding of a block's scales (or, for the plain float types, of the element
@@ -519,6 +520,40 @@ const Q6_K_CODES: Codes<BlockQ6K> = Codes {
     },
 };
 
+/// Q2_K: `(d·sc)·q − dmin·m` per 16-weight sub-block (4-bit `sc` and `m`), codes 0..=3.
+const Q2_K_CODES: Codes<BlockQ2K> = Codes {
+    grids: |b, out| {
+        for &s in &b.scales {
+            let g = CodeGrid {
+                scale: b.d.to_f32() * f32::from(s & 0x0f),
+                shift: -(b.dmin.to_f32() * f32::from(s >> 4)),
+                offset: 0,
+                max: 3,
+            };
+            out.extend([g; 16]);
+        }
+    },
+    set: |b, q| b.qs = kquants::pack_q2_k_codes(q.try_into().expect("a super-block's codes")),
+};
+
+/// Q3_K: `(d·sc)·(q − 4)` per 16-weight sub-block (`sc` signed, 6 bits), codes 0..=7.
+const Q3_K_CODES: Codes<BlockQ3K> = Codes {
+    grids: |b, out| {
+        for sc in kquants::q3_k_scales(&b.scales) {
+            let g = CodeGrid {
+                scale: b.d.to_f32() * f32::from(sc),
+                shift: 0.0,
+                offset: -4,
+                max: 7,
+            };
+            out.extend([g; 16]);
+        }
+    },
+    set: |b, q| {
+        (b.hmask, b.qs) = kquants::pack_q3_k_codes(q.try_into().expect("a super-block's codes"))
+    },
+};
+
 /// An f16 scale and minimum at the start of the block (Q5_1, Q4_K, Q5_K).
 const SCALE_AND_MIN: Scales = Scales {
     float: ScaleFloat::F16,
@@ -547,6 +582,22 @@ ggml_block!(BlockQ5K, Q5_K, QK_K, 13, SCALE_AND_MIN,
 ggml_block!(BlockQ6K, Q6_K, QK_K, 14, Scales::one(ScaleFloat::F16, std::mem::offset_of!(BlockQ6K, d)),
     kquants::quantize_row_q6_k_ref, kquants::dequantize_row_q6_k,
     weighted: Some(kquants::quantize_row_q6_k_weighted), codes: Some(Q6_K_CODES));
+
+// Q2_K and Q3_K keep their f16 scales after the codes; IQ4_XS its one scale first.
+ggml_block!(BlockQ2K, Q2_K, QK_K, 10,
+    Scales { float: ScaleFloat::F16, offset: std::mem::offset_of!(BlockQ2K, d), per_group: 2, groups: 1 },
+    kquants::quantize_row_q2_k_ref, kquants::dequantize_row_q2_k,
+    weighted: Some(kquants::quantize_row_q2_k_weighted), codes: Some(Q2_K_CODES));
+ggml_block!(BlockQ3K, Q3_K, QK_K, 11, Scales::one(ScaleFloat::F16, std::mem::offset_of!(BlockQ3K, d)),
+    kquants::quantize_row_q3_k_ref, kquants::dequantize_row_q3_k,
+    weighted: Some(kquants::quantize_row_q3_k_weighted), codes: Some(Q3_K_CODES));
+// The non-linear grid is not `(q + offset)·scale + shift`: no code grids.
+ggml_block!(BlockIQ4NL, IQ4_NL, QK, 20, Scales::one(ScaleFloat::F16, 0),
+    iq4::quantize_row_iq4_nl_ref, iq4::dequantize_row_iq4_nl,
+    weighted: Some(iq4::quantize_row_iq4_nl_weighted), codes: None);
+ggml_block!(BlockIQ4XS, IQ4_XS, QK_K, 23, Scales::one(ScaleFloat::F16, 0),
+    iq4::quantize_row_iq4_xs_ref, iq4::dequantize_row_iq4_xs,
+    weighted: Some(iq4::quantize_row_iq4_xs_weighted), codes: None);
 
 /// Sixteen rows' Q4_0 blocks interleaved: GGML's blocks, so its reference rule, in Kiln's
 /// order. Rows must come in whole groups of sixteen.
@@ -604,7 +655,7 @@ mod tests {
     }
 
     /// Every dtype, with GGML's sizes (`ggml-common.h`) and its round-trip bound.
-    const TABLE: [Row; 11] = [
+    const TABLE: [Row; 15] = [
         row(DType::F32, 1, 4, 0.0),
         row(DType::F16, 1, 2, 2.5e-4),
         row(DType::BF16, 1, 2, 2e-3),
@@ -616,6 +667,10 @@ mod tests {
         row(DType::Q4_K, QK_K, 144, 6e-2),
         row(DType::Q5_K, QK_K, 176, 3e-2),
         row(DType::Q6_K, QK_K, 210, 1.5e-2),
+        row(DType::Q2_K, QK_K, 84, 0.27),
+        row(DType::Q3_K, QK_K, 110, 0.15),
+        row(DType::IQ4_NL, QK, 18, 8e-2),
+        row(DType::IQ4_XS, QK_K, 136, 8e-2),
     ];
 
     /// Sixteen rows (whole `q4_0x16` groups) of 512 values (whole super-blocks).
@@ -791,9 +846,13 @@ mod tests {
             [
                 DType::Q5_0,
                 DType::Q5_1,
+                DType::Q2_K,
+                DType::Q3_K,
                 DType::Q4_K,
                 DType::Q5_K,
-                DType::Q6_K
+                DType::Q6_K,
+                DType::IQ4_NL,
+                DType::IQ4_XS
             ]
         );
     }

@@ -11,7 +11,8 @@ use half::{bf16, f16};
 
 use crate::block_type::BlockKind;
 use crate::blocks::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
-use crate::kquants::{BlockQ4K, BlockQ5K, BlockQ6K};
+use crate::iq4::{BlockIQ4NL, BlockIQ4XS};
+use crate::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K};
 use crate::q5::{BlockQ5_0, BlockQ5_1};
 
 /// A tensor element type. Variants keep GGML's names (`Q4_K`, not `Q4K`) so that they read
@@ -46,20 +47,36 @@ pub enum DType {
     /// GGML Q6_K: super-blocks of 256 weights, sixteen 16-weight sub-blocks with 8-bit scales,
     /// 6-bit codes (210 bytes a block). Since format 1.2.
     Q6_K,
+    /// GGML Q2_K: super-blocks of 256 weights, sixteen 16-weight sub-blocks with 4-bit scales
+    /// and mins, 2-bit codes (84 bytes a block). Since format 1.4.
+    Q2_K,
+    /// GGML Q3_K: super-blocks of 256 weights, sixteen 16-weight sub-blocks with 6-bit scales,
+    /// 3-bit codes (110 bytes a block). Since format 1.4.
+    Q3_K,
+    /// GGML IQ4_NL: blocks of 32 weights, an f16 scale and sixteen bytes of 4-bit indices into
+    /// GGML's non-linear grid (18 bytes a block). Since format 1.4.
+    IQ4_NL,
+    /// GGML IQ4_XS: super-blocks of 256 weights, eight 32-weight sub-blocks with 6-bit scales,
+    /// 4-bit indices into IQ4_NL's grid (136 bytes a block). Since format 1.4.
+    IQ4_XS,
 }
 
 impl DType {
     /// Every dtype, in id order.
-    pub const ALL: [DType; 11] = [
+    pub const ALL: [DType; 15] = [
         DType::F32,
         DType::F16,
         DType::Q4_0,
         DType::Q5_0,
         DType::Q5_1,
         DType::Q8_0,
+        DType::Q2_K,
+        DType::Q3_K,
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
         DType::BF16,
         DType::Q4_0x16,
     ];
@@ -76,6 +93,10 @@ impl DType {
             DType::Q4_K => 12,
             DType::Q5_K => 13,
             DType::Q6_K => 14,
+            DType::Q2_K => 10,
+            DType::Q3_K => 11,
+            DType::IQ4_NL => 20,
+            DType::IQ4_XS => 23,
             DType::BF16 => 30,
             DType::Q4_0x16 => 1002,
         }
@@ -93,6 +114,10 @@ impl DType {
             12 => Some(DType::Q4_K),
             13 => Some(DType::Q5_K),
             14 => Some(DType::Q6_K),
+            10 => Some(DType::Q2_K),
+            11 => Some(DType::Q3_K),
+            20 => Some(DType::IQ4_NL),
+            23 => Some(DType::IQ4_XS),
             30 => Some(DType::BF16),
             1002 => Some(DType::Q4_0x16),
             _ => None,
@@ -113,6 +138,10 @@ impl DType {
             DType::Q4_K => "q4_k",
             DType::Q5_K => "q5_k",
             DType::Q6_K => "q6_k",
+            DType::Q2_K => "q2_k",
+            DType::Q3_K => "q3_k",
+            DType::IQ4_NL => "iq4_nl",
+            DType::IQ4_XS => "iq4_xs",
         }
     }
 
@@ -138,6 +167,10 @@ impl DType {
         const Q4_K: BlockKind = BlockKind::of::<BlockQ4K>();
         const Q5_K: BlockKind = BlockKind::of::<BlockQ5K>();
         const Q6_K: BlockKind = BlockKind::of::<BlockQ6K>();
+        const Q2_K: BlockKind = BlockKind::of::<BlockQ2K>();
+        const Q3_K: BlockKind = BlockKind::of::<BlockQ3K>();
+        const IQ4_NL: BlockKind = BlockKind::of::<BlockIQ4NL>();
+        const IQ4_XS: BlockKind = BlockKind::of::<BlockIQ4XS>();
         match self {
             DType::F32 => &F32,
             DType::F16 => &F16,
@@ -150,6 +183,10 @@ impl DType {
             DType::Q4_K => &Q4_K,
             DType::Q5_K => &Q5_K,
             DType::Q6_K => &Q6_K,
+            DType::Q2_K => &Q2_K,
+            DType::Q3_K => &Q3_K,
+            DType::IQ4_NL => &IQ4_NL,
+            DType::IQ4_XS => &IQ4_XS,
         }
     }
 
@@ -226,9 +263,13 @@ impl DType {
         self.block_len() > 1
     }
 
-    /// Whether this is one of the K-quant super-block types (256 weights a block).
+    /// Whether this is one of the K-quant super-block types (256 weights a block, dotted with
+    /// Q8_K activations): the K-quants and IQ4_XS.
     pub const fn is_k_quant(self) -> bool {
-        matches!(self, DType::Q4_K | DType::Q5_K | DType::Q6_K)
+        matches!(
+            self,
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS
+        )
     }
 
     /// Bits of storage per weight (e.g. 4.5 for Q4_0).
@@ -295,6 +336,11 @@ mod tests {
         assert_eq!(DType::Q4_K.id(), 12);
         assert_eq!(DType::Q6_K.id(), 14);
         assert_eq!(DType::Q5_0.id(), 6);
+        assert_eq!(DType::Q2_K.id(), 10);
+        assert_eq!(DType::Q3_K.id(), 11);
+        assert_eq!(DType::IQ4_NL.id(), 20);
+        assert_eq!(DType::IQ4_XS.id(), 23);
+        assert!(DType::ALL.windows(2).all(|w| w[0].id() < w[1].id()));
     }
 
     #[test]
@@ -320,6 +366,12 @@ mod tests {
         assert_eq!(DType::Q5_1.bits_per_weight(), 6.0);
         assert!(DType::Q6_K.byte_len(&[2, 576]).is_err());
         assert_eq!(DType::Q5_0.byte_len(&[1, 576]), Ok(18 * 22));
+        assert_eq!(DType::Q2_K.bits_per_weight(), 2.625);
+        assert_eq!(DType::Q3_K.bits_per_weight(), 3.4375);
+        assert_eq!(DType::IQ4_NL.bits_per_weight(), 4.5);
+        assert_eq!(DType::IQ4_XS.bits_per_weight(), 4.25);
+        assert_eq!(DType::IQ4_XS.byte_len(&[2, 512]), Ok(4 * 136));
+        assert!(DType::Q3_K.byte_len(&[1, 32]).is_err());
     }
 
     #[test]

@@ -19,8 +19,9 @@ pub const MAGIC: [u8; 8] = *b"KILN\r\n\x1a\n";
 pub const FORMAT_MAJOR: u16 = 1;
 /// The newest minor version this build writes. Minor versions only add; any minor is read.
 /// 1.1 added the `q4_0x16` dtype; 1.2 added `q5_0`, `q5_1`, `q4_k`, `q5_k` and `q6_k`; 1.3
-/// added the files section (packed metadata fields, [`crate::packed`]).
-pub const FORMAT_MINOR: u16 = 3;
+/// added the files section (packed metadata fields, [`crate::packed`]); 1.4 added `q2_k`,
+/// `q3_k`, `iq4_nl` and `iq4_xs`.
+pub const FORMAT_MINOR: u16 = 4;
 
 /// The minor version that introduced the files section: a file with a non-empty one says at
 /// least this.
@@ -33,6 +34,7 @@ pub const fn minor_of(dtype: crate::DType) -> u16 {
         DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 => 0,
         DType::Q4_0x16 => 1,
         DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K => 2,
+        DType::Q2_K | DType::Q3_K | DType::IQ4_NL | DType::IQ4_XS => 4,
     }
 }
 

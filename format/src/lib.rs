@@ -36,6 +36,7 @@ pub mod exit;
 pub mod family;
 pub mod input;
 pub mod io;
+pub mod iq4;
 pub mod kquants;
 pub mod layout;
 pub mod metadata;
@@ -58,7 +59,8 @@ pub use error::{FormatError, Result};
 pub use exit::{install_interrupt_handler, ExitStatus};
 pub use family::{FamilySpec, FAMILIES};
 pub use input::{open_regular, read_bounded, read_text_bounded};
-pub use kquants::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+pub use iq4::{BlockIQ4NL, BlockIQ4XS};
+pub use kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 pub use metadata::{
     Architecture, AttentionMask, EmbeddingSpec, FamilyOptions, LayerKind, Metadata, MlpActivation,
     MlpKind, ModelConfig, NormKind, NormPlace, NormStyle, Pooling, Positions, ProvenanceStep,

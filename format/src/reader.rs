@@ -879,6 +879,12 @@ impl<'a> TensorView<'a> {
         self.cast(DType::Q6_K)
     }
 
+    /// The data as units of block type `T` (any row of the block-type table), refused unless
+    /// the tensor's dtype is `T`'s.
+    pub fn as_blocks<T: crate::BlockType>(&self) -> Result<&'a [T]> {
+        self.cast(T::DTYPE)
+    }
+
     /// The data as row-major Q4_0 blocks, for `q4_0` and (de-interleaved, a copy) `q4_0x16`
     /// tensors: what a consumer that does not care about the storage order reads.
     pub fn q4_0_rows(&self) -> Result<std::borrow::Cow<'a, [BlockQ4_0]>> {

@@ -76,12 +76,14 @@ proptest! {
         }
         w.finish().unwrap();
         let f = KilnFile::open(&path).unwrap();
-        // 1.1 added q4_0x16, 1.2 the Q5 and K-quant types; a file is written with the lowest.
+        // 1.1 added q4_0x16, 1.2 the Q5 and K-quant types, 1.4 Q2_K, Q3_K and the IQ4 types; a
+        // file is written with the lowest.
         let minor = tensors
             .iter()
             .map(|(d, _, _)| match d {
                 DType::Q4_0x16 => 1,
                 DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K => 2,
+                DType::Q2_K | DType::Q3_K | DType::IQ4_NL | DType::IQ4_XS => 4,
                 _ => 0,
             })
             .max()

@@ -1,8 +1,10 @@
-//! Q5_0, Q5_1 and the K-quants (Q4_K, Q5_K, Q6_K): their tile tables and one-row dots.
+//! Q5_0, Q5_1, IQ4_NL and the K-quants (Q2_K…Q6_K, IQ4_XS): their tile tables and one-row
+//! dots.
 //!
-//! GGML's pairing: Q5_0 and Q5_1 rows dot Q8_0 activations (32 a block), K-quant rows dot Q8_K
-//! activations (256 a block, with the sum of every 16 codes, which apply the sub-block mins of
-//! Q4_K/Q5_K and the −32 offset of Q6_K without touching the codes). Each block pair gives exact
+//! GGML's pairing: Q5_0, Q5_1 and IQ4_NL rows dot Q8_0 activations (32 a block), K-quant and
+//! IQ4_XS rows dot Q8_K activations (256 a block, with the sum of every 16 codes, which apply
+//! the sub-block mins of Q2_K/Q4_K/Q5_K and the offsets of Q3_K and Q6_K without touching the
+//! codes). Each block pair gives exact
 //! integer sums ([`KBlock::Ints`]); one f32 term per block is formed from them in a fixed order
 //! and added into accumulator `b % 8` ([`crate::reference::BLOCK_LANES`]). The tiers differ only
 //! in how they compute the integer sums, so every tier gives the reference's bits.
@@ -14,12 +16,16 @@
 //! which the SIMD tiers unpack once.
 
 use half::f16;
-use kiln_format::{BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0};
+use kiln_format::{
+    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
+    BlockQ8K, BlockQ8_0,
+};
 
 use crate::reference::{self as r, dot_ref, tile_ref, KBlock, BLOCK_LANES};
 use crate::tile::{Tile, TILE_ROWS};
 
-/// Every tier's tiles for the five encodings.
+/// Every tier's tiles for these encodings. A tier without a kernel of its own for one keeps
+/// the scalar tier's (`..SCALAR_TILES`): the same bits, slower.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct KTiles {
     pub(crate) q5_0: Tile<BlockQ5_0, BlockQ8_0>,
@@ -27,6 +33,10 @@ pub(crate) struct KTiles {
     pub(crate) q4_k: Tile<BlockQ4K, BlockQ8K>,
     pub(crate) q5_k: Tile<BlockQ5K, BlockQ8K>,
     pub(crate) q6_k: Tile<BlockQ6K, BlockQ8K>,
+    pub(crate) q2_k: Tile<BlockQ2K, BlockQ8K>,
+    pub(crate) q3_k: Tile<BlockQ3K, BlockQ8K>,
+    pub(crate) iq4_nl: Tile<BlockIQ4NL, BlockQ8_0>,
+    pub(crate) iq4_xs: Tile<BlockIQ4XS, BlockQ8K>,
 }
 
 /// The reference's tile: one [`dot_ref`] per (row, token).
@@ -41,6 +51,10 @@ pub(crate) const SCALAR_TILES: KTiles = KTiles {
     q4_k: Tile::new(ref_tile, 1, ref_tile),
     q5_k: Tile::new(ref_tile, 1, ref_tile),
     q6_k: Tile::new(ref_tile, 1, ref_tile),
+    q2_k: Tile::new(ref_tile, 1, ref_tile),
+    q3_k: Tile::new(ref_tile, 1, ref_tile),
+    iq4_nl: Tile::new(ref_tile, 1, ref_tile),
+    iq4_xs: Tile::new(ref_tile, 1, ref_tile),
 };
 
 /// `R` weight rows against `T` tokens: each weight block unpacked once by `unpack`, its

@@ -72,8 +72,8 @@ mod tile;
 
 pub use half::{bf16, f16};
 pub use kiln_format::{
-    BlockQ4K, BlockQ4_0, BlockQ4_0x16, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
-    BlockQ8_0, GROUP_ROWS, QK, QK_K,
+    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_0x16, BlockQ5K,
+    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, GROUP_ROWS, QK, QK_K,
 };
 
 pub use dispatch::{active, kernels};

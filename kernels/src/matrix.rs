@@ -2,8 +2,8 @@
 
 use half::{bf16, f16};
 use kiln_format::{
-    BlockQ4K, BlockQ4_0, BlockQ4_0x16, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, DType,
-    GROUP_ROWS, QK,
+    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_0x16, BlockQ5K,
+    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, DType, GROUP_ROWS, QK,
 };
 
 use crate::error::KernelError;
@@ -35,6 +35,14 @@ pub enum WeightData<'a> {
     Q5_K(&'a [BlockQ5K]),
     /// `rows × cols / 256` Q6_K super-blocks, each row a whole number of them.
     Q6_K(&'a [BlockQ6K]),
+    /// `rows × cols / 256` Q2_K super-blocks, each row a whole number of them.
+    Q2_K(&'a [BlockQ2K]),
+    /// `rows × cols / 256` Q3_K super-blocks, each row a whole number of them.
+    Q3_K(&'a [BlockQ3K]),
+    /// `rows × cols / 32` IQ4_NL blocks, each row a whole number of them.
+    IQ4_NL(&'a [BlockIQ4NL]),
+    /// `rows × cols / 256` IQ4_XS super-blocks, each row a whole number of them.
+    IQ4_XS(&'a [BlockIQ4XS]),
 }
 
 impl WeightData<'_> {
@@ -52,6 +60,10 @@ impl WeightData<'_> {
             WeightData::Q4_K(_) => DType::Q4_K,
             WeightData::Q5_K(_) => DType::Q5_K,
             WeightData::Q6_K(_) => DType::Q6_K,
+            WeightData::Q2_K(_) => DType::Q2_K,
+            WeightData::Q3_K(_) => DType::Q3_K,
+            WeightData::IQ4_NL(_) => DType::IQ4_NL,
+            WeightData::IQ4_XS(_) => DType::IQ4_XS,
         }
     }
 
@@ -74,6 +86,10 @@ impl WeightData<'_> {
             WeightData::Q4_K(d) => std::mem::size_of_val(*d),
             WeightData::Q5_K(d) => std::mem::size_of_val(*d),
             WeightData::Q6_K(d) => std::mem::size_of_val(*d),
+            WeightData::Q2_K(d) => std::mem::size_of_val(*d),
+            WeightData::Q3_K(d) => std::mem::size_of_val(*d),
+            WeightData::IQ4_NL(d) => std::mem::size_of_val(*d),
+            WeightData::IQ4_XS(d) => std::mem::size_of_val(*d),
         }
     }
 
@@ -100,7 +116,8 @@ pub struct Matrix<'a> {
 
 impl<'a> Matrix<'a> {
     /// Check that `data` holds exactly `rows × cols` weights (whole 32-weight blocks per row for
-    /// Q8_0, Q4_0, Q5_0 and Q5_1; whole 256-weight super-blocks for Q4_K, Q5_K and Q6_K).
+    /// Q8_0, Q4_0, Q5_0, Q5_1 and IQ4_NL; whole 256-weight super-blocks for the K-quants and
+    /// IQ4_XS).
     pub fn new(rows: usize, cols: usize, data: WeightData<'a>) -> Result<Self, KernelError> {
         let elems = rows
             .checked_mul(cols)
@@ -132,7 +149,11 @@ impl<'a> Matrix<'a> {
             | WeightData::Q5_1(_)
             | WeightData::Q4_K(_)
             | WeightData::Q5_K(_)
-            | WeightData::Q6_K(_) => {
+            | WeightData::Q6_K(_)
+            | WeightData::Q2_K(_)
+            | WeightData::Q3_K(_)
+            | WeightData::IQ4_NL(_)
+            | WeightData::IQ4_XS(_) => {
                 let block = data.block_len();
                 if !cols.is_multiple_of(block) {
                     return Err(KernelError::ColsNotBlockLenMultiple {
@@ -147,6 +168,10 @@ impl<'a> Matrix<'a> {
                     WeightData::Q4_K(d) => d.len(),
                     WeightData::Q5_K(d) => d.len(),
                     WeightData::Q6_K(d) => d.len(),
+                    WeightData::Q2_K(d) => d.len(),
+                    WeightData::Q3_K(d) => d.len(),
+                    WeightData::IQ4_NL(d) => d.len(),
+                    WeightData::IQ4_XS(d) => d.len(),
                     _ => unreachable!("matched above"),
                 };
                 (found, elems / block, "blocks")

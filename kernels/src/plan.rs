@@ -10,6 +10,8 @@
 //! | Q8_0, Q4_0, Q5_0 | [`Path::Lanes`] from [`LANES_MIN_TOKENS`], else [`Path::Tiles`] over prepared pairs where the tier has them, else over Q8_0 |
 //! | Q5_1 | [`Path::Tiles`] over Q8_0 |
 //! | Q4_K, Q5_K, Q6_K | [`Path::KLanes`] from [`KLANES_MIN_TOKENS`], else [`Path::Tiles`] over Q8_K |
+//! | Q2_K, Q3_K, IQ4_XS | [`Path::Tiles`] over Q8_K |
+//! | IQ4_NL | [`Path::Tiles`] over Q8_0 |
 //! | Q4_0x16 | [`Path::Interleaved`] below [`INTERLEAVED_LANES_MIN_TOKENS`], else [`Path::Lanes`]; on tiers without the interleaved kernel [`Path::Lanes`] from [`LANES_MIN_TOKENS`], else [`Path::Deinterleaved`] |
 //!
 //! With [`Batching::Texts`] the thresholds fall away: every lanes path the tier has is taken at
@@ -228,6 +230,10 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
         WeightData::Q4_K(_) => tiles(&k.kq.q4_k, Operand::Q8_K, n_tokens, cols),
         WeightData::Q5_K(_) => tiles(&k.kq.q5_k, Operand::Q8_K, n_tokens, cols),
         WeightData::Q6_K(_) => tiles(&k.kq.q6_k, Operand::Q8_K, n_tokens, cols),
+        WeightData::Q2_K(_) => tiles(&k.kq.q2_k, Operand::Q8_K, n_tokens, cols),
+        WeightData::Q3_K(_) => tiles(&k.kq.q3_k, Operand::Q8_K, n_tokens, cols),
+        WeightData::IQ4_NL(_) => tiles(&k.kq.iq4_nl, Operand::Q8_0, n_tokens, cols),
+        WeightData::IQ4_XS(_) => tiles(&k.kq.iq4_xs, Operand::Q8_K, n_tokens, cols),
         WeightData::Q4_0x16(_) => {
             if nb == 0 {
                 return Path::Empty;

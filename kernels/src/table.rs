@@ -11,7 +11,8 @@
 
 use half::{bf16, f16};
 use kiln_format::{
-    BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, DType, QK,
+    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0,
+    BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, DType, QK,
 };
 
 use crate::interleaved::Group;
@@ -335,6 +336,26 @@ impl Kernels {
     /// Q6_K weights · Q8_K activations. Panics if the block counts differ.
     pub fn dot_q6_k_q8_k(&self, w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
         one_dot(&self.kq.q6_k, w, x)
+    }
+
+    /// Q2_K weights · Q8_K activations. Panics if the block counts differ.
+    pub fn dot_q2_k_q8_k(&self, w: &[BlockQ2K], x: &[BlockQ8K]) -> f32 {
+        one_dot(&self.kq.q2_k, w, x)
+    }
+
+    /// Q3_K weights · Q8_K activations. Panics if the block counts differ.
+    pub fn dot_q3_k_q8_k(&self, w: &[BlockQ3K], x: &[BlockQ8K]) -> f32 {
+        one_dot(&self.kq.q3_k, w, x)
+    }
+
+    /// IQ4_NL weights · Q8_0 activations. Panics if the block counts differ.
+    pub fn dot_iq4_nl_q8_0(&self, w: &[BlockIQ4NL], x: &[BlockQ8_0]) -> f32 {
+        one_dot(&self.kq.iq4_nl, w, x)
+    }
+
+    /// IQ4_XS weights · Q8_K activations. Panics if the block counts differ.
+    pub fn dot_iq4_xs_q8_k(&self, w: &[BlockIQ4XS], x: &[BlockQ8K]) -> f32 {
+        one_dot(&self.kq.iq4_xs, w, x)
     }
 }
 

@@ -1,4 +1,4 @@
-//! Q5_0, Q5_1 and K-quant (Q4_K, Q5_K, Q6_K) products: every tier against the scalar reference,
+//! Q5_0, Q5_1, IQ4_NL, K-quant (Q2_K…Q6_K) and IQ4_XS products: every tier against the scalar reference,
 //! bit for bit (the integer sums are exact and the float order is the reference's), through
 //! one row's dot and through `matmul` for one token (decode) and many (prefill); and the
 //! reference itself against the format crate's dequantizers, which define the weights.
@@ -7,12 +7,17 @@
 //! activations random floats quantized by the reference's rules.
 
 use half::f16;
-use kiln_format::kquants::{dequantize_row_q4_k, dequantize_row_q5_k, dequantize_row_q6_k};
+use kiln_format::iq4::{dequantize_row_iq4_nl, dequantize_row_iq4_xs};
+use kiln_format::kquants::{
+    dequantize_row_q2_k, dequantize_row_q3_k, dequantize_row_q4_k, dequantize_row_q5_k,
+    dequantize_row_q6_k,
+};
 use kiln_format::q5::{dequantize_row_q5_0, dequantize_row_q5_1};
 use kiln_kernels::reference as r;
 use kiln_kernels::{
-    kernels, tested_isas, BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0,
-    KernelError, Kernels, Matrix, Pool, WeightData, QK, QK_K,
+    kernels, tested_isas, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K,
+    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, KernelError, Kernels, Matrix, Pool,
+    WeightData, QK, QK_K,
 };
 use proptest::prelude::*;
 
@@ -121,6 +126,48 @@ fn q6_k_blocks(g: &mut Rng, n: usize) -> Vec<BlockQ6K> {
         .collect()
 }
 
+fn q2_k_blocks(g: &mut Rng, n: usize) -> Vec<BlockQ2K> {
+    (0..n)
+        .map(|_| BlockQ2K {
+            scales: g.bytes(),
+            qs: g.bytes(),
+            d: g.scale(),
+            dmin: g.scale(),
+        })
+        .collect()
+}
+
+fn q3_k_blocks(g: &mut Rng, n: usize) -> Vec<BlockQ3K> {
+    (0..n)
+        .map(|_| BlockQ3K {
+            hmask: g.bytes(),
+            qs: g.bytes(),
+            scales: g.bytes(),
+            d: g.scale(),
+        })
+        .collect()
+}
+
+fn iq4_nl_blocks(g: &mut Rng, n: usize) -> Vec<BlockIQ4NL> {
+    (0..n)
+        .map(|_| BlockIQ4NL {
+            d: g.scale(),
+            qs: g.bytes(),
+        })
+        .collect()
+}
+
+fn iq4_xs_blocks(g: &mut Rng, n: usize) -> Vec<BlockIQ4XS> {
+    (0..n)
+        .map(|_| BlockIQ4XS {
+            d: g.scale(),
+            scales_h: g.next() as u16,
+            scales_l: g.bytes(),
+            qs: g.bytes(),
+        })
+        .collect()
+}
+
 fn q8_0_act(x: &[f32]) -> Vec<BlockQ8_0> {
     let mut out = vec![bytemuck::Zeroable::zeroed(); x.len() / QK];
     r::quantize_row_q8_0_act_ref(x, &mut out);
@@ -199,6 +246,18 @@ proptest! {
         let b = q6_k_blocks(&mut g, nb);
         dequantize_row_q6_k(&b, &mut w);
         close_to_dequantized(r::dot_q6_k_q8_k_ref(&b, &xk), &w, &vk, "q6_k");
+        let b = q2_k_blocks(&mut g, nb);
+        dequantize_row_q2_k(&b, &mut w);
+        close_to_dequantized(r::dot_q2_k_q8_k_ref(&b, &xk), &w, &vk, "q2_k");
+        let b = q3_k_blocks(&mut g, nb);
+        dequantize_row_q3_k(&b, &mut w);
+        close_to_dequantized(r::dot_q3_k_q8_k_ref(&b, &xk), &w, &vk, "q3_k");
+        let b = iq4_nl_blocks(&mut g, n32);
+        dequantize_row_iq4_nl(&b, &mut w);
+        close_to_dequantized(r::dot_iq4_nl_q8_0_ref(&b, &xq), &w, &v8, "iq4_nl");
+        let b = iq4_xs_blocks(&mut g, nb);
+        dequantize_row_iq4_xs(&b, &mut w);
+        close_to_dequantized(r::dot_iq4_xs_q8_k_ref(&b, &xk), &w, &vk, "iq4_xs");
     }
 
     /// Every tier's one-row dot gives the reference's bits, for block counts around the eight
@@ -216,6 +275,8 @@ proptest! {
         let n32 = nb * QK_K / QK;
         let (b50, b51) = (q5_0_blocks(&mut g, n32), q5_1_blocks(&mut g, n32));
         let (b4k, b5k, b6k) = (q4_k_blocks(&mut g, nb), q5_k_blocks(&mut g, nb), q6_k_blocks(&mut g, nb));
+        let (b2k, b3k) = (q2_k_blocks(&mut g, nb), q3_k_blocks(&mut g, nb));
+        let (bnl, bxs) = (iq4_nl_blocks(&mut g, n32), iq4_xs_blocks(&mut g, nb));
         // Q5_0/Q5_1 also at block counts that are not multiples of eight.
         let m = (n32 - 1).min(nb * 3 + 1);
         for k in tiers() {
@@ -227,6 +288,11 @@ proptest! {
             same_bits(k.dot_q4_k_q8_k(&b4k, &xk), r::dot_q4_k_q8_k_ref(&b4k, &xk), &format!("q4_k {isa:?}"));
             same_bits(k.dot_q5_k_q8_k(&b5k, &xk), r::dot_q5_k_q8_k_ref(&b5k, &xk), &format!("q5_k {isa:?}"));
             same_bits(k.dot_q6_k_q8_k(&b6k, &xk), r::dot_q6_k_q8_k_ref(&b6k, &xk), &format!("q6_k {isa:?}"));
+            same_bits(k.dot_q2_k_q8_k(&b2k, &xk), r::dot_q2_k_q8_k_ref(&b2k, &xk), &format!("q2_k {isa:?}"));
+            same_bits(k.dot_q3_k_q8_k(&b3k, &xk), r::dot_q3_k_q8_k_ref(&b3k, &xk), &format!("q3_k {isa:?}"));
+            same_bits(k.dot_iq4_nl_q8_0(&bnl, &xq), r::dot_iq4_nl_q8_0_ref(&bnl, &xq), &format!("iq4_nl {isa:?}"));
+            same_bits(k.dot_iq4_nl_q8_0(&bnl[..m], &xq[..m]), r::dot_iq4_nl_q8_0_ref(&bnl[..m], &xq[..m]), &format!("iq4_nl {m} blocks {isa:?}"));
+            same_bits(k.dot_iq4_xs_q8_k(&bxs, &xk), r::dot_iq4_xs_q8_k_ref(&bxs, &xk), &format!("iq4_xs {isa:?}"));
         }
     }
 }
@@ -318,6 +384,83 @@ fn extreme_blocks_give_reference_bits() {
             &format!("q5_k {isa:?}"),
         );
     }
+    // Q2_K: codes and 4-bit scales and mins at their extremes.
+    for (qs, sc) in [(0xff, 0xff), (0x00, 0xff), (0xff, 0x0f), (0xff, 0xf0)] {
+        let b2k = vec![
+            BlockQ2K {
+                scales: [sc; 16],
+                qs: [qs; 64],
+                d: one,
+                dmin: one
+            };
+            2
+        ];
+        for k in tiers() {
+            let isa = k.isa();
+            same_bits(
+                k.dot_q2_k_q8_k(&b2k, &xk),
+                r::dot_q2_k_q8_k_ref(&b2k, &xk),
+                &format!("q2_k {qs:#x} {sc:#x} {isa:?}"),
+            );
+        }
+    }
+    // Q3_K: codes 0 or 7 against scales 31 (all bits set) or −32 (none).
+    for (bits, sc) in [(0xff, 0xff), (0x00, 0x00), (0xff, 0x00), (0x00, 0xff)] {
+        let b3k = vec![
+            BlockQ3K {
+                hmask: [bits; 32],
+                qs: [bits; 64],
+                scales: [sc; 12],
+                d: one
+            };
+            2
+        ];
+        for k in tiers() {
+            let isa = k.isa();
+            same_bits(
+                k.dot_q3_k_q8_k(&b3k, &xk),
+                r::dot_q3_k_q8_k_ref(&b3k, &xk),
+                &format!("q3_k {bits:#x} {sc:#x} {isa:?}"),
+            );
+        }
+    }
+    // IQ4_NL and IQ4_XS: the grid's ends (−127, 113) against scales 31 and −32.
+    for qs in [0x00u8, 0xff, 0x0f, 0xf0] {
+        let bnl = vec![
+            BlockIQ4NL {
+                d: one,
+                qs: [qs; 16]
+            };
+            16
+        ];
+        for (sh, sl) in [(0xffffu16, 0xffu8), (0x0000, 0x00)] {
+            let bxs = vec![
+                BlockIQ4XS {
+                    d: one,
+                    scales_h: sh,
+                    scales_l: [sl; 4],
+                    qs: [qs; 128]
+                };
+                2
+            ];
+            for k in tiers() {
+                let isa = k.isa();
+                same_bits(
+                    k.dot_iq4_xs_q8_k(&bxs, &xk),
+                    r::dot_iq4_xs_q8_k_ref(&bxs, &xk),
+                    &format!("iq4_xs {qs:#x} {sh:#x} {isa:?}"),
+                );
+            }
+        }
+        for k in tiers() {
+            let isa = k.isa();
+            same_bits(
+                k.dot_iq4_nl_q8_0(&bnl, &xq),
+                r::dot_iq4_nl_q8_0_ref(&bnl, &xq),
+                &format!("iq4_nl {qs:#x} {isa:?}"),
+            );
+        }
+    }
 }
 
 /// Blocks of one encoding for a `rows × cols` matrix.
@@ -327,6 +470,10 @@ enum Owned {
     Q4K(Vec<BlockQ4K>),
     Q5K(Vec<BlockQ5K>),
     Q6K(Vec<BlockQ6K>),
+    Q2K(Vec<BlockQ2K>),
+    Q3K(Vec<BlockQ3K>),
+    IQ4NL(Vec<BlockIQ4NL>),
+    IQ4XS(Vec<BlockIQ4XS>),
 }
 
 impl Owned {
@@ -338,6 +485,10 @@ impl Owned {
             Owned::Q4K(q4_k_blocks(g, nk)),
             Owned::Q5K(q5_k_blocks(g, nk)),
             Owned::Q6K(q6_k_blocks(g, nk)),
+            Owned::Q2K(q2_k_blocks(g, nk)),
+            Owned::Q3K(q3_k_blocks(g, nk)),
+            Owned::IQ4NL(iq4_nl_blocks(g, n32)),
+            Owned::IQ4XS(iq4_xs_blocks(g, nk)),
         ]
     }
 
@@ -348,6 +499,10 @@ impl Owned {
             Owned::Q4K(b) => WeightData::Q4_K(b),
             Owned::Q5K(b) => WeightData::Q5_K(b),
             Owned::Q6K(b) => WeightData::Q6_K(b),
+            Owned::Q2K(b) => WeightData::Q2_K(b),
+            Owned::Q3K(b) => WeightData::Q3_K(b),
+            Owned::IQ4NL(b) => WeightData::IQ4_NL(b),
+            Owned::IQ4XS(b) => WeightData::IQ4_XS(b),
         }
     }
 
@@ -360,6 +515,10 @@ impl Owned {
             Owned::Q4K(b) => r::dot_q4_k_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
             Owned::Q5K(b) => r::dot_q5_k_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
             Owned::Q6K(b) => r::dot_q6_k_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
+            Owned::Q2K(b) => r::dot_q2_k_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
+            Owned::Q3K(b) => r::dot_q3_k_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
+            Owned::IQ4NL(b) => r::dot_iq4_nl_q8_0_ref(&b[r * n32..(r + 1) * n32], &q8_0_act(x)),
+            Owned::IQ4XS(b) => r::dot_iq4_xs_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
         }
     }
 }

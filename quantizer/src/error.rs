@@ -24,8 +24,9 @@ pub enum QuantizeError {
     BadOverride { arg: String, reason: String },
     /// A target dtype that the command does not produce.
     #[error(
-        "--to {dtype}: the target must be one of f16, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k, q6_k, \
-         q4_k_m, q5_k_m"
+        "--to {dtype}: the target must be one of f16, q8_0, q4_0, q5_0, q5_1, q2_k, q3_k, q4_k, \
+         q5_k, q6_k, iq4_nl, iq4_xs, or a mix: q2_k_mix, q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, \
+         q5_k_s, q5_k_m, iq4_nl_mix, iq4_xs_mix"
     )]
     BadTarget { dtype: String },
     /// An override pattern that matched no tensor (almost always a typo).

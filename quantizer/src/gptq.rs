@@ -183,8 +183,8 @@ pub fn supports(dtype: DType) -> bool {
     matches!(dtype, DType::Q4_0 | DType::Q8_0) || grid::supports(dtype.block())
 }
 
-/// Quantize `rows × cols` weights `w` (row-major) to `dtype` (Q4_0, Q8_0, Q5_0, Q5_1, Q4_K,
-/// Q5_K or Q6_K) with error compensation through `f`; appends the blocks to `out` and
+/// Quantize `rows × cols` weights `w` (row-major) to `dtype` (Q4_0, Q8_0, Q5_0, Q5_1, Q2_K,
+/// Q3_K, Q4_K, Q5_K or Q6_K) with error compensation through `f`; appends the blocks to `out` and
 /// returns the dequantized values.
 ///
 /// The caller has checked that every value is finite and that `cols` is a multiple of the
@@ -516,6 +516,8 @@ mod tests {
         for dtype in [
             DType::Q5_0,
             DType::Q5_1,
+            DType::Q2_K,
+            DType::Q3_K,
             DType::Q4_K,
             DType::Q5_K,
             DType::Q6_K,

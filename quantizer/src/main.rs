@@ -1,4 +1,4 @@
-//! `kiln-quantize IN.kiln OUT.kiln --to f16|q8_0|q4_0|q5_0|q5_1|q4_k|q5_k|q6_k|q4_k_m|q5_k_m
+//! `kiln-quantize IN.kiln OUT.kiln --to DTYPE|MIX
 //! [--method reference|search|gptq]
 //! [--keep PATTERN=DTYPE]… [--threads N] [--force] [--json]`
 //!
@@ -26,11 +26,11 @@ use kiln_quantize::{
 };
 
 /// Turn a converted .kiln model into a smaller one (F16, or GGML's Q8_0, Q4_0, Q5_0, Q5_1,
-/// Q4_K, Q5_K, Q6_K blocks, or llama.cpp's Q4_K_M/Q5_K_M mixes of them).
+/// Q2_K…Q6_K, IQ4_NL, IQ4_XS blocks, or llama.cpp's mixes of them).
 ///
 /// Weight matrices (attention/MLP projections, embedding, output) get --to; norms, biases and
 /// other 1-D tensors stay F32; rows that do not fit the blocks fall back as llama.cpp's do
-/// (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, then f16).
+/// (q2_k, q3_k -> q4_0, q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, iq4_xs -> iq4_nl, then f16).
 /// See docs/QUANTIZE.md.
 #[derive(Debug, Parser)]
 #[command(name = "kiln-quantize", version)]
@@ -39,8 +39,10 @@ struct Args {
     input: PathBuf,
     /// The .kiln to write (atomically; never the input).
     output: PathBuf,
-    /// Dtype of the weight matrices: f16, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k or q6_k; or
-    /// llama.cpp's mix q4_k_m or q5_k_m (Q6_K for the output and some attn.v/mlp.down).
+    /// Dtype of the weight matrices: f16, q8_0, q4_0, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k,
+    /// q6_k, iq4_nl or iq4_xs; or one of llama.cpp's mixes: q2_k_mix, q3_k_s, q3_k_m, q3_k_l,
+    /// q4_k_s, q4_k_m, q5_k_s, q5_k_m, iq4_nl_mix, iq4_xs_mix (llama-quantize's Q2_K, …,
+    /// IQ4_XS: Q6_K for the output and more bits for some attn.v/mlp.down/attn.o).
     #[arg(long, value_name = "DTYPE")]
     to: String,
     /// How Q8_0/Q4_0 blocks are chosen: `reference` (GGML's rule, bit for bit), `search`
@@ -71,8 +73,8 @@ struct Args {
     /// Save the importance measured by --calibrate, to reuse with --importance.
     #[arg(long, value_name = "FILE", requires = "calibrate")]
     save_importance: Option<PathBuf>,
-    /// Per-tensor override, PATTERN=DTYPE (f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k,
-    /// q6_k or copy); `*` matches
+    /// Per-tensor override, PATTERN=DTYPE (f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q2_k, q3_k,
+    /// q4_k, q5_k, q6_k, iq4_nl, iq4_xs or copy); `*` matches
     /// any run of characters; the last matching flag wins. Example: --keep lm_head.weight=q8_0
     #[arg(long = "keep", value_name = "PATTERN=DTYPE")]
     keep: Vec<String>,
@@ -133,6 +135,7 @@ fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
         }
     };
     let calibrated = args.calibrate.is_some() || args.importance.is_some();
+    let policy = policy.with_importance(calibrated);
     let method = match &args.method {
         // Downgraded to `search` in `run` if an importance file has no second moments.
         None if calibrated => Method::Gptq,
@@ -163,7 +166,7 @@ fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
             Target::DType(d) => Some(d),
             Target::Copy => None,
         }))
-        .find(|d| d.block_len() == QK_K || matches!(d, DType::Q5_0 | DType::Q5_1));
+        .find(|d| d.block_len() == QK_K || matches!(d, DType::Q5_0 | DType::Q5_1 | DType::IQ4_NL));
     // Without calibration these types have only GGML's reference rule; with it, any method
     // other than `reference` gives them GGML's importance-weighted rule (llama.cpp's imatrix).
     if let (Some(d), false, false) = (ggml_only, method == Method::Reference, calibrated) {

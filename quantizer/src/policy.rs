@@ -7,9 +7,9 @@
 //! 2. **Vectors** — norms, biases, every other 1-D tensor — are stored as F32 (a lossless
 //!    widening from F16/BF16): they are tiny and the forward pass is sensitive to them.
 //! 3. **Rows that do not fit the blocks** (the last dimension is not a multiple of the block:
-//!    32, or 256 for the K-quants) fall back as llama.cpp's do ([`fallback`]): Q4_K → Q5_0,
-//!    Q5_K → Q5_1, Q6_K → Q8_0, and a 32-value type that still does not fit → F16. The report
-//!    says so.
+//!    32, or 256 for the K-quants and IQ4_XS) fall back as llama.cpp's do ([`fallback`]):
+//!    Q2_K/Q3_K → Q4_0, Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, IQ4_XS → IQ4_NL, and a 32-value
+//!    type that still does not fit → F16. The report says so.
 //! 4. **Names that are not canonical** are copied unchanged, with a note: the quantizer does not
 //!    guess what an unknown tensor is.
 //!
@@ -20,9 +20,9 @@
 //! that matches nothing is an error (it is almost always a typo). Rule 3 still applies to an
 //! override to a block type.
 //!
-//! Mixes: `--to q4_k_m|q5_k_m` replaces rule 1 with llama.cpp's tensor rules for those mixes
-//! ([`Mix`]): Q6_K for the output matrix and for `attn.v`/`mlp.down` of the layers where
-//! [`use_more_bits`] holds, the base K-quant elsewhere; rule 3 then applies as in llama.cpp.
+//! Mixes: `--to q4_k_m` (or any of [`Mix::ALL`]) replaces rule 1 with llama.cpp's tensor rules
+//! for that mix ([`Mix`]): Q6_K for the output matrix, more bits for some `attn.v`, `mlp.down`
+//! and `attn.o` matrices, the base type elsewhere; rule 3 then applies as in llama.cpp.
 //!
 //! Tied embeddings: when the file has no `lm_head.weight`, `embed.weight` doubles as the output
 //! matrix, so it also answers to the name `lm_head.weight` in patterns
@@ -93,7 +93,7 @@ impl Override {
                     .ok_or_else(|| {
                         bad(format!(
                             "unknown dtype `{dtype}`; use f32, f16, bf16, q8_0, q4_0, q5_0, \
-                             q5_1, q4_k, q5_k, q6_k or copy"
+                             q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs or copy"
                         ))
                     })?,
             )
@@ -136,37 +136,81 @@ pub fn glob_match(pattern: &str, name: &str) -> bool {
     p[pi..].iter().all(|&c| c == b'*')
 }
 
-/// llama.cpp's K-quant mixes (`llama-quantize … Q4_K_M|Q5_K_M`): a base K-quant for most
-/// matrices and Q6_K where llama.cpp's `llama_tensor_get_type` spends more bits.
+/// llama.cpp's mixes (`llama-quantize … Q4_K_M`, `Q3_K_S`, `IQ4_XS`, …): a base type for most
+/// matrices and more bits where llama.cpp's `llama_tensor_get_type` spends them. One row per
+/// mix: its name, base type, and the types it gives `attn.v`, `mlp.down` and `attn.o`
+/// ([`Mix::attn_v`], [`Mix::mlp_down`], [`Mix::attn_o`]).
 ///
-/// The rules, for a model without experts (what Kiln runs):
+/// The rules common to every mix, for a model without experts (what Kiln runs):
 ///
 /// - the output matrix (`lm_head.weight`, or a tied `embed.weight`): Q6_K, or Q8_0 when its
 ///   rows are not a multiple of 256;
-/// - `attn.v` and `mlp.down` of the layers where [`use_more_bits`] holds: Q6_K;
-/// - every other matrix (an untied `embed.weight` included): the base type;
-/// - then the fallbacks of [`fallback`]: rows that are not a multiple of 256 take Q5_0 for Q4_K,
-///   Q5_1 for Q5_K and Q8_0 for Q6_K.
+/// - every other matrix (an untied `embed.weight` included) without a rule of its mix: the base
+///   type;
+/// - then the fallbacks of [`fallback`] for rows that do not fit the blocks.
 ///
-/// llama.cpp's rules for fused `attn_qkv` matrices, Falcon, 70B-type models and experts do not
-/// apply: Kiln stores q, k and v apart and runs none of those.
+/// The per-mix rules depend on a layer's rank among the file's `attn.v` (or `mlp.down`)
+/// matrices, on the grouped-query factor (query heads per key/value head, from the `attn.q`
+/// and `attn.k` shapes) and, for IQ4_NL/IQ4_XS, on whether the quantization has importance
+/// (`--calibrate`, llama.cpp's `--imatrix`). llama.cpp's rules for fused `attn_qkv` matrices,
+/// Falcon, 70B-type models and experts do not apply: Kiln stores q, k and v apart and runs none
+/// of those.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mix {
-    /// `Q4_K_M`: base Q4_K.
+    /// `Q2_K`: base Q2_K; `attn.v` Q3_K (Q4_K from a grouped-query factor of 4), `mlp.down` and
+    /// `attn.o` Q3_K.
+    Q2K,
+    /// `Q3_K_S`: Q3_K throughout.
+    Q3KS,
+    /// `Q3_K_M`: base Q3_K; `attn.v` Q5_K in the first two layers, else Q4_K; `mlp.down` Q5_K
+    /// in the first sixteenth, else Q4_K; `attn.o` Q4_K.
+    Q3KM,
+    /// `Q3_K_L`: base Q3_K; `attn.v`, `mlp.down` and `attn.o` Q5_K.
+    Q3KL,
+    /// `Q4_K_S`: base Q4_K; `attn.v` Q5_K in the first four layers, `mlp.down` in the first
+    /// eighth.
+    Q4KS,
+    /// `Q4_K_M`: base Q4_K; `attn.v` and `mlp.down` Q6_K where [`use_more_bits`] holds.
     Q4KM,
-    /// `Q5_K_M`: base Q5_K.
+    /// `Q5_K_S`: Q5_K throughout.
+    Q5KS,
+    /// `Q5_K_M`: base Q5_K; `attn.v` and `mlp.down` Q6_K where [`use_more_bits`] holds.
     Q5KM,
+    /// `IQ4_NL`: base IQ4_NL; `attn.v` Q5_K from a grouped-query factor of 4; without
+    /// importance, `mlp.down` Q5_K in the first eighth.
+    IQ4NL,
+    /// `IQ4_XS`: as `IQ4_NL` with base IQ4_XS.
+    IQ4XS,
 }
 
 impl Mix {
     /// Every mix.
-    pub const ALL: [Mix; 2] = [Mix::Q4KM, Mix::Q5KM];
+    pub const ALL: [Mix; 10] = [
+        Mix::Q2K,
+        Mix::Q3KS,
+        Mix::Q3KM,
+        Mix::Q3KL,
+        Mix::Q4KS,
+        Mix::Q4KM,
+        Mix::Q5KS,
+        Mix::Q5KM,
+        Mix::IQ4NL,
+        Mix::IQ4XS,
+    ];
 
-    /// The `--to` name.
+    /// The `--to` name (llama-quantize's, lower case).
     pub const fn name(self) -> &'static str {
         match self {
+            Mix::Q2K => "q2_k_mix",
+            Mix::Q3KS => "q3_k_s",
+            Mix::Q3KM => "q3_k_m",
+            Mix::Q3KL => "q3_k_l",
+            Mix::Q4KS => "q4_k_s",
             Mix::Q4KM => "q4_k_m",
+            Mix::Q5KS => "q5_k_s",
             Mix::Q5KM => "q5_k_m",
+            Mix::IQ4NL => "iq4_nl_mix",
+            Mix::IQ4XS => "iq4_xs_mix",
         }
     }
 
@@ -180,8 +224,53 @@ impl Mix {
     /// The dtype of the matrices that get no more bits.
     pub const fn base(self) -> DType {
         match self {
-            Mix::Q4KM => DType::Q4_K,
-            Mix::Q5KM => DType::Q5_K,
+            Mix::Q2K => DType::Q2_K,
+            Mix::Q3KS | Mix::Q3KM | Mix::Q3KL => DType::Q3_K,
+            Mix::Q4KS | Mix::Q4KM => DType::Q4_K,
+            Mix::Q5KS | Mix::Q5KM => DType::Q5_K,
+            Mix::IQ4NL => DType::IQ4_NL,
+            Mix::IQ4XS => DType::IQ4_XS,
+        }
+    }
+
+    /// llama.cpp's type for the `attn.v` matrix of rank `i` of `n`, with `gqa` query heads
+    /// per key/value head; `None` for the base type.
+    pub fn attn_v(self, i: u32, n: u32, gqa: u64) -> Option<DType> {
+        match self {
+            Mix::Q2K if gqa >= 4 => Some(DType::Q4_K),
+            Mix::Q2K => Some(DType::Q3_K),
+            Mix::Q3KM if i < 2 => Some(DType::Q5_K),
+            Mix::Q3KM => Some(DType::Q4_K),
+            Mix::Q3KL => Some(DType::Q5_K),
+            Mix::IQ4NL | Mix::IQ4XS if gqa >= 4 => Some(DType::Q5_K),
+            Mix::Q4KM | Mix::Q5KM if use_more_bits(i, n) => Some(DType::Q6_K),
+            Mix::Q4KS if i < 4 => Some(DType::Q5_K),
+            _ => None,
+        }
+    }
+
+    /// llama.cpp's type for the `mlp.down` matrix of layer rank `i` of `n`; `importance`: the
+    /// quantization weighs by importance (llama.cpp's `has_imatrix`). `None` for the base.
+    pub fn mlp_down(self, i: u32, n: u32, importance: bool) -> Option<DType> {
+        match self {
+            Mix::Q2K => Some(DType::Q3_K),
+            Mix::Q3KM if i < n / 16 => Some(DType::Q5_K),
+            Mix::Q3KM => Some(DType::Q4_K),
+            Mix::Q3KL => Some(DType::Q5_K),
+            Mix::Q4KM | Mix::Q5KM if use_more_bits(i, n) => Some(DType::Q6_K),
+            Mix::IQ4NL | Mix::IQ4XS if i < n / 8 && !importance => Some(DType::Q5_K),
+            Mix::Q4KS if i < n / 8 => Some(DType::Q5_K),
+            _ => None,
+        }
+    }
+
+    /// llama.cpp's type for every `attn.o` matrix; `None` for the base.
+    pub const fn attn_o(self) -> Option<DType> {
+        match self {
+            Mix::Q2K => Some(DType::Q3_K),
+            Mix::Q3KM => Some(DType::Q4_K),
+            Mix::Q3KL => Some(DType::Q5_K),
+            _ => None,
         }
     }
 }
@@ -192,9 +281,10 @@ pub const fn use_more_bits(i: u32, n: u32) -> bool {
     i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
-/// llama.cpp's `tensor_type_fallback` for rows of `row` values: a K-quant whose 256-value
-/// super-blocks do not fit the rows becomes the 32-value type llama.cpp uses instead (Q4_K →
-/// Q5_0, Q5_K → Q5_1, Q6_K → Q8_0), and a block type that still does not fit becomes F16.
+/// llama.cpp's `tensor_type_fallback` for rows of `row` values: a 256-value type whose
+/// super-blocks do not fit the rows becomes the 32-value type llama.cpp uses instead (Q2_K and
+/// Q3_K → Q4_0, Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, IQ4_XS → IQ4_NL), and a block type that
+/// still does not fit becomes F16.
 /// `None` when `dtype` fits as it is.
 pub fn fallback(dtype: DType, row: u64) -> Option<DType> {
     let fits = |d: DType| row.is_multiple_of(d.block_len() as u64);
@@ -205,6 +295,8 @@ pub fn fallback(dtype: DType, row: u64) -> Option<DType> {
         DType::Q4_K => DType::Q5_0,
         DType::Q5_K => DType::Q5_1,
         DType::Q6_K => DType::Q8_0,
+        DType::Q2_K | DType::Q3_K => DType::Q4_0,
+        DType::IQ4_XS => DType::IQ4_NL,
         d => d,
     };
     Some(if fits(next) { next } else { DType::F16 })
@@ -220,6 +312,9 @@ pub struct Policy {
     pub mix: Option<Mix>,
     /// `--keep` flags in command-line order (the last match wins).
     pub overrides: Vec<Override>,
+    /// The quantization weighs by importance (`--calibrate`, `--importance`): llama.cpp's
+    /// `has_imatrix`, which some mixes' rules read.
+    pub importance: bool,
 }
 
 /// How a tensor is treated.
@@ -251,24 +346,28 @@ pub struct Decision {
 }
 
 /// One-line description of the default policy, recorded in provenance.
-pub const POLICY_DESCRIPTION: &str = "kiln-quantize policy v2: weight matrices (attention/MLP \
-    projections, embed.weight, lm_head.weight) -> --to, or llama.cpp's Q4_K_M/Q5_K_M rules \
-    (output q6_k, or q8_0 for rows not a multiple of 256; attn.v and mlp.down q6_k where \
-    use_more_bits); 1-D tensors (norms, biases) -> f32; rows that do not fit the blocks fall back \
-    as llama.cpp's do (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, then f16); non-canonical names \
-    copied; --keep overrides, last match wins; a tied embed.weight also answers to \
-    lm_head.weight";
+pub const POLICY_DESCRIPTION: &str = "kiln-quantize policy v3: weight matrices (attention/MLP \
+    projections, embed.weight, lm_head.weight) -> --to, or the rules of llama.cpp's mix \
+    (Q2_K, Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, IQ4_NL, IQ4_XS: output q6_k, or q8_0 for rows not a \
+    multiple of 256; attn.v, mlp.down and attn.o per mix); 1-D tensors (norms, biases) -> f32; \
+    rows that do not fit the blocks fall back as llama.cpp's do (q2_k, q3_k -> q4_0, q4_k -> \
+    q5_0, q5_k -> q5_1, q6_k -> q8_0, iq4_xs -> iq4_nl, then f16); non-canonical names copied; \
+    --keep overrides, last match wins; a tied embed.weight also answers to lm_head.weight";
 
 /// The dtypes `--to` and `Policy::new` accept.
-pub const TARGETS: [DType; 8] = [
+pub const TARGETS: [DType; 12] = [
     DType::F16,
     DType::Q8_0,
     DType::Q4_0,
     DType::Q5_0,
     DType::Q5_1,
+    DType::Q2_K,
+    DType::Q3_K,
     DType::Q4_K,
     DType::Q5_K,
     DType::Q6_K,
+    DType::IQ4_NL,
+    DType::IQ4_XS,
 ];
 
 impl Policy {
@@ -283,6 +382,7 @@ impl Policy {
             to,
             mix: None,
             overrides,
+            importance: false,
         })
     }
 
@@ -292,7 +392,13 @@ impl Policy {
             to: mix.base(),
             mix: Some(mix),
             overrides,
+            importance: false,
         }
+    }
+
+    /// The same policy for a quantization that weighs by importance or not.
+    pub fn with_importance(self, importance: bool) -> Policy {
+        Policy { importance, ..self }
     }
 
     /// What `--to` named: the mix (`q4_k_m`) or the dtype.
@@ -340,13 +446,19 @@ impl Policy {
     }
 
     /// A mix's dtype for matrix `name` with rows of `row` values, and the rule's name.
-    fn mix_dtype(mix: Mix, name: TensorName, row: u64, ctx: &FileContext) -> (DType, String) {
+    fn mix_dtype(
+        &self,
+        mix: Mix,
+        name: TensorName,
+        row: u64,
+        ctx: &FileContext,
+    ) -> (DType, String) {
         let rank = |layers: &[u32]| {
             let layer = name.layer.unwrap_or(0);
-            let i = layers.iter().position(|&l| l == layer).unwrap_or(0) as u32;
-            (i, layers.len() as u32)
+            layers.iter().position(|&l| l == layer).unwrap_or(0) as u32
         };
         let m = mix.name();
+        let base = (mix.base(), format!("{m}: matrix"));
         match name.role {
             Role::LmHead | Role::Embed if name.role == Role::LmHead || ctx.tied => {
                 if !row.is_multiple_of(QK_K as u64) {
@@ -358,19 +470,28 @@ impl Policy {
                     (DType::Q6_K, format!("{m}: output"))
                 }
             }
-            Role::AttnV | Role::MlpDown => {
-                let (i, n) = if name.role == Role::AttnV {
-                    rank(&ctx.v_layers)
-                } else {
-                    (rank(&ctx.down_layers).0, ctx.n_layers)
-                };
-                if use_more_bits(i, n) {
-                    (DType::Q6_K, format!("{m}: more bits ({i} of {n})"))
-                } else {
-                    (mix.base(), format!("{m}: matrix"))
+            Role::AttnV => {
+                let (i, n) = (rank(&ctx.v_layers), ctx.v_layers.len() as u32);
+                match mix.attn_v(i, n, ctx.gqa) {
+                    Some(d) => (
+                        d,
+                        format!("{m}: attn.v ({i} of {n}, {} q per kv head)", ctx.gqa),
+                    ),
+                    None => base,
                 }
             }
-            _ => (mix.base(), format!("{m}: matrix")),
+            Role::MlpDown => {
+                let (i, n) = (rank(&ctx.down_layers), ctx.n_layers);
+                match mix.mlp_down(i, n, self.importance) {
+                    Some(d) => (d, format!("{m}: mlp.down ({i} of {n})")),
+                    None => base,
+                }
+            }
+            Role::AttnO => match mix.attn_o() {
+                Some(d) => (d, format!("{m}: attn.o")),
+                None => base,
+            },
+            _ => base,
         }
     }
 
@@ -387,7 +508,7 @@ impl Policy {
             None => match TensorName::parse(&info.name) {
                 Some(n) if n.role.is_matrix() && info.shape.len() >= 2 => match self.mix {
                     Some(mix) => {
-                        let (d, rule) = Self::mix_dtype(mix, n, row, ctx);
+                        let (d, rule) = self.mix_dtype(mix, n, row, ctx);
                         (Target::DType(d), rule, None)
                     }
                     None => {
@@ -464,6 +585,9 @@ struct FileContext {
     down_layers: Vec<u32>,
     /// Layers in the model (one more than the largest layer index): llama.cpp's `n_layer`.
     n_layers: u32,
+    /// Query heads per key/value head (`attn.q` rows over `attn.k` rows; 1 without them):
+    /// llama.cpp's `n_gqa`.
+    gqa: u64,
 }
 
 impl FileContext {
@@ -471,6 +595,7 @@ impl FileContext {
         let mut v_layers = Vec::new();
         let mut down_layers = Vec::new();
         let mut n_layers = 0;
+        let (mut q_rows, mut k_rows) = (0, 0);
         for t in tensors {
             if let Some(TensorName {
                 layer: Some(l),
@@ -481,6 +606,8 @@ impl FileContext {
                 match role {
                     Role::AttnV => v_layers.push(l),
                     Role::MlpDown => down_layers.push(l),
+                    Role::AttnQ if q_rows == 0 => q_rows = t.shape.first().copied().unwrap_or(0),
+                    Role::AttnK if k_rows == 0 => k_rows = t.shape.first().copied().unwrap_or(0),
                     _ => {}
                 }
             }
@@ -492,6 +619,7 @@ impl FileContext {
             v_layers,
             down_layers,
             n_layers,
+            gqa: q_rows.checked_div(k_rows).unwrap_or(1).max(1),
         }
     }
 }
@@ -555,7 +683,14 @@ mod tests {
             let o = Override::parse(&format!("x={want}")).unwrap();
             assert_eq!(o.target, Target::DType(DType::parse(want).unwrap()));
         }
-        for bad in ["noequals", "=q8_0", "x=q4_k_m", "x=", "x=q4_0x16", "x=q3_k"] {
+        for bad in [
+            "noequals",
+            "=q8_0",
+            "x=q4_k_m",
+            "x=",
+            "x=q4_0x16",
+            "x=iq3_s",
+        ] {
             assert!(
                 matches!(Override::parse(bad), Err(QuantizeError::BadOverride { .. })),
                 "{bad}"
@@ -691,6 +826,11 @@ mod tests {
             (DType::Q4_K, 576, Some(DType::Q5_0)),
             (DType::Q5_K, 576, Some(DType::Q5_1)),
             (DType::Q6_K, 576, Some(DType::Q8_0)),
+            (DType::Q2_K, 576, Some(DType::Q4_0)),
+            (DType::Q3_K, 576, Some(DType::Q4_0)),
+            (DType::IQ4_XS, 576, Some(DType::IQ4_NL)),
+            (DType::IQ4_XS, 48, Some(DType::F16)),
+            (DType::IQ4_NL, 576, None),
             (DType::Q4_K, 1536, None),
             (DType::Q4_K, 48, Some(DType::F16)),
             (DType::Q5_0, 48, Some(DType::F16)),
@@ -787,6 +927,129 @@ mod tests {
             .decide_all("f", &tensors)
             .unwrap();
         assert_eq!(d[i].dtype, DType::Q5_K);
+    }
+
+    /// A Llama-3.2-1B-shaped file (16 layers, 32 query heads over 8 key/value heads, every row
+    /// a multiple of 256, tied embedding): no fallbacks, so each mix's own rules show.
+    fn llama_1b_like() -> Vec<TensorInfo> {
+        let mut t = vec![info("embed.weight", DType::BF16, &[128_256, 2048])];
+        for l in 0..16 {
+            for (m, shape) in [
+                ("attn.q", [2048, 2048]),
+                ("attn.k", [512, 2048]),
+                ("attn.v", [512, 2048]),
+                ("attn.o", [2048, 2048]),
+                ("mlp.gate", [8192, 2048]),
+                ("mlp.up", [8192, 2048]),
+                ("mlp.down", [2048, 8192]),
+            ] {
+                t.push(info(&format!("layers.{l}.{m}.weight"), DType::BF16, &shape));
+            }
+        }
+        t
+    }
+
+    #[test]
+    fn every_mix_follows_llama_cpp_on_a_1b_shape() {
+        use DType::*;
+        let tensors = llama_1b_like();
+        // Per mix, with and without importance: (attn.v of layer l, mlp.down of layer l,
+        // attn.o, every other matrix).
+        type Rule = fn(u32) -> DType;
+        let cases: [(Mix, bool, Rule, Rule, DType, DType); 12] = [
+            (Mix::Q2K, false, |_| Q4_K, |_| Q3_K, Q3_K, Q2_K),
+            (Mix::Q3KS, false, |_| Q3_K, |_| Q3_K, Q3_K, Q3_K),
+            (
+                Mix::Q3KM,
+                false,
+                |l| if l < 2 { Q5_K } else { Q4_K },
+                |l| if l < 1 { Q5_K } else { Q4_K },
+                Q4_K,
+                Q3_K,
+            ),
+            (Mix::Q3KL, false, |_| Q5_K, |_| Q5_K, Q5_K, Q3_K),
+            (
+                Mix::Q4KS,
+                false,
+                |l| if l < 4 { Q5_K } else { Q4_K },
+                |l| if l < 2 { Q5_K } else { Q4_K },
+                Q4_K,
+                Q4_K,
+            ),
+            (
+                Mix::Q4KM,
+                false,
+                |l| if use_more_bits(l, 16) { Q6_K } else { Q4_K },
+                |l| if use_more_bits(l, 16) { Q6_K } else { Q4_K },
+                Q4_K,
+                Q4_K,
+            ),
+            (Mix::Q5KS, false, |_| Q5_K, |_| Q5_K, Q5_K, Q5_K),
+            (
+                Mix::Q5KM,
+                false,
+                |l| if use_more_bits(l, 16) { Q6_K } else { Q5_K },
+                |l| if use_more_bits(l, 16) { Q6_K } else { Q5_K },
+                Q5_K,
+                Q5_K,
+            ),
+            (
+                Mix::IQ4NL,
+                false,
+                |_| Q5_K,
+                |l| if l < 2 { Q5_K } else { IQ4_NL },
+                IQ4_NL,
+                IQ4_NL,
+            ),
+            (
+                Mix::IQ4XS,
+                false,
+                |_| Q5_K,
+                |l| if l < 2 { Q5_K } else { IQ4_XS },
+                IQ4_XS,
+                IQ4_XS,
+            ),
+            // With importance (llama.cpp's imatrix), IQ4's first mlp.down layers stay IQ4.
+            (Mix::IQ4NL, true, |_| Q5_K, |_| IQ4_NL, IQ4_NL, IQ4_NL),
+            (Mix::IQ4XS, true, |_| Q5_K, |_| IQ4_XS, IQ4_XS, IQ4_XS),
+        ];
+        for (mix, importance, v, down, o, other) in cases {
+            let d = Policy::mix(mix, vec![])
+                .with_importance(importance)
+                .decide_all("f", &tensors)
+                .unwrap();
+            let get = |name: &str| d[tensors.iter().position(|t| t.name == name).unwrap()].dtype;
+            let m = mix.name();
+            assert_eq!(get("embed.weight"), Q6_K, "{m}: tied output");
+            for l in 0..16 {
+                assert_eq!(get(&format!("layers.{l}.attn.v.weight")), v(l), "{m} v {l}");
+                assert_eq!(
+                    get(&format!("layers.{l}.mlp.down.weight")),
+                    down(l),
+                    "{m} down {l}"
+                );
+                assert_eq!(get(&format!("layers.{l}.attn.o.weight")), o, "{m} o {l}");
+                for other_name in ["attn.q", "attn.k", "mlp.gate", "mlp.up"] {
+                    assert_eq!(
+                        get(&format!("layers.{l}.{other_name}.weight")),
+                        other,
+                        "{m}"
+                    );
+                }
+            }
+        }
+        // Below a grouped-query factor of 4 (SmolLM2's 3), Q2_K's attn.v is Q3_K and IQ4's
+        // is the base type.
+        let d = Policy::mix(Mix::Q2K, vec![])
+            .decide_all("f", &smollm2_like())
+            .unwrap();
+        let v = smollm2_like()
+            .iter()
+            .position(|t| t.name == "layers.5.attn.v.weight")
+            .unwrap();
+        // Rows of 576: Q3_K falls back to Q4_0.
+        assert_eq!(d[v].dtype, Q4_0);
+        assert!(d[v].rule.contains("attn.v"), "{}", d[v].rule);
     }
 
     #[test]

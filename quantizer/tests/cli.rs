@@ -109,8 +109,8 @@ fn bad_inputs_fail_cleanly() {
             &["in.kiln", "in.kiln", "--to", "q8_0", "--force"],
             "the output is also an input",
         ),
-        (&["in.kiln", "out.kiln", "--to", "q3_k"], "--to q3_k"),
-        (&["in.kiln", "out.kiln", "--to", "q4_k_s"], "--to q4_k_s"),
+        (&["in.kiln", "out.kiln", "--to", "q3_k_xl"], "--to q3_k_xl"),
+        (&["in.kiln", "out.kiln", "--to", "iq2_xs"], "--to iq2_xs"),
         (
             &[
                 "in.kiln", "out.kiln", "--to", "q4_k_m", "--method", "search",

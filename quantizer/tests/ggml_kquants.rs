@@ -1,4 +1,4 @@
-//! Cross-check of the Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 reference quantizers against GGML itself.
+//! Cross-check of the Q2_K…Q6_K, Q5_0, Q5_1, IQ4_NL and IQ4_XS quantizers against GGML itself.
 //!
 //! PyPI's `gguf` has no K-quant quantizer, so the expected blocks come from GGML's own
 //! `quantize_row_*_ref`, called by `tests/vectors/ggml_kquants.c` linked against llama.cpp's
@@ -112,6 +112,10 @@ fn vectors_have_the_expected_sizes() {
     assert_eq!(include_bytes!("vectors/kq_q6_k.bin").len(), n * 210);
     assert_eq!(include_bytes!("vectors/kq_q5_0.bin").len(), n * 8 * 22);
     assert_eq!(include_bytes!("vectors/kq_q5_1.bin").len(), n * 8 * 24);
+    assert_eq!(include_bytes!("vectors/kq_q2_k.bin").len(), n * 84);
+    assert_eq!(include_bytes!("vectors/kq_q3_k.bin").len(), n * 110);
+    assert_eq!(include_bytes!("vectors/kq_iq4_nl.bin").len(), n * 8 * 18);
+    assert_eq!(include_bytes!("vectors/kq_iq4_xs.bin").len(), n * 136);
     let m = INPUT.len() / 4 / QK;
     assert_eq!(include_bytes!("vectors/q5_0.bin").len(), m * 22);
     assert_eq!(include_bytes!("vectors/q5_1.bin").len(), m * 24);
@@ -297,4 +301,52 @@ fn weighted_quantizers_reject_bad_importance() {
         quantize_row_q5_0_weighted(&x, &w),
         Err(FormatError::BadImportance { position: 300, .. })
     ));
+}
+
+/// Q2_K, Q3_K, IQ4_NL and IQ4_XS through the quantizer's own row conversion (what
+/// `kiln-quantize` writes): GGML's blocks without importance (rows of the whole input and of
+/// 512) and with it (every method but the reference). The format crate's rules themselves are
+/// held to the same vectors, and GGML's dequantization, in kiln-format's tests.
+#[test]
+fn low_bit_and_iq4_types_through_the_quantizer_match_ggml() {
+    let x = floats(KQ_INPUT);
+    for (dtype, plain, weighted) in [
+        (
+            DType::Q2_K,
+            &include_bytes!("vectors/kq_q2_k.bin")[..],
+            &include_bytes!("vectors/kqw_q2_k.bin")[..],
+        ),
+        (
+            DType::Q3_K,
+            include_bytes!("vectors/kq_q3_k.bin"),
+            include_bytes!("vectors/kqw_q3_k.bin"),
+        ),
+        (
+            DType::IQ4_NL,
+            include_bytes!("vectors/kq_iq4_nl.bin"),
+            include_bytes!("vectors/kqw_iq4_nl.bin"),
+        ),
+        (
+            DType::IQ4_XS,
+            include_bytes!("vectors/kq_iq4_xs.bin"),
+            include_bytes!("vectors/kqw_iq4_xs.bin"),
+        ),
+    ] {
+        let mut spec = Vec::new();
+        dtype.block().quantize_ref(&x, x.len(), &mut spec).unwrap();
+        check(dtype.name(), &x, dtype, spec, plain);
+        check_weighted(
+            dtype,
+            |row, w| {
+                let mut out = Vec::new();
+                dtype
+                    .block()
+                    .quantize_weighted(row, w, &mut out)
+                    .unwrap()
+                    .unwrap();
+                out
+            },
+            weighted,
+        );
+    }
 }

@@ -1,4 +1,4 @@
-//! `quantize_file` to GGML's Q5_0/Q5_1/Q4_K/Q5_K/Q6_K and llama.cpp's Q4_K_M/Q5_K_M mixes, on a
+//! `quantize_file` to GGML's Q5_0/Q5_1/Q2_K…Q6_K/IQ4_NL/IQ4_XS and llama.cpp's mixes, on a
 //! small `.kiln` whose rows are multiples of 256 (so the K-quants apply) beside rows that are
 //! not (so they fall back as llama.cpp's do): stored blocks equal the format references, the
 //! report's errors are those of the stored blocks, and the output is the same for any thread
@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 
 use kiln_format::{kquants, q5, DType, KilnFile, KilnWriter, TensorSpec};
-use kiln_quantize::policy::Mix;
+use kiln_quantize::policy::{fallback, Mix};
 use kiln_quantize::{quantize_file, NoProgress, Policy, QuantizeOptions, Report};
 
 const LAYERS: u32 = 3;
@@ -73,6 +73,17 @@ fn reference_bytes(x: &[f32], dtype: DType) -> Vec<u8> {
         DType::Q8_0 => {
             bytemuck::cast_slice(&kiln_format::blocks::quantize_row_q8_0_ref(x).unwrap()).to_vec()
         }
+        DType::Q4_0 => {
+            bytemuck::cast_slice(&kiln_format::blocks::quantize_row_q4_0_ref(x).unwrap()).to_vec()
+        }
+        DType::Q2_K => bytemuck::cast_slice(&kquants::quantize_row_q2_k_ref(x).unwrap()).to_vec(),
+        DType::Q3_K => bytemuck::cast_slice(&kquants::quantize_row_q3_k_ref(x).unwrap()).to_vec(),
+        DType::IQ4_NL => {
+            bytemuck::cast_slice(&kiln_format::iq4::quantize_row_iq4_nl_ref(x).unwrap()).to_vec()
+        }
+        DType::IQ4_XS => {
+            bytemuck::cast_slice(&kiln_format::iq4::quantize_row_iq4_xs_ref(x).unwrap()).to_vec()
+        }
         d => panic!("not a block type here: {d}"),
     }
 }
@@ -83,7 +94,7 @@ fn check(dir: &Path, out: &str, report: &Report, want: impl Fn(&str, u64) -> DTy
     let input = KilnFile::open(dir.join("in.kiln")).unwrap();
     let output = KilnFile::open(dir.join(out)).unwrap();
     output.verify().unwrap();
-    assert_eq!(output.version(), (1, 2));
+    let mut minor = 0;
     for t in input.tensors() {
         let o = output.info(&t.name).unwrap();
         let row = *t.shape.last().unwrap();
@@ -92,14 +103,23 @@ fn check(dir: &Path, out: &str, report: &Report, want: impl Fn(&str, u64) -> DTy
         } else {
             want(&t.name, row)
         };
-        assert_eq!(o.dtype, d, "{}", t.name);
+        // Q4_0 fallbacks of whole sixteen-row groups are stored interleaved.
+        assert_eq!(o.dtype.logical(), d, "{}", t.name);
+        minor = minor.max(kiln_format::layout::minor_of(o.dtype));
         let x = input.view(t).to_f32_vec();
         let y = output.view(o).to_f32_vec();
         if d.is_quantized() {
-            assert_eq!(output.view(o).bytes(), reference_bytes(&x, d), "{}", t.name);
+            let cols = row as usize;
+            let stored = output.view(o).bytes();
+            assert_eq!(
+                o.dtype.from_storage(cols, stored).as_ref(),
+                reference_bytes(&x, d),
+                "{}",
+                t.name
+            );
         }
         let r = report.tensors.iter().find(|r| r.name == t.name).unwrap();
-        assert_eq!((r.to, r.stored_as), (d, d), "{}", t.name);
+        assert_eq!((r.to, r.stored_as), (d, o.dtype), "{}", t.name);
         let sq: f64 = x
             .iter()
             .zip(&y)
@@ -116,6 +136,8 @@ fn check(dir: &Path, out: &str, report: &Report, want: impl Fn(&str, u64) -> DTy
             assert!(r.rmse > 0.0, "{}", t.name);
         }
     }
+    // Written with the lowest minor version that holds its dtypes.
+    assert_eq!(output.version(), (1, minor.max(2)));
 }
 
 #[test]
@@ -128,6 +150,10 @@ fn each_ggml_type_reproduces_the_references_and_falls_back_like_llama_cpp() {
         (DType::Q6_K, DType::Q8_0),
         (DType::Q5_0, DType::Q5_0),
         (DType::Q5_1, DType::Q5_1),
+        (DType::Q2_K, DType::Q4_0),
+        (DType::Q3_K, DType::Q4_0),
+        (DType::IQ4_XS, DType::IQ4_NL),
+        (DType::IQ4_NL, DType::IQ4_NL),
     ] {
         let out = format!("{to}.kiln");
         let report = quantize(dir.path(), Policy::new(to, vec![]).unwrap(), 2, &out);
@@ -161,22 +187,47 @@ fn mixes_follow_llama_cpp_and_do_not_depend_on_threads() {
         let one = quantize(dir.path(), Policy::mix(mix, vec![]), 1, "one.kiln");
         assert_eq!(one.to, mix.name());
         check(dir.path(), "one.kiln", &one, |name, row| {
-            // Three layers: use_more_bits(i, 3) is i < 0 || i >= 2 || i % 3 == 2, layer 2 only.
-            let more = name.starts_with("layers.2.");
-            let k = match () {
-                _ if name == "embed.weight" => DType::Q6_K,
-                _ if more && (name.ends_with("attn.v.weight") || name.ends_with("down.weight")) => {
-                    DType::Q6_K
-                }
-                _ => base,
-            };
-            match (row, k) {
-                (48, _) => DType::F16,
-                (96, DType::Q4_K) => DType::Q5_0,
-                (96, DType::Q5_K) => DType::Q5_1,
-                _ => k,
+            // Three layers, four query heads per key/value head (attn.q 256 rows, attn.k 64);
+            // use_more_bits(i, 3) holds for layer 2 only.
+            let layer = name
+                .strip_prefix("layers.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|l| l.parse::<u32>().ok());
+            let k = match layer {
+                None if name == "embed.weight" => Some(DType::Q6_K),
+                Some(i) if name.ends_with("attn.v.weight") => mix.attn_v(i, LAYERS, 4),
+                Some(i) if name.ends_with("mlp.down.weight") => mix.mlp_down(i, LAYERS, false),
+                Some(_) if name.ends_with("attn.o.weight") => mix.attn_o(),
+                _ => None,
             }
+            .unwrap_or(base);
+            fallback(k, row).unwrap_or(k)
         });
+        // Spot checks against llama.cpp's rules, written out.
+        let got = |name: &str| one.tensors.iter().find(|t| t.name == name).unwrap().to;
+        match mix {
+            Mix::Q4KM => {
+                assert_eq!(got("layers.2.attn.v.weight"), DType::Q6_K);
+                assert_eq!(got("layers.0.attn.v.weight"), DType::Q4_K);
+            }
+            Mix::Q3KM => {
+                assert_eq!(got("layers.0.attn.v.weight"), DType::Q5_K);
+                assert_eq!(got("layers.2.attn.v.weight"), DType::Q4_K);
+                assert_eq!(got("layers.0.mlp.down.weight"), DType::Q4_K);
+            }
+            Mix::Q2K => {
+                assert_eq!(got("layers.0.attn.v.weight"), DType::Q4_K);
+                assert_eq!(got("layers.2.mlp.down.weight"), DType::Q3_K);
+                assert_eq!(got("layers.0.attn.q.weight"), DType::Q2_K);
+            }
+            Mix::IQ4XS => {
+                assert_eq!(got("layers.0.attn.v.weight"), DType::Q5_K);
+                assert_eq!(got("layers.2.mlp.down.weight"), DType::IQ4_XS);
+                // Rows of 96: IQ4_XS falls back to IQ4_NL.
+                assert_eq!(got("layers.0.attn.o.weight"), DType::IQ4_NL);
+            }
+            _ => {}
+        }
         let two = quantize(dir.path(), Policy::mix(mix, vec![]), 2, "two.kiln");
         let a = std::fs::read(dir.path().join("one.kiln")).unwrap();
         let b = std::fs::read(dir.path().join("two.kiln")).unwrap();

@@ -227,6 +227,10 @@ fn matrix<'a>(file: &'a KilnFile, name: TensorName) -> Result<Matrix<'a>> {
         DType::Q4_K => WeightData::Q4_K(view.as_q4_k()?),
         DType::Q5_K => WeightData::Q5_K(view.as_q5_k()?),
         DType::Q6_K => WeightData::Q6_K(view.as_q6_k()?),
+        DType::Q2_K => WeightData::Q2_K(view.as_blocks()?),
+        DType::Q3_K => WeightData::Q3_K(view.as_blocks()?),
+        DType::IQ4_NL => WeightData::IQ4_NL(view.as_blocks()?),
+        DType::IQ4_XS => WeightData::IQ4_XS(view.as_blocks()?),
     };
     Matrix::new(rows, cols, data).map_err(|source| RunnerError::Kernel {
         file: file.label().to_string(),
@@ -302,6 +306,10 @@ pub fn dequantize_row(m: &Matrix<'_>, row: usize, out: &mut [f32]) {
         WeightData::Q4_K(d) => kiln_format::kquants::dequantize_row_q4_k(&d[blocks], out),
         WeightData::Q5_K(d) => kiln_format::kquants::dequantize_row_q5_k(&d[blocks], out),
         WeightData::Q6_K(d) => kiln_format::kquants::dequantize_row_q6_k(&d[blocks], out),
+        WeightData::Q2_K(d) => kiln_format::kquants::dequantize_row_q2_k(&d[blocks], out),
+        WeightData::Q3_K(d) => kiln_format::kquants::dequantize_row_q3_k(&d[blocks], out),
+        WeightData::IQ4_NL(d) => kiln_format::iq4::dequantize_row_iq4_nl(&d[blocks], out),
+        WeightData::IQ4_XS(d) => kiln_format::iq4::dequantize_row_iq4_xs(&d[blocks], out),
         WeightData::Q4_0x16(d) => {
             // Block b of the row is row `row % 16` of group `(row / 16)·nb + b`.
             let nb = cols / QK;

@@ -1,7 +1,8 @@
 //! Decoding GGML blocks to f32, for the tensors an import does not keep as they are.
 //!
 //! Kiln stores most of the GGML block types a GGUF file holds (Q8_0, Q4_0, Q5_0, Q5_1, Q4_K,
-//! Q5_K, Q6_K: format 1.2), so an import keeps those byte for byte; it decodes them only where
+//! Q5_K, Q6_K: format 1.2; Q2_K, Q3_K, IQ4_NL, IQ4_XS: 1.4), so an import keeps those byte for
+//! byte; it decodes them only where
 //! it is asked to (`--dequantize-all`) or where the runner needs floats (1-D tensors such as
 //! norms and biases, Gemma's `1 + w` norms). Those decode through their row of the format
 //! crate's block-type table ([`kiln_format::BlockKind::dequantize`], GGML's reference

@@ -1,5 +1,5 @@
-//! GGML's K-quant super-block layouts (Q4_K, Q5_K, Q6_K: 256 weights a block, with scales of
-//! their own per sub-block) and Q8_K, the activation blocks their dot products take, with the
+//! GGML's K-quant super-block layouts (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: 256 weights a block, with
+//! scales of their own per sub-block) and Q8_K, the activation blocks their dot products take, with the
 //! scalar reference dequantizers.
 //!
 //! Like [`crate::blocks`], these definitions are the specification: the layouts are GGML's byte
@@ -8,7 +8,8 @@
 //!
 //! The quantizers live beside them, re-exported here: `quantize.rs` holds GGML's reference
 //! rounding (`llama-quantize --pure`), `weighted.rs` its importance-weighted variants
-//! (`--imatrix`, and Kiln's `--calibrate`).
+//! (`--imatrix`, and Kiln's `--calibrate`); Q2_K and Q3_K keep their layouts, rules and
+//! dequantizers together in `q2k.rs` and `q3k.rs`.
 
 use bytemuck::{Pod, Zeroable};
 use half::f16;
@@ -252,9 +253,13 @@ pub fn quantize_block_q8_k_ref(x: &[f32; QK_K]) -> BlockQ8K {
     b
 }
 
+mod q2k;
+mod q3k;
 mod quantize;
 mod weighted;
 
+pub use q2k::*;
+pub use q3k::*;
 pub use quantize::*;
 pub use weighted::*;
 

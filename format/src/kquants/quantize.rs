@@ -29,8 +29,6 @@ pub const GROUP_MAX_EPS: f32 = 1e-15;
 /// over `nstep + 1` candidate scales `(nmax + rmin + rdelta·is) / (max − min)`, each refined by
 /// a weighted least-squares fit of scale and min. Returns `(scale, the_min)`; `the_min ≥ 0`
 /// (the sub-block's minimum is clamped to at most zero before it is negated).
-// The loops index several arrays in step, as GGML's do.
-#[allow(clippy::needless_range_loop)]
 pub fn make_qkx2_quants(
     nmax: i32,
     x: &[f32],
@@ -40,6 +38,25 @@ pub fn make_qkx2_quants(
     rdelta: f32,
     nstep: i32,
 ) -> (f32, f32) {
+    make_qkx2_quants_with(nmax, x, weights, l_out, rmin, rdelta, nstep, false)
+}
+
+/// [`make_qkx2_quants`] with GGML's `use_mad` flag: when set, candidates are judged by the
+/// weighted absolute error instead of the squared one (Q2_K's reference quantizer; the
+/// least-squares refinement of each candidate is the same).
+// GGML's signature, flag included; the loops index several arrays in step, as GGML's do.
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+pub(super) fn make_qkx2_quants_with(
+    nmax: i32,
+    x: &[f32],
+    weights: &[f32],
+    l_out: &mut [u8],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    use_mad: bool,
+) -> (f32, f32) {
+    let err = |diff: f32| if use_mad { diff.abs() } else { diff * diff };
     let n = x.len();
     debug_assert!(weights.len() == n && l_out.len() == n && n <= 32);
     let mut laux = [0u8; 32];
@@ -73,7 +90,7 @@ pub fn make_qkx2_quants(
         let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
         l_out[i] = l as u8;
         let diff = scale * f32::from(l_out[i]) + min - x[i];
-        best_error += weights[i] * (diff * diff);
+        best_error += weights[i] * err(diff);
     }
     if nstep < 1 {
         return (scale, -min);
@@ -100,7 +117,7 @@ pub fn make_qkx2_quants(
             let mut cur_error = 0.0f32;
             for i in 0..n {
                 let diff = this_scale * f32::from(laux[i]) + this_min - x[i];
-                cur_error += weights[i] * (diff * diff);
+                cur_error += weights[i] * err(diff);
             }
             if cur_error < best_error {
                 l_out.copy_from_slice(&laux[..n]);

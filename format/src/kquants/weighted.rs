@@ -202,7 +202,9 @@ pub(crate) fn check_importance(qw: &[f32], expected: usize) -> Result<()> {
     }
 }
 
-fn weighted_row<'a>(
+/// A row and its importance as pairs of super-blocks, once both pass the checks every
+/// weighted K-quant quantizer makes.
+pub(super) fn weighted_row<'a>(
     x: &'a [f32],
     qw: &'a [f32],
 ) -> Result<impl Iterator<Item = (&'a [f32; QK_K], &'a [f32; QK_K])>> {

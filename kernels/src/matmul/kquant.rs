@@ -1,5 +1,6 @@
-//! The products of Q5_1 rows (tiles over Q8_0 activations) and of K-quant rows (tiles or the
-//! K-quant lanes kernel over Q8_K activations; see [`crate::klanes`] for the layouts).
+//! The products of Q5_1 and IQ4_NL rows (tiles over Q8_0 activations) and of K-quant rows
+//! (tiles or the K-quant lanes kernel over Q8_K activations; see [`crate::klanes`] for the
+//! layouts).
 
 use std::cell::RefCell;
 
@@ -53,6 +54,44 @@ impl Kernels {
         tile: Tile<W, BlockQ8K>,
         path: Path,
     ) {
+        self.with_q8_k_act(x, n_tokens, pool, |xq, nb| {
+            if path == Path::KLanes {
+                let kernel = self.klanes.expect("planned for the tier's kernel");
+                return run_klanes(ws, nb, xq, n_tokens, outs, pool, kernel);
+            }
+            assert!(
+                matches!(path, Path::Tiles { .. }),
+                "k-quant weights planned as {path}"
+            );
+            run_tiles(ws, nb, xq, nb, n_tokens, outs, pool, tile)
+        })
+    }
+
+    /// Rows over Q8_K activations that only have tiles (Q2_K, Q3_K, IQ4_XS): as
+    /// [`Kernels::run_q8_k_tiles`] along [`Path::Tiles`].
+    pub(super) fn run_q8_k_only_tiles<W: Sync>(
+        &self,
+        ws: &[(&[W], usize)],
+        x: &[f32],
+        n_tokens: usize,
+        outs: &mut [&mut [f32]],
+        pool: &Pool,
+        tile: Tile<W, BlockQ8K>,
+    ) {
+        self.with_q8_k_act(x, n_tokens, pool, |xq, nb| {
+            run_tiles(ws, nb, xq, nb, n_tokens, outs, pool, tile)
+        })
+    }
+
+    /// `f` over every token's activations quantized to Q8_K (`nb` blocks each), in the calling
+    /// thread's reused buffer.
+    fn with_q8_k_act<R>(
+        &self,
+        x: &[f32],
+        n_tokens: usize,
+        pool: &Pool,
+        f: impl FnOnce(&[BlockQ8K], usize) -> R,
+    ) -> R {
         let cols = x.len() / n_tokens;
         let nb = cols / QK_K;
         ACT_Q8_K.with_borrow_mut(|xq| {
@@ -64,15 +103,7 @@ impl Kernels {
                     quantize(&x[t * cols..(t + 1) * cols], q)
                 });
             }
-            if path == Path::KLanes {
-                let kernel = self.klanes.expect("planned for the tier's kernel");
-                return run_klanes(ws, nb, xq, n_tokens, outs, pool, kernel);
-            }
-            assert!(
-                matches!(path, Path::Tiles { .. }),
-                "k-quant weights planned as {path}"
-            );
-            run_tiles(ws, nb, xq, nb, n_tokens, outs, pool, tile)
+            f(xq, nb)
         })
     }
 }

@@ -1,8 +1,12 @@
 //! The generic reference dot of the blocks that pair with an activation block type of their
-//! own (Q5_0 and Q5_1 with Q8_0, the K-quants with Q8_K), and the reference tile.
+//! own (Q5_0, Q5_1 and IQ4_NL with Q8_0, the K-quants and IQ4_XS with Q8_K), and the
+//! reference tile.
 
 use half::f16;
-use kiln_format::{BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0};
+use kiln_format::{
+    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
+    BlockQ8K, BlockQ8_0,
+};
 
 use super as r;
 use crate::tile::TILE_ROWS;
@@ -77,6 +81,54 @@ impl KBlock for BlockQ6K {
     type Ints = i32;
     fn ints_ref(w: &Self, x: &BlockQ8K) -> i32 {
         r::isum_q6_k(w, x)
+    }
+    #[inline(always)]
+    fn term(w: &Self, x: &BlockQ8K, ints: i32, h: impl Fn(f16) -> f32) -> f32 {
+        r::term_q6_k(h(w.d), x.d, ints)
+    }
+}
+
+impl KBlock for BlockQ2K {
+    type X = BlockQ8K;
+    type Ints = (i32, i32);
+    fn ints_ref(w: &Self, x: &BlockQ8K) -> (i32, i32) {
+        r::isum_q2_k(w, x)
+    }
+    #[inline(always)]
+    fn term(w: &Self, x: &BlockQ8K, ints: (i32, i32), h: impl Fn(f16) -> f32) -> f32 {
+        r::term_k(h(w.d), h(w.dmin), x.d, ints)
+    }
+}
+
+impl KBlock for BlockQ3K {
+    type X = BlockQ8K;
+    type Ints = i32;
+    fn ints_ref(w: &Self, x: &BlockQ8K) -> i32 {
+        r::isum_q3_k(w, x)
+    }
+    #[inline(always)]
+    fn term(w: &Self, x: &BlockQ8K, ints: i32, h: impl Fn(f16) -> f32) -> f32 {
+        r::term_q6_k(h(w.d), x.d, ints)
+    }
+}
+
+impl KBlock for BlockIQ4NL {
+    type X = BlockQ8_0;
+    type Ints = i32;
+    fn ints_ref(w: &Self, x: &BlockQ8_0) -> i32 {
+        r::isum_iq4_nl(w, x)
+    }
+    #[inline(always)]
+    fn term(w: &Self, x: &BlockQ8_0, ints: i32, h: impl Fn(f16) -> f32) -> f32 {
+        r::term_q5_0(h(w.d), h(x.d), ints)
+    }
+}
+
+impl KBlock for BlockIQ4XS {
+    type X = BlockQ8K;
+    type Ints = i32;
+    fn ints_ref(w: &Self, x: &BlockQ8K) -> i32 {
+        r::isum_iq4_xs(w, x)
     }
     #[inline(always)]
     fn term(w: &Self, x: &BlockQ8K, ints: i32, h: impl Fn(f16) -> f32) -> f32 {

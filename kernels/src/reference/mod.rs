@@ -8,11 +8,15 @@
 //! over its unpacked layouts (tests only).
 
 use half::{bf16, f16};
-use kiln_format::kquants::{q4_k_codes, q5_k_codes, q6_k_codes, scale_min_k4, K_SCALE_SIZE};
+use kiln_format::iq4::IQ4_GRID;
+use kiln_format::kquants::{
+    q2_k_codes, q3_k_codes, q3_k_scales, q4_k_codes, q5_k_codes, q6_k_codes, scale_min_k4,
+    K_SCALE_SIZE,
+};
 use kiln_format::q5::q5_codes;
 use kiln_format::{
-    BlockQ4K, BlockQ4_0, BlockQ4_0x16, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
-    BlockQ8_0, DType, GROUP_ROWS, QK, QK_K,
+    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_0x16, BlockQ5K,
+    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, DType, GROUP_ROWS, QK, QK_K,
 };
 
 use crate::stats::ErrorStats;
@@ -307,6 +311,111 @@ pub fn term_q6_k(d: f32, dx: f32, isum: i32) -> f32 {
 pub fn dot_q6_k_q8_k_ref(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
     assert_eq!(w.len(), x.len(), "dot_q6_k_q8_k: block count mismatch");
     lanes_dot(w, x, |w, x| term_q6_k(w.d.to_f32(), x.d, isum_q6_k(w, x)))
+}
+
+/// `(Σ_s sc_s·Σ_{j∈s} q_j·x_j, Σ_s m_s·bsum_s)` of a Q2_K block (codes 0..=3, sixteen
+/// sub-blocks of 16 with 4-bit scales `sc` and mins `m`) against a Q8_K block: the two exact
+/// integer sums of GGML's `vec_dot_q2_K_q8_K`, whose term is [`term_k`]'s.
+pub fn isum_q2_k(w: &BlockQ2K, x: &BlockQ8K) -> (i32, i32) {
+    let q = q2_k_codes(w);
+    let (mut isum, mut mins) = (0i32, 0i32);
+    for (s, &sm) in w.scales.iter().enumerate() {
+        let dot: i32 = q[16 * s..16 * s + 16]
+            .iter()
+            .zip(&x.qs[16 * s..16 * s + 16])
+            .map(|(&q, &x)| i32::from(q) * i32::from(x))
+            .sum();
+        isum += i32::from(sm & 0x0f) * dot;
+        mins += i32::from(sm >> 4) * i32::from(x.bsums[s]);
+    }
+    (isum, mins)
+}
+
+/// Q2_K weights · Q8_K activations: [`term_k`] per block, in the order of [`BLOCK_LANES`].
+pub fn dot_q2_k_q8_k_ref(w: &[BlockQ2K], x: &[BlockQ8K]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot_q2_k_q8_k: block count mismatch");
+    lanes_dot(w, x, |w, x| {
+        term_k(w.d.to_f32(), w.dmin.to_f32(), x.d, isum_q2_k(w, x))
+    })
+}
+
+/// `Σ_s sc_s·(Σ_{j∈s} q_j·x_j − 4·bsum_s)` of a Q3_K block (codes 0..=7 standing for
+/// `q − 4`, sixteen sub-blocks of 16 with signed 6-bit scales) against a Q8_K block: the −4
+/// offset applied through the block sums, as Q6_K's −32.
+pub fn isum_q3_k(w: &BlockQ3K, x: &BlockQ8K) -> i32 {
+    let q = q3_k_codes(w);
+    q3_k_scales(&w.scales)
+        .iter()
+        .enumerate()
+        .map(|(s, &sc)| {
+            let dot: i32 = q[16 * s..16 * s + 16]
+                .iter()
+                .zip(&x.qs[16 * s..16 * s + 16])
+                .map(|(&q, &x)| i32::from(q) * i32::from(x))
+                .sum();
+            i32::from(sc) * (dot - 4 * i32::from(x.bsums[s]))
+        })
+        .sum()
+}
+
+/// Q3_K weights · Q8_K activations: [`term_q6_k`] (`(d_x·d)·isum`) per block, in the order of
+/// [`BLOCK_LANES`].
+pub fn dot_q3_k_q8_k_ref(w: &[BlockQ3K], x: &[BlockQ8K]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot_q3_k_q8_k: block count mismatch");
+    lanes_dot(w, x, |w, x| term_q6_k(w.d.to_f32(), x.d, isum_q3_k(w, x)))
+}
+
+/// `Σ_j grid[q_j]·x_j` of sixteen bytes of IQ4 indices (weight `j` in the low nibble of byte
+/// `j`, weight `j + 16` in the high one) against 32 activation codes (exact).
+fn isum_iq4_32(qs: &[u8], x: &[i8]) -> i32 {
+    let (lo, hi) = x.split_at(16);
+    qs.iter()
+        .zip(lo.iter().zip(hi))
+        .map(|(&q, (&a, &b))| {
+            i32::from(IQ4_GRID[usize::from(q & 0x0f)]) * i32::from(a)
+                + i32::from(IQ4_GRID[usize::from(q >> 4)]) * i32::from(b)
+        })
+        .sum()
+}
+
+/// `Σ_j grid[q_j]·x_j` of an IQ4_NL block against a Q8_0 block (exact).
+pub fn isum_iq4_nl(w: &BlockIQ4NL, x: &BlockQ8_0) -> i32 {
+    isum_iq4_32(&w.qs, &x.qs)
+}
+
+/// IQ4_NL weights · Q8_0 activations: `isum·(d_w·d_x)` ([`term_q5_0`]) per block, in the order
+/// of [`BLOCK_LANES`] (eight accumulators, as the K-quants: the SIMD tiers keep eight blocks'
+/// terms in flight).
+pub fn dot_iq4_nl_q8_0_ref(w: &[BlockIQ4NL], x: &[BlockQ8_0]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot_iq4_nl_q8_0: block count mismatch");
+    lanes_dot(w, x, |w, x| {
+        term_q5_0(w.d.to_f32(), x.d.to_f32(), isum_iq4_nl(w, x))
+    })
+}
+
+/// IQ4_XS sub-block `s`'s scale, `ls − 32` (−32..=31).
+#[inline]
+pub fn iq4_xs_scale(w: &BlockIQ4XS, s: usize) -> i32 {
+    let lo = (w.scales_l[s / 2] >> (4 * (s % 2))) & 0x0f;
+    let hi = (w.scales_h >> (2 * s)) & 3;
+    (i32::from(lo) | i32::from(hi) << 4) - 32
+}
+
+/// `Σ_s (ls_s − 32)·Σ_{j∈s} grid[q_j]·x_j` of an IQ4_XS block (eight sub-blocks of 32) against
+/// a Q8_K block (exact).
+pub fn isum_iq4_xs(w: &BlockIQ4XS, x: &BlockQ8K) -> i32 {
+    (0..QK_K / 32)
+        .map(|s| {
+            iq4_xs_scale(w, s) * isum_iq4_32(&w.qs[16 * s..16 * s + 16], &x.qs[32 * s..32 * s + 32])
+        })
+        .sum()
+}
+
+/// IQ4_XS weights · Q8_K activations: `(d_x·d)·isum` ([`term_q6_k`]) per block, in the order
+/// of [`BLOCK_LANES`].
+pub fn dot_iq4_xs_q8_k_ref(w: &[BlockIQ4XS], x: &[BlockQ8K]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot_iq4_xs_q8_k: block count mismatch");
+    lanes_dot(w, x, |w, x| term_q6_k(w.d.to_f32(), x.d, isum_iq4_xs(w, x)))
 }
 
 /// Quantize activations to Q8_K blocks with GGML's rule

@@ -1,6 +1,7 @@
 #!/bin/sh
-# Regenerate the GGML reference blocks for the Q4_K/Q5_K/Q6_K/Q5_0/Q5_1 cross-check
-# (quantizer/tests/ggml_kquants.rs) from GGML's own quantize_row_*_ref.
+# Regenerate the GGML reference blocks for the Q2_K…Q6_K/Q5_0/Q5_1/IQ4_NL/IQ4_XS cross-checks
+# (quantizer/tests/ggml_kquants.rs, format/tests/ggml_q2_q3.rs, format/tests/ggml_iq4.rs) from
+# GGML's own quantizers.
 #
 #   LLAMA_CPP=/path/to/llama.cpp quantizer/tests/vectors/make_kquant_vectors.sh [PYTHON]
 #
@@ -10,6 +11,9 @@
 #   kquant_input.f32, kquant_groups.json    the inputs and what each range exercises
 #   kq_q4_k.bin kq_q5_k.bin kq_q6_k.bin     blocks of kquant_input.f32
 #   kq_q5_0.bin kq_q5_1.bin                 blocks of kquant_input.f32
+#   kq_q2_k.bin kq_q3_k.bin                 blocks of kquant_input.f32
+#   kq_iq4_nl.bin kq_iq4_xs.bin             blocks of kquant_input.f32 (quantize_iq4_*, no imatrix)
+#   kq[w]_<type>.deq.f32                    GGML's dequantization of those four types' blocks
 #   q5_0.bin q5_1.bin                       blocks of input.f32 (the Q8_0/Q4_0 vectors' input)
 #   kquant_imatrix.f32                      1024 importance weights
 #   kqw_<type>.bin                          kquant_input.f32 as rows of 1024, quantized with
@@ -31,11 +35,11 @@ for round in 1 2 3 4; do
     "$TMP/ggml_kquants" "$HERE/kquant_input.f32" "$HERE" kq_ q4_k q5_k q6_k >/dev/null
     "$PYTHON" "$HERE/make_kquant_input.py" --plant-ties
 done
-"$TMP/ggml_kquants" "$HERE/kquant_input.f32" "$HERE" kq_ q4_k q5_k q6_k q5_0 q5_1
+"$TMP/ggml_kquants" "$HERE/kquant_input.f32" "$HERE" kq_ q4_k q5_k q6_k q5_0 q5_1 q2_k q3_k iq4_nl iq4_xs
 "$PYTHON" "$HERE/make_kquant_input.py" --count-ties
 # Importance-weighted (llama-quantize --imatrix): the same input as rows of 1024.
 "$TMP/ggml_kquants" --imatrix "$HERE/kquant_imatrix.f32" 1024 "$HERE/kquant_input.f32" "$HERE" \
-    kqw_ q4_k q5_k q6_k q5_0 q5_1
+    kqw_ q4_k q5_k q6_k q5_0 q5_1 q2_k q3_k iq4_nl iq4_xs
 "$TMP/ggml_kquants" "$HERE/input.f32" "$HERE" "" q5_0 q5_1
 
 cd "$HERE"
@@ -46,7 +50,10 @@ cd "$HERE"
     printf ' "sha256": {\n'
     first=1
     for f in kquant_input.f32 kquant_imatrix.f32 kqw_q4_k.bin kqw_q5_k.bin kqw_q6_k.bin \
-        kqw_q5_0.bin kqw_q5_1.bin kq_q4_k.bin kq_q5_k.bin kq_q6_k.bin kq_q5_0.bin kq_q5_1.bin q5_0.bin q5_1.bin; do
+        kqw_q5_0.bin kqw_q5_1.bin kq_q4_k.bin kq_q5_k.bin kq_q6_k.bin kq_q5_0.bin kq_q5_1.bin q5_0.bin q5_1.bin \
+        kq_q2_k.bin kq_q3_k.bin kq_iq4_nl.bin kq_iq4_xs.bin kqw_q2_k.bin kqw_q3_k.bin kqw_iq4_nl.bin \
+        kqw_iq4_xs.bin kq_q2_k.deq.f32 kq_q3_k.deq.f32 kq_iq4_nl.deq.f32 kq_iq4_xs.deq.f32 \
+        kqw_q2_k.deq.f32 kqw_q3_k.deq.f32 kqw_iq4_nl.deq.f32 kqw_iq4_xs.deq.f32; do
         [ $first = 1 ] || printf ',\n'
         first=0
         printf '  "%s": "%s"' "$f" "$(sha256sum "$f" | cut -d' ' -f1)"

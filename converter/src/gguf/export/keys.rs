@@ -13,7 +13,8 @@ use super::super::value::Value;
 ///
 /// A file with K-quant matrices is named, as llama-quantize names its mixes, after the K-quant
 /// holding most of their weights: Q4_K → `MOSTLY_Q4_K_M` (15), Q5_K → `MOSTLY_Q5_K_M` (17),
-/// Q6_K → `MOSTLY_Q6_K` (18). Such a mix holds other types too: Q6_K for some matrices, and
+/// Q6_K → `MOSTLY_Q6_K` (18), Q3_K → `MOSTLY_Q3_K_M` (12), Q2_K → `MOSTLY_Q2_K` (10), IQ4_XS →
+/// `MOSTLY_IQ4_XS` (30), IQ4_NL (not a K-quant, but named like one) → `MOSTLY_IQ4_NL` (25). Such a mix holds other types too: Q6_K for some matrices, and
 /// llama-quantize's fallbacks (Q5_0, Q5_1, Q8_0) for matrices whose rows are not a multiple of
 /// 256 — in Gemma 3 270M's Q4_K_M file the Q8_0 embedding alone is most of the bytes, and the
 /// file still says 15. Without K-quants, the dtype holding most matrix bytes names the file.
@@ -23,7 +24,7 @@ pub(super) fn file_type(matrix_bytes: &BTreeMap<DType, u64>) -> u32 {
     };
     let k_quant = matrix_bytes
         .iter()
-        .filter(|(d, _)| d.is_k_quant())
+        .filter(|(d, _)| d.is_k_quant() || **d == DType::IQ4_NL)
         .max_by_key(|(d, b)| weights(**d, **b))
         .map(|(d, _)| *d);
     let dominant = k_quant.unwrap_or_else(|| {
@@ -43,6 +44,10 @@ pub(super) fn file_type(matrix_bytes: &BTreeMap<DType, u64>) -> u32 {
         DType::Q4_K => 15,
         DType::Q5_K => 17,
         DType::Q6_K => 18,
+        DType::Q2_K => 10,
+        DType::Q3_K => 12,
+        DType::IQ4_NL => 25,
+        DType::IQ4_XS => 30,
         DType::BF16 => 32,
     }
 }
@@ -196,6 +201,25 @@ mod tests {
         let close = mix(&[(DType::Q4_K, 1_000_192), (DType::Q6_K, 700_160)]);
         assert!(close[&DType::Q6_K] > close[&DType::Q4_K]);
         assert_eq!(file_type(&close), 15);
+        // The lower types and the IQ4 mixes (their Q5_K matrices hold fewer weights).
+        let iq4_xs = mix(&[
+            (DType::IQ4_XS, 1 << 20),
+            (DType::Q5_K, 1 << 16),
+            (DType::Q8_0, 1 << 22),
+        ]);
+        assert_eq!(file_type(&iq4_xs), 30);
+        assert_eq!(
+            file_type(&mix(&[(DType::IQ4_NL, 1 << 20), (DType::Q5_K, 1 << 10)])),
+            25
+        );
+        assert_eq!(
+            file_type(&mix(&[(DType::Q3_K, 1 << 20), (DType::Q5_K, 1 << 16)])),
+            12
+        );
+        assert_eq!(
+            file_type(&mix(&[(DType::Q2_K, 1 << 20), (DType::Q3_K, 1 << 16)])),
+            10
+        );
         // Without K-quants, the dtype of most bytes.
         assert_eq!(
             file_type(&mix(&[(DType::Q5_0, 1 << 20), (DType::Q8_0, 1 << 10)])),

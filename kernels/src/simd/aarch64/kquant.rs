@@ -23,7 +23,7 @@ use half::f16;
 use kiln_format::{BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0};
 
 use crate::klanes::scales_mins_k4;
-use crate::kquant::{tile_with, KTiles};
+use crate::kquant::{tile_with, KTiles, SCALAR_TILES};
 use crate::reference::KBlock;
 use crate::tile::{Tile, TILE_ROWS};
 
@@ -480,6 +480,8 @@ pub(crate) const PLAIN_TILES: KTiles = KTiles {
     q4_k: Tile::new(plain_tile::<_, 1>, TOKENS, plain_tile::<_, TOKENS>),
     q5_k: Tile::new(plain_tile::<_, 1>, TOKENS, plain_tile::<_, TOKENS>),
     q6_k: Tile::new(plain_tile::<_, 1>, TOKENS, plain_tile::<_, TOKENS>),
+    // Q2_K, Q3_K, IQ4_NL and IQ4_XS: the reference's tiles.
+    ..SCALAR_TILES
 };
 
 /// The tiles for CPUs with `dotprod`.
@@ -489,6 +491,8 @@ pub(crate) const DOTPROD_TILES: KTiles = KTiles {
     q4_k: Tile::new(dotprod_tile::<_, 1>, TOKENS, dotprod_tile::<_, TOKENS>),
     q5_k: Tile::new(dotprod_tile::<_, 1>, TOKENS, dotprod_tile::<_, TOKENS>),
     q6_k: Tile::new(dotprod_tile::<_, 1>, TOKENS, dotprod_tile::<_, TOKENS>),
+    // Q2_K, Q3_K, IQ4_NL and IQ4_XS: the reference's tiles.
+    ..SCALAR_TILES
 };
 
 #[cfg(test)]
