@@ -47,7 +47,8 @@ enum Command {
         #[arg(long, value_parser = fraction)]
         min_top1: Option<f64>,
         /// Judge by a named tolerance class instead of the file's own weight class: f32, f16,
-        /// bf16 (or half), q8_0, q4_0. --max-nmse and --min-top1 still override it.
+        /// bf16 (or half), q8_0, q4_0, q3_k or q2_k (also low). --max-nmse and --min-top1
+        /// still override it.
         #[arg(long, value_name = "CLASS")]
         tolerance: Option<String>,
         #[arg(short, long)]
