@@ -100,15 +100,7 @@ pub fn pack_q3_k_codes(l: &[u8; QK_K]) -> ([u8; QK_K / 8], [u8; QK_K / 4]) {
 fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [u8]) -> f32 {
     let n = x.len();
     debug_assert!(l_out.len() == n && n <= 16);
-    let mut max = 0.0f32;
-    let mut amax = 0.0f32;
-    for &v in x {
-        let ax = v.abs();
-        if ax > amax {
-            amax = ax;
-            max = v;
-        }
-    }
+    let (max, amax) = super::quantize::signed_max(x);
     if amax < GROUP_MAX_EPS {
         l_out.fill(0);
         return 0.0;

@@ -135,11 +135,9 @@ pub(super) fn make_qkx2_quants_with(
 /// and trying 18 nearby scales `−(nmax + 0.1·is) / max`; each candidate's codes get the
 /// least-squares scale under weights `qw` (GGML's default, `x²`, when `None`), and the best
 /// fit wins. Returns the scale; 0 (with zero codes) for a group below [`GROUP_MAX_EPS`].
-// The loops index several arrays in step, as GGML's do.
-#[allow(clippy::needless_range_loop)]
-pub fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [u8], qw: Option<&[f32]>) -> f32 {
-    let n = x.len();
-    debug_assert!(l_out.len() == n && qw.is_none_or(|w| w.len() == n));
+/// The value of largest magnitude (the first such, keeping its sign) and that magnitude: where
+/// GGML's symmetric fits (`make_qx_quants`, `make_q3_quants`) start.
+pub(super) fn signed_max(x: &[f32]) -> (f32, f32) {
     let mut max = 0.0f32;
     let mut amax = 0.0f32;
     for &v in x {
@@ -149,6 +147,15 @@ pub fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [u8], qw: Option<&[f32]>
             max = v;
         }
     }
+    (max, amax)
+}
+
+// The loops index several arrays in step, as GGML's do.
+#[allow(clippy::needless_range_loop)]
+pub fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [u8], qw: Option<&[f32]>) -> f32 {
+    let n = x.len();
+    debug_assert!(l_out.len() == n && qw.is_none_or(|w| w.len() == n));
+    let (max, amax) = signed_max(x);
     if amax < GROUP_MAX_EPS {
         l_out.fill(0);
         return 0.0;
