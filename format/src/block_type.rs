@@ -93,13 +93,66 @@ pub struct CodeGrid {
     pub offset: i32,
     /// The largest code.
     pub max: i32,
+    /// For a non-linear grid (IQ4_NL, IQ4_XS), the level of each code in ascending order: code
+    /// `q` then decodes to `levels[q]·scale + shift` (`offset` is 0). `None` for the uniform
+    /// grids, where the level is `q + offset`.
+    pub levels: Option<&'static [i8]>,
 }
 
 impl CodeGrid {
+    /// A uniform grid: code `q` decodes to `(q + offset)·scale + shift`.
+    pub const fn uniform(scale: f32, shift: f32, offset: i32, max: i32) -> CodeGrid {
+        CodeGrid {
+            scale,
+            shift,
+            offset,
+            max,
+            levels: None,
+        }
+    }
+
     /// The value code `q` decodes to.
     pub fn value(self, q: i32) -> f32 {
-        (q + self.offset) as f32 * self.scale + self.shift
+        let level = match self.levels {
+            Some(l) => f32::from(l[q as usize]),
+            None => (q + self.offset) as f32,
+        };
+        level * self.scale + self.shift
     }
+
+    /// The code whose value is nearest `w`, and that value.
+    pub fn nearest(self, w: f32) -> (u8, f32) {
+        let q = if self.scale == 0.0 {
+            // Every code decodes to `shift`: the one nearest level 0.
+            match self.levels {
+                Some(l) => nearest_level(l, 0.0),
+                None => -self.offset,
+            }
+        } else {
+            let t = (w - self.shift) / self.scale;
+            match self.levels {
+                Some(l) => nearest_level(l, t),
+                None => t.round() as i32 - self.offset,
+            }
+        }
+        .clamp(0, self.max);
+        (q as u8, self.value(q))
+    }
+}
+
+/// The index of the level nearest `t` in ascending `levels` (the lower one on a tie).
+fn nearest_level(levels: &[i8], t: f32) -> i32 {
+    let above = levels.partition_point(|&l| f32::from(l) < t);
+    let i = if above == 0 {
+        0
+    } else if above == levels.len()
+        || t - f32::from(levels[above - 1]) <= f32::from(levels[above]) - t
+    {
+        above - 1
+    } else {
+        above
+    };
+    i as i32
 }
 
 /// How a type's codes can be chosen apart from its scales (what error-compensating rounding
@@ -138,8 +191,8 @@ pub trait BlockType: Pod {
     /// matrix: one non-negative weight per value), where the format crate has one.
     const WEIGHTED: Option<WeightedRow<Self>> = None;
     /// The weights' grids and how to set the codes, for types whose every weight decodes as
-    /// `(q + offset)·scale + shift` (see [`CodeGrid`]) and that have a [`BlockType::WEIGHTED`]
-    /// rule to fit the scales.
+    /// `level(q)·scale + shift` on a grid fixed by the block's scales (see [`CodeGrid`]) and
+    /// that have a [`BlockType::WEIGHTED`] rule to fit the scales.
     const CODES: Option<Codes<Self>> = None;
 
     /// Quantize whole rows of `cols` values by GGML's reference rule (`quantize_row_*_ref`,
@@ -445,12 +498,7 @@ macro_rules! ggml_block {
 /// Q5_0: `(q − 16)·d`, codes 0..=31.
 const Q5_0_CODES: Codes<BlockQ5_0> = Codes {
     grids: |b, out| {
-        let g = CodeGrid {
-            scale: b.d.to_f32(),
-            shift: 0.0,
-            offset: -16,
-            max: 31,
-        };
+        let g = CodeGrid::uniform(b.d.to_f32(), 0.0, -16, 31);
         out.extend([g; QK]);
     },
     set: |b, q| (b.qh, b.qs) = q5::pack_q5_codes(q.try_into().expect("a block's codes")),
@@ -459,12 +507,7 @@ const Q5_0_CODES: Codes<BlockQ5_0> = Codes {
 /// Q5_1: `q·d + m`, codes 0..=31.
 const Q5_1_CODES: Codes<BlockQ5_1> = Codes {
     grids: |b, out| {
-        let g = CodeGrid {
-            scale: b.d.to_f32(),
-            shift: b.m.to_f32(),
-            offset: 0,
-            max: 31,
-        };
+        let g = CodeGrid::uniform(b.d.to_f32(), b.m.to_f32(), 0, 31);
         out.extend([g; QK]);
     },
     set: |b, q| (b.qh, b.qs) = q5::pack_q5_codes(q.try_into().expect("a block's codes")),
@@ -480,12 +523,12 @@ fn k_sub_block_grids(
 ) {
     for s in 0..QK_K / 32 {
         let (sc, m) = kquants::scale_min_k4(s, scales);
-        let g = CodeGrid {
-            scale: d.to_f32() * f32::from(sc),
-            shift: -(dmin.to_f32() * f32::from(m)),
-            offset: 0,
+        let g = CodeGrid::uniform(
+            d.to_f32() * f32::from(sc),
+            -(dmin.to_f32() * f32::from(m)),
+            0,
             max,
-        };
+        );
         out.extend([g; 32]);
     }
 }
@@ -506,12 +549,7 @@ const Q5_K_CODES: Codes<BlockQ5K> = Codes {
 const Q6_K_CODES: Codes<BlockQ6K> = Codes {
     grids: |b, out| {
         for &sc in &b.scales {
-            let g = CodeGrid {
-                scale: b.d.to_f32() * f32::from(sc),
-                shift: 0.0,
-                offset: -32,
-                max: 63,
-            };
+            let g = CodeGrid::uniform(b.d.to_f32() * f32::from(sc), 0.0, -32, 63);
             out.extend([g; 16]);
         }
     },
@@ -524,12 +562,12 @@ const Q6_K_CODES: Codes<BlockQ6K> = Codes {
 const Q2_K_CODES: Codes<BlockQ2K> = Codes {
     grids: |b, out| {
         for &s in &b.scales {
-            let g = CodeGrid {
-                scale: b.d.to_f32() * f32::from(s & 0x0f),
-                shift: -(b.dmin.to_f32() * f32::from(s >> 4)),
-                offset: 0,
-                max: 3,
-            };
+            let g = CodeGrid::uniform(
+                b.d.to_f32() * f32::from(s & 0x0f),
+                -(b.dmin.to_f32() * f32::from(s >> 4)),
+                0,
+                3,
+            );
             out.extend([g; 16]);
         }
     },
@@ -540,12 +578,7 @@ const Q2_K_CODES: Codes<BlockQ2K> = Codes {
 const Q3_K_CODES: Codes<BlockQ3K> = Codes {
     grids: |b, out| {
         for sc in kquants::q3_k_scales(&b.scales) {
-            let g = CodeGrid {
-                scale: b.d.to_f32() * f32::from(sc),
-                shift: 0.0,
-                offset: -4,
-                max: 7,
-            };
+            let g = CodeGrid::uniform(b.d.to_f32() * f32::from(sc), 0.0, -4, 7);
             out.extend([g; 16]);
         }
     },
@@ -553,6 +586,30 @@ const Q3_K_CODES: Codes<BlockQ3K> = Codes {
         (b.hmask, b.qs) = kquants::pack_q3_k_codes(q.try_into().expect("a super-block's codes"))
     },
 };
+
+/// IQ4_NL: `d·grid[q]` on GGML's 16-level non-linear grid, codes 0..=15.
+const IQ4_NL_CODES: Codes<BlockIQ4NL> = Codes {
+    grids: |b, out| out.extend([iq4_grid(b.d.to_f32()); QK]),
+    set: |b, q| b.qs = iq4::pack_iq4_nl_codes(q.try_into().expect("a block's codes")),
+};
+
+/// IQ4_XS: `(d·(ls − 32))·grid[q]` per 32-weight sub-block, codes 0..=15.
+const IQ4_XS_CODES: Codes<BlockIQ4XS> = Codes {
+    grids: |b, out| {
+        let d = b.d.to_f32();
+        for s in 0..QK_K / 32 {
+            out.extend([iq4_grid(d * iq4::iq4_xs_scale(b, s) as f32); 32]);
+        }
+    },
+    set: |b, q| b.qs = iq4::pack_iq4_xs_codes(q.try_into().expect("a super-block's codes")),
+};
+
+fn iq4_grid(scale: f32) -> CodeGrid {
+    CodeGrid {
+        levels: Some(&iq4::IQ4_GRID),
+        ..CodeGrid::uniform(scale, 0.0, 0, 15)
+    }
+}
 
 /// An f16 scale and minimum at the start of the block (Q5_1, Q4_K, Q5_K).
 const SCALE_AND_MIN: Scales = Scales {
@@ -591,13 +648,13 @@ ggml_block!(BlockQ2K, Q2_K, QK_K, 10,
 ggml_block!(BlockQ3K, Q3_K, QK_K, 11, Scales::one(ScaleFloat::F16, std::mem::offset_of!(BlockQ3K, d)),
     kquants::quantize_row_q3_k_ref, kquants::dequantize_row_q3_k,
     weighted: Some(kquants::quantize_row_q3_k_weighted), codes: Some(Q3_K_CODES));
-// The non-linear grid is not `(q + offset)·scale + shift`: no code grids.
+// IQ4: codes on the 16 non-linear levels (`CodeGrid::levels`).
 ggml_block!(BlockIQ4NL, IQ4_NL, QK, 20, Scales::one(ScaleFloat::F16, 0),
     iq4::quantize_row_iq4_nl_ref, iq4::dequantize_row_iq4_nl,
-    weighted: Some(iq4::quantize_row_iq4_nl_weighted), codes: None);
+    weighted: Some(iq4::quantize_row_iq4_nl_weighted), codes: Some(IQ4_NL_CODES));
 ggml_block!(BlockIQ4XS, IQ4_XS, QK_K, 23, Scales::one(ScaleFloat::F16, 0),
     iq4::quantize_row_iq4_xs_ref, iq4::dequantize_row_iq4_xs,
-    weighted: Some(iq4::quantize_row_iq4_xs_weighted), codes: None);
+    weighted: Some(iq4::quantize_row_iq4_xs_weighted), codes: Some(IQ4_XS_CODES));
 
 /// Sixteen rows' Q4_0 blocks interleaved: GGML's blocks, so its reference rule, in Kiln's
 /// order. Rows must come in whole groups of sixteen.
@@ -818,6 +875,40 @@ mod tests {
             k.dequantize(&bytes, COLS, &mut y);
             for (j, (g, &q)) in grids.iter().zip(&codes).enumerate() {
                 assert_eq!(g.value(i32::from(q)), y[j], "{d} weight {j}");
+            }
+        }
+    }
+
+    /// The nearest code on a uniform and on a non-linear grid, a negative scale (IQ4's scales
+    /// are often negative), codes clamped to the grid, and a zero scale.
+    #[test]
+    fn nearest_codes_on_uniform_and_level_grids() {
+        let u = CodeGrid::uniform(0.5, 1.0, -4, 7);
+        assert_eq!(u.nearest(1.0), (4, 1.0));
+        assert_eq!(u.nearest(1.74), (5, 1.5));
+        assert_eq!(u.nearest(100.0), (7, 2.5));
+        assert_eq!(u.nearest(-100.0), (0, -1.0));
+        assert_eq!(
+            CodeGrid::uniform(0.0, 0.25, -16, 31).nearest(3.0),
+            (16, 0.25)
+        );
+        let levels = |scale| CodeGrid {
+            levels: Some(&crate::iq4::IQ4_GRID),
+            ..CodeGrid::uniform(scale, 0.0, 0, 15)
+        };
+        // Levels −127 −104 −83 −65 −49 −35 −22 −10 1 13 25 38 53 69 89 113.
+        assert_eq!(levels(0.5).nearest(6.0), (9, 6.5));
+        assert_eq!(levels(0.5).nearest(-60.0), (0, -63.5));
+        assert_eq!(levels(0.5).nearest(1e9), (15, 56.5));
+        assert_eq!(levels(-0.5).nearest(6.0), (7, 5.0));
+        assert_eq!(levels(0.0).nearest(6.0), (8, 0.0));
+        // Every value's code is at least as near as every other code.
+        for k in -300..300 {
+            let w = k as f32 * 0.37;
+            let (q, y) = levels(0.5).nearest(w);
+            assert_eq!(y, levels(0.5).value(i32::from(q)));
+            for other in 0..16 {
+                assert!((w - y).abs() <= (w - levels(0.5).value(other)).abs(), "{w}");
             }
         }
     }

@@ -269,6 +269,11 @@ pub fn iq4_nl_codes(b: &BlockIQ4NL) -> [u8; QK] {
     unpack32(&b.qs)
 }
 
+/// An IQ4_NL block's packed codes from its 32 grid indices in weight order (each below 16).
+pub fn pack_iq4_nl_codes(q: &[u8; QK]) -> [u8; QK / 2] {
+    pack32(q)
+}
+
 /// GGML's `dequantize_row_iq4_nl` (`out.len() == blocks.len() * 32`).
 pub fn dequantize_row_iq4_nl(blocks: &[BlockIQ4NL], out: &mut [f32]) {
     assert_eq!(out.len(), blocks.len() * QK, "output length mismatch");
@@ -324,6 +329,20 @@ pub fn iq4_xs_codes(b: &BlockIQ4XS) -> [u8; QK_K] {
         c.copy_from_slice(&unpack32(&b.qs[16 * s..16 * s + 16]));
     }
     q
+}
+
+/// An IQ4_XS super-block's packed codes from its 256 grid indices in weight order (each
+/// below 16).
+pub fn pack_iq4_xs_codes(q: &[u8; QK_K]) -> [u8; QK_K / 2] {
+    let mut qs = [0u8; QK_K / 2];
+    for (dst, c) in qs.chunks_exact_mut(16).zip(q.chunks_exact(32)) {
+        dst.copy_from_slice(&pack32(as32_u8(c)));
+    }
+    qs
+}
+
+fn as32_u8(q: &[u8]) -> &[u8; 32] {
+    q.try_into().expect("a sub-block's 32 codes")
 }
 
 /// GGML's `dequantize_row_iq4_xs` (`out.len() == blocks.len() * 256`).

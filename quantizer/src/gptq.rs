@@ -184,7 +184,7 @@ pub fn supports(dtype: DType) -> bool {
 }
 
 /// Quantize `rows × cols` weights `w` (row-major) to `dtype` (Q4_0, Q8_0, Q5_0, Q5_1, Q2_K,
-/// Q3_K, Q4_K, Q5_K or Q6_K) with error compensation through `f`; appends the blocks to `out` and
+/// Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS) with error compensation through `f`; appends the blocks to `out` and
 /// returns the dequantized values.
 ///
 /// The caller has checked that every value is finite and that `cols` is a multiple of the
@@ -297,37 +297,26 @@ fn quantize_row(row: &mut [f32], dtype: DType, f: &Factor, out: &mut [u8], deq: 
     }
 }
 
-/// Compensated rounding for GGML's Q5 and K-quant layouts.
+/// Compensated rounding for GGML's Q5, K-quant and IQ4 layouts.
 ///
 /// Every block's scales (and minimums, and for the K-quants the sub-block scales and the
 /// super-block scales that quantize them) are fitted first, by GGML's importance-weighted rule
 /// for the type (what `llama-quantize --imatrix` runs) with `H`'s diagonal as the importance,
 /// from the row's original values: the processing order visits a block's columns far apart,
 /// so its scales must be fixed before any of them is rounded. That leaves each column a fixed
-/// grid of values `a·(q + o) + b` over its codes `q` (`a` the sub-block's scale, `b` its
-/// offset), exactly as the type's dequantizer computes them; the compensated rounding then
+/// grid of values `a·level(q) + b` over its codes `q` (`a` the sub-block's scale, `b` its
+/// offset, `level(q)` either `q + o` or, for IQ4_NL/IQ4_XS, GGML's 16 non-linear levels),
+/// exactly as the type's dequantizer computes them; the compensated rounding then
 /// picks the codes, and the blocks are written back with them. The scales are what GGML's
 /// weighted rule gives; only the codes differ from its output.
 mod grid {
     use super::{round_compensated, Factor};
-    use kiln_format::block_type::CodeGrid;
     use kiln_format::BlockKind;
 
     /// Whether this module writes the type: it has GGML's weighted rule to fit the scales and
     /// codes that can be set apart from them (its row of the block-type table says).
     pub(super) fn supports(kind: &BlockKind) -> bool {
         kind.rows == 1 && kind.has_weighted() && kind.has_code_grids()
-    }
-
-    /// The code nearest `w` on `g` and its value.
-    fn nearest(g: CodeGrid, w: f32) -> (u8, f32) {
-        let q = if g.scale == 0.0 {
-            -g.offset
-        } else {
-            ((w - g.shift) / g.scale).round() as i32 - g.offset
-        }
-        .clamp(0, g.max);
-        (q as u8, g.value(q))
     }
 
     /// Fit the blocks, round compensated, and write the blocks with the new codes.
@@ -347,7 +336,7 @@ mod grid {
         kind.code_grids(&blocks, &mut grids)
             .expect("a type with code grids, checked by supports");
         let mut codes = vec![0u8; n];
-        round_compensated(row, f, &mut codes, deq, |j, w| nearest(grids[j], w));
+        round_compensated(row, f, &mut codes, deq, |j, w| grids[j].nearest(w));
         kind.set_codes(&mut blocks, &codes)
             .expect("a type with code grids, checked by supports");
         out.copy_from_slice(&blocks);
@@ -521,6 +510,8 @@ mod tests {
             DType::Q4_K,
             DType::Q5_K,
             DType::Q6_K,
+            DType::IQ4_NL,
+            DType::IQ4_XS,
         ] {
             let mut out = Vec::new();
             let deq = quantize_matrix(&w, n, dtype, &f, &mut out);
