@@ -176,7 +176,7 @@ fn unpack32(qs: &[u8]) -> [u8; 32] {
     std::array::from_fn(|j| if j < 16 { qs[j] & 15 } else { qs[j - 16] >> 4 })
 }
 
-fn as32(x: &[f32]) -> &[f32; 32] {
+fn as32<T>(x: &[T]) -> &[T; 32] {
     x.try_into().expect("a 32-value block")
 }
 
@@ -336,13 +336,9 @@ pub fn iq4_xs_codes(b: &BlockIQ4XS) -> [u8; QK_K] {
 pub fn pack_iq4_xs_codes(q: &[u8; QK_K]) -> [u8; QK_K / 2] {
     let mut qs = [0u8; QK_K / 2];
     for (dst, c) in qs.chunks_exact_mut(16).zip(q.chunks_exact(32)) {
-        dst.copy_from_slice(&pack32(as32_u8(c)));
+        dst.copy_from_slice(&pack32(as32(c)));
     }
     qs
-}
-
-fn as32_u8(q: &[u8]) -> &[u8; 32] {
-    q.try_into().expect("a sub-block's 32 codes")
 }
 
 /// GGML's `dequantize_row_iq4_xs` (`out.len() == blocks.len() * 256`).

@@ -184,8 +184,8 @@ pub fn supports(dtype: DType) -> bool {
 }
 
 /// Quantize `rows × cols` weights `w` (row-major) to `dtype` (Q4_0, Q8_0, Q5_0, Q5_1, Q2_K,
-/// Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS) with error compensation through `f`; appends the blocks to `out` and
-/// returns the dequantized values.
+/// Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS) with error compensation through `f`; appends the
+/// blocks to `out` and returns the dequantized values.
 ///
 /// The caller has checked that every value is finite and that `cols` is a multiple of the
 /// type's block (256 for the K-quants).
