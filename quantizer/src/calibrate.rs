@@ -246,6 +246,7 @@ fn calibrate_tokens(
             chunks: windows.len() as u64,
             ctx: ctx as u64,
         },
+        probe: tokens[..tokens.len().min(crate::sensitivity::PROBE_TOKENS)].to_vec(),
     })
 }
 

@@ -110,6 +110,12 @@ pub enum QuantizeError {
     #[error("calibration text: {reason}")]
     CalibrationText { reason: String },
     /// The thread pool could not be built.
+    #[error("{file}: --to auto: {reason}")]
+    Budget { file: String, reason: String },
+
+    #[error("{arg}: {reason}")]
+    BadArgument { arg: String, reason: String },
+
     #[error("cannot start {threads} worker threads: {reason}")]
     ThreadPool { threads: usize, reason: String },
 }

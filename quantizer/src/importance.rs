@@ -23,7 +23,10 @@
 //!   (`model.layers.3.input_layernorm.output`);
 //! - metadata (string → string): `content` = `kiln importance`, `version` = `1`, `model_sha256`
 //!   (the header checksum of the model it was measured on), `text_sha256`, `tokens`, `chunks`,
-//!   `ctx`, and `sites`: a JSON object mapping each matrix name to its input site.
+//!   `ctx`, and `sites`: a JSON object mapping each matrix name to its input site; optionally
+//!   `probe_tokens`, a JSON array of the first calibration token ids (at most
+//!   [`crate::sensitivity::PROBE_TOKENS`]), which `--to auto` runs the model on to weigh each
+//!   matrix's error in the logits ([`crate::sensitivity`]).
 //!
 //! Loading checks every field: names must be canonical, lengths must match, values must be
 //! finite, non-negative (diagonals of second moments included) and at most
@@ -79,6 +82,9 @@ pub struct Importance {
     pub moments: BTreeMap<String, Arc<Vec<f32>>>,
     /// How it was measured.
     pub info: CalibrationInfo,
+    /// The first calibration tokens (at most [`crate::sensitivity::PROBE_TOKENS`]; empty in
+    /// files written before they were kept).
+    pub probe: Vec<u32>,
 }
 
 impl Importance {
@@ -121,6 +127,10 @@ impl Importance {
             (
                 "sites".to_string(),
                 serde_json::to_string(&self.sites).expect("a string map serializes"),
+            ),
+            (
+                "probe_tokens".to_string(),
+                serde_json::to_string(&self.probe).expect("a list of ids serializes"),
             ),
         ]);
         let bytes = safetensors::tensor::serialize(views, Some(meta)).map_err(|e| bad(path, e))?;
@@ -177,6 +187,25 @@ impl Importance {
                 format!("metadata `sites` is not a JSON string map: {e}"),
             )
         })?;
+        let probe: Vec<u32> = match meta.get("probe_tokens") {
+            None => Vec::new(),
+            Some(p) => serde_json::from_str(p).map_err(|e| {
+                bad(
+                    path,
+                    format!("metadata `probe_tokens` is not a JSON list of token ids: {e}"),
+                )
+            })?,
+        };
+        if probe.len() > crate::sensitivity::PROBE_TOKENS {
+            return Err(bad(
+                path,
+                format!(
+                    "metadata `probe_tokens` holds {} ids; at most {} are kept",
+                    probe.len(),
+                    crate::sensitivity::PROBE_TOKENS
+                ),
+            ));
+        }
         let mut columns = BTreeMap::new();
         let mut moments = BTreeMap::new();
         for (name, t) in st.tensors() {
@@ -276,6 +305,7 @@ impl Importance {
             sites,
             moments,
             info,
+            probe,
         })
     }
 }
@@ -326,6 +356,7 @@ mod tests {
                 chunks: 2,
                 ctx: 512,
             },
+            probe: vec![1, 7, 300],
         }
     }
 
@@ -418,6 +449,10 @@ mod tests {
                 );
             },
             "diagonal",
+        );
+        rejects(
+            |i| i.probe = vec![0; crate::sensitivity::PROBE_TOKENS + 1],
+            "probe_tokens",
         );
     }
 

@@ -25,6 +25,7 @@
 //! The binary (`src/main.rs`) only parses arguments, draws the progress bar and prints the
 //! report. The policy is documented in `docs/QUANTIZE.md`.
 
+pub mod budget;
 pub mod calibrate;
 pub mod error;
 pub mod gptq;
@@ -34,6 +35,7 @@ pub mod pipeline;
 pub mod policy;
 pub mod report;
 pub mod rows;
+pub mod sensitivity;
 
 pub use error::{QuantizeError, Result};
 pub use kiln_kernels::ErrorStats;

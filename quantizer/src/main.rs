@@ -18,6 +18,7 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_format::DType;
 use kiln_format::QK_K;
+use kiln_quantize::budget;
 use kiln_quantize::calibrate::{calibrate_path, CalibrationOptions};
 use kiln_quantize::importance::Importance;
 use kiln_quantize::policy::{Mix, Target, TARGETS};
@@ -42,7 +43,9 @@ struct Args {
     /// Dtype of the weight matrices: f16, q8_0, q4_0, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k,
     /// q6_k, iq4_nl or iq4_xs; or one of llama.cpp's mixes: q2_k_mix, q3_k_s, q3_k_m, q3_k_l,
     /// q4_k_s, q4_k_m, q5_k_s, q5_k_m, iq4_nl_mix, iq4_xs_mix (llama-quantize's Q2_K, …,
-    /// IQ4_XS: Q6_K for the output and more bits for some attn.v/mlp.down/attn.o).
+    /// IQ4_XS: Q6_K for the output and more bits for some attn.v/mlp.down/attn.o); or `auto`
+    /// with --bpw or --max-bytes and calibration: each matrix's type chosen to fit that size
+    /// with the least output error (see docs/QUANTIZE.md).
     #[arg(long, value_name = "DTYPE")]
     to: String,
     /// How Q8_0/Q4_0 blocks are chosen: `reference` (GGML's rule, bit for bit), `search`
@@ -76,6 +79,15 @@ struct Args {
     /// Per-tensor override, PATTERN=DTYPE (f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q2_k, q3_k,
     /// q4_k, q5_k, q6_k, iq4_nl, iq4_xs or copy); `*` matches
     /// any run of characters; the last matching flag wins. Example: --keep lm_head.weight=q8_0
+    /// With `--to auto`: bits of tensor data per weight over all tensors (as the report and
+    /// llama.cpp's BPW count them), e.g. 4.5
+    #[arg(long, value_name = "B", conflicts_with = "max_bytes")]
+    bpw: Option<f64>,
+
+    /// With `--to auto`: the largest output file, in bytes (metadata and index included)
+    #[arg(long, value_name = "N")]
+    max_bytes: Option<u64>,
+
     #[arg(long = "keep", value_name = "PATTERN=DTYPE")]
     keep: Vec<String>,
     /// Worker threads (default: all cores).
@@ -123,7 +135,50 @@ fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
         .iter()
         .map(|k| Override::parse(k))
         .collect::<Result<Vec<_>, _>>()?;
+    let auto = args.to.eq_ignore_ascii_case("auto");
+    let calibrated = args.calibrate.is_some() || args.importance.is_some();
+    let budget_flag = match (args.bpw, args.max_bytes) {
+        (Some(_), _) => Some("--bpw"),
+        (_, Some(_)) => Some("--max-bytes"),
+        _ => None,
+    };
+    match (auto, budget_flag) {
+        (true, None) => {
+            return Err(QuantizeError::BadArgument {
+                arg: "--to auto".into(),
+                reason: "give the size to fit: --bpw B (bits per weight, e.g. 4.5) or                          --max-bytes N"
+                    .into(),
+            })
+        }
+        (false, Some(flag)) => {
+            return Err(QuantizeError::BadArgument {
+                arg: flag.into(),
+                reason: format!(
+                    "a size budget goes with --to auto (this run has --to {})",
+                    args.to
+                ),
+            })
+        }
+        _ => {}
+    }
+    if auto && !calibrated {
+        return Err(QuantizeError::BadArgument {
+            arg: "--to auto".into(),
+            reason: "the types are chosen from calibration: add --calibrate TEXT (or \
+                     --importance FILE)"
+                .into(),
+        });
+    }
+    if let Some(b) = args.bpw {
+        if !(b.is_finite() && b > 0.0 && b <= 32.0) {
+            return Err(QuantizeError::BadArgument {
+                arg: format!("--bpw {b}"),
+                reason: "bits per weight must be above 0 and at most 32".into(),
+            });
+        }
+    }
     let policy = match Mix::parse(&args.to) {
+        _ if auto => Policy::auto(overrides),
         Some(mix) => Policy::mix(mix, overrides),
         None => {
             let to = DType::parse(&args.to)
@@ -134,7 +189,6 @@ fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
             Policy::new(to, overrides)?
         }
     };
-    let calibrated = args.calibrate.is_some() || args.importance.is_some();
     let policy = policy.with_importance(calibrated);
     let method = match &args.method {
         // Downgraded to `search` in `run` if an importance file has no second moments.
@@ -259,6 +313,41 @@ fn run(args: Args) -> Result<(), QuantizeError> {
         }
         options.importance = Some(importance);
     }
+    if let Some(budget) = budget(&args) {
+        let importance = options
+            .importance
+            .as_ref()
+            .expect("--to auto requires calibration, checked in options()");
+        let plan = budget::plan(
+            &args.input,
+            &options.policy,
+            options.method,
+            importance,
+            budget,
+            &progress,
+        );
+        let plan = plan.inspect_err(|_| progress.bar.finish_and_clear())?;
+        if !args.quiet {
+            progress.bar.suspend(|| {
+                let weighed = match plan.probe_tokens {
+                    0 => "output errors not weighed in KL-divergence (the importance keeps no \
+                          probe tokens, or the model has no logits; calibrate again to weigh \
+                          them)"
+                        .to_string(),
+                    n => format!("errors weighed in KL-divergence on {n} calibration tokens"),
+                };
+                eprintln!(
+                    "{budget}: {} bytes of tensor data ({:.3} bits per weight) of {} allowed; \
+                     {}; {weighed}",
+                    plan.total_bytes,
+                    plan.bits_per_weight(),
+                    plan.budget_bytes,
+                    plan.summary()
+                )
+            });
+        }
+        options.policy = plan.apply(options.policy);
+    }
     let report = quantize_file(&options, &progress);
     progress.bar.finish_and_clear();
     let report = report?;
@@ -278,6 +367,15 @@ fn run(args: Args) -> Result<(), QuantizeError> {
             source: e,
         }),
         _ => Ok(()),
+    }
+}
+
+/// The size budget of `--to auto`.
+fn budget(args: &Args) -> Option<budget::Budget> {
+    match (args.bpw, args.max_bytes) {
+        (Some(b), _) => Some(budget::Budget::Bpw(b)),
+        (_, Some(n)) => Some(budget::Budget::MaxBytes(n)),
+        _ => None,
     }
 }
 

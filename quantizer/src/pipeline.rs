@@ -624,7 +624,7 @@ pub fn bits_per_weight(bytes: u64, elements: u64) -> f64 {
 
 /// A float tensor's bytes as f32: bf16 (the usual source dtype, and the hot path) through the
 /// kernels crate's dispatched decoder, the other float dtypes through the format crate.
-fn decode_values(dtype: DType, input: &[u8], n: usize) -> Vec<f32> {
+pub(crate) fn decode_values(dtype: DType, input: &[u8], n: usize) -> Vec<f32> {
     let mut x = vec![0.0f32; n];
     if dtype == DType::BF16 {
         kiln_kernels::decode_bf16(input, &mut x);

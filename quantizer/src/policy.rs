@@ -38,6 +38,8 @@
 //! ([`DType::storage_for`]), because that is the layout the runner's one-token product reads;
 //! a copied tensor keeps the input's own dtype, since its bytes are written unchanged.
 
+use std::collections::BTreeMap;
+
 use kiln_format::{DType, Role, TensorInfo, TensorName, QK_K};
 
 use crate::error::{QuantizeError, Result};
@@ -315,6 +317,11 @@ pub struct Policy {
     /// The quantization weighs by importance (`--calibrate`, `--importance`): llama.cpp's
     /// `has_imatrix`, which some mixes' rules read.
     pub importance: bool,
+    /// `--to auto`: the size budget's choices, tensor name → (dtype, why), consulted after the
+    /// `--keep` flags and before the default rule (see [`crate::budget`]).
+    pub planned: BTreeMap<String, (DType, String)>,
+    /// `--to auto` named this policy (its matrices' types come from [`Policy::planned`]).
+    pub auto: bool,
 }
 
 /// How a tensor is treated.
@@ -383,7 +390,19 @@ impl Policy {
             mix: None,
             overrides,
             importance: false,
+            planned: BTreeMap::new(),
+            auto: false,
         })
+    }
+
+    /// `--to auto`: the matrices' types come from a size budget's plan
+    /// ([`crate::budget::Plan::apply`]); until then (and for a matrix the plan leaves out) they
+    /// get Q8_0.
+    pub fn auto(overrides: Vec<Override>) -> Policy {
+        Policy {
+            auto: true,
+            ..Policy::new(DType::Q8_0, overrides).expect("q8_0 is a target")
+        }
     }
 
     /// A policy following llama.cpp's `mix`.
@@ -393,6 +412,8 @@ impl Policy {
             mix: Some(mix),
             overrides,
             importance: false,
+            planned: BTreeMap::new(),
+            auto: false,
         }
     }
 
@@ -403,6 +424,9 @@ impl Policy {
 
     /// What `--to` named: the mix (`q4_k_m`) or the dtype.
     pub fn target_name(&self) -> &'static str {
+        if self.auto {
+            return "auto";
+        }
         self.mix.map_or(self.to.name(), Mix::name)
     }
 
@@ -503,9 +527,11 @@ impl Policy {
             .iter()
             .rev()
             .find(|o| aliases(&info.name, tied).any(|n| glob_match(&o.pattern, n)));
-        let (target, rule, mut note) = match matched {
-            Some(o) => (o.target, format!("override {o}"), None),
-            None => match TensorName::parse(&info.name) {
+        let planned = self.planned.get(&info.name);
+        let (target, rule, mut note) = match (matched, planned) {
+            (Some(o), _) => (o.target, format!("override {o}"), None),
+            (None, Some((d, why))) => (Target::DType(*d), why.clone(), None),
+            (None, None) => match TensorName::parse(&info.name) {
                 Some(n) if n.role.is_matrix() && info.shape.len() >= 2 => match self.mix {
                     Some(mix) => {
                         let (d, rule) = self.mix_dtype(mix, n, row, ctx);

@@ -182,7 +182,9 @@ impl Report {
             let note = match (&t.note, t.copied) {
                 (Some(n), _) => n.clone(),
                 (None, true) => "copied".to_string(),
-                (None, false) if t.rule.starts_with("override") => t.rule.clone(),
+                (None, false) if t.rule.starts_with("override") || t.rule.starts_with("auto") => {
+                    t.rule.clone()
+                }
                 _ => String::new(),
             };
             let _ = writeln!(

@@ -1,12 +1,17 @@
 //! Calibration on real (tiny) transformers checkpoints: what is measured, that it is what the
 //! forward pass actually multiplies, the importance file, and calibrated quantization end to end.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use kiln_format::{DType, KilnFile};
+use kiln_quantize::budget::{self, Budget};
 use kiln_quantize::calibrate::{calibrate, matrix_sites, CalibrationOptions};
 use kiln_quantize::importance::Importance;
-use kiln_quantize::{quantize_file, Method, NoProgress, Policy, QuantizeError, QuantizeOptions};
+use kiln_quantize::sensitivity::Probe;
+use kiln_quantize::{
+    quantize_file, Method, NoProgress, Override, Policy, QuantizeError, QuantizeOptions,
+};
 use kiln_runner::{Logits, Model, Recorder, Tokenizer};
 
 fn root() -> PathBuf {
@@ -284,4 +289,246 @@ fn too_little_text_is_a_clear_error() {
     let e = calibrate(&file, "hi", &options(false), &NoProgress).unwrap_err();
     assert!(matches!(e, QuantizeError::CalibrationText { .. }), "{e}");
     assert!(e.to_string().contains("too little text"), "{e}");
+}
+
+/// `--to auto`: the plan fits the budget, the file is what the plan chose and fits too, its
+/// summed output error (recomputed here from what a reader decodes, through the calibration's
+/// second moments) is at most that of the uniform type of the same size, a looser budget buys
+/// less error, and a budget below the smallest file is refused with that size.
+#[test]
+fn size_budget_fits_and_spends_bytes_where_the_kl_divergence_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = convert("qwen2-bias-f32", dir.path());
+    let file = KilnFile::open(&path).unwrap();
+    let imp = calibrate(&file, &corpus(), &options(true), &NoProgress).unwrap();
+    // Each matrix's output error in `q`, by name.
+    let output_error = |q: &KilnFile| -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        for t in file
+            .tensors()
+            .iter()
+            .filter(|t| imp.sites.contains_key(&t.name))
+        {
+            let mut sum = 0.0f64;
+            let h = imp.moment(&t.name).unwrap();
+            let cols = *t.shape.last().unwrap() as usize;
+            let x = file.tensor(&t.name).unwrap().to_f32_vec();
+            let y = q.tensor(&t.name).unwrap().to_f32_vec();
+            for (xr, yr) in x.chunks(cols).zip(y.chunks(cols)) {
+                let e: Vec<f64> = xr.iter().zip(yr).map(|(a, b)| f64::from(a - b)).collect();
+                for i in 0..cols {
+                    for j in 0..cols {
+                        sum += e[i] * f64::from(h[i * cols + j]) * e[j];
+                    }
+                }
+            }
+            out.insert(t.name.clone(), sum);
+        }
+        out
+    };
+    let quantize = |policy: Policy, name: &str| {
+        let out = dir.path().join(name);
+        let mut o = QuantizeOptions::new(&path, &out, policy);
+        o.method = Method::Gptq;
+        o.importance = Some(imp.clone());
+        let report = quantize_file(&o, &NoProgress).unwrap();
+        (report, KilnFile::open(&out).unwrap())
+    };
+    let (uniform, uq) = quantize(Policy::new(DType::Q5_0, vec![]).unwrap(), "q5_0.kiln");
+    let mut errors = Vec::new();
+    let mut gains = BTreeMap::new();
+    for bpw in [uniform.bits_per_weight_out, 7.0] {
+        let auto = Policy::auto(vec![]).with_importance(true);
+        let plan = budget::plan(
+            &path,
+            &auto,
+            Method::Gptq,
+            &imp,
+            Budget::Bpw(bpw),
+            &NoProgress,
+        )
+        .unwrap();
+        assert!(plan.total_bytes <= plan.budget_bytes, "{bpw}");
+        assert!(plan.bits_per_weight() <= bpw + 1e-9, "{bpw}");
+        let (report, q) = quantize(plan.apply(auto), &format!("auto-{bpw}.kiln"));
+        assert_eq!(report.to, "auto");
+        assert!(report.bits_per_weight_out <= bpw + 1e-9, "{bpw}");
+        assert!(q.verify_checksums(&|_| {}).is_empty());
+        // Every matrix's error was weighed in KL-divergence on the calibration's first tokens.
+        assert_eq!(plan.probe_tokens, 256, "{bpw}");
+        for c in &plan.choices {
+            let t = report.tensors.iter().find(|t| t.name == c.tensor).unwrap();
+            assert_eq!(t.to, c.candidate().dtype, "{}", t.name);
+            assert!(t.rule.starts_with("auto: KL-divergence"), "{}", t.rule);
+            let g = c.gain.unwrap();
+            assert!(g.is_finite() && g > 0.0, "{}: gain {g}", c.tensor);
+            gains.insert(c.tensor.clone(), g);
+        }
+        let file_errors = output_error(&q);
+        // The plan's own errors (over the matrices calibration fed) are what the file holds.
+        for c in plan
+            .choices
+            .iter()
+            .filter(|c| imp.sites.contains_key(&c.tensor))
+        {
+            let e = file_errors[&c.tensor] * gains[&c.tensor];
+            let planned = c.candidate().error;
+            assert!(
+                (e - planned).abs() <= 1e-3 * e,
+                "{bpw} {}: file {e} vs plan {planned}",
+                c.tensor
+            );
+        }
+        let weighed =
+            |errs: &BTreeMap<String, f64>| -> f64 { errs.iter().map(|(n, e)| e * gains[n]).sum() };
+        errors.push(weighed(&file_errors));
+        let model = Model::load(&q).unwrap();
+        let ids = Tokenizer::from_file(&q).unwrap().encode("the fox").unwrap();
+        let logits = model
+            .session(64, 1)
+            .unwrap()
+            .forward(&ids, Logits::Last, None)
+            .unwrap()
+            .to_vec();
+        assert!(logits.iter().all(|v| v.is_finite()));
+    }
+    let uniform_errors = output_error(&uq);
+    let e_uniform: f64 = uniform_errors.iter().map(|(n, e)| e * gains[n]).sum();
+    assert!(
+        errors[0] <= e_uniform,
+        "{} vs uniform q5_0 {e_uniform}",
+        errors[0]
+    );
+    assert!(errors[1] < errors[0], "{errors:?}");
+    // Too small for any file: refused, naming the file and the smallest size.
+    let auto = Policy::auto(vec![]).with_importance(true);
+    let e = budget::plan(
+        &path,
+        &auto,
+        Method::Gptq,
+        &imp,
+        Budget::Bpw(1.0),
+        &NoProgress,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("qwen2-bias-f32.kiln") && e.contains("smallest file"),
+        "{e}"
+    );
+    // A byte budget: the whole output file fits it.
+    let size = std::fs::metadata(dir.path().join("q5_0.kiln"))
+        .unwrap()
+        .len();
+    let plan = budget::plan(
+        &path,
+        &auto,
+        Method::Gptq,
+        &imp,
+        Budget::MaxBytes(size),
+        &NoProgress,
+    )
+    .unwrap();
+    let (_, _) = quantize(plan.apply(auto), "auto-bytes.kiln");
+    let written = std::fs::metadata(dir.path().join("auto-bytes.kiln"))
+        .unwrap()
+        .len();
+    assert!(written <= size, "{written} > {size}");
+}
+
+/// Mean KL-divergence per row from `p`'s softmax to `q`'s (logits of `vocab` columns).
+fn mean_kl(p: &[f32], q: &[f32], vocab: usize) -> f64 {
+    let log_softmax = |v: &[f32]| -> Vec<f64> {
+        let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = v.iter().map(|&x| f64::from(x - max).exp()).sum();
+        v.iter().map(|&x| f64::from(x - max) - sum.ln()).collect()
+    };
+    let rows = p.len() / vocab;
+    let mut total = 0.0;
+    for (a, b) in p.chunks(vocab).zip(q.chunks(vocab)) {
+        let (a, b) = (log_softmax(a), log_softmax(b));
+        total += a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| x.exp() * (x - y))
+            .sum::<f64>();
+    }
+    total / rows as f64
+}
+
+/// The probe adds one matrix's rounding error to the forward pass; that must cost what running
+/// the model with that matrix alone quantized costs, for every kind of matrix (q/k/v with
+/// biases, o, gate/up, down, an untied output, an untied embedding, and a tied embedding with
+/// Gemma's embedding scale, which is both).
+#[test]
+fn the_probe_costs_one_matrix_as_the_quantized_model_does() {
+    for fixture in ["gemma3-f32", "qwen2-bias-f32"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = convert(fixture, dir.path());
+        let file = KilnFile::open(&path).unwrap();
+        let model = Model::load(&file).unwrap();
+        let tokens = Tokenizer::from_file(&file)
+            .unwrap()
+            .encode(&corpus())
+            .unwrap()[..40]
+            .to_vec();
+        let vocab = model.config.vocab;
+        let logits = |m: &Model| -> Vec<f32> {
+            m.session(tokens.len(), 2)
+                .unwrap()
+                .forward(&tokens, Logits::All, None)
+                .unwrap()
+                .to_vec()
+        };
+        let base = logits(&model);
+        let mut probe = Probe::new(&file, &model, &tokens, 2).unwrap().unwrap();
+        assert_eq!(probe.tokens(), tokens.len());
+        // An importance file's token ids are checked against the model's vocabulary.
+        let e = Probe::new(&file, &model, &[0, vocab as u32], 2)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("{fixture}.kiln")) && e.contains("outside"),
+            "{e}"
+        );
+        let matrices: Vec<String> = file
+            .tensors()
+            .iter()
+            .filter(|t| t.shape.len() == 2 && probe.covers(&t.name))
+            .map(|t| t.name.clone())
+            .collect();
+        assert!(matrices.len() >= 8, "{fixture}: {matrices:?}");
+        for name in &matrices {
+            let out = dir.path().join("one.kiln");
+            let policy = Policy::new(
+                DType::Q4_0,
+                vec![
+                    Override::parse("*=f32").unwrap(),
+                    Override::parse(&format!("{name}=q4_0")).unwrap(),
+                ],
+            )
+            .unwrap();
+            let mut o = QuantizeOptions::new(&path, &out, policy);
+            o.overwrite = true;
+            quantize_file(&o, &NoProgress).unwrap();
+            let q = KilnFile::open(&out).unwrap();
+            let w = file.tensor(name).unwrap().to_f32_vec();
+            let delta: Vec<f32> = q
+                .tensor(name)
+                .unwrap()
+                .to_f32_vec()
+                .iter()
+                .zip(&w)
+                .map(|(a, b)| a - b)
+                .collect();
+            let cols = *file.info(name).unwrap().shape.last().unwrap() as usize;
+            let want = mean_kl(&base, &logits(&Model::load(&q).unwrap()), vocab);
+            let got = probe.kl(name, &delta, cols).unwrap();
+            assert!(want > 0.0, "{fixture} {name}: quantizing changed nothing");
+            assert!(
+                (got - want).abs() <= 0.05 * want,
+                "{fixture} {name}: probe {got:.4e}, quantized model {want:.4e}"
+            );
+        }
+    }
 }

@@ -240,3 +240,52 @@ fn calibration_flags_are_checked() {
     assert!(stderr(&o).contains("nope.safetensors"), "{}", stderr(&o));
     assert!(!dir.path().join("out.kiln").exists());
 }
+
+#[test]
+fn size_budget_flags_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_model(&dir.path().join("in.kiln"), DType::BF16, |_, _| {});
+    std::fs::write(dir.path().join("text.txt"), "some text ".repeat(100)).unwrap();
+    let run = |args: &[&str]| {
+        let mut a = vec!["in.kiln", "out.kiln", "-q"];
+        a.extend_from_slice(args);
+        kq(&a, dir.path())
+    };
+    let refused = |args: &[&str], wants: &[&str]| {
+        let o = run(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        for w in wants {
+            assert!(stderr(&o).contains(w), "{args:?}: {}", stderr(&o));
+        }
+    };
+    // auto needs a size and calibration; a size needs auto.
+    refused(
+        &["--to", "auto", "--calibrate", "text.txt"],
+        &["--bpw", "--max-bytes"],
+    );
+    refused(&["--to", "auto", "--bpw", "4.5"], &["calibrat"]);
+    refused(&["--to", "q4_0", "--bpw", "4.5"], &["--bpw", "--to auto"]);
+    refused(&["--to", "q4_0", "--max-bytes", "1000"], &["--max-bytes"]);
+    refused(
+        &["--to", "auto", "--bpw", "0", "--calibrate", "text.txt"],
+        &["--bpw 0"],
+    );
+    refused(
+        &["--to", "auto", "--bpw", "nan", "--calibrate", "text.txt"],
+        &["--bpw"],
+    );
+    refused(
+        &[
+            "--to",
+            "auto",
+            "--bpw",
+            "4",
+            "--max-bytes",
+            "9",
+            "--calibrate",
+            "text.txt",
+        ],
+        &["--max-bytes"],
+    );
+    assert!(!dir.path().join("out.kiln").exists());
+}

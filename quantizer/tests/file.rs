@@ -308,6 +308,7 @@ fn importance_weights_are_checked_and_accepted() {
             chunks: 1,
             ctx: 1,
         },
+        probe: Vec::new(),
     };
     o.importance = Some(importance(7, 1.0));
     assert!(matches!(

@@ -284,6 +284,7 @@ fn importance_gives_ggml_s_weighted_blocks() {
             chunks: 1,
             ctx: 1,
         },
+        probe: Vec::new(),
     };
     let mut o = QuantizeOptions::new(
         dir.path().join("in.kiln"),

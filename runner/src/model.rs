@@ -25,7 +25,7 @@ use crate::attention::{attention, AttnScratch, AttnShape};
 use crate::config::Config;
 use crate::error::{Result, RunnerError};
 use crate::kv_cache::{CacheType, KvCache, SlidingCache};
-use crate::observer::{emit, wants, Activation, Observer};
+use crate::observer::{emit, emit_edit, wants, Activation, Observer};
 use crate::rope::{FactorSet, Rope};
 use crate::weights::{dequantize_row, Norm, Weights};
 
@@ -533,7 +533,7 @@ impl<'m> Compute<'m> {
         if let Some(norm) = &w.embed_norm {
             norm_rows_inplace_with(&mut s.x, norm, eps, h);
         }
-        emit(&mut observer, arch, Activation::Embed, &s.x, h);
+        emit_edit(&mut observer, arch, Activation::Embed, &mut s.x, h);
         let post_norm = c.norm_place == NormPlace::Post;
         let learned_positions = w.pos_embed.is_some();
 
@@ -573,9 +573,9 @@ impl<'m> Compute<'m> {
                 add_rows(&mut s.k, bk);
                 add_rows(&mut s.v, bv);
             }
-            emit(&mut observer, arch, Activation::Q(l), &s.q, qd);
-            emit(&mut observer, arch, Activation::K(l), &s.k, kvd);
-            emit(&mut observer, arch, Activation::V(l), &s.v, kvd);
+            emit_edit(&mut observer, arch, Activation::Q(l), &mut s.q, qd);
+            emit_edit(&mut observer, arch, Activation::K(l), &mut s.k, kvd);
+            emit_edit(&mut observer, arch, Activation::V(l), &mut s.v, kvd);
             // q = self.q_norm(q.view(hidden_shape)); k = self.k_norm(...)  (per head)
             if let Some([qn, kn]) = &lw.qk_norm {
                 norm_rows_inplace(&mut s.q, qn, eps, hd);
@@ -660,7 +660,7 @@ impl<'m> Compute<'m> {
             if let Some(b) = &lw.o_bias {
                 add_rows(&mut s.proj, b);
             }
-            emit(&mut observer, arch, Activation::O(l), &s.proj, h);
+            emit_edit(&mut observer, arch, Activation::O(l), &mut s.proj, h);
             // Gemma: hidden_states = self.post_attention_layernorm(hidden_states)
             if let Some(post) = &lw.attn_post_norm {
                 norm_rows_inplace(&mut s.proj, post, eps, h);
@@ -695,14 +695,14 @@ impl<'m> Compute<'m> {
                         pool,
                         batching,
                     );
-                    emit(&mut observer, arch, Activation::Gate(l), &s.gate, ff);
+                    emit_edit(&mut observer, arch, Activation::Gate(l), &mut s.gate, ff);
                 }
                 None => matmul_many_for(&[&lw.up], &s.xn, n, &mut [&mut s.up], pool, batching),
             }
             if let Some(b) = &lw.up_bias {
                 add_rows(&mut s.up, b);
             }
-            emit(&mut observer, arch, Activation::Up(l), &s.up, ff);
+            emit_edit(&mut observer, arch, Activation::Up(l), &mut s.up, ff);
             // Element-wise, so over the pool for a prompt (one token: microseconds, kept here).
             let gated: Option<GatedAct> = match c.mlp_activation {
                 MlpActivation::Silu => Some(silu_mul),
@@ -727,7 +727,7 @@ impl<'m> Compute<'m> {
             if let Some(b) = &lw.down_bias {
                 add_rows(&mut s.proj, b);
             }
-            emit(&mut observer, arch, Activation::Mlp(l), &s.proj, h);
+            emit_edit(&mut observer, arch, Activation::Mlp(l), &mut s.proj, h);
             // Gemma: hidden_states = self.post_feedforward_layernorm(hidden_states)
             if let Some(post) = &lw.mlp_post_norm {
                 norm_rows_inplace(&mut s.proj, post, eps, h);
@@ -800,7 +800,13 @@ impl<'m> Compute<'m> {
             pool,
             batching,
         );
-        emit(&mut observer, arch, Activation::Logits, &s.logits, c.vocab);
+        emit_edit(
+            &mut observer,
+            arch,
+            Activation::Logits,
+            &mut s.logits,
+            c.vocab,
+        );
         Ok(match (which, segs.len()) {
             (Logits::All, _) => &s.logits,
             (_, 1) => &s.logits[(rows - 1) * c.vocab..],

@@ -17,6 +17,13 @@ pub trait Observer: Send {
     fn wants(&self, name: &str) -> bool;
     /// One activation: `shape = [rows, cols]` (rows = tokens of this forward call), row-major.
     fn record(&mut self, name: &str, data: &[f32], shape: [usize; 2]);
+    /// Change, in place, an activation the forward pass goes on from: offered (after
+    /// `record`) where a weight matrix's product lands, before anything else reads it (the
+    /// embedding rows, q/k/v, o_proj, gate/up, the MLP's output and the logits). Adding
+    /// `x·Eᵀ` there is exactly the forward pass with that matrix's weights `W + E`, which is
+    /// how quantization measures what one matrix's rounding costs in the logits without a
+    /// second model. The default changes nothing.
+    fn edit(&mut self, _name: &str, _data: &mut [f32], _shape: [usize; 2]) {}
 }
 
 /// Every activation the forward pass reports, one per transformers module output.
@@ -134,6 +141,24 @@ pub(crate) fn emit(
         let name = act.name(arch);
         if o.wants(&name) {
             o.record(&name, data, [data.len() / cols.max(1), cols]);
+        }
+    }
+}
+
+/// [`emit`], then offer the observer to [`Observer::edit`] the activation.
+pub(crate) fn emit_edit(
+    observer: &mut Option<&mut dyn Observer>,
+    arch: Architecture,
+    act: Activation,
+    data: &mut [f32],
+    cols: usize,
+) {
+    if let Some(o) = observer {
+        let name = act.name(arch);
+        if o.wants(&name) {
+            let shape = [data.len() / cols.max(1), cols];
+            o.record(&name, data, shape);
+            o.edit(&name, data, shape);
         }
     }
 }
