@@ -5,8 +5,9 @@ files (llama.cpp's importance-matrix files, Kiln's calibrated mixes), one panel 
     python benches/kld_chart.py OUT.png --auto target/auto-kld/summary.txt --points POINTS.csv
 
 `--auto` is benches/auto_kld.sh's summary (the last line of each budget and text counts).
-`--points` is a CSV with the header `tool,file,text,bytes,kld`: one measured file per row,
-`bytes` its GGUF size, `kld` its mean KL-divergence against F32 on `text` (gpl-3, ulysses-1).
+`--points` is a CSV with the header `tool,file,text,mb,kld`: one measured file per row, `mb`
+its GGUF size in MB (10^6 bytes), `kld` its mean KL-divergence against F32 on `text` (gpl-3,
+ulysses-1); docs/kld-size.csv holds docs/ACCURACY.md's measured files.
 Needs matplotlib (`pip install matplotlib`); the chart is documentation, not a test.
 """
 import argparse
@@ -42,7 +43,7 @@ def read_points(path):
     with open(path) as f:
         for row in csv.DictReader(f):
             series[row["text"]][row["tool"]].append(
-                (int(row["bytes"]), float(row["kld"]), row["file"])
+                (float(row["mb"]) * 1e6, float(row["kld"]), row["file"])
             )
     return series
 

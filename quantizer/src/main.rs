@@ -45,7 +45,7 @@ struct Args {
     /// q4_k_s, q4_k_m, q5_k_s, q5_k_m, iq4_nl_mix, iq4_xs_mix (llama-quantize's Q2_K, …,
     /// IQ4_XS: Q6_K for the output and more bits for some attn.v/mlp.down/attn.o); or `auto`
     /// with --bpw or --max-bytes and calibration: each matrix's type chosen to fit that size
-    /// with the least output error (see docs/QUANTIZE.md).
+    /// with the least KL-divergence, as calibration measures it (see docs/QUANTIZE.md).
     #[arg(long, value_name = "DTYPE")]
     to: String,
     /// How Q8_0/Q4_0 blocks are chosen: `reference` (GGML's rule, bit for bit), `search`
