@@ -19,7 +19,8 @@ pub trait Observer: Send {
     fn record(&mut self, name: &str, data: &[f32], shape: [usize; 2]);
     /// Change, in place, an activation the forward pass goes on from: offered (after
     /// `record`) where a weight matrix's product lands, before anything else reads it (the
-    /// embedding rows, q/k/v, o_proj, gate/up, the MLP's output and the logits). Adding
+    /// embedding rows, after the family's embedding scale and an encoder's embedding norm;
+    /// q/k/v, o_proj, gate/up, the MLP's output and the logits). Adding
     /// `x·Eᵀ` there is exactly the forward pass with that matrix's weights `W + E`, which is
     /// how quantization measures what one matrix's rounding costs in the logits without a
     /// second model. The default changes nothing.
