@@ -34,6 +34,19 @@ fn convert(fixture: &str, dir: &Path) -> PathBuf {
     out
 }
 
+/// The quantized model runs and gives finite logits.
+fn assert_runs(q: &KilnFile) {
+    let model = Model::load(q).unwrap();
+    let ids = Tokenizer::from_file(q).unwrap().encode("the fox").unwrap();
+    let logits = model
+        .session(64, 1)
+        .unwrap()
+        .forward(&ids, Logits::Last, None)
+        .unwrap()
+        .to_vec();
+    assert!(logits.iter().all(|v| v.is_finite()));
+}
+
 fn corpus() -> String {
     std::fs::read_to_string(root().join("fixtures/tiny/corpus.txt")).unwrap()
 }
@@ -244,15 +257,7 @@ fn compensated_rounding_in_q5_layouts_end_to_end() {
             }
             assert!(total > 0.0, "{dtype}: some tensors quantized");
             rmse.push(total);
-            let model = Model::load(&q).unwrap();
-            let ids = Tokenizer::from_file(&q).unwrap().encode("the fox").unwrap();
-            let logits = model
-                .session(64, 1)
-                .unwrap()
-                .forward(&ids, Logits::Last, None)
-                .unwrap()
-                .to_vec();
-            assert!(logits.iter().all(|v| v.is_finite()));
+            assert_runs(&q);
         }
         // Compensation trades weight error for output error, within bounds: the weights move
         // no more than twice as far as the weighted rule moves them.
@@ -382,15 +387,7 @@ fn size_budget_fits_and_spends_bytes_where_the_kl_divergence_is() {
         let weighed =
             |errs: &BTreeMap<String, f64>| -> f64 { errs.iter().map(|(n, e)| e * gains[n]).sum() };
         errors.push(weighed(&file_errors));
-        let model = Model::load(&q).unwrap();
-        let ids = Tokenizer::from_file(&q).unwrap().encode("the fox").unwrap();
-        let logits = model
-            .session(64, 1)
-            .unwrap()
-            .forward(&ids, Logits::Last, None)
-            .unwrap()
-            .to_vec();
-        assert!(logits.iter().all(|v| v.is_finite()));
+        assert_runs(&q);
     }
     let uniform_errors = output_error(&uq);
     let e_uniform: f64 = uniform_errors.iter().map(|(n, e)| e * gains[n]).sum();
