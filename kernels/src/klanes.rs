@@ -1,5 +1,5 @@
 //! K-quant prefill with tokens in vector lanes: the layouts behind the K-quant lanes kernels
-//! (Q4_K, Q5_K, Q6_K rows against batches of Q8_K activations).
+//! (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS rows against batches of Q8_K activations).
 //!
 //! The K-quant tiles of [`crate::kquant`] take a few tokens per unpacked super-block and reduce
 //! each (row, token) dot across the lanes of a register, which costs as much per token as the
@@ -11,18 +11,21 @@
 //!
 //! - Each sub-block's integer dot (32 weights for Q4_K/Q5_K, 16 for Q6_K) is multiplied by its
 //!   scale before it joins the block's sum ([`KLaneRow::scales`], one i32 per sub-block).
-//! - The codes stay unsigned as stored (0..=15, 0..=31, 0..=63), so no offset touches them. The
-//!   mins of Q4_K/Q5_K and Q6_K's −32 both multiply the sum of a sub-block's activations, which
-//!   Q8_K carries per 16 codes (`bsums`): the activations carry them per token as pairs of i16
-//!   ([`KLaneBlock::bsums`]), the weights as pairs of i16 factors ([`KLaneRow::pairs`]: `(m, m)`
-//!   for a 32-weight sub-block's min, `(−32·sc, −32·sc)` per two 16-weight sub-blocks of
-//!   Q6_K), and one `vpdpwssd` (or `vpmaddwd`) per pair gives Q4_K's `mins` or Q6_K's offset
-//!   term, added into its `isum`.
+//! - The codes stay unsigned as stored (0..=3, 0..=7, 0..=15, 0..=31, 0..=63), so no offset
+//!   touches them; IQ4_XS's grid values (−127..=113) are stored plus 128. The mins of
+//!   Q2_K/Q4_K/Q5_K and the offsets (Q3_K's −4, Q6_K's −32, IQ4_XS's −128) all multiply the sum
+//!   of a sub-block's activations, which Q8_K carries per 16 codes (`bsums`): the activations
+//!   carry them per token as pairs of i16 ([`KLaneBlock::bsums`]), the weights as pairs of i16
+//!   factors ([`KLaneRow::pairs`]: `(m, m)` for a 32-weight sub-block's min, `(m_2k, m_2k+1)`
+//!   for Q2_K's 16-weight ones, `(−32·sc_2k, −32·sc_2k+1)` per two 16-weight sub-blocks of
+//!   Q6_K), and one `vpdpwssd` (or `vpmaddwd`) per pair gives the `mins` or the offset term,
+//!   added into `isum`. The four [`KKind`]s are the four combinations of sub-block width and
+//!   mins or offset.
 //!
-//! Every sum is exact, and each super-block's f32 term is [`crate::reference::term_k`] or
-//! [`crate::reference::term_q6_k`] of those sums, added into accumulator `b % 8` of its (row,
+//! Every sum is exact, and each super-block's f32 term is [`crate::reference::term_k`] (with mins) or
+//! [`crate::reference::term_q6_k`] (with an offset) of those sums, added into accumulator `b % 8` of its (row,
 //! token) and the eight summed by [`crate::reference::sum_lanes8`]: the order of
-//! [`crate::reference::dot_q4_k_q8_k_ref`] and its siblings. So a batch through the K-quant
+//! [`crate::reference::dot_q4_k_q8_k_ref`] and its siblings (Q2_K, Q3_K, Q5_K, Q6_K, IQ4_XS). So a batch through the K-quant
 //! lanes kernel gives every token the reference's bits, the same bits the one-token tiles give
 //! it (unlike the Q4_0/Q8_0 lanes kernels, whose reference order differs from their one-token
 //! tiles'), in every tier and at any thread count. [`crate::reference::klanes::ktile_ref`] is
@@ -43,8 +46,13 @@
 //! `vpdpbusd` count for Q4_K, a quarter for Q6_K) and eight accumulators per (row, token)
 //! kept in memory.
 
-use kiln_format::kquants::{q5_k_codes, q6_k_codes, K_SCALE_SIZE};
-use kiln_format::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+use kiln_format::iq4::IQ4_GRID;
+use kiln_format::kquants::{
+    q2_k_codes, q3_k_codes, q3_k_scales, q5_k_codes, q6_k_codes, K_SCALE_SIZE,
+};
+use kiln_format::{BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+
+use crate::reference::iq4_xs_scale;
 
 use crate::lanes::{LanesAcc, LANES};
 use crate::tile::TILE_ROWS;
@@ -75,15 +83,24 @@ impl KLaneBlock {
     };
 }
 
-/// How a K-quant encoding's sub-block scales and offsets enter its sums.
+/// How a K-quant encoding's sub-block scales and offsets enter its sums: a row of this table
+/// is a sub-block width and whether the activation sums meet mins (a second sum) or an offset
+/// (folded into the first).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum KKind {
     /// Q4_K and Q5_K: eight sub-blocks of 32 with unsigned scales, and mins
     /// (`w = d·sc·q − dmin·m`): the term is [`crate::reference::term_k`].
-    Affine,
-    /// Q6_K: sixteen sub-blocks of 16 with signed scales, codes offset by 32 (`w = d·sc·(q −
-    /// 32)`): the term is [`crate::reference::term_q6_k`].
-    Offset,
+    Affine32,
+    /// Q2_K: sixteen sub-blocks of 16 with 4-bit scales and mins, the term
+    /// [`crate::reference::term_k`]'s.
+    Affine16,
+    /// Q6_K and Q3_K: sixteen sub-blocks of 16 with signed scales, codes offset by 32 or 4
+    /// (`w = d·sc·(q − 32)`): the term is [`crate::reference::term_q6_k`].
+    Offset16,
+    /// IQ4_XS: eight sub-blocks of 32 with signed scales, grid values stored plus 128 (codes
+    /// up to 241, which AVX2's byte product takes nibble by nibble): the term is
+    /// [`crate::reference::term_q6_k`]'s.
+    Offset32,
 }
 
 impl KKind {
@@ -91,9 +108,15 @@ impl KKind {
     #[cfg(test)]
     pub(crate) const fn sub(self) -> usize {
         match self {
-            KKind::Affine => 32,
-            KKind::Offset => 16,
+            KKind::Affine32 | KKind::Offset32 => 32,
+            KKind::Affine16 | KKind::Offset16 => 16,
         }
+    }
+
+    /// Whether the activation sums meet mins, a second sum with its own super-block scale.
+    #[cfg(test)]
+    pub(crate) const fn affine(self) -> bool {
+        matches!(self, KKind::Affine32 | KKind::Affine16)
     }
 }
 
@@ -103,14 +126,15 @@ impl KKind {
 pub(crate) struct KLaneRow {
     /// The codes as stored, unsigned (weight `j` in byte `j`).
     pub(crate) codes: [u8; QK_K],
-    /// The sub-blocks' scales (the first eight for [`KKind::Affine`]).
+    /// The sub-blocks' scales (the first eight for 32-weight sub-blocks).
     pub(crate) scales: [i32; KSUBS],
-    /// `pairs[k]`: the factors of Q8_K's `(bsums[2k], bsums[2k + 1])`: `(m_k, m_k)` (the mins,
-    /// [`KKind::Affine`]) or `(−32·sc_2k, −32·sc_2k+1)` (the offset, [`KKind::Offset`]).
+    /// `pairs[k]`: the factors of Q8_K's `(bsums[2k], bsums[2k + 1])`: the mins (`(m_k, m_k)`
+    /// for [`KKind::Affine32`], `(m_2k, m_2k+1)` for [`KKind::Affine16`]) or the offset times
+    /// the scales (`(−32·sc_2k, −32·sc_2k+1)` for Q6_K, `(−128·sc_k, −128·sc_k)` for IQ4_XS).
     pub(crate) pairs: [[i16; 2]; KSUBS / 2],
     /// The super-block scale, widened from f16.
     pub(crate) d: f32,
-    /// The super-block scale of the mins, widened from f16 (zero for [`KKind::Offset`]).
+    /// The super-block scale of the mins, widened from f16 (zero for an offset kind).
     pub(crate) dmin: f32,
 }
 const _: () = assert!(std::mem::size_of::<KLaneRow>() == 6 * 64);
@@ -187,7 +211,7 @@ fn affine_scales(row: &mut KLaneRow, scales: &[u8; 12], d: f32, dmin: f32) {
 }
 
 impl KLaneWeight for BlockQ4K {
-    const KIND: KKind = KKind::Affine;
+    const KIND: KKind = KKind::Affine32;
     /// The nibbles in [`kiln_format::kquants::q4_k_codes`]' order, written in place by
     /// whole-slice loops the compiler vectorizes (a row is unpacked once per product, but at
     /// short prompts that is a visible share of the work).
@@ -204,7 +228,7 @@ impl KLaneWeight for BlockQ4K {
 }
 
 impl KLaneWeight for BlockQ5K {
-    const KIND: KKind = KKind::Affine;
+    const KIND: KKind = KKind::Affine32;
     fn unpack_into(&self, row: &mut KLaneRow) {
         row.codes = q5_k_codes(self);
         affine_scales(row, &self.scales, self.d.to_f32(), self.dmin.to_f32());
@@ -212,7 +236,7 @@ impl KLaneWeight for BlockQ5K {
 }
 
 impl KLaneWeight for BlockQ6K {
-    const KIND: KKind = KKind::Offset;
+    const KIND: KKind = KKind::Offset16;
     fn unpack_into(&self, row: &mut KLaneRow) {
         row.codes = q6_k_codes(self);
         for (s, &sc) in self.scales.iter().enumerate() {
@@ -224,6 +248,67 @@ impl KLaneWeight for BlockQ6K {
                 -32 * i16::from(self.scales[2 * k]),
                 -32 * i16::from(self.scales[2 * k + 1]),
             ];
+        }
+        row.d = self.d.to_f32();
+        row.dmin = 0.0;
+    }
+}
+
+impl KLaneWeight for BlockQ3K {
+    const KIND: KKind = KKind::Offset16;
+    /// Codes `q + 4` (0..=7) as [`kiln_format::kquants::q3_k_codes`] gives them, the −4 in the
+    /// pairs as Q6_K's −32.
+    fn unpack_into(&self, row: &mut KLaneRow) {
+        row.codes = q3_k_codes(self);
+        let sc = q3_k_scales(&self.scales);
+        for (s, &sc) in sc.iter().enumerate() {
+            row.scales[s] = i32::from(sc);
+        }
+        for (k, p) in row.pairs.iter_mut().enumerate() {
+            // |−4·sc| ≤ 128.
+            *p = [-4 * i16::from(sc[2 * k]), -4 * i16::from(sc[2 * k + 1])];
+        }
+        row.d = self.d.to_f32();
+        row.dmin = 0.0;
+    }
+}
+
+impl KLaneWeight for BlockQ2K {
+    const KIND: KKind = KKind::Affine16;
+    fn unpack_into(&self, row: &mut KLaneRow) {
+        row.codes = q2_k_codes(self);
+        for (s, &sm) in self.scales.iter().enumerate() {
+            row.scales[s] = i32::from(sm & 0x0f);
+        }
+        for (k, p) in row.pairs.iter_mut().enumerate() {
+            *p = [
+                i16::from(self.scales[2 * k] >> 4),
+                i16::from(self.scales[2 * k + 1] >> 4),
+            ];
+        }
+        row.d = self.d.to_f32();
+        row.dmin = self.dmin.to_f32();
+    }
+}
+
+impl KLaneWeight for BlockIQ4XS {
+    const KIND: KKind = KKind::Offset32;
+    /// Sub-block `s`'s sixteen bytes hold weights `32s + j` (low nibble of byte `j`) and `32s +
+    /// j + 16` (high nibble); each becomes its grid value plus 128 (1..=241).
+    fn unpack_into(&self, row: &mut KLaneRow) {
+        for (qs, out) in self.qs.chunks_exact(16).zip(row.codes.chunks_exact_mut(32)) {
+            let (lo, hi) = out.split_at_mut(16);
+            for ((l, h), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(qs) {
+                *l = (IQ4_GRID[usize::from(q & 0x0f)] as u8) ^ 0x80;
+                *h = (IQ4_GRID[usize::from(q >> 4)] as u8) ^ 0x80;
+            }
+        }
+        for s in 0..QK_K / 32 {
+            let sc = iq4_xs_scale(self, s);
+            row.scales[s] = sc;
+            row.scales[s + 8] = 0;
+            // |−128·sc| ≤ 4096.
+            row.pairs[s] = [(-128 * sc) as i16; 2];
         }
         row.d = self.d.to_f32();
         row.dmin = 0.0;
@@ -336,13 +421,35 @@ mod tests {
                 scales: std::array::from_fn(|i| qs[192 + i] as i8),
                 d,
             };
+            let q2 = BlockQ2K {
+                scales: qs[192..208].try_into().unwrap(),
+                qs: qs[..64].try_into().unwrap(),
+                d,
+                dmin,
+            };
+            let q3 = BlockQ3K {
+                hmask: qs[128..160].try_into().unwrap(),
+                qs: qs[..64].try_into().unwrap(),
+                scales,
+                d,
+            };
+            let iq4 = BlockIQ4XS {
+                d,
+                scales_h: u16::from_le_bytes([qs[200], qs[201]]),
+                scales_l: qs[192..196].try_into().unwrap(),
+                qs: qs[..128].try_into().unwrap(),
+            };
             check(&q4, &xs, r::dot_q4_k_q8_k_ref);
             check(&q5, &xs, r::dot_q5_k_q8_k_ref);
             check(&q6, &xs, r::dot_q6_k_q8_k_ref);
+            check(&q2, &xs, r::dot_q2_k_q8_k_ref);
+            check(&q3, &xs, r::dot_q3_k_q8_k_ref);
+            check(&iq4, &xs, r::dot_iq4_xs_q8_k_ref);
         }
 
         /// Every tier's K-quant lanes kernel adds `ktile_ref`'s terms, bit for bit, for one
-        /// group and two, onto running sums, for both kinds (four different rows each).
+        /// group and two, onto running sums, for every kind (four different rows each, of two
+        /// encodings where a kind has two).
         #[test]
         fn every_tier_kernel_matches_ktile_ref(
             seed in any::<u64>(),
@@ -359,23 +466,40 @@ mod tests {
                     let dmin = f16::from_bits(u16::from_le_bytes([b[2], b[3] & 0x3f]));
                     let qs: [u8; 128] = b[16..144].try_into().unwrap();
                     match kind {
-                        KKind::Affine if i % 2 == 0 => BlockQ4K {
+                        KKind::Affine32 if i % 2 == 0 => BlockQ4K {
                             d, dmin, scales: b[4..16].try_into().unwrap(), qs,
                         }.unpack(),
-                        KKind::Affine => BlockQ5K {
+                        KKind::Affine32 => BlockQ5K {
                             d, dmin, scales: b[4..16].try_into().unwrap(),
                             qh: b[144..176].try_into().unwrap(), qs,
                         }.unpack(),
-                        KKind::Offset => BlockQ6K {
+                        KKind::Affine16 => BlockQ2K {
+                            scales: b[4..20].try_into().unwrap(),
+                            qs: b[20..84].try_into().unwrap(),
+                            d, dmin,
+                        }.unpack(),
+                        KKind::Offset16 if i % 2 == 0 => BlockQ6K {
                             ql: qs,
                             qh: b[144..208].try_into().unwrap(),
                             scales: std::array::from_fn(|j| b[4 + j] as i8),
                             d,
                         }.unpack(),
+                        KKind::Offset16 => BlockQ3K {
+                            hmask: b[144..176].try_into().unwrap(),
+                            qs: b[20..84].try_into().unwrap(),
+                            scales: b[4..16].try_into().unwrap(),
+                            d,
+                        }.unpack(),
+                        KKind::Offset32 => BlockIQ4XS {
+                            d,
+                            scales_h: u16::from_le_bytes([b[2], b[3]]),
+                            scales_l: b[4..8].try_into().unwrap(),
+                            qs,
+                        }.unpack(),
                     }
                 }).collect()
             };
-            for kind in [KKind::Affine, KKind::Offset] {
+            for kind in [KKind::Affine32, KKind::Affine16, KKind::Offset16, KKind::Offset32] {
                 let u = rows(kind);
                 let wr: [&KLaneRow; TILE_ROWS] = std::array::from_fn(|r| &u[r]);
                 let start: LanesAcc = std::array::from_fn(|r| {

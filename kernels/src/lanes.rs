@@ -1,6 +1,6 @@
 //! Prefill with tokens in vector lanes: the layouts behind the lanes kernels of the tiers that
-//! have one (AVX-512 and AVX2, whose block lanes kernel [`crate::plan`] gives Q8_0 weights only,
-//! for block weights; AVX-512 and AVX2 for float weights).
+//! have one (AVX-512 and AVX2, whose block lanes kernel [`crate::plan`] gives Q8_0 and IQ4_NL
+//! weights only, for block weights; AVX-512 and AVX2 for float weights).
 //!
 //! A block-weight product for one token costs a horizontal layout: each integer dot leaves
 //! partial sums in lanes that must be scaled and added per block. With sixteen tokens side by
@@ -144,6 +144,27 @@ impl LaneWeight for kiln_format::BlockQ5_0 {
     }
 }
 
+impl LaneWeight for kiln_format::BlockIQ4NL {
+    /// IQ4_NL's codes index GGML's non-linear grid (−127..=113): each weight is its grid value,
+    /// plus 128.
+    const OFFSET: i32 = 128;
+    fn unpack(&self, codes: &mut [u8; QK]) -> f32 {
+        use kiln_format::iq4::IQ4_GRID;
+        let (lo, hi) = codes.split_at_mut(QK / 2);
+        lo.copy_from_slice(
+            &self
+                .qs
+                .map(|q| (IQ4_GRID[usize::from(q & 0x0f)] as u8) ^ 0x80),
+        );
+        hi.copy_from_slice(
+            &self
+                .qs
+                .map(|q| (IQ4_GRID[usize::from(q >> 4)] as u8) ^ 0x80),
+        );
+        self.d.to_f32_const()
+    }
+}
+
 /// Check the lengths a block lanes kernel relies on: every row's codes hold `32 · nb` bytes
 /// and its scales `nb`, for the `nb` blocks of `x0` (and of `x1`, if given). The safe wrappers
 /// of the SIMD tiers call this before their `unsafe` kernel calls.
@@ -227,6 +248,19 @@ mod tests {
                     q8[b].qs[j] as i32
                 );
             }
+        }
+        // IQ4_NL: every index (the Q4_0 nibbles reused) gives its grid value.
+        let iq4: Vec<kiln_format::BlockIQ4NL> = q4
+            .iter()
+            .map(|b| kiln_format::BlockIQ4NL { d: b.d, qs: b.qs })
+            .collect();
+        let (mut ci, mut di) = (vec![0u8; 3 * QK], vec![0.0; 3]);
+        unpack_row(&iq4, &mut ci, &mut di);
+        let mut dq = vec![0.0f32; 3 * QK];
+        kiln_format::iq4::dequantize_row_iq4_nl(&iq4, &mut dq);
+        for (j, (&c, &w)) in ci.iter().zip(&dq).enumerate() {
+            let grid = c as i32 - kiln_format::BlockIQ4NL::OFFSET;
+            assert_eq!(grid as f32 * di[j / QK], w, "weight {j}");
         }
     }
 

@@ -251,19 +251,19 @@ impl Kernels {
             }
             WeightData::Q2_K(_) => {
                 let tile = self.kq.q2_k;
-                self.run_q8_k_only_tiles(&all_as!(Q2_K), x, n, outs, pool, tile)
+                self.run_q8_k_tiles(&all_as!(Q2_K), x, n, outs, pool, tile, path)
             }
             WeightData::Q3_K(_) => {
                 let tile = self.kq.q3_k;
-                self.run_q8_k_only_tiles(&all_as!(Q3_K), x, n, outs, pool, tile)
+                self.run_q8_k_tiles(&all_as!(Q3_K), x, n, outs, pool, tile, path)
             }
             WeightData::IQ4_NL(_) => {
-                let tile = self.kq.iq4_nl;
-                self.run_q8_0_tiles(&all_as!(IQ4_NL), x, n, outs, pool, tile)
+                let tiles = (self.kq.iq4_nl, None);
+                self.run_quantized(&all_as!(IQ4_NL), x, n, outs, pool, tiles, path)
             }
             WeightData::IQ4_XS(_) => {
                 let tile = self.kq.iq4_xs;
-                self.run_q8_k_only_tiles(&all_as!(IQ4_XS), x, n, outs, pool, tile)
+                self.run_q8_k_tiles(&all_as!(IQ4_XS), x, n, outs, pool, tile, path)
             }
         }
     }

@@ -8,21 +8,21 @@
 //! |---|---|
 //! | F32, F16, BF16 | [`Path::FloatLanes`] from [`FLOAT_LANES_MIN_TOKENS`] tokens, else [`Path::Tiles`] |
 //! | Q8_0, Q4_0, Q5_0 | [`Path::Lanes`] from [`LANES_MIN_TOKENS`], else [`Path::Tiles`] over prepared pairs where the tier has them, else over Q8_0 |
+//! | IQ4_NL | [`Path::Lanes`] from [`LANES_MIN_TOKENS`], else [`Path::Tiles`] over Q8_0 |
 //! | Q5_1 | [`Path::Tiles`] over Q8_0 |
-//! | Q4_K, Q5_K, Q6_K | [`Path::KLanes`] from [`KLANES_MIN_TOKENS`], else [`Path::Tiles`] over Q8_K |
-//! | Q2_K, Q3_K, IQ4_XS | [`Path::Tiles`] over Q8_K |
-//! | IQ4_NL | [`Path::Tiles`] over Q8_0 |
+//! | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS | [`Path::KLanes`] from [`KLANES_MIN_TOKENS`], else [`Path::Tiles`] over Q8_K |
 //! | Q4_0x16 | [`Path::Interleaved`] below [`INTERLEAVED_LANES_MIN_TOKENS`], else [`Path::Lanes`]; on tiers without the interleaved kernel [`Path::Lanes`] from [`LANES_MIN_TOKENS`], else [`Path::Deinterleaved`] |
 //!
 //! With [`Batching::Texts`] the thresholds fall away: every lanes path the tier has is taken at
 //! every batch size (and interleaved Q4_0 goes as with [`Batching::Independent`]).
 //!
 //! Each lanes path needs the tier's kernel for it, and the block lanes kernel of a tier whose
-//! table says `lanes_wide_only` (AVX2) only takes Q8_0, whose offset codes exceed 127.
+//! table says `lanes_wide_only` (AVX2) only takes Q8_0 and IQ4_NL, whose offset codes exceed
+//! 127.
 
 use std::fmt;
 
-use kiln_format::{BlockQ4_0, BlockQ5_0, BlockQ8_0, QK, QK_K};
+use kiln_format::{BlockIQ4NL, BlockQ4_0, BlockQ5_0, BlockQ8_0, QK, QK_K};
 
 use crate::lanes::LaneWeight;
 use crate::matrix::{Matrix, WeightData};
@@ -43,7 +43,7 @@ pub const LANES_MIN_TOKENS: usize = 8;
 /// 0.93–1.1× at 256, even at 512.
 pub const INTERLEAVED_LANES_MIN_TOKENS: usize = 256;
 
-/// The same for K-quant weights (Q4_K, Q5_K, Q6_K) and the tier's K-quant lanes kernel (see
+/// The same for K-quant weights (Q2_K…Q6_K, IQ4_XS) and the tier's K-quant lanes kernel (see
 /// [`crate::klanes`]). Both paths give the reference's bits, so this only chooses the faster:
 /// at 8 tokens the lanes kernel already is (1B-shape Q4_K_M pp8, two threads on a busy
 /// host: 24 tok/s through the eight-token tiles, 54 through the lanes kernel).
@@ -220,7 +220,14 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
         WeightData::Q5_0(_) if lanes(BlockQ5_0::OFFSET) => Path::Lanes,
         WeightData::Q5_0(_) => tiles(&k.kq.q5_0, Operand::Q8_0, n_tokens, cols),
         WeightData::Q5_1(_) => tiles(&k.kq.q5_1, Operand::Q8_0, n_tokens, cols),
-        WeightData::Q4_K(_) | WeightData::Q5_K(_) | WeightData::Q6_K(_)
+        WeightData::IQ4_NL(_) if lanes(BlockIQ4NL::OFFSET) => Path::Lanes,
+        WeightData::IQ4_NL(_) => tiles(&k.kq.iq4_nl, Operand::Q8_0, n_tokens, cols),
+        WeightData::Q2_K(_)
+        | WeightData::Q3_K(_)
+        | WeightData::Q4_K(_)
+        | WeightData::Q5_K(_)
+        | WeightData::Q6_K(_)
+        | WeightData::IQ4_XS(_)
             if k.klanes.is_some()
                 && cols / QK_K > 0
                 && (texts || n_tokens >= KLANES_MIN_TOKENS) =>
@@ -232,7 +239,6 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
         WeightData::Q6_K(_) => tiles(&k.kq.q6_k, Operand::Q8_K, n_tokens, cols),
         WeightData::Q2_K(_) => tiles(&k.kq.q2_k, Operand::Q8_K, n_tokens, cols),
         WeightData::Q3_K(_) => tiles(&k.kq.q3_k, Operand::Q8_K, n_tokens, cols),
-        WeightData::IQ4_NL(_) => tiles(&k.kq.iq4_nl, Operand::Q8_0, n_tokens, cols),
         WeightData::IQ4_XS(_) => tiles(&k.kq.iq4_xs, Operand::Q8_K, n_tokens, cols),
         WeightData::Q4_0x16(_) => {
             if nb == 0 {

@@ -71,10 +71,10 @@ pub struct Kernels {
     /// take it: [`crate::plan`]).
     pub(crate) lanes: Option<LanesFn>,
     /// Whether [`Kernels::lanes`] is only worth it for weights whose offset codes exceed 127
-    /// (Q8_0's): at AVX2, whose lanes kernel has no `vpdpbusd`, the tier's own Q4_0/Q5_0 kernels
-    /// are faster and the lanes kernel only beats the Q8_0 tiles.
+    /// (Q8_0's and IQ4_NL's): at AVX2, whose lanes kernel has no `vpdpbusd`, the tier's own
+    /// Q4_0/Q5_0 kernels are faster and the lanes kernel only beats the Q8_0 and IQ4_NL tiles.
     pub(crate) lanes_wide_only: bool,
-    /// The tokens-in-lanes kernel for K-quant weights (Q4_K, Q5_K, Q6_K), where the tier has
+    /// The tokens-in-lanes kernel for K-quant weights (Q2_K…Q6_K, IQ4_XS), where the tier has
     /// one (see [`crate::klanes`]; which batches take it: [`crate::plan`]).
     pub(crate) klanes: Option<KLanesFn>,
     /// The same for float weights (F32, F16, BF16, widened once per row).

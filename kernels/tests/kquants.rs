@@ -1,6 +1,8 @@
 //! Q5_0, Q5_1, IQ4_NL, K-quant (Q2_K…Q6_K) and IQ4_XS products: every tier against the scalar reference,
 //! bit for bit (the integer sums are exact and the float order is the reference's), through
-//! one row's dot and through `matmul` for one token (decode) and many (prefill); and the
+//! one row's dot and through `matmul` for one token (decode) and many (prefill, through the
+//! K-quant lanes kernel for Q2_K…Q6_K and IQ4_XS, the block lanes kernel for Q5_0 and IQ4_NL,
+//! whose IQ4_NL order is [`r::dot_iq4_nl_q8_0_seq_ref`]); and the
 //! reference itself against the format crate's dequantizers, which define the weights.
 //!
 //! Weight blocks are random bytes with random f16 scales (any byte pattern is a valid block),
@@ -15,8 +17,8 @@ use kiln_format::kquants::{
 use kiln_format::q5::{dequantize_row_q5_0, dequantize_row_q5_1};
 use kiln_kernels::reference as r;
 use kiln_kernels::{
-    kernels, tested_isas, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K,
-    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, KernelError, Kernels, Matrix, Pool,
+    kernels, plan, tested_isas, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K,
+    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, KernelError, Kernels, Matrix, Path, Pool,
     WeightData, QK, QK_K,
 };
 use proptest::prelude::*;
@@ -463,6 +465,119 @@ fn extreme_blocks_give_reference_bits() {
     }
 }
 
+/// The extreme blocks of the lanes kernels' encodings as a prefill batch of sixteen tokens
+/// whose activation codes reach ±127 (Q8_K's −128 too): IQ4_NL's and IQ4_XS's grid ends under
+/// scales 31 and −32, Q3_K's codes 0 and 7, Q2_K's 3 under scale and min 15, and Q8_0 weights at
+/// −128 and 127, each token the reference's bits (the block lanes kernel's order where the
+/// batch takes it).
+#[test]
+fn extreme_blocks_through_the_lanes_kernels_give_reference_bits() {
+    let (rows, cols, n) = (4, 2 * QK_K, 16);
+    let x: Vec<f32> = (0..n * cols)
+        .map(|i| {
+            let (t, c) = (i / cols, i % cols);
+            let v = if (c + t) % 3 == 0 { -1.0 } else { 1.0 };
+            // Some tokens' largest magnitude negative: Q8_K codes −128.
+            if t % 2 == 1 && c % 64 == 5 {
+                -2.0
+            } else {
+                v
+            }
+        })
+        .collect();
+    let one = f16::from_f32(1.0);
+    let (n32, nk) = (rows * cols / QK, rows * cols / QK_K);
+    let cycle = |i: usize, k: usize| i % k;
+    let q8: Vec<BlockQ8_0> = (0..n32)
+        .map(|i| BlockQ8_0 {
+            d: one,
+            qs: [if cycle(i, 3) == 0 { 127 } else { -128 }; QK],
+        })
+        .collect();
+    let nl: Vec<BlockIQ4NL> = (0..n32)
+        .map(|i| BlockIQ4NL {
+            d: one,
+            qs: [[0x00, 0xff, 0x0f, 0xf0][cycle(i, 4)]; 16],
+        })
+        .collect();
+    let xs: Vec<BlockIQ4XS> = (0..nk)
+        .map(|i| BlockIQ4XS {
+            d: one,
+            scales_h: [0xffff, 0][cycle(i, 2)],
+            scales_l: [[0xff, 0][cycle(i, 2)]; 4],
+            qs: [[0x00, 0xff, 0x0f][cycle(i, 3)]; 128],
+        })
+        .collect();
+    let q3: Vec<BlockQ3K> = (0..nk)
+        .map(|i| BlockQ3K {
+            hmask: [[0xff, 0][cycle(i, 2)]; 32],
+            qs: [[0xff, 0][cycle(i, 2)]; 64],
+            scales: [[0xff, 0x00, 0xaa][cycle(i, 3)]; 12],
+            d: one,
+        })
+        .collect();
+    let q2: Vec<BlockQ2K> = (0..nk)
+        .map(|i| BlockQ2K {
+            scales: [[0xff, 0x0f, 0xf0][cycle(i, 3)]; 16],
+            qs: [0xff; 64],
+            d: one,
+            dmin: one,
+        })
+        .collect();
+    type Dot<'a> = Box<dyn Fn(usize, &[f32], bool) -> f32 + 'a>;
+    let cases: Vec<(WeightData, Dot)> = vec![
+        (
+            WeightData::Q8_0(&q8),
+            Box::new(|r, x, _| r::dot_q8_0_q8_0_ref(&q8[r * 16..][..16], &q8_0_act(x))),
+        ),
+        (
+            WeightData::IQ4_NL(&nl),
+            Box::new(|r, x, lanes| {
+                let (w, a) = (&nl[r * 16..][..16], q8_0_act(x));
+                if lanes {
+                    r::dot_iq4_nl_q8_0_seq_ref(w, &a)
+                } else {
+                    r::dot_iq4_nl_q8_0_ref(w, &a)
+                }
+            }),
+        ),
+        (
+            WeightData::IQ4_XS(&xs),
+            Box::new(|r, x, _| r::dot_iq4_xs_q8_k_ref(&xs[r * 2..][..2], &q8_k_act(x))),
+        ),
+        (
+            WeightData::Q3_K(&q3),
+            Box::new(|r, x, _| r::dot_q3_k_q8_k_ref(&q3[r * 2..][..2], &q8_k_act(x))),
+        ),
+        (
+            WeightData::Q2_K(&q2),
+            Box::new(|r, x, _| r::dot_q2_k_q8_k_ref(&q2[r * 2..][..2], &q8_k_act(x))),
+        ),
+    ];
+    let pool = Pool::new(2).unwrap();
+    for (data, dot) in &cases {
+        let m = Matrix::new(rows, cols, *data).unwrap();
+        let name = data.dtype_name();
+        for k in tiers() {
+            let path = plan(k, &m, n);
+            // Q8_0's tiles sum in their own order (tested in tiers.rs); its lanes give the
+            // reference's.
+            if matches!(data, WeightData::Q8_0(_)) && path != Path::Lanes {
+                continue;
+            }
+            let mut out = vec![f32::NAN; n * rows];
+            k.matmul(&m, &x, n, &mut out, &pool);
+            for t in 0..n {
+                for r in 0..rows {
+                    let want = dot(r, &x[t * cols..(t + 1) * cols], path == Path::Lanes);
+                    let what = format!("{name} {:?} ({path}) token {t} row {r}", k.isa());
+                    same_bits(out[t * rows + r], want, &what);
+                }
+            }
+        }
+    }
+}
+
 /// Blocks of one encoding for a `rows × cols` matrix.
 enum Owned {
     Q5_0(Vec<BlockQ5_0>),
@@ -506,8 +621,9 @@ impl Owned {
         }
     }
 
-    /// The reference dot of row `r` (`cols` wide) with token activations `x`.
-    fn ref_dot(&self, r: usize, cols: usize, x: &[f32]) -> f32 {
+    /// The reference dot of row `r` (`cols` wide) with token activations `x`, in the block
+    /// lanes kernel's order where the batch takes it (`lanes`; IQ4_NL's differs).
+    fn ref_dot(&self, r: usize, cols: usize, x: &[f32], lanes: bool) -> f32 {
         let (n32, nk) = (cols / QK, cols / QK_K);
         match self {
             Owned::Q5_0(b) => r::dot_q5_0_q8_0_ref(&b[r * n32..(r + 1) * n32], &q8_0_act(x)),
@@ -517,6 +633,9 @@ impl Owned {
             Owned::Q6K(b) => r::dot_q6_k_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
             Owned::Q2K(b) => r::dot_q2_k_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
             Owned::Q3K(b) => r::dot_q3_k_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
+            Owned::IQ4NL(b) if lanes => {
+                r::dot_iq4_nl_q8_0_seq_ref(&b[r * n32..(r + 1) * n32], &q8_0_act(x))
+            }
             Owned::IQ4NL(b) => r::dot_iq4_nl_q8_0_ref(&b[r * n32..(r + 1) * n32], &q8_0_act(x)),
             Owned::IQ4XS(b) => r::dot_iq4_xs_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
         }
@@ -533,17 +652,24 @@ fn check_matmul(rows: usize, cols: usize, n_tokens: usize, seed: u64) {
     for w in &all {
         let m = Matrix::new(rows, cols, w.data()).unwrap();
         let name = w.data().dtype_name();
-        let want: Vec<f32> = (0..n_tokens)
-            .flat_map(|t| {
-                let xt = &x[t * cols..(t + 1) * cols];
-                (0..rows).map(move |r| w.ref_dot(r, cols, xt))
-            })
-            .collect();
+        let want = |lanes: bool| -> Vec<f32> {
+            (0..n_tokens)
+                .flat_map(|t| {
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    (0..rows).map(move |r| w.ref_dot(r, cols, xt, lanes))
+                })
+                .collect()
+        };
+        let (want_tiles, want_lanes) = (want(false), want(true));
         for k in tiers() {
+            let want = match plan(k, &m, n_tokens) {
+                Path::Lanes => &want_lanes,
+                _ => &want_tiles,
+            };
             for pool in &pools {
                 let mut out = vec![f32::NAN; n_tokens * rows];
                 k.matmul(&m, &x, n_tokens, &mut out, pool);
-                for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
+                for (i, (&got, &want)) in out.iter().zip(want).enumerate() {
                     same_bits(
                         got,
                         want,
@@ -558,8 +684,8 @@ fn check_matmul(rows: usize, cols: usize, n_tokens: usize, seed: u64) {
                 }
                 let (mut a, mut b) = (vec![0.0; n_tokens * rows], vec![0.0; n_tokens * rows]);
                 k.matmul_many(&[&m, &m], &x, n_tokens, &mut [&mut a, &mut b], pool);
-                assert!(a.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()));
-                assert!(b.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()));
+                assert!(a.iter().zip(want).all(|(g, w)| g.to_bits() == w.to_bits()));
+                assert!(b.iter().zip(want).all(|(g, w)| g.to_bits() == w.to_bits()));
             }
         }
     }
@@ -582,7 +708,7 @@ fn matvec_and_prefill_shapes() {
     }
 }
 
-/// Batches through the K-quant lanes kernel: more than eight super-blocks a row (the eight
+/// Batches through the lanes kernels: more than eight super-blocks a row (the eight
 /// accumulators wrap), chunks of 64 rows and a short last one, one group of sixteen tokens and
 /// pairs of groups with a partial last group.
 #[test]

@@ -1,4 +1,4 @@
-//! The products of Q5_1 and IQ4_NL rows (tiles over Q8_0 activations) and of K-quant rows
+//! The products of Q5_1 rows (tiles over Q8_0 activations) and of K-quant and IQ4_XS rows
 //! (tiles or the K-quant lanes kernel over Q8_K activations; see [`crate::klanes`] for the
 //! layouts).
 
@@ -21,7 +21,7 @@ thread_local! {
 }
 
 impl Kernels {
-    /// Q5_0/Q5_1 rows: the activations quantized to Q8_0 once, then `tile` over row chunks.
+    /// Q5_1 rows: the activations quantized to Q8_0 once, then `tile` over row chunks.
     pub(super) fn run_q8_0_tiles<W: Sync>(
         &self,
         ws: &[(&[W], usize)],
@@ -63,22 +63,6 @@ impl Kernels {
                 matches!(path, Path::Tiles { .. }),
                 "k-quant weights planned as {path}"
             );
-            run_tiles(ws, nb, xq, nb, n_tokens, outs, pool, tile)
-        })
-    }
-
-    /// Rows over Q8_K activations that only have tiles (Q2_K, Q3_K, IQ4_XS): as
-    /// [`Kernels::run_q8_k_tiles`] along [`Path::Tiles`].
-    pub(super) fn run_q8_k_only_tiles<W: Sync>(
-        &self,
-        ws: &[(&[W], usize)],
-        x: &[f32],
-        n_tokens: usize,
-        outs: &mut [&mut [f32]],
-        pool: &Pool,
-        tile: Tile<W, BlockQ8K>,
-    ) {
-        self.with_q8_k_act(x, n_tokens, pool, |xq, nb| {
             run_tiles(ws, nb, xq, nb, n_tokens, outs, pool, tile)
         })
     }

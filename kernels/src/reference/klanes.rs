@@ -10,9 +10,11 @@ use crate::lanes::LanesAcc;
 use crate::tile::TILE_ROWS;
 
 /// The exact integer sums of one unpacked super-block against one token (lane `t` of `x`):
-/// `(isum, mins)` of [`super::term_k`] for [`KKind::Affine`] (the sums of
-/// [`crate::reference::isum_q4_k`]), `(isum, 0)` of [`super::term_q6_k`] for
-/// [`KKind::Offset`] (the offset's term already in `isum`, [`crate::reference::isum_q6_k`]).
+/// `(isum, mins)` of [`super::term_k`] for the kinds with mins (the sums of
+/// [`crate::reference::isum_q4_k`], [`crate::reference::isum_q2_k`]), `(isum, 0)` of
+/// [`super::term_q6_k`] for the kinds with an offset (its term already in `isum`,
+/// [`crate::reference::isum_q6_k`], [`crate::reference::isum_q3_k`],
+/// [`crate::reference::isum_iq4_xs`]).
 pub(crate) fn ints_ref(kind: KKind, w: &KLaneRow, x: &KLaneBlock, t: usize) -> (i32, i32) {
     let sub = kind.sub();
     let mut isum = 0i32;
@@ -28,9 +30,10 @@ pub(crate) fn ints_ref(kind: KKind, w: &KLaneRow, x: &KLaneBlock, t: usize) -> (
             i32::from(p[0]) * i32::from(b[0]) + i32::from(p[1]) * i32::from(b[1])
         })
         .sum();
-    match kind {
-        KKind::Affine => (isum, pairs),
-        KKind::Offset => (isum + pairs, 0),
+    if kind.affine() {
+        (isum, pairs)
+    } else {
+        (isum + pairs, 0)
     }
 }
 
@@ -47,9 +50,10 @@ pub(crate) fn ktile_ref(
         for (w, acc) in rows.iter().zip(acc.iter_mut()) {
             for (t, a) in acc[g].iter_mut().enumerate() {
                 let ints = ints_ref(kind, w, x, t);
-                *a += match kind {
-                    KKind::Affine => super::term_k(w.d, w.dmin, x.dx[t], ints),
-                    KKind::Offset => super::term_q6_k(w.d, x.dx[t], ints.0),
+                *a += if kind.affine() {
+                    super::term_k(w.d, w.dmin, x.dx[t], ints)
+                } else {
+                    super::term_q6_k(w.d, x.dx[t], ints.0)
                 };
             }
         }

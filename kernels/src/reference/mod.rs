@@ -393,6 +393,17 @@ pub fn dot_iq4_nl_q8_0_ref(w: &[BlockIQ4NL], x: &[BlockQ8_0]) -> f32 {
     })
 }
 
+/// IQ4_NL weights · Q8_0 activations block after block (`s + isum·(d_w·d_x)`, the order of
+/// [`dot_q4_0_q8_0_ref`]): what the block lanes kernel ([`crate::Path::Lanes`]) gives a prefill
+/// batch. The same terms as [`dot_iq4_nl_q8_0_ref`], summed in another order, so a token in
+/// such a batch may differ from the same token alone in the last bits, as with Q4_0.
+pub fn dot_iq4_nl_q8_0_seq_ref(w: &[BlockIQ4NL], x: &[BlockQ8_0]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot_iq4_nl_q8_0: block count mismatch");
+    w.iter().zip(x).fold(0.0, |s, (w, x)| {
+        s + term_q5_0(w.d.to_f32(), x.d.to_f32(), isum_iq4_nl(w, x))
+    })
+}
+
 /// IQ4_XS sub-block `s`'s scale, `ls − 32` (−32..=31).
 #[inline]
 pub fn iq4_xs_scale(w: &BlockIQ4XS, s: usize) -> i32 {

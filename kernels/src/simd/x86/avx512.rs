@@ -535,8 +535,18 @@ mod tests {
                 (16..20).map(|i| quantize_row_q8_0_ref(vals(i)).unwrap()).collect();
             let q4: Vec<Vec<BlockQ4_0>> =
                 (16..20).map(|i| quantize_row_q4_0_ref(vals(i)).unwrap()).collect();
+            // IQ4_NL: the Q4_0 blocks' bytes as grid indices, a scale from the same values.
+            let iq4: Vec<Vec<kiln_format::BlockIQ4NL>> = q4
+                .iter()
+                .map(|row| {
+                    row.iter()
+                        .map(|b| kiln_format::BlockIQ4NL { d: b.d, qs: b.qs })
+                        .collect()
+                })
+                .collect();
             lanes_equal_reference(&q8, &xs, crate::reference::dot_q8_0_q8_0_ref);
             lanes_equal_reference(&q4, &xs, crate::reference::dot_q4_0_q8_0_ref);
+            lanes_equal_reference(&iq4, &xs, crate::reference::dot_iq4_nl_q8_0_seq_ref);
         }
     }
 

@@ -12,7 +12,7 @@ use crate::tile::TILE_ROWS;
 ///
 /// Per sub-block, `SUB / 4` `vpdpbusd` give each (row, token) its exact integer dot, one
 /// `vpmulld` by the broadcast scale and an add fold it into the block's sum; eight `vpdpwssd`
-/// over the activations' sub-block sums give the mins (or Q6_K's offset term, into the sum).
+/// over the activations' sub-block sums give the mins (or the offset term, into the sum).
 /// The float term is then formed with the reference's multiplies and subtraction, in its
 /// order (no FMA), and added to `acc`: every lane is [`crate::reference::klanes::ktile_ref`]'s bits.
 ///
@@ -104,10 +104,15 @@ pub(crate) unsafe fn ktile(
     // SAFETY: features enabled (caller contract); the layouts are fixed-size types.
     unsafe {
         match (kind, x1) {
-            (KKind::Affine, Some(x1)) => tile::<2, 32, true>(rows, [x0, x1], acc),
-            (KKind::Affine, None) => tile::<1, 32, true>(rows, [x0], acc),
-            (KKind::Offset, Some(x1)) => tile::<2, 16, false>(rows, [x0, x1], acc),
-            (KKind::Offset, None) => tile::<1, 16, false>(rows, [x0], acc),
+            (KKind::Affine32, Some(x1)) => tile::<2, 32, true>(rows, [x0, x1], acc),
+            (KKind::Affine32, None) => tile::<1, 32, true>(rows, [x0], acc),
+            (KKind::Affine16, Some(x1)) => tile::<2, 16, true>(rows, [x0, x1], acc),
+            (KKind::Affine16, None) => tile::<1, 16, true>(rows, [x0], acc),
+            (KKind::Offset16, Some(x1)) => tile::<2, 16, false>(rows, [x0, x1], acc),
+            (KKind::Offset16, None) => tile::<1, 16, false>(rows, [x0], acc),
+            // `vpdpbusd` takes unsigned bytes up to 255: IQ4_XS's codes need no splitting.
+            (KKind::Offset32, Some(x1)) => tile::<2, 32, false>(rows, [x0, x1], acc),
+            (KKind::Offset32, None) => tile::<1, 32, false>(rows, [x0], acc),
         }
     }
 }
