@@ -46,7 +46,6 @@
 //! `vpdpbusd` count for Q4_K, a quarter for Q6_K) and eight accumulators per (row, token)
 //! kept in memory.
 
-use kiln_format::iq4::IQ4_GRID;
 use kiln_format::kquants::{
     q2_k_codes, q3_k_codes, q3_k_scales, q5_k_codes, q6_k_codes, K_SCALE_SIZE,
 };
@@ -298,10 +297,7 @@ impl KLaneWeight for BlockIQ4XS {
     fn unpack_into(&self, row: &mut KLaneRow) {
         for (qs, out) in self.qs.chunks_exact(16).zip(row.codes.chunks_exact_mut(32)) {
             let (lo, hi) = out.split_at_mut(16);
-            for ((l, h), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(qs) {
-                *l = (IQ4_GRID[usize::from(q & 0x0f)] as u8) ^ 0x80;
-                *h = (IQ4_GRID[usize::from(q >> 4)] as u8) ^ 0x80;
-            }
+            crate::lanes::unpack_iq4_16(qs, lo, hi);
         }
         for s in 0..QK_K / 32 {
             let sc = iq4_xs_scale(self, s);

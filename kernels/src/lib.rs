@@ -86,7 +86,8 @@ pub use matmul::{matmul, matmul_many, matmul_many_for, ROW_CHUNK};
 pub use matrix::{Matrix, OwnedWeights, WeightData};
 pub use plan::{
     plan, plan_for, Batching, Operand, Path, FLOAT_LANES_MIN_TOKENS, INTERLEAVED_LANES_MIN_TOKENS,
-    KLANES_MIN_TOKENS, LANES_MIN_TOKENS,
+    IQ4_NL_LANES_MIN_TOKENS, IQ4_XS_LANES_MIN_TOKENS, KLANES_MIN_TOKENS, LANES_MIN_TOKENS,
+    Q2_K_LANES_MIN_TOKENS,
 };
 pub use pool::{cap_threads, max_threads, Pool};
 pub use scores::scores;

@@ -8,9 +8,10 @@
 //! |---|---|
 //! | F32, F16, BF16 | [`Path::FloatLanes`] from [`FLOAT_LANES_MIN_TOKENS`] tokens, else [`Path::Tiles`] |
 //! | Q8_0, Q4_0, Q5_0 | [`Path::Lanes`] from [`LANES_MIN_TOKENS`], else [`Path::Tiles`] over prepared pairs where the tier has them, else over Q8_0 |
-//! | IQ4_NL | [`Path::Lanes`] from [`LANES_MIN_TOKENS`], else [`Path::Tiles`] over Q8_0 |
+//! | IQ4_NL | [`Path::Lanes`] from [`IQ4_NL_LANES_MIN_TOKENS`], else [`Path::Tiles`] over Q8_0 |
 //! | Q5_1 | [`Path::Tiles`] over Q8_0 |
-//! | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS | [`Path::KLanes`] from [`KLANES_MIN_TOKENS`], else [`Path::Tiles`] over Q8_K |
+//! | Q3_K, Q4_K, Q5_K, Q6_K | [`Path::KLanes`] from [`KLANES_MIN_TOKENS`], else [`Path::Tiles`] over Q8_K |
+//! | Q2_K, IQ4_XS | [`Path::KLanes`] from [`Q2_K_LANES_MIN_TOKENS`], [`IQ4_XS_LANES_MIN_TOKENS`], else [`Path::Tiles`] over Q8_K |
 //! | Q4_0x16 | [`Path::Interleaved`] below [`INTERLEAVED_LANES_MIN_TOKENS`], else [`Path::Lanes`]; on tiers without the interleaved kernel [`Path::Lanes`] from [`LANES_MIN_TOKENS`], else [`Path::Deinterleaved`] |
 //!
 //! With [`Batching::Texts`] the thresholds fall away: every lanes path the tier has is taken at
@@ -43,11 +44,26 @@ pub const LANES_MIN_TOKENS: usize = 8;
 /// 0.93–1.1× at 256, even at 512.
 pub const INTERLEAVED_LANES_MIN_TOKENS: usize = 256;
 
-/// The same for K-quant weights (Q2_K…Q6_K, IQ4_XS) and the tier's K-quant lanes kernel (see
+/// The same for K-quant weights (Q3_K…Q6_K; Q2_K and IQ4_XS below) and the tier's K-quant lanes kernel (see
 /// [`crate::klanes`]). Both paths give the reference's bits, so this only chooses the faster:
 /// at 8 tokens the lanes kernel already is (1B-shape Q4_K_M pp8, two threads on a busy
 /// host: 24 tok/s through the eight-token tiles, 54 through the lanes kernel).
 pub const KLANES_MIN_TOKENS: usize = 8;
+
+/// The same for Q2_K, whose tiles are cheaper than the other K-quants' (two-bit codes): its
+/// lanes kernel wins from here. Measured at AVX2 (1B shape, all matrices Q2_K, `kiln-run
+/// bench -p N`, two threads, tiles against lanes, tok/s): 31 against 26 at 8 tokens, 36
+/// against 39 at 16, 36 against 59 at 32.
+pub const Q2_K_LANES_MIN_TOKENS: usize = 16;
+
+/// The same for IQ4_XS, whose rows the lanes kernel unpacks through a table lookup per byte
+/// and AVX2 multiplies nibble by nibble: 24 against 19 tok/s at 16 tokens, 26 against 29 at
+/// 32, 26 against 34 at 64 (measured as [`Q2_K_LANES_MIN_TOKENS`]).
+pub const IQ4_XS_LANES_MIN_TOKENS: usize = 32;
+
+/// The same for IQ4_NL and the block lanes kernel: 33 against 20 tok/s at 16 tokens, 31
+/// against 29 at 32, 30 against 40 at 64 (measured as [`Q2_K_LANES_MIN_TOKENS`]).
+pub const IQ4_NL_LANES_MIN_TOKENS: usize = 48;
 
 /// The same for float weights and the float lanes kernel, which gains less per token.
 pub const FLOAT_LANES_MIN_TOKENS: usize = 16;
@@ -187,8 +203,8 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
     }
     // Block weights with a plain Q8_0 operand: the block lanes kernel for large enough
     // batches, if the tier's kernel takes weights with this offset.
-    let lanes = |offset: i32| {
-        (texts || joint && n_tokens >= LANES_MIN_TOKENS)
+    let lanes = |offset: i32, min_tokens: usize| {
+        (texts || joint && n_tokens >= min_tokens)
             && k.lanes.is_some()
             && nb > 0
             && (!k.lanes_wide_only || offset > 127)
@@ -207,20 +223,20 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
         WeightData::F32(_) => float(tiles(&k.tile_f32, Operand::F32, n_tokens, cols)),
         WeightData::F16(_) => float(tiles(&k.tile_f16, Operand::F32, n_tokens, cols)),
         WeightData::BF16(_) => float(tiles(&k.tile_bf16, Operand::F32, n_tokens, cols)),
-        WeightData::Q8_0(_) if lanes(BlockQ8_0::OFFSET) => Path::Lanes,
+        WeightData::Q8_0(_) if lanes(BlockQ8_0::OFFSET, LANES_MIN_TOKENS) => Path::Lanes,
         WeightData::Q8_0(_) => match k.prepared_q8_0.filter(|_| nb > 0) {
             Some(p) => tiles(&p.tile, Operand::Q8_0Pairs, n_tokens, cols),
             None => tiles(&k.tile_q8_0, Operand::Q8_0, n_tokens, cols),
         },
-        WeightData::Q4_0(_) if lanes(BlockQ4_0::OFFSET) => Path::Lanes,
+        WeightData::Q4_0(_) if lanes(BlockQ4_0::OFFSET, LANES_MIN_TOKENS) => Path::Lanes,
         WeightData::Q4_0(_) => match k.prepared_q4_0.filter(|_| nb > 0) {
             Some(p) => tiles(&p.tile, Operand::Q8_0Pairs, n_tokens, cols),
             None => tiles(&k.tile_q4_0, Operand::Q8_0, n_tokens, cols),
         },
-        WeightData::Q5_0(_) if lanes(BlockQ5_0::OFFSET) => Path::Lanes,
+        WeightData::Q5_0(_) if lanes(BlockQ5_0::OFFSET, LANES_MIN_TOKENS) => Path::Lanes,
         WeightData::Q5_0(_) => tiles(&k.kq.q5_0, Operand::Q8_0, n_tokens, cols),
         WeightData::Q5_1(_) => tiles(&k.kq.q5_1, Operand::Q8_0, n_tokens, cols),
-        WeightData::IQ4_NL(_) if lanes(BlockIQ4NL::OFFSET) => Path::Lanes,
+        WeightData::IQ4_NL(_) if lanes(BlockIQ4NL::OFFSET, IQ4_NL_LANES_MIN_TOKENS) => Path::Lanes,
         WeightData::IQ4_NL(_) => tiles(&k.kq.iq4_nl, Operand::Q8_0, n_tokens, cols),
         WeightData::Q2_K(_)
         | WeightData::Q3_K(_)
@@ -230,7 +246,7 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
         | WeightData::IQ4_XS(_)
             if k.klanes.is_some()
                 && cols / QK_K > 0
-                && (texts || n_tokens >= KLANES_MIN_TOKENS) =>
+                && (texts || n_tokens >= klanes_min_tokens(&w.data)) =>
         {
             Path::KLanes
         }
@@ -265,6 +281,15 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
                 }
             }
         }
+    }
+}
+
+/// From how many tokens a K-quant encoding takes the K-quant lanes kernel.
+fn klanes_min_tokens(data: &WeightData) -> usize {
+    match data {
+        WeightData::Q2_K(_) => Q2_K_LANES_MIN_TOKENS,
+        WeightData::IQ4_XS(_) => IQ4_XS_LANES_MIN_TOKENS,
+        _ => KLANES_MIN_TOKENS,
     }
 }
 

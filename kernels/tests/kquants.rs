@@ -465,14 +465,14 @@ fn extreme_blocks_give_reference_bits() {
     }
 }
 
-/// The extreme blocks of the lanes kernels' encodings as a prefill batch of sixteen tokens
+/// The extreme blocks of the lanes kernels' encodings as a prefill batch of 48 tokens
 /// whose activation codes reach ±127 (Q8_K's −128 too): IQ4_NL's and IQ4_XS's grid ends under
 /// scales 31 and −32, Q3_K's codes 0 and 7, Q2_K's 3 under scale and min 15, and Q8_0 weights at
 /// −128 and 127, each token the reference's bits (the block lanes kernel's order where the
 /// batch takes it).
 #[test]
 fn extreme_blocks_through_the_lanes_kernels_give_reference_bits() {
-    let (rows, cols, n) = (4, 2 * QK_K, 16);
+    let (rows, cols, n) = (4, 2 * QK_K, 48);
     let x: Vec<f32> = (0..n * cols)
         .map(|i| {
             let (t, c) = (i / cols, i % cols);
