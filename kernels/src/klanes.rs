@@ -174,6 +174,30 @@ pub(crate) fn scales_mins_k4(s: &[u8; K_SCALE_SIZE]) -> ([u8; 8], [u8; 8]) {
     (cat(sc_lo, sc_hi), cat(m_lo, m_hi))
 }
 
+/// Q3_K's sixteen 6-bit scales, before their −32, unpacked from their 12 bytes at once
+/// (word-wise, as GGML does): [`kiln_format::kquants::q3_k_scales`] plus 32. The one-token
+/// kernels unpack a block's scales per product, where the byte-by-byte unpacking costs more
+/// than the block's dot.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) fn q3_k_scales6(s: &[u8; K_SCALE_SIZE]) -> [u8; 16] {
+    const K1: u32 = 0x0303_0303;
+    const K2: u32 = 0x0f0f_0f0f;
+    let u = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (a0, a1, hi) = (u(0), u(1), u(2));
+    let words = [
+        (a0 & K2) | ((hi & K1) << 4),
+        (a1 & K2) | (((hi >> 2) & K1) << 4),
+        ((a0 >> 4) & K2) | (((hi >> 4) & K1) << 4),
+        ((a1 >> 4) & K2) | (((hi >> 6) & K1) << 4),
+    ];
+    let mut out = [0u8; 16];
+    for (o, w) in out.chunks_exact_mut(4).zip(words) {
+        o.copy_from_slice(&w.to_le_bytes());
+    }
+    out
+}
+
 /// A pair of i16 as one 32-bit lane, the first in the low half (`vpdpwssd`'s order).
 #[inline(always)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -526,6 +550,15 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn word_wise_q3_k_scales_match_the_format(s in prop::array::uniform12(any::<u8>())) {
+            let want = q3_k_scales(&s);
+            let got = q3_k_scales6(&s);
+            for j in 0..16 {
+                prop_assert_eq!(got[j] as i8 - 32, want[j], "j {}", j);
+            }
+        }
+
         #[test]
         fn word_wise_scale_unpacking_matches_the_format(s in prop::array::uniform12(any::<u8>())) {
             let (sc, m) = scales_mins_k4(&s);

@@ -28,7 +28,6 @@ use std::arch::x86_64::*;
 
 use half::f16;
 use kiln_format::iq4::IQ4_GRID;
-use kiln_format::kquants::q3_k_scales;
 use kiln_format::{
     BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
     BlockQ8K, BlockQ8_0,
@@ -408,12 +407,15 @@ unsafe fn q2_k_unpack(w: &BlockQ2K) -> K16 {
 /// AVX2 is enabled.
 #[inline(always)]
 unsafe fn q3_k_unpack(w: &BlockQ3K) -> K16 {
-    let sc = q3_k_scales(&w.scales);
-    // SAFETY: AVX2 enabled (caller contract); `sc` is 16 readable bytes, `w.hmask` 32. Group
+    let ls = crate::klanes::q3_k_scales6(&w.scales);
+    // SAFETY: AVX2 enabled (caller contract); `ls` is 16 readable bytes, `w.hmask` 32. Group
     // g = 4·half + k takes bit g of each `hmask` byte: a 16-bit shift right by g brings it to
     // bit 0, masked to the byte and moved to bit 2.
     unsafe {
-        let sc8 = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
+        let sc8 = _mm_sub_epi8(
+            _mm_loadu_si128(ls.as_ptr() as *const __m128i),
+            _mm_set1_epi8(32),
+        );
         let hm = load32(w.hmask.as_ptr());
         let one = _mm256_set1_epi8(1);
         let mut codes = low2_codes(&w.qs);
