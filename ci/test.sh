@@ -18,7 +18,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-step() { printf '\n== %s\n' "$*"; }
+# Each step's header carries the minutes since the start, so a slow CI run shows where its
+# time went.
+step() { printf '\n== [%d min] %s\n' "$((SECONDS / 60))" "$*"; }
 
 # CI's disk is shared and sometimes nearly full, so the real-model files that no later step
 # reads are removed as soon as their own step has checked them (a few GB in all), and the free
@@ -30,6 +32,14 @@ drop() {  # drop FILE...: outputs of a finished step that nothing later reads
 }
 mkdir -p target
 disk
+
+# The release profile's thin LTO is for the shipped binaries' speed; the suite builds some
+# fifty test binaries, and thin LTO re-optimizes every dependency into each (about 80 s a
+# binary on two cores against 2 s without it: most of this script's time). Rust has no
+# fast-math, so the numbers are the same bits either way (checked on the real Gemma 3's
+# logits); the suite's builds, binaries included, skip it. Set CARGO_PROFILE_RELEASE_LTO to
+# test with it.
+export CARGO_PROFILE_RELEASE_LTO="${CARGO_PROFILE_RELEASE_LTO:-false}"
 
 # The SIMD tiers the kernels' tests must run (kernels/tests/expected_tiers.rs fails when one is
 # not available, rather than skipping it): on x86_64 AVX2, and AVX-512 wherever the CPU has the
@@ -90,3 +100,5 @@ step "kernels with the one-token kernels' software prefetching on (Intel's dista
 KILN_STREAM_PREFETCH=4096 cargo test --release -p kiln-kernels --test tiers --test matmul
 KILN_STREAM_PREFETCH=8192 KILN_STREAM_HINT=t0 \
     cargo test --release -p kiln-kernels --test tiers --test matmul
+
+step "done in $((SECONDS / 60)) min"
