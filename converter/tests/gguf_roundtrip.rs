@@ -183,6 +183,50 @@ fn every_tiny_fixture_round_trips() {
     }
 }
 
+/// A decoder-based embedder whose tokenizer appends `<|endoftext|>` after every text
+/// (Qwen3-Embedding's layout, whose end-of-turn EOS is another token) travels as GGUF's
+/// `add_eos_token` with that token as EOS, which llama.cpp appends; the import appends it
+/// again: the same tensors, pooling and ids with special tokens on every text.
+#[test]
+fn an_embedder_whose_tokenizer_appends_a_token_round_trips_with_add_eos() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kiln = tmp.path().join("e.kiln");
+    convert(
+        &repo().join("fixtures/embedding/qwen3-embedding-f32"),
+        &kiln,
+    );
+    let t = round_trip(&kiln);
+    let h = GgufFile::open(&t.gguf).unwrap();
+    let tokens = match h.header().get("tokenizer.ggml.tokens") {
+        Some(Value::Array(kiln_convert::gguf::value::Array::Str(v))) => v.clone(),
+        other => panic!("tokenizer.ggml.tokens: {other:?}"),
+    };
+    let end = tokens.iter().position(|s| s == "<|endoftext|>").unwrap() as u64;
+    let key = |k: &str| h.header().get(k).unwrap_or_else(|| panic!("{k} missing"));
+    assert_eq!(key("tokenizer.ggml.add_eos_token").as_bool(), Some(true));
+    assert_eq!(key("tokenizer.ggml.eos_token_id").as_u64(), Some(end));
+    let (a, b) = (&t.original, &t.back);
+    assert_eq!(a.tensors().len(), b.tensors().len());
+    for (x, y) in a.tensors().iter().zip(b.tensors()) {
+        assert_eq!((&x.name, &x.shape), (&y.name, &y.shape));
+        assert_eq!(a.view(x).to_f32_vec(), b.view(y).to_f32_vec(), "{}", x.name);
+    }
+    let (ca, cb) = (&a.metadata().config, &b.metadata().config);
+    assert_eq!(ca.family.embedding, cb.family.embedding);
+    assert_eq!(cb.eos_token_ids.first().map(|&i| u64::from(i)), Some(end));
+    let (ka, kb) = (tokenizer(a), tokenizer(b));
+    for text in TEXTS {
+        let ia = ka.encode(*text, true).unwrap();
+        let ib = kb.encode(*text, true).unwrap();
+        assert_eq!(ia.get_ids(), ib.get_ids(), "{text:?}");
+        assert_eq!(
+            ib.get_ids().last().map(|&i| u64::from(i)),
+            Some(end),
+            "{text:?}"
+        );
+    }
+}
+
 /// A copy of `src` with every matrix quantized with the reference rule (alternating Q8_0 and
 /// Q4_0 by layer, so both block types appear in one file); with `interleave`, Q4_0 matrices of
 /// whole sixteen-row groups are stored as q4_0x16, as kiln-quantize writes them.

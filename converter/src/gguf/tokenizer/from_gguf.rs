@@ -62,13 +62,34 @@ pub(super) fn flavour(file: &str, model: &str, arch: &str) -> Result<Flavour> {
     }
 }
 
-/// The `post_processor` that puts `bos` (the token spelled `s`) before every encoding.
-pub(super) fn bos_processor(s: &str, bos: u32) -> Json {
-    json!({"type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": s, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [{"SpecialToken": {"id": s, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                 {"SpecialToken": {"id": s, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {s: {"id": s, "ids": [bos], "tokens": [s]}}})
+/// The `post_processor` that puts `bos` before every encoding and `eos` after it (each a
+/// token's spelling and id, where given), as transformers' templates do: `[bos] A [eos]`,
+/// and for a pair `[bos] A [eos] [bos] B [eos]`.
+pub(super) fn template_processor(bos: Option<(&str, u32)>, eos: Option<(&str, u32)>) -> Json {
+    let special = |t: Option<(&str, u32)>, type_id: u32| {
+        t.map(|(s, _)| json!({"SpecialToken": {"id": s, "type_id": type_id}}))
+    };
+    let seq = |id: &str, type_id: u32| Some(json!({"Sequence": {"id": id, "type_id": type_id}}));
+    let single: Vec<Json> = [special(bos, 0), seq("A", 0), special(eos, 0)]
+        .into_iter()
+        .flatten()
+        .collect();
+    let pair: Vec<Json> = [
+        special(bos, 0),
+        seq("A", 0),
+        special(eos, 0),
+        special(bos, 1),
+        seq("B", 1),
+        special(eos, 1),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let mut specials = serde_json::Map::new();
+    for (s, id) in [bos, eos].into_iter().flatten() {
+        specials.insert(s.into(), json!({"id": s, "ids": [id], "tokens": [s]}));
+    }
+    json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials})
 }
 
 /// Rebuild `tokenizer.json` and `tokenizer_config.json` from GGUF tokenizer metadata.
@@ -266,6 +287,8 @@ struct Specials {
     unk: Option<u32>,
     pad: Option<u32>,
     add_bos: bool,
+    /// `tokenizer.ggml.add_eos_token`: EOS after every text (a decoder-based embedder's).
+    add_eos: bool,
     add_space_prefix: bool,
     chat_template: Option<String>,
 }
@@ -296,6 +319,20 @@ impl Specials {
                 .as_bool()
                 .ok_or_else(|| wrong(file, "tokenizer.ggml.add_bos_token", v, "a boolean"))?,
         };
+        let add_eos = match get("tokenizer.ggml.add_eos_token") {
+            None => false,
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| wrong(file, "tokenizer.ggml.add_eos_token", v, "a boolean"))?,
+        };
+        if add_eos && eos.is_none() {
+            return Err(ConvertError::GgufKey {
+                file: file.to_string(),
+                key: "tokenizer.ggml.add_eos_token".into(),
+                reason: "is true but the file names no tokenizer.ggml.eos_token_id to append"
+                    .into(),
+            });
+        }
         let space_key = "tokenizer.ggml.add_space_prefix";
         let add_space_prefix = match get(space_key) {
             // llama.cpp prepends a space to SentencePiece text unless told not to.
@@ -318,6 +355,7 @@ impl Specials {
             unk,
             pad,
             add_bos,
+            add_eos,
             add_space_prefix,
             chat_template,
         })
@@ -386,6 +424,9 @@ fn tokenizer_json(m: Model<'_>, specials: &Specials) -> Json {
     // (`ignore_merges` in its tokenizer.json; llama.cpp sets it for `llama-bpe`): " Việt" is
     // one token there, three through the merges.
     let ignore_merges = pre == "llama-bpe";
+    let eos = specials.eos.filter(|_| specials.add_eos);
+    let spelled = |id: Option<u32>| id.map(|i| (tokens[i as usize].as_str(), i));
+    let byte_level_post = json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true});
     match flavour {
         Flavour::ByteLevel => json!({
             "version": "1.0",
@@ -394,16 +435,23 @@ fn tokenizer_json(m: Model<'_>, specials: &Specials) -> Json {
             "added_tokens": added,
             "normalizer": null,
             "pre_tokenizer": pre_json,
-            "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+            "post_processor": match eos {
+                None => byte_level_post,
+                // The appended EOS after the byte-level offsets step (BOS, where added, comes
+                // from `add_bos_token`, as for every byte-level vocabulary).
+                Some(_) => json!({"type": "Sequence", "processors": [
+                    byte_level_post, template_processor(None, spelled(eos))]}),
+            },
             "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
             "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
                 "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": ignore_merges,
                 "vocab": vocab, "merges": merges},
         }),
         Flavour::Gemma | Flavour::Llama => {
-            let post = match specials.bos.filter(|_| specials.add_bos) {
-                None => Json::Null,
-                Some(b) => bos_processor(&tokens[b as usize], b),
+            let bos = specials.bos.filter(|_| specials.add_bos);
+            let post = match (bos, eos) {
+                (None, None) => Json::Null,
+                _ => template_processor(spelled(bos), spelled(eos)),
             };
             let replace =
                 json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"});
@@ -460,7 +508,7 @@ fn tokenizer_config(
     }
     let mut config = json!({
         "add_bos_token": specials.add_bos,
-        "add_eos_token": false,
+        "add_eos_token": specials.add_eos,
         "add_prefix_space": false,
         "added_tokens_decoder": decoder,
         "clean_up_tokenization_spaces": false,

@@ -255,6 +255,35 @@ mod tests {
         assert_eq!(ids, [1, 6, 8, 5, 10]);
     }
 
+    /// `add_eos_token` (a decoder-based embedder's) rebuilds a post-processor that appends the
+    /// EOS after BOS and the text; without an EOS id it is refused, naming the key.
+    #[test]
+    fn add_eos_token_appends_the_eos_and_needs_one() {
+        let tokens = ["<unk>", "<bos>", "<eos>", "a", "b", "ab"];
+        let types = [3, 3, 3, 1, 1, 1];
+        let mut kv = gemma_keys(&tokens, &types);
+        kv.insert("tokenizer.ggml.add_eos_token".into(), Value::Bool(true));
+        let e = from_gguf("g.gguf", &|k| kv.get(k), "gemma3", 64)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("g.gguf") && e.contains("tokenizer.ggml.add_eos_token"),
+            "{e}"
+        );
+        kv.insert("tokenizer.ggml.eos_token_id".into(), Value::U32(2));
+        let t = from_gguf("g.gguf", &|k| kv.get(k), "gemma3", 64).unwrap();
+        let tok: tokenizers::Tokenizer = t.tokenizer_json.unwrap().parse().unwrap();
+        assert_eq!(tok.encode("ab", true).unwrap().get_ids(), [1, 5, 2]);
+        assert_eq!(tok.encode("ab", false).unwrap().get_ids(), [5]);
+        let config: Json = serde_json::from_str(&t.tokenizer_config_json.unwrap()).unwrap();
+        assert_eq!(config["add_eos_token"], json!(true));
+        kv.insert("tokenizer.ggml.add_eos_token".into(), Value::U32(1));
+        let e = from_gguf("g.gguf", &|k| kv.get(k), "gemma3", 64)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tokenizer.ggml.add_eos_token"), "{e}");
+    }
+
     #[test]
     fn gemma_before_3_is_refused_naming_the_architecture() {
         let kv = gemma_keys(&["<unk>", "<bos>"], &[3, 3]);

@@ -198,11 +198,54 @@ pub fn to_gguf(
         ]
     };
     let bos = config.bos_token_id.or_else(|| id_of("bos_token"));
-    let eos = config
+    let mut eos = config
         .eos_token_ids
         .first()
         .copied()
         .or_else(|| id_of("eos_token"));
+    // A template that puts a special token after the text (Qwen3-Embedding's `<|endoftext|>`)
+    // is GGUF's `add_eos_token`, which llama.cpp and Kiln's import both honour: that token
+    // must then be the EOS. An embedding model does not generate, so its EOS becomes the
+    // appended token; a decoder whose EOS (where generation stops) is another token is
+    // refused rather than written with either meaning lost.
+    let add_eos = match appended_token(&tj) {
+        Appended::Nothing => false,
+        Appended::Other(why) => return Err(unsupported(
+            file,
+            format!(
+                "the tokenizer's post-processor {why}, which GGUF cannot state; use the .kiln file"
+            ),
+        )),
+        Appended::One(t) => {
+            let id = strings.iter().position(|s| *s == t).map(|i| i as u32);
+            let Some(id) = id else {
+                return Err(unsupported(
+                    file,
+                    format!("the tokenizer's post-processor appends `{t}`, which is not in its vocabulary"),
+                ));
+            };
+            if eos != Some(id) {
+                if config.family.embedding.is_none() {
+                    return Err(unsupported(
+                        file,
+                        format!(
+                            "the tokenizer's post-processor appends `{t}` to every text, but the \
+                             model's end-of-sequence token is another; GGUF appends only its EOS \
+                             (use the .kiln file)"
+                        ),
+                    ));
+                }
+                if let Some(old) = eos {
+                    notices.push(format!(
+                        "EOS written as `{t}` (id {id}), the token the tokenizer appends to every \
+                         text, instead of id {old}: llama.cpp appends its EOS"
+                    ));
+                }
+                eos = Some(id);
+            }
+            true
+        }
+    };
     for (key, id) in [
         ("tokenizer.ggml.bos_token_id", bos),
         ("tokenizer.ggml.eos_token_id", eos),
@@ -213,33 +256,134 @@ pub fn to_gguf(
             kv.push((key.into(), Value::U32(id)));
         }
     }
-    // A template that puts a special token after the text (Qwen3-Embedding's `<|endoftext|>`)
-    // has no GGUF spelling that llama.cpp and Kiln's import read alike: refused, rather than
-    // written as a vocabulary that embeds every text without it.
-    if let Some(Json::Array(single)) = tj.pointer("/post_processor/single") {
-        let after = single
-            .iter()
-            .skip_while(|p| p.get("Sequence").is_none())
-            .find_map(|p| p.pointer("/SpecialToken/id").and_then(Json::as_str));
-        if let Some(t) = after {
-            return Err(unsupported(
-                file,
-                format!(
-                    "the tokenizer's post-processor appends `{t}` to every text, which this \
-                     GGUF vocabulary cannot state; use the .kiln file"
-                ),
-            ));
-        }
-    }
     let add_bos = tok.add_bos_token.unwrap_or_else(|| {
         // No explicit flag: a template post-processor that starts with a special token adds it.
         tj.pointer("/post_processor/single/0/SpecialToken")
             .is_some()
     });
     kv.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(add_bos)));
+    kv.push(("tokenizer.ggml.add_eos_token".into(), Value::Bool(add_eos)));
     kv.push(("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false)));
     if let Some(t) = &tok.chat_template {
         kv.push(("tokenizer.chat_template".into(), Value::Str(t.clone())));
     }
     Ok((kv, notices))
+}
+
+/// What a `tokenizer.json`'s post-processor puts after a single text.
+#[derive(Debug, PartialEq)]
+enum Appended {
+    Nothing,
+    /// One special token (by its text).
+    One(String),
+    /// Something GGUF cannot say, described.
+    Other(String),
+}
+
+/// The tokens a template post-processor (at the top or inside a `Sequence` of processors)
+/// appends after the text of a single input.
+fn appended_token(tj: &Json) -> Appended {
+    let post = tj.get("post_processor").unwrap_or(&Json::Null);
+    let templates: Vec<&Json> = match post.get("type").and_then(Json::as_str) {
+        Some("TemplateProcessing") => vec![post],
+        Some("Sequence") => post
+            .get("processors")
+            .and_then(Json::as_array)
+            .map(|ps| {
+                ps.iter()
+                    .filter(|p| p.get("type").and_then(Json::as_str) == Some("TemplateProcessing"))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let mut found = Appended::Nothing;
+    for t in templates {
+        let Some(single) = t.get("single").and_then(Json::as_array) else {
+            continue;
+        };
+        let after: Vec<&Json> = single
+            .iter()
+            .skip_while(|p| p.get("Sequence").is_none())
+            .skip(1)
+            .collect();
+        let token = |p: &Json| {
+            p.pointer("/SpecialToken/id")
+                .and_then(Json::as_str)
+                .map(str::to_string)
+        };
+        match (after.as_slice(), &found) {
+            ([], _) => {}
+            ([p], Appended::Nothing) => match token(p) {
+                // A special token whose template entry expands to several ids is not one EOS.
+                Some(s)
+                    if t.pointer(&format!(
+                        "/special_tokens/{}/ids",
+                        s.replace('~', "~0").replace('/', "~1")
+                    ))
+                    .and_then(Json::as_array)
+                    .is_none_or(|ids| ids.len() == 1) =>
+                {
+                    found = Appended::One(s)
+                }
+                _ => return Appended::Other(format!("puts {p} after every text")),
+            },
+            _ => {
+                return Appended::Other(format!("appends {} pieces after every text", after.len()))
+            }
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn post(p: Json) -> Json {
+        json!({ "post_processor": p })
+    }
+
+    fn template(single: Json, specials: Json) -> Json {
+        json!({"type": "TemplateProcessing", "single": single, "pair": [], "special_tokens": specials})
+    }
+
+    #[test]
+    fn the_token_a_template_appends_is_found_at_the_top_or_in_a_sequence() {
+        let a = json!({"Sequence": {"id": "A", "type_id": 0}});
+        let tok = |s: &str| json!({"SpecialToken": {"id": s, "type_id": 0}});
+        let one = |s: &str| json!({ s: {"id": s, "ids": [7], "tokens": [s]} });
+        let byte_level = json!({"type": "ByteLevel", "add_prefix_space": true});
+        assert_eq!(appended_token(&json!({})), Appended::Nothing);
+        assert_eq!(appended_token(&post(byte_level.clone())), Appended::Nothing);
+        // BOS only: nothing after the text.
+        let bos_only = template(json!([tok("<s>"), a]), one("<s>"));
+        assert_eq!(appended_token(&post(bos_only)), Appended::Nothing);
+        let eos = template(json!([a, tok("<|endoftext|>")]), one("<|endoftext|>"));
+        assert_eq!(
+            appended_token(&post(eos.clone())),
+            Appended::One("<|endoftext|>".into())
+        );
+        let seq = json!({"type": "Sequence", "processors": [byte_level, eos]});
+        assert_eq!(
+            appended_token(&post(seq)),
+            Appended::One("<|endoftext|>".into())
+        );
+        // Two tokens after the text, or one that stands for two ids: not one EOS.
+        let two = template(json!([a, tok("</s>"), tok("</s>")]), one("</s>"));
+        assert!(matches!(appended_token(&post(two)), Appended::Other(_)));
+        let wide = template(
+            json!([a, tok("<sep>")]),
+            json!({"<sep>": {"id": "<sep>", "ids": [3, 4], "tokens": ["<", "sep>"]}}),
+        );
+        assert!(matches!(appended_token(&post(wide)), Appended::Other(_)));
+        let text_after = template(
+            json!([a, {"Sequence": {"id": "B", "type_id": 1}}]),
+            json!({}),
+        );
+        assert!(matches!(
+            appended_token(&post(text_after)),
+            Appended::Other(_)
+        ));
+    }
 }
