@@ -210,12 +210,10 @@ pub fn to_gguf(
     // refused rather than written with either meaning lost.
     let add_eos = match appended_token(&tj) {
         Appended::Nothing => false,
-        Appended::Other(why) => return Err(unsupported(
-            file,
-            format!(
-                "the tokenizer's post-processor {why}, which GGUF cannot state; use the .kiln file"
-            ),
-        )),
+        Appended::Other(why) => {
+            let why = format!("the tokenizer's post-processor {why}, which GGUF cannot state");
+            return Err(unsupported(file, format!("{why}; use the .kiln file")));
+        }
         Appended::One(t) => {
             let id = strings.iter().position(|s| *s == t).map(|i| i as u32);
             let Some(id) = id else {
