@@ -60,14 +60,17 @@ impl LaneBlock {
 pub(crate) type LanesAcc = [[[f32; LANES]; 2]; TILE_ROWS];
 
 /// The lanes kernel of a tier: `TILE_ROWS` unpacked weight rows (`codes[r]` holds
-/// `32 · x0.len()` bytes, `dw[r]` one scale per block) against one group of sixteen tokens
-/// (`x0`), or two (`x1` too, the same blocks), adding each block's `isum·(d_w·d_x)` to the
-/// running sums `acc[r][g][t]` block after block. Sums carried from call to call through
-/// `acc` take no other rounding, so a product cut into blocks of columns gives the scalar
-/// reference's bits, as one call over all of them does.
+/// `32 · x0.len()` bytes, `dw[r]` one scale per block, every code at most `max_code`, the
+/// encoding's [`LaneWeight::MAX_CODE`]) against one group of sixteen tokens (`x0`), or two
+/// (`x1` too, the same blocks), adding each block's `isum·(d_w·d_x)` to the running sums
+/// `acc[r][g][t]` block after block. Sums carried from call to call through `acc` take no
+/// other rounding, so a product cut into blocks of columns gives the scalar reference's bits,
+/// as one call over all of them does. (`max_code` lets a kernel without a four-byte dot, AVX2,
+/// add several products of small codes in 16 bits before widening them.)
 pub(crate) type LanesFn = fn(
     &[&[u8]; TILE_ROWS],
     &[&[f32]; TILE_ROWS],
+    u8,
     &[LaneBlock],
     Option<&[LaneBlock]>,
     &mut LanesAcc,
@@ -112,12 +115,15 @@ pub(crate) fn prepare_float_tile(x: &[f32], cols: usize, out: &mut [[f32; FLOAT_
 pub(crate) trait LaneWeight: kiln_format::BlockType {
     /// What makes the codes unsigned: the unpacked code is `weight + OFFSET`.
     const OFFSET: i32;
+    /// The largest unpacked code the encoding can hold.
+    const MAX_CODE: u8;
     /// Write the block's unsigned codes (weight `j` in byte `j`) and return its scale.
     fn unpack(&self, codes: &mut [u8; QK]) -> f32;
 }
 
 impl LaneWeight for BlockQ8_0 {
     const OFFSET: i32 = 128;
+    const MAX_CODE: u8 = 255;
     fn unpack(&self, codes: &mut [u8; QK]) -> f32 {
         *codes = self.qs.map(|q| (q as u8) ^ 0x80);
         self.d.to_f32_const()
@@ -127,6 +133,7 @@ impl LaneWeight for BlockQ8_0 {
 impl LaneWeight for BlockQ4_0 {
     /// Q4_0 stores `q + 8` already.
     const OFFSET: i32 = 8;
+    const MAX_CODE: u8 = 15;
     fn unpack(&self, codes: &mut [u8; QK]) -> f32 {
         let (lo, hi) = codes.split_at_mut(QK / 2);
         lo.copy_from_slice(&self.qs.map(|q| q & 0x0f));
@@ -138,6 +145,7 @@ impl LaneWeight for BlockQ4_0 {
 impl LaneWeight for kiln_format::BlockQ5_0 {
     /// Q5_0's five-bit codes are `q + 16`.
     const OFFSET: i32 = 16;
+    const MAX_CODE: u8 = 31;
     fn unpack(&self, codes: &mut [u8; QK]) -> f32 {
         *codes = kiln_format::q5::q5_codes(self.qh, &self.qs);
         self.d.to_f32_const()
@@ -171,6 +179,7 @@ impl LaneWeight for kiln_format::BlockIQ4NL {
     /// IQ4_NL's codes index GGML's non-linear grid (−127..=113): each weight is its grid value,
     /// plus 128.
     const OFFSET: i32 = 128;
+    const MAX_CODE: u8 = 241;
     fn unpack(&self, codes: &mut [u8; QK]) -> f32 {
         let (lo, hi) = codes.split_at_mut(QK / 2);
         unpack_iq4_16(&self.qs, lo, hi);
@@ -229,6 +238,7 @@ pub(crate) fn prepare_group(xq: &[BlockQ8_0], nb: usize, offset: i32, out: &mut 
 mod tests {
     use super::*;
     use kiln_format::blocks::{quantize_row_q4_0_ref, quantize_row_q8_0_ref};
+    use proptest::prelude::*;
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
@@ -293,6 +303,152 @@ mod tests {
                 let sum: i32 = x.map_or(0, |x| x.qs.iter().map(|&q| q as i32).sum());
                 assert_eq!(o.corr[t], -8 * sum);
                 assert_eq!(o.dx[t], x.map_or(0.0, |x| x.d.to_f32()));
+            }
+        }
+    }
+
+    /// A tier's lanes kernel against the scalar reference dot of every (row, token): the same
+    /// bits, for one to sixteen tokens (the rest zero lanes, giving exact zeros).
+    fn lanes_equal_reference<W: LaneWeight>(
+        lanes_tile: LanesFn,
+        rows: &[Vec<W>],
+        xs: &[Vec<BlockQ8_0>],
+        dot: fn(&[W], &[BlockQ8_0]) -> f32,
+    ) {
+        let nb = xs[0].len();
+        let mut codes = vec![vec![0u8; nb * 32]; TILE_ROWS];
+        let mut dw = vec![vec![0.0f32; nb]; TILE_ROWS];
+        for r in 0..TILE_ROWS {
+            unpack_row(&rows[r], &mut codes[r], &mut dw[r]);
+        }
+        let flat: Vec<BlockQ8_0> = xs.iter().flatten().copied().collect();
+        let mut x = vec![LaneBlock::ZERO; nb];
+        prepare_group(&flat, nb, W::OFFSET, &mut x);
+        // One call over every block, and the blocks cut in two calls (sums carried in acc),
+        // with the group alone and as both groups of a pair.
+        let cut = nb / 2;
+        let part = |v: &[u8], lo: usize, hi: usize| v[32 * lo..32 * hi].to_vec();
+        for split in [false, true] {
+            let mut acc: LanesAcc = [[[0.0; 16]; 2]; TILE_ROWS];
+            let mut acc1: LanesAcc = [[[0.0; 16]; 2]; TILE_ROWS];
+            let ranges = if split {
+                vec![(0, cut), (cut, nb)]
+            } else {
+                vec![(0, nb)]
+            };
+            for (lo, hi) in ranges {
+                let cs: Vec<Vec<u8>> = codes.iter().map(|c| part(c, lo, hi)).collect();
+                let cr: [&[u8]; TILE_ROWS] = std::array::from_fn(|r| cs[r].as_slice());
+                let dr: [&[f32]; TILE_ROWS] = std::array::from_fn(|r| &dw[r][lo..hi]);
+                lanes_tile(&cr, &dr, W::MAX_CODE, &x[lo..hi], None, &mut acc);
+                lanes_tile(
+                    &cr,
+                    &dr,
+                    W::MAX_CODE,
+                    &x[lo..hi],
+                    Some(&x[lo..hi]),
+                    &mut acc1,
+                );
+            }
+            for r in 0..TILE_ROWS {
+                for t in 0..16 {
+                    let want = xs.get(t).map_or(0.0, |x| dot(&rows[r], x));
+                    assert_eq!(acc[r][0][t].to_bits(), want.to_bits(), "row {r} token {t}");
+                    for (g, pair) in acc1[r].iter().enumerate() {
+                        assert_eq!(
+                            pair[t].to_bits(),
+                            want.to_bits(),
+                            "pair {g} row {r} token {t}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        /// Every tier's block lanes kernel gives the scalar reference's bits for each encoding
+        /// it may be handed (Q8_0, Q4_0, Q5_0, IQ4_NL), one to sixteen tokens, the blocks in one
+        /// call or two, one group or a pair.
+        #[test]
+        fn lanes_tile_equals_reference_bits(
+            nb in 1usize..7,
+            n in 1usize..=16,
+            seed in prop::collection::vec(-8.0f32..8.0, 20 * 32 * 6),
+        ) {
+            let len = nb * 32;
+            let vals = |i: usize| &seed[i * len..(i + 1) * len];
+            let xs: Vec<Vec<BlockQ8_0>> =
+                (0..n).map(|i| quantize_row_q8_0_ref(vals(i)).unwrap()).collect();
+            let q8: Vec<Vec<BlockQ8_0>> =
+                (16..20).map(|i| quantize_row_q8_0_ref(vals(i)).unwrap()).collect();
+            let q4: Vec<Vec<BlockQ4_0>> =
+                (16..20).map(|i| quantize_row_q4_0_ref(vals(i)).unwrap()).collect();
+            let q5: Vec<Vec<kiln_format::BlockQ5_0>> = (16..20)
+                .map(|i| kiln_format::q5::quantize_row_q5_0_ref(vals(i)).unwrap())
+                .collect();
+            // IQ4_NL: the Q4_0 blocks' bytes as grid indices, a scale from the same values.
+            let iq4: Vec<Vec<kiln_format::BlockIQ4NL>> = q4
+                .iter()
+                .map(|row| {
+                    row.iter()
+                        .map(|b| kiln_format::BlockIQ4NL { d: b.d, qs: b.qs })
+                        .collect()
+                })
+                .collect();
+            for isa in crate::isa::tested_isas() {
+                let Some(k) = crate::kernels(isa).and_then(|k| k.lanes) else {
+                    continue;
+                };
+                lanes_equal_reference(k, &q8, &xs, crate::reference::dot_q8_0_q8_0_ref);
+                lanes_equal_reference(k, &q4, &xs, crate::reference::dot_q4_0_q8_0_ref);
+                lanes_equal_reference(k, &q5, &xs, crate::reference::dot_q5_0_q8_0_ref);
+                lanes_equal_reference(k, &iq4, &xs, crate::reference::dot_iq4_nl_q8_0_seq_ref);
+            }
+        }
+    }
+
+    /// The largest products each encoding can make, where 16-bit partial sums would overflow
+    /// if a kernel added too many: every code at its extreme against activations of ±127
+    /// (the most a Q8_0 activation holds), alternating between tokens.
+    #[test]
+    fn lanes_tile_is_exact_at_the_extreme_codes() {
+        use half::f16;
+        let d = f16::from_f32(0.5);
+        let xs: Vec<Vec<BlockQ8_0>> = (0..16)
+            .map(|t| {
+                let q = if t % 2 == 0 { 127 } else { -127 };
+                vec![BlockQ8_0 { d, qs: [q; QK] }; 3]
+            })
+            .collect();
+        let rows = |b: u8| vec![vec![BlockQ4_0 { d, qs: [b; QK / 2] }; 3]; TILE_ROWS];
+        let q5 = |qh: u32, b: u8| {
+            vec![
+                vec![
+                    kiln_format::BlockQ5_0 {
+                        d,
+                        qh: qh.to_le_bytes(),
+                        qs: [b; QK / 2]
+                    };
+                    3
+                ];
+                TILE_ROWS
+            ]
+        };
+        let q8 = |q: i8| vec![vec![BlockQ8_0 { d, qs: [q; QK] }; 3]; TILE_ROWS];
+        for isa in crate::isa::tested_isas() {
+            let Some(k) = crate::kernels(isa).and_then(|k| k.lanes) else {
+                continue;
+            };
+            for b in [0x00, 0xff] {
+                lanes_equal_reference(k, &rows(b), &xs, crate::reference::dot_q4_0_q8_0_ref);
+            }
+            for (qh, b) in [(0, 0x00), (u32::MAX, 0xff)] {
+                lanes_equal_reference(k, &q5(qh, b), &xs, crate::reference::dot_q5_0_q8_0_ref);
+            }
+            for q in [-128, 127] {
+                lanes_equal_reference(k, &q8(q), &xs, crate::reference::dot_q8_0_q8_0_ref);
             }
         }
     }

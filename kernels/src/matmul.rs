@@ -331,7 +331,8 @@ impl Kernels {
                                 let group = &w[r / GROUP_ROWS * nb + b0..][..kb];
                                 unpack_interleaved_row(group, r % GROUP_ROWS, codes, dw)
                             };
-                            lanes_chunk(unpack, nb, r1 - r0, xl, n_tokens, outs, k)
+                            let max = BlockQ4_0::MAX_CODE;
+                            lanes_chunk(unpack, nb, max, r1 - r0, xl, n_tokens, outs, k)
                         },
                     )
                 });
@@ -638,7 +639,7 @@ fn run_lanes<W: LaneWeight + Sync>(
                 let r = r0 + i;
                 unpack_row(&w[r * nb + b0..r * nb + b0 + dw.len()], codes, dw)
             };
-            lanes_chunk(unpack, nb, r1 - r0, xl, n_tokens, outs, kernel)
+            lanes_chunk(unpack, nb, W::MAX_CODE, r1 - r0, xl, n_tokens, outs, kernel)
         },
     );
 }
@@ -656,6 +657,7 @@ fn run_lanes<W: LaneWeight + Sync>(
 fn lanes_chunk(
     unpack: impl Fn(usize, usize, &mut [u8], &mut [f32]),
     nb: usize,
+    max_code: u8,
     rows: usize,
     xl: &[LaneBlock],
     n_tokens: usize,
@@ -691,7 +693,7 @@ fn lanes_chunk(
                         std::array::from_fn(|j| &codes[rr(j) * kb * QK..(rr(j) + 1) * kb * QK]);
                     let dr: [&[f32]; TILE_ROWS] =
                         std::array::from_fn(|j| &dw[rr(j) * kb..(rr(j) + 1) * kb]);
-                    kernel(&cr, &dr, x0, x1, acc);
+                    kernel(&cr, &dr, max_code, x0, x1, acc);
                 }
             }
             b0 += kb;

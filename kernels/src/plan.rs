@@ -17,15 +17,12 @@
 //! With [`Batching::Texts`] the thresholds fall away: every lanes path the tier has is taken at
 //! every batch size (and interleaved Q4_0 goes as with [`Batching::Independent`]).
 //!
-//! Each lanes path needs the tier's kernel for it, and the block lanes kernel of a tier whose
-//! table says `lanes_wide_only` (AVX2) only takes Q8_0 and IQ4_NL, whose offset codes exceed
-//! 127.
+//! Each lanes path needs the tier's kernel for it.
 
 use std::fmt;
 
-use kiln_format::{BlockIQ4NL, BlockQ4_0, BlockQ5_0, BlockQ8_0, QK, QK_K};
+use kiln_format::{QK, QK_K};
 
-use crate::lanes::LaneWeight;
 use crate::matrix::{Matrix, WeightData};
 use crate::table::Kernels;
 use crate::tile::Tile;
@@ -202,12 +199,9 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
         }
     }
     // Block weights with a plain Q8_0 operand: the block lanes kernel for large enough
-    // batches, if the tier's kernel takes weights with this offset.
-    let lanes = |offset: i32, min_tokens: usize| {
-        (texts || joint && n_tokens >= min_tokens)
-            && k.lanes.is_some()
-            && nb > 0
-            && (!k.lanes_wide_only || offset > 127)
+    // batches.
+    let lanes = |min_tokens: usize| {
+        (texts || joint && n_tokens >= min_tokens) && k.lanes.is_some() && nb > 0
     };
     let float = |tile_path: Path| {
         if (texts || joint && n_tokens >= FLOAT_LANES_MIN_TOKENS)
@@ -223,20 +217,20 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
         WeightData::F32(_) => float(tiles(&k.tile_f32, Operand::F32, n_tokens, cols)),
         WeightData::F16(_) => float(tiles(&k.tile_f16, Operand::F32, n_tokens, cols)),
         WeightData::BF16(_) => float(tiles(&k.tile_bf16, Operand::F32, n_tokens, cols)),
-        WeightData::Q8_0(_) if lanes(BlockQ8_0::OFFSET, LANES_MIN_TOKENS) => Path::Lanes,
+        WeightData::Q8_0(_) if lanes(LANES_MIN_TOKENS) => Path::Lanes,
         WeightData::Q8_0(_) => match k.prepared_q8_0.filter(|_| nb > 0) {
             Some(p) => tiles(&p.tile, Operand::Q8_0Pairs, n_tokens, cols),
             None => tiles(&k.tile_q8_0, Operand::Q8_0, n_tokens, cols),
         },
-        WeightData::Q4_0(_) if lanes(BlockQ4_0::OFFSET, LANES_MIN_TOKENS) => Path::Lanes,
+        WeightData::Q4_0(_) if lanes(LANES_MIN_TOKENS) => Path::Lanes,
         WeightData::Q4_0(_) => match k.prepared_q4_0.filter(|_| nb > 0) {
             Some(p) => tiles(&p.tile, Operand::Q8_0Pairs, n_tokens, cols),
             None => tiles(&k.tile_q4_0, Operand::Q8_0, n_tokens, cols),
         },
-        WeightData::Q5_0(_) if lanes(BlockQ5_0::OFFSET, LANES_MIN_TOKENS) => Path::Lanes,
+        WeightData::Q5_0(_) if lanes(LANES_MIN_TOKENS) => Path::Lanes,
         WeightData::Q5_0(_) => tiles(&k.kq.q5_0, Operand::Q8_0, n_tokens, cols),
         WeightData::Q5_1(_) => tiles(&k.kq.q5_1, Operand::Q8_0, n_tokens, cols),
-        WeightData::IQ4_NL(_) if lanes(BlockIQ4NL::OFFSET, IQ4_NL_LANES_MIN_TOKENS) => Path::Lanes,
+        WeightData::IQ4_NL(_) if lanes(IQ4_NL_LANES_MIN_TOKENS) => Path::Lanes,
         WeightData::IQ4_NL(_) => tiles(&k.kq.iq4_nl, Operand::Q8_0, n_tokens, cols),
         WeightData::Q2_K(_)
         | WeightData::Q3_K(_)
@@ -260,12 +254,11 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
             if nb == 0 {
                 return Path::Empty;
             }
-            // The lanes kernel takes interleaved rows where it takes Q4_0 rows at all (not at
-            // a `lanes_wide_only` tier), from a larger batch where the interleaved kernel is
-            // the alternative; independent tokens take it only there (the same bits).
+            // The lanes kernel takes interleaved rows, from a larger batch where the
+            // interleaved kernel is the alternative; independent tokens take it only there
+            // (the same bits).
             let lanes = k.lanes.is_some()
                 && (joint || k.group_q4_0x16.is_some())
-                && !k.lanes_wide_only
                 && match k.group_q4_0x16 {
                     Some(_) => n_tokens >= INTERLEAVED_LANES_MIN_TOKENS,
                     None => n_tokens >= LANES_MIN_TOKENS,

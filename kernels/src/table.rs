@@ -70,10 +70,6 @@ pub struct Kernels {
     /// The tokens-in-lanes kernel for block weights, where the tier has one (which batches
     /// take it: [`crate::plan`]).
     pub(crate) lanes: Option<LanesFn>,
-    /// Whether [`Kernels::lanes`] is only worth it for weights whose offset codes exceed 127
-    /// (Q8_0's and IQ4_NL's): at AVX2, whose lanes kernel has no `vpdpbusd`, the tier's own
-    /// Q4_0/Q5_0 kernels are faster and the lanes kernel only beats the Q8_0 and IQ4_NL tiles.
-    pub(crate) lanes_wide_only: bool,
     /// The tokens-in-lanes kernel for K-quant weights (Q2_K…Q6_K, IQ4_XS), where the tier has
     /// one (see [`crate::klanes`]; which batches take it: [`crate::plan`]).
     pub(crate) klanes: Option<KLanesFn>,
@@ -139,7 +135,6 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     prepared_q8_0: None,
     prepared_q4_0: None,
     lanes: None,
-    lanes_wide_only: false,
     klanes: None,
     float_lanes: None,
     group_q4_0x16: None,

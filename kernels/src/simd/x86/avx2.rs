@@ -527,6 +527,7 @@ isa_entry_points!("avx2,fma,f16c", Avx2, 1, 2, 2, 4, 2, 4);
 fn lanes_tile(
     codes: &[&[u8]; TILE_ROWS],
     dw: &[&[f32]; TILE_ROWS],
+    max_code: u8,
     x0: &[crate::lanes::LaneBlock],
     x1: Option<&[crate::lanes::LaneBlock]>,
     acc: &mut crate::lanes::LanesAcc,
@@ -536,8 +537,8 @@ fn lanes_tile(
     // tier's features (`crate::kernels`); lengths checked.
     unsafe {
         match x1 {
-            Some(x1) => super::avx2_lanes::tile::<2>(codes, dw, [x0, x1], acc),
-            None => super::avx2_lanes::tile::<1>(codes, dw, [x0], acc),
+            Some(x1) => super::avx2_lanes::tile::<2>(codes, dw, max_code, [x0, x1], acc),
+            None => super::avx2_lanes::tile::<1>(codes, dw, max_code, [x0], acc),
         }
     }
 }
@@ -571,7 +572,6 @@ pub(crate) fn table() -> &'static Kernels {
     TABLE.get_or_init(|| Kernels {
         group_q4_0x16: Some(super::group_kernel!("avx2,fma,f16c", avx2_group)),
         lanes: Some(lanes_tile),
-        lanes_wide_only: true,
         klanes: Some(klanes_tile),
         quantize_row_q8_k_act,
         kq: super::kquant::AVX2_TILES,

@@ -2,16 +2,23 @@
 //! 32-bit lane, eight tokens a vector (see [`crate::lanes`] for the layouts).
 //!
 //! AVX2 has no `vpdpbusd`. Its unsigned × signed byte product, `vpmaddubsw`, adds pairs of
-//! products into saturating 16-bit lanes, which is exact while `2·code·128 ≤ 32767`, i.e. for
-//! codes up to 127: Q4_0's and Q5_0's offset codes (at most 15 and 31) take one `vpmaddubsw`
-//! and one `vpmaddwd` by ones per four codes, and the block's `corr` removes the offset. Codes
-//! above 127 only come from the encodings offset by 128 (Q8_0, IQ4_NL), whose weights are
-//! then the codes with the top bit flipped (−128..=127): a call with any such code multiplies
-//! the weights' magnitudes by the activations with the weights' signs (`vpsignb`), exact
-//! because Q8_0 activations lie in −127..=127 (`2·128·127 ≤ 32767`), and needs no `corr`. The
-//! two halves of a token group share each broadcast weight word and its magnitude. Either way
-//! the integer sums are exact, and the float work is the scalar reference's `s + isum·(d_w·d_x)`
-//! in block order, so every lane is the reference's bits, as with the AVX-512 kernel.
+//! products into saturating 16-bit lanes, which is exact while `2·code·127 ≤ 32767`, i.e. for
+//! codes up to 127, and `vpmaddwd` by ones widens those pairs to 32 bits. Both are multiplies,
+//! and this kernel is bound by them, so the fewer the better:
+//! - Small codes (Q4_0's offset codes are at most 15, Q5_0's at most 31) leave room in the 16-bit
+//!   lanes: a run of `L` groups of four codes adds its `vpmaddubsw` pairs in 16 bits
+//!   (`2·L·max_code·127 ≤ 32767`: the whole block for Q4_0, half a block for Q5_0) and
+//!   widens once, one `vpmaddwd` per run instead of per group; the block's `corr` removes the
+//!   offset.
+//! - Codes above 127 only come from the encodings offset by 128 (Q8_0, IQ4_NL), whose weights
+//!   are then the codes with the top bit flipped (−128..=127): a call with them multiplies the
+//!   weights' magnitudes by the activations with the weights' signs (`vpsignb`), exact because
+//!   Q8_0 activations lie in −127..=127 (`2·128·127 ≤ 32767`), and needs no `corr`. The two
+//!   halves of a token group share each broadcast weight word and its magnitude.
+//!
+//! Either way the integer sums are exact, and the float work is the scalar reference's
+//! `s + isum·(d_w·d_x)` in block order, so every lane is the reference's bits, as with the
+//! AVX-512 kernel.
 
 use std::arch::x86_64::*;
 
@@ -28,24 +35,87 @@ const QK_GROUPS: usize = 8;
 ///
 /// # Safety
 /// AVX2 is enabled; every `x[g]` holds the same number of blocks, `codes[r]` holds
-/// `32 · x[0].len()` bytes and `dw[r]` `x[0].len()` scales for every row; codes above 127
-/// only where the encoding's offset is 128 and the activations lie in −127..=127.
+/// `32 · x[0].len()` bytes and `dw[r]` `x[0].len()` scales for every row. (Codes above
+/// `max_code`, or above 127 where the encoding's offset is not 128, or activations outside
+/// −127..=127, give wrong sums, never undefined behaviour.)
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn tile<const G: usize>(
     codes: &[&[u8]; TILE_ROWS],
     dw: &[&[f32]; TILE_ROWS],
+    max_code: u8,
     x: [&[LaneBlock]; G],
     acc: &mut LanesAcc,
 ) {
-    let signed = codes.iter().any(|c| c.iter().any(|&b| b >= 0x80));
     for (g, xg) in x.iter().enumerate() {
         // SAFETY: features enabled; lengths as the caller guarantees.
         unsafe {
-            if signed {
-                group_tile::<true>(codes, dw, xg, acc, g)
-            } else {
-                group_tile::<false>(codes, dw, xg, acc, g)
+            match max_code {
+                0..=15 => runs_tile::<8>(codes, dw, xg, acc, g),
+                16..=31 => runs_tile::<4>(codes, dw, xg, acc, g),
+                32..=63 => runs_tile::<2>(codes, dw, xg, acc, g),
+                64..=127 => group_tile::<false>(codes, dw, xg, acc, g),
+                128..=255 => group_tile::<true>(codes, dw, xg, acc, g),
             }
+        }
+    }
+}
+
+/// The sixteen tokens of group `g` against the four rows, for unsigned codes small enough
+/// that `L` groups of four codes add in 16 bits (`2·L·code·127 ≤ 32767`): one half of eight
+/// tokens at a time, each run of `L` groups widened to 32 bits by one `vpmaddwd`.
+///
+/// # Safety
+/// As [`tile`].
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn runs_tile<const L: usize>(
+    codes: &[&[u8]; TILE_ROWS],
+    dw: &[&[f32]; TILE_ROWS],
+    x: &[LaneBlock],
+    acc: &mut LanesAcc,
+    g: usize,
+) {
+    const R: usize = TILE_ROWS;
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..2 {
+        let mut a: [__m256; R] = std::array::from_fn(|r| {
+            // SAFETY: `acc[r][g]` holds LANES = 2·HALF f32; features enabled.
+            unsafe { _mm256_loadu_ps(acc[r][g].as_ptr().add(h * HALF)) }
+        });
+        for (b, xb) in x.iter().enumerate() {
+            // SAFETY: xb's fields hold LANES entries (4 bytes of codes each) and h·HALF + 8 <=
+            // LANES; row r's codes hold 32·nb bytes and its scales nb, b < nb (caller
+            // contract).
+            unsafe {
+                let corr = _mm256_loadu_si256(xb.corr.as_ptr().add(h * HALF) as *const __m256i);
+                let mut isum = [corr; R];
+                for run in 0..QK_GROUPS / L {
+                    let mut s16 = [_mm256_setzero_si256(); R];
+                    for q in run * L..(run + 1) * L {
+                        let xv = _mm256_loadu_si256(
+                            xb.codes[q].as_ptr().add(h * HALF) as *const __m256i
+                        );
+                        for (r, s) in s16.iter_mut().enumerate() {
+                            let p = codes[r].as_ptr().add(b * 32 + 4 * q) as *const i32;
+                            let w = _mm256_set1_epi32(p.read_unaligned());
+                            *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(w, xv));
+                        }
+                    }
+                    for (i, s) in isum.iter_mut().zip(s16) {
+                        *i = _mm256_add_epi32(*i, _mm256_madd_epi16(s, ones));
+                    }
+                }
+                let dx = _mm256_loadu_ps(xb.dx.as_ptr().add(h * HALF));
+                for r in 0..R {
+                    let scale = _mm256_mul_ps(_mm256_set1_ps(*dw[r].get_unchecked(b)), dx);
+                    let term = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[r]), scale);
+                    a[r] = _mm256_add_ps(a[r], term);
+                }
+            }
+        }
+        for (acc, a) in acc.iter_mut().zip(a) {
+            // SAFETY: as the load above.
+            unsafe { _mm256_storeu_ps(acc[g].as_mut_ptr().add(h * HALF), a) };
         }
     }
 }
