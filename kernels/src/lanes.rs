@@ -168,8 +168,20 @@ const IQ4_PAIRS: [[u8; 2]; 256] = {
 
 /// Sixteen IQ4 index bytes as 32 offset codes: weight `j` (the low nibble of byte `j`) in
 /// `lo[j]`, weight `j + 16` (its high nibble) in `hi[j]`.
+/// On x86-64 with SSSE3, two 16-byte table lookups ([`crate::simd::x86::iq4`]); elsewhere
+/// [`unpack_iq4_16_ref`].
 #[inline]
 pub(crate) fn unpack_iq4_16(qs: &[u8], lo: &mut [u8], hi: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::x86::iq4::available() {
+        return crate::simd::x86::iq4::unpack16(qs, lo, hi);
+    }
+    unpack_iq4_16_ref(qs, lo, hi)
+}
+
+/// [`unpack_iq4_16`] a byte at a time: the specification the SIMD unpacking is tested against.
+#[inline]
+pub(crate) fn unpack_iq4_16_ref(qs: &[u8], lo: &mut [u8], hi: &mut [u8]) {
     for ((l, h), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(qs) {
         [*l, *h] = IQ4_PAIRS[usize::from(q)];
     }
@@ -244,6 +256,18 @@ mod tests {
         (0..n)
             .map(|i| ((i as u32).wrapping_mul(2654435761) ^ seed) as f32 / u32::MAX as f32 - 0.5)
             .collect()
+    }
+
+    proptest! {
+        /// The IQ4 unpacking this CPU takes gives the byte-at-a-time table's codes.
+        #[test]
+        fn iq4_unpacking_equals_the_reference(qs in prop::array::uniform16(any::<u8>())) {
+            let (mut lo, mut hi) = ([0u8; 16], [0u8; 16]);
+            let (mut want_lo, mut want_hi) = ([0u8; 16], [0u8; 16]);
+            unpack_iq4_16(&qs, &mut lo, &mut hi);
+            unpack_iq4_16_ref(&qs, &mut want_lo, &mut want_hi);
+            prop_assert_eq!((lo, hi), (want_lo, want_hi));
+        }
     }
 
     /// Unpacked codes minus the offset are the weights' integer codes, in order.

@@ -698,6 +698,9 @@ fn matvec_and_prefill_shapes() {
         (5, 512, 1),
         (16, 256, 1),
         (33, 768, 1),
+        // Sixteen-row one-token kernels: whole groups of eight blocks, and two with a tail.
+        (16, 8 * 256, 1),
+        (32, 17 * 256, 1),
         (7, 256, 2),
         (20, 512, 3),
         (17, 256, 4),
@@ -705,6 +708,30 @@ fn matvec_and_prefill_shapes() {
         (40, 512, 17),
     ] {
         check_matmul(rows, cols, n, (rows * 1000 + cols + n) as u64);
+    }
+}
+
+/// One-token products of 32-weight block types whose rows are not whole groups of eight blocks
+/// (the sixteen-row kernels' tail), against the reference bit for bit.
+#[test]
+fn matvec_rows_with_a_tail_of_blocks() {
+    let (rows, cols) = (32, 19 * QK);
+    let mut g = Rng(19);
+    let x = g.floats(cols, 3.0);
+    let nl = iq4_nl_blocks(&mut g, rows * cols / QK);
+    let m = Matrix::new(rows, cols, WeightData::IQ4_NL(&nl)).unwrap();
+    let pool = Pool::new(2).unwrap();
+    for k in tiers() {
+        let mut out = vec![f32::NAN; rows];
+        k.matmul(&m, &x, 1, &mut out, &pool);
+        for (r, &got) in out.iter().enumerate() {
+            let want = r::dot_iq4_nl_q8_0_ref(&nl[r * 19..(r + 1) * 19], &q8_0_act(&x));
+            same_bits(
+                got,
+                want,
+                &format!("iq4_nl {rows}×{cols} row {r}, {:?}", k.isa()),
+            );
+        }
     }
 }
 

@@ -5,10 +5,12 @@
 //! products into 16-bit lanes, exact for codes up to 63 (`2·63·128 < 32767`, Q6_K's widest),
 //! and `vpmaddwd` by the broadcast sub-block scale (|sc| ≤ 128) then adds those pairs into
 //! 32-bit lanes already scaled, so a sub-block costs no separate multiply. IQ4_XS's codes
-//! (grid values plus 128, up to 241) would overflow that: its words are taken apart into
-//! nibbles, each nibble's products summed over the sub-block in 16-bit lanes and then scaled
-//! by `sc` and `16·sc`. The mins (or the offset) take one `vpmaddwd` per pair
-//! of activation sums. Every sum is exact and the float work is the reference's, as in the
+//! (grid values plus 128, up to 241) would overflow that, so the kernel takes them back to the
+//! signed grid values (a flip of the top bit) and multiplies signed by signed: `|x|` (unsigned,
+//! at most 128) times the grid value with `x`'s sign (`vpsignb`), pairs at most 2·128·127, no
+//! saturation; the sums are then already the grid values', and the stored −128 offset is not
+//! applied. The mins (or the offset) of the other kinds take one `vpmaddwd` per pair of
+//! activation sums. Every sum is exact and the float work is the reference's, as in the
 //! AVX-512 kernel.
 
 use std::arch::x86_64::*;
@@ -36,45 +38,35 @@ unsafe fn half_tile<const SUB: usize, const AFFINE: bool, const WIDE: bool>(
     const R: usize = TILE_ROWS;
     let lane0 = h * HALF;
     let zero = _mm256_setzero_si256();
-    let low = _mm256_set1_epi8(0x0f);
+    let flip = _mm256_set1_epi8(i8::MIN);
     let mut isum = [zero; R];
     for s in 0..KSUBS * 16 / SUB {
-        // |sc| ≤ 128 and, for the wide kind (IQ4_XS, |sc| ≤ 32), |16·sc| ≤ 512: i16 factors.
+        // |sc| ≤ 128: i16 factors.
         let sc: [__m256i; R] = std::array::from_fn(|r| _mm256_set1_epi16(rows[r].scales[s] as i16));
-        // The wide kind's nibble products, summed over the sub-block in 16-bit lanes: each
-        // `vpmaddubsw` pair is at most 2·15·128 in magnitude, eight of them 30720 < 32768.
-        let (mut lo_sum, mut hi_sum) = ([zero; R], [zero; R]);
         for q in s * SUB / 4..(s + 1) * SUB / 4 {
             // SAFETY: `codes[q]` holds LANES words and lane0 + 8 <= LANES.
             let xv =
                 unsafe { _mm256_loadu_si256(x.codes[q].as_ptr().add(lane0) as *const __m256i) };
+            let ax = _mm256_abs_epi8(xv);
             for r in 0..R {
                 // SAFETY: codes 4q..4q + 4 of the row's 256; read unaligned.
                 let word =
                     unsafe { (rows[r].codes.as_ptr().add(4 * q) as *const i32).read_unaligned() };
                 let w = _mm256_set1_epi32(word);
-                if WIDE {
-                    let lo = _mm256_and_si256(w, low);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
-                    lo_sum[r] = _mm256_add_epi16(lo_sum[r], _mm256_maddubs_epi16(lo, xv));
-                    hi_sum[r] = _mm256_add_epi16(hi_sum[r], _mm256_maddubs_epi16(hi, xv));
+                let p = if WIDE {
+                    // Stored plus 128: the top bit flipped gives the signed grid value.
+                    let g = _mm256_xor_si256(w, flip);
+                    _mm256_maddubs_epi16(ax, _mm256_sign_epi8(g, xv))
                 } else {
-                    let p = _mm256_maddubs_epi16(w, xv);
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, sc[r]));
-                }
-            }
-        }
-        if WIDE {
-            for r in 0..R {
-                let sc16 = _mm256_set1_epi16((16 * rows[r].scales[s]) as i16);
-                let plo = _mm256_madd_epi16(lo_sum[r], sc[r]);
-                let phi = _mm256_madd_epi16(hi_sum[r], sc16);
-                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(plo, phi));
+                    _mm256_maddubs_epi16(w, xv)
+                };
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, sc[r]));
             }
         }
     }
     let mut mins = [zero; R];
-    for k in 0..KSUBS / 2 {
+    // The wide kind's sums are of the signed grid values already: its offset term stays out.
+    for k in (0..KSUBS / 2).filter(|_| !WIDE) {
         // SAFETY: `bsums[k]` holds LANES words and lane0 + 8 <= LANES.
         let bv = unsafe { _mm256_loadu_si256(x.bsums[k].as_ptr().add(lane0) as *const __m256i) };
         for r in 0..R {

@@ -329,7 +329,7 @@ unsafe fn q6_k_avx2(w: &BlockQ6K, x: &BlockQ8K) -> i32 {
 /// 16-bit lanes (lanes 0..8 scale `2g`, 8..16 scale `2g + 1`), and the sixteen weights of the
 /// activation block sums as 16-bit lanes.
 #[derive(Clone, Copy)]
-struct K16 {
+pub(super) struct K16 {
     codes: [__m256i; 8],
     scales: [__m256i; 8],
     sums: __m256i,
@@ -359,21 +359,41 @@ unsafe fn low2_codes(qs: &[u8; 64]) -> [__m256i; 8] {
     }
 }
 
-/// The sixteen signed scales `sc8` as [`K16`]'s per-group 16-bit scale vectors.
+/// `vpshufb` patterns for [`group_scales`]: pattern `k` fills the low 128-bit half with 16-bit
+/// lane `2k` of its source and the high half with lane `2k + 1`.
+const SCALE_PICK: [[u8; 32]; 4] = {
+    let mut p = [[0u8; 32]; 4];
+    let mut k = 0;
+    while k < 4 {
+        let mut i = 0;
+        while i < 16 {
+            let byte = (i % 2) as u8;
+            p[k][i] = 4 * k as u8 + byte;
+            p[k][16 + i] = 4 * k as u8 + 2 + byte;
+            i += 1;
+        }
+        k += 1;
+    }
+    p
+};
+
+/// The sixteen scales widened to 16 bits (`s16`: lane `s` scale `s`) as [`K16`]'s per-group
+/// scale vectors: group `g`'s lanes 0..8 hold scale `2g`, 8..16 scale `2g + 1`. Each source
+/// half is copied to both halves once, then one in-lane `vpshufb` a group.
 ///
 /// # Safety
 /// AVX2 is enabled.
 #[inline(always)]
-unsafe fn group_scales(sc8: __m128i) -> [__m256i; 8] {
-    // SAFETY: AVX2 enabled (caller contract); register-only intrinsics.
+unsafe fn group_scales(s16: __m256i) -> [__m256i; 8] {
+    // SAFETY: AVX2 enabled (caller contract); `SCALE_PICK` rows are 32 readable bytes.
     unsafe {
-        // Bytes 0..8 pick scale j, bytes 8..16 scale j + 1.
-        let mut pick = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        let two = _mm_set1_epi8(2);
+        let halves = [
+            _mm256_permute2x128_si256::<0x00>(s16, s16),
+            _mm256_permute2x128_si256::<0x11>(s16, s16),
+        ];
         let mut out = [_mm256_setzero_si256(); 8];
-        for o in &mut out {
-            *o = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
-            pick = _mm_add_epi8(pick, two);
+        for (g, o) in out.iter_mut().enumerate() {
+            *o = _mm256_shuffle_epi8(halves[g / 4], load32(SCALE_PICK[g % 4].as_ptr()));
         }
         out
     }
@@ -385,7 +405,7 @@ unsafe fn group_scales(sc8: __m128i) -> [__m256i; 8] {
 /// # Safety
 /// AVX2 is enabled.
 #[inline(always)]
-unsafe fn q2_k_unpack(w: &BlockQ2K) -> K16 {
+pub(super) unsafe fn q2_k_unpack(w: &BlockQ2K) -> K16 {
     // SAFETY: AVX2 enabled (caller contract); `w.scales` is 16 readable bytes.
     unsafe {
         let raw = _mm_loadu_si128(w.scales.as_ptr() as *const __m128i);
@@ -394,7 +414,7 @@ unsafe fn q2_k_unpack(w: &BlockQ2K) -> K16 {
         let mins8 = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
         K16 {
             codes: low2_codes(&w.qs),
-            scales: group_scales(sc8),
+            scales: group_scales(_mm256_cvtepu8_epi16(sc8)),
             sums: _mm256_cvtepu8_epi16(mins8),
         }
     }
@@ -406,7 +426,7 @@ unsafe fn q2_k_unpack(w: &BlockQ2K) -> K16 {
 /// # Safety
 /// AVX2 is enabled.
 #[inline(always)]
-unsafe fn q3_k_unpack(w: &BlockQ3K) -> K16 {
+pub(super) unsafe fn q3_k_unpack(w: &BlockQ3K) -> K16 {
     let ls = crate::klanes::q3_k_scales6(&w.scales);
     // SAFETY: AVX2 enabled (caller contract); `ls` is 16 readable bytes, `w.hmask` 32. Group
     // g = 4·half + k takes bit g of each `hmask` byte: a 16-bit shift right by g brings it to
@@ -423,20 +443,22 @@ unsafe fn q3_k_unpack(w: &BlockQ3K) -> K16 {
             let hb = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(g as i32)), one);
             *c = _mm256_or_si256(*c, _mm256_slli_epi16(hb, 2));
         }
+        let sc16 = _mm256_cvtepi8_epi16(sc8);
         K16 {
             codes,
-            scales: group_scales(sc8),
-            sums: _mm256_cvtepi8_epi16(sc8),
+            scales: group_scales(sc16),
+            sums: sc16,
         }
     }
 }
 
-/// `(Σ_s sc_s·Σ_{j∈s} q_j·x_j, Σ_s sums_s·bsum_s)` of an unpacked Q2_K/Q3_K block.
+/// `Σ_s sc_s·Σ_{j∈s} q_j·x_j` and `Σ_s sums_s·bsum_s` of an unpacked Q2_K/Q3_K block, each as
+/// eight i32 lanes (summed by the caller: one block at a time or eight together).
 ///
 /// # Safety
 /// AVX2 is enabled.
 #[inline(always)]
-unsafe fn k16_avx2(u: &K16, x: &BlockQ8K) -> (i32, i32) {
+pub(super) unsafe fn k16_lanes(u: &K16, x: &BlockQ8K) -> (__m256i, __m256i) {
     // SAFETY: AVX2 enabled (caller contract); `x.qs` is 256 readable bytes, read 32 at a time
     // at offsets below 256; `x.bsums` 32 bytes. Codes are at most 7: maddubs pairs at most
     // 2·7·128, and the scales at most 32 in magnitude.
@@ -448,7 +470,20 @@ unsafe fn k16_avx2(u: &K16, x: &BlockQ8K) -> (i32, i32) {
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, u.scales[g]));
         }
         let bs = load32(x.bsums.as_ptr());
-        (hsum_i32(acc), hsum_i32(_mm256_madd_epi16(bs, u.sums)))
+        (acc, _mm256_madd_epi16(bs, u.sums))
+    }
+}
+
+/// `(Σ_s sc_s·Σ_{j∈s} q_j·x_j, Σ_s sums_s·bsum_s)` of an unpacked Q2_K/Q3_K block.
+///
+/// # Safety
+/// AVX2 is enabled.
+#[inline(always)]
+unsafe fn k16_avx2(u: &K16, x: &BlockQ8K) -> (i32, i32) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let (isum, sums) = k16_lanes(u, x);
+        (hsum_i32(isum), hsum_i32(sums))
     }
 }
 
@@ -457,7 +492,7 @@ unsafe fn k16_avx2(u: &K16, x: &BlockQ8K) -> (i32, i32) {
 /// # Safety
 /// AVX2 is enabled.
 #[inline(always)]
-unsafe fn q2_k_avx2(u: &K16, x: &BlockQ8K) -> (i32, i32) {
+pub(super) unsafe fn q2_k_avx2(u: &K16, x: &BlockQ8K) -> (i32, i32) {
     // SAFETY: forwarded contract.
     unsafe { k16_avx2(u, x) }
 }
@@ -467,7 +502,7 @@ unsafe fn q2_k_avx2(u: &K16, x: &BlockQ8K) -> (i32, i32) {
 /// # Safety
 /// AVX2 is enabled.
 #[inline(always)]
-unsafe fn q3_k_avx2(u: &K16, x: &BlockQ8K) -> i32 {
+pub(super) unsafe fn q3_k_avx2(u: &K16, x: &BlockQ8K) -> i32 {
     // SAFETY: forwarded contract.
     let (isum, sums) = unsafe { k16_avx2(u, x) };
     isum - 4 * sums
@@ -478,7 +513,7 @@ unsafe fn q3_k_avx2(u: &K16, x: &BlockQ8K) -> i32 {
 /// # Safety
 /// AVX2 is enabled.
 #[inline(always)]
-unsafe fn iq4_grid256() -> __m256i {
+pub(super) unsafe fn iq4_grid256() -> __m256i {
     // SAFETY: AVX2 enabled (caller contract); `IQ4_GRID` is 16 readable bytes.
     unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_GRID.as_ptr() as *const __m128i)) }
 }
@@ -545,7 +580,7 @@ unsafe fn dot_i8_i8_vnni(w: __m256i, x: __m256i) -> __m256i {
 /// # Safety
 /// AVX2 is enabled.
 #[inline(always)]
-unsafe fn iq4_nl_avx2(w: &BlockIQ4NL, x: &BlockQ8_0) -> i32 {
+pub(super) unsafe fn iq4_nl_avx2(w: &BlockIQ4NL, x: &BlockQ8_0) -> i32 {
     // SAFETY: AVX2 enabled (caller contract); `x.qs` is 32 readable bytes, `w.qs` 16.
     unsafe {
         let v = iq4_values(iq4_grid256(), &w.qs);
@@ -571,7 +606,7 @@ unsafe fn iq4_nl_avx512(w: &BlockIQ4NL, x: &BlockQ8_0) -> i32 {
 /// # Safety
 /// AVX and F16C are enabled; `b` holds at least eight blocks.
 #[inline(always)]
-unsafe fn scales8<B>(b: &[B], d: impl Fn(&B) -> f16) -> __m256 {
+pub(super) unsafe fn scales8<B>(b: &[B], d: impl Fn(&B) -> f16) -> __m256 {
     // SAFETY: F16C enabled (caller contract); indices below 8 ≤ b.len() (caller contract).
     unsafe {
         let v = |j: usize| d(b.get_unchecked(j)).to_bits() as i16;
@@ -658,7 +693,7 @@ unsafe fn iq4_nl_tile8<const R: usize, const T: usize>(
 /// An IQ4_XS block unpacked for [`iq4_xs_avx2`]: each sub-block's 32 grid values and its
 /// scale `ls − 32` in every 16-bit lane.
 #[derive(Clone, Copy)]
-struct IQ4XS256 {
+pub(super) struct IQ4XS256 {
     values: [__m256i; 8],
     scales: [__m256i; 8],
 }
@@ -668,7 +703,7 @@ struct IQ4XS256 {
 /// # Safety
 /// AVX2 is enabled.
 #[inline(always)]
-unsafe fn iq4_xs_unpack(w: &BlockIQ4XS) -> IQ4XS256 {
+pub(super) unsafe fn iq4_xs_unpack(w: &BlockIQ4XS) -> IQ4XS256 {
     // SAFETY: AVX2 enabled (caller contract); `w.qs[16s..16s + 16]` lies inside the block
     // for s < 8.
     unsafe {
@@ -685,12 +720,12 @@ unsafe fn iq4_xs_unpack(w: &BlockIQ4XS) -> IQ4XS256 {
     }
 }
 
-/// [`crate::reference::isum_iq4_xs`] from an unpacked block.
+/// [`crate::reference::isum_iq4_xs`] from an unpacked block, as eight i32 lanes.
 ///
 /// # Safety
 /// AVX2 is enabled.
 #[inline(always)]
-unsafe fn iq4_xs_avx2(u: &IQ4XS256, x: &BlockQ8K) -> i32 {
+pub(super) unsafe fn iq4_xs_lanes(u: &IQ4XS256, x: &BlockQ8K) -> __m256i {
     // SAFETY: AVX2 enabled (caller contract); `x.qs` is 256 readable bytes, read 32 at a time
     // at offsets below 256. Pair sums at most 32512, scales at most 32 in magnitude.
     unsafe {
@@ -699,8 +734,18 @@ unsafe fn iq4_xs_avx2(u: &IQ4XS256, x: &BlockQ8K) -> i32 {
             let p = dot_i8_pairs(u.values[s], load32(x.qs.as_ptr().add(32 * s)));
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, u.scales[s]));
         }
-        hsum_i32(acc)
+        acc
     }
+}
+
+/// [`crate::reference::isum_iq4_xs`] from an unpacked block.
+///
+/// # Safety
+/// AVX2 is enabled.
+#[inline(always)]
+pub(super) unsafe fn iq4_xs_avx2(u: &IQ4XS256, x: &BlockQ8K) -> i32 {
+    // SAFETY: forwarded contract.
+    unsafe { hsum_i32(iq4_xs_lanes(u, x)) }
 }
 
 /// Two 32-byte halves as one 64-byte vector (`lo` in bytes 0..32).
@@ -767,7 +812,7 @@ unsafe fn q5_1_avx512(w: &BlockQ5_1, x: &BlockQ8_0) -> (i32, i32) {
 /// # Safety
 /// F16C is enabled.
 #[inline(always)]
-unsafe fn h(v: f16) -> f32 {
+pub(super) unsafe fn h(v: f16) -> f32 {
     // SAFETY: F16C enabled (caller contract).
     unsafe { f16_to_f32(v) }
 }
@@ -1209,7 +1254,11 @@ macro_rules! k_tiles {
             )*
 
             /// The sixteen-row one-token kernels' safe wrappers: each row through the one-row
-            /// tile, the same bits as the four-row tiles.
+            /// tile, the same bits as the four-row tiles. A tier may take its own kernel for an
+            /// encoding instead (AVX2 for Q2_K, Q3_K, IQ4_XS and IQ4_NL:
+            /// [`crate::simd::x86::avx2_rows`]),
+            /// which leaves that encoding's wrapper here unused.
+            #[allow(dead_code)]
             pub(in crate::simd) mod rows {
                 use super::*;
                 $(
@@ -1321,25 +1370,25 @@ pub(crate) const AVX2_TILES: KTiles = KTiles {
         AVX2_TOKENS,
         avx2::q2_k_tile_avx2::<AVX2_TOKENS>,
     )
-    .with_rows(avx2::rows::q2_k_tile_avx2),
+    .with_rows(super::avx2_rows::q2_k),
     q3_k: Tile::new(
         avx2::q3_k_tile_avx2::<1>,
         AVX2_TOKENS,
         avx2::q3_k_tile_avx2::<AVX2_TOKENS>,
     )
-    .with_rows(avx2::rows::q3_k_tile_avx2),
+    .with_rows(super::avx2_rows::q3_k),
     iq4_nl: Tile::new(
         avx2::iq4_nl_tile_avx2::<1>,
         AVX2_TOKENS,
         avx2::iq4_nl_tile_avx2::<AVX2_TOKENS>,
     )
-    .with_rows(avx2::rows::iq4_nl_tile_avx2),
+    .with_rows(super::avx2_rows::iq4_nl),
     iq4_xs: Tile::new(
         avx2::iq4_xs_tile_avx2::<1>,
         AVX2_TOKENS,
         avx2::iq4_xs_tile_avx2::<AVX2_TOKENS>,
     )
-    .with_rows(avx2::rows::iq4_xs_tile_avx2),
+    .with_rows(super::avx2_rows::iq4_xs),
 };
 
 /// The AVX-512 tier's tiles.

@@ -14,13 +14,17 @@
 //!   quantization with its round-trip statistics), shared by both tiers.
 //! - [`kquant`]: both tiers' Q5_0, Q5_1 and K-quant block sums (exact integers, so their tiles
 //!   give the reference's bits); [`q5`]: the Q5_0/Q5_1 tile, eight blocks' terms in the lanes
-//!   of one register; [`q8k`]: both tiers' quantization of activations to Q8_K.
+//!   of one register; [`q8k`]: both tiers' quantization of activations to Q8_K;
+//!   [`avx2_rows`]: the AVX2 one-token kernels for sixteen Q2_K, Q3_K, IQ4_XS or IQ4_NL rows,
+//!   eight blocks' terms in the lanes of one register.
 //! - [`avx512_lanes`], [`avx2_lanes`]: the block lanes kernels ([`crate::lanes`]);
 //!   [`avx512_klanes`], [`avx2_klanes`]: the K-quant lanes kernels ([`crate::klanes`]), a token
 //!   per 32-bit lane.
 //! - [`avx512_group`], [`avx2_group`]: the kernels for sixteen interleaved Q4_0 rows
 //!   ([`crate::interleaved`]), a row per 32-bit lane and a few tokens per call
 //!   ([`group_kernel`] makes each tier's entry point).
+//!
+//! - [`iq4`]: IQ4 index bytes unpacked to the lanes kernels' offset codes with `pshufb`.
 //!
 //! In matrix–vector tiles (one token) the kernels also prefetch the weight stream
 //! ([`float::PREFETCH_BYTES`] ahead).
@@ -30,12 +34,14 @@ pub(crate) mod avx2_convert;
 pub(crate) mod avx2_group;
 pub(crate) mod avx2_klanes;
 pub(crate) mod avx2_lanes;
+pub(crate) mod avx2_rows;
 pub(crate) mod avx512;
 pub(crate) mod avx512_group;
 pub(crate) mod avx512_klanes;
 pub(crate) mod avx512_lanes;
 pub(crate) mod avx512_pair;
 pub(crate) mod float;
+pub(crate) mod iq4;
 pub(crate) mod kquant;
 pub(crate) mod q5;
 pub(crate) mod q8k;
