@@ -54,9 +54,14 @@ unsafe fn half_tile<const SUB: usize, const AFFINE: bool, const WIDE: bool>(
                     unsafe { (rows[r].codes.as_ptr().add(4 * q) as *const i32).read_unaligned() };
                 let w = _mm256_set1_epi32(word);
                 let p = if WIDE {
-                    // Stored plus 128: the top bit flipped gives the signed grid value.
-                    let g = _mm256_xor_si256(w, flip);
-                    _mm256_maddubs_epi16(ax, _mm256_sign_epi8(g, xv))
+                    // Stored plus 128: the top bit flipped gives the signed grid value `g`.
+                    // `x`'s sign is applied first and the top bit flipped after, which is the
+                    // same bytes (a flip adds 128 modulo 256, and negation commutes with it
+                    // modulo 256; the result −113..=127 fits), except where `x` is zero and
+                    // `|x|` zeroes the product anyway: so the word broadcasts straight from
+                    // memory instead of through a shuffle.
+                    let gx = _mm256_xor_si256(_mm256_sign_epi8(w, xv), flip);
+                    _mm256_maddubs_epi16(ax, gx)
                 } else {
                     _mm256_maddubs_epi16(w, xv)
                 };
