@@ -319,10 +319,8 @@ impl KLaneWeight for BlockIQ4XS {
     /// Sub-block `s`'s sixteen bytes hold weights `32s + j` (low nibble of byte `j`) and `32s +
     /// j + 16` (high nibble); each becomes its grid value plus 128 (1..=241).
     fn unpack_into(&self, row: &mut KLaneRow) {
-        for (qs, out) in self.qs.chunks_exact(16).zip(row.codes.chunks_exact_mut(32)) {
-            let (lo, hi) = out.split_at_mut(16);
-            crate::lanes::unpack_iq4_16(qs, lo, hi);
-        }
+        let (chunks, _) = self.qs.as_chunks::<16>();
+        crate::lanes::unpack_iq4(chunks.iter(), &mut row.codes);
         for s in 0..QK_K / 32 {
             let sc = iq4_xs_scale(self, s);
             row.scales[s] = sc;

@@ -119,6 +119,20 @@ pub(crate) trait LaneWeight: kiln_format::BlockType {
     const MAX_CODE: u8;
     /// Write the block's unsigned codes (weight `j` in byte `j`) and return its scale.
     fn unpack(&self, codes: &mut [u8; QK]) -> f32;
+    /// [`LaneWeight::unpack`] of each block of `row` into the next 32 bytes of `codes` and the
+    /// next scale of `dw` (an encoding may do the whole run at once).
+    fn unpack_blocks(row: &[Self], codes: &mut [u8], dw: &mut [f32])
+    where
+        Self: Sized,
+    {
+        for ((w, c), d) in row
+            .iter()
+            .zip(codes.chunks_exact_mut(QK))
+            .zip(dw.iter_mut())
+        {
+            *d = w.unpack(c.try_into().expect("QK chunk"));
+        }
+    }
 }
 
 impl LaneWeight for BlockQ8_0 {
@@ -166,24 +180,27 @@ const IQ4_PAIRS: [[u8; 2]; 256] = {
     t
 };
 
-/// Sixteen IQ4 index bytes as 32 offset codes: weight `j` (the low nibble of byte `j`) in
-/// `lo[j]`, weight `j + 16` (its high nibble) in `hi[j]`.
-/// On x86-64 with SSSE3, two 16-byte table lookups ([`crate::simd::x86::iq4`]); elsewhere
-/// [`unpack_iq4_16_ref`].
+/// Each sixteen IQ4 index bytes of `chunks` as the next 32 offset codes of `out`: weight `j`
+/// (the low nibble of byte `j`) in byte `j`, weight `j + 16` (its high nibble) in byte
+/// `j + 16`; as many chunks as `out` has room for. On x86-64 with SSSE3, two 16-byte table
+/// lookups a chunk ([`crate::simd::x86::iq4`]); elsewhere [`unpack_iq4_ref`].
 #[inline]
-pub(crate) fn unpack_iq4_16(qs: &[u8], lo: &mut [u8], hi: &mut [u8]) {
+pub(crate) fn unpack_iq4<'a>(chunks: impl Iterator<Item = &'a [u8; 16]>, out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::x86::iq4::available() {
-        return crate::simd::x86::iq4::unpack16(qs, lo, hi);
+        return crate::simd::x86::iq4::unpack(chunks, out);
     }
-    unpack_iq4_16_ref(qs, lo, hi)
+    unpack_iq4_ref(chunks, out)
 }
 
-/// [`unpack_iq4_16`] a byte at a time: the specification the SIMD unpacking is tested against.
+/// [`unpack_iq4`] a byte at a time: the specification the SIMD unpacking is tested against.
 #[inline]
-pub(crate) fn unpack_iq4_16_ref(qs: &[u8], lo: &mut [u8], hi: &mut [u8]) {
-    for ((l, h), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(qs) {
-        [*l, *h] = IQ4_PAIRS[usize::from(q)];
+pub(crate) fn unpack_iq4_ref<'a>(chunks: impl Iterator<Item = &'a [u8; 16]>, out: &mut [u8]) {
+    for (qs, o) in chunks.zip(out.chunks_exact_mut(QK)) {
+        let (lo, hi) = o.split_at_mut(QK / 2);
+        for ((l, h), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(qs) {
+            [*l, *h] = IQ4_PAIRS[usize::from(q)];
+        }
     }
 }
 
@@ -193,9 +210,14 @@ impl LaneWeight for kiln_format::BlockIQ4NL {
     const OFFSET: i32 = 128;
     const MAX_CODE: u8 = 241;
     fn unpack(&self, codes: &mut [u8; QK]) -> f32 {
-        let (lo, hi) = codes.split_at_mut(QK / 2);
-        unpack_iq4_16(&self.qs, lo, hi);
+        unpack_iq4(std::iter::once(&self.qs), codes);
         self.d.to_f32_const()
+    }
+    fn unpack_blocks(row: &[Self], codes: &mut [u8], dw: &mut [f32]) {
+        unpack_iq4(row.iter().map(|b| &b.qs), codes);
+        for (d, b) in dw.iter_mut().zip(row) {
+            *d = b.d.to_f32_const();
+        }
     }
 }
 
@@ -220,13 +242,7 @@ pub(crate) fn check_lanes_tile(
 
 /// Unpack one weight row into `codes` (32 bytes per block) and `dw` (one scale per block).
 pub(crate) fn unpack_row<W: LaneWeight>(row: &[W], codes: &mut [u8], dw: &mut [f32]) {
-    for ((w, c), d) in row
-        .iter()
-        .zip(codes.chunks_exact_mut(QK))
-        .zip(dw.iter_mut())
-    {
-        *d = w.unpack(c.try_into().expect("QK chunk"));
-    }
+    W::unpack_blocks(row, codes, dw)
 }
 
 /// Transpose up to sixteen tokens' Q8_0 rows (`xq`, `nb` blocks each) into `out` (`nb`
@@ -261,12 +277,13 @@ mod tests {
     proptest! {
         /// The IQ4 unpacking this CPU takes gives the byte-at-a-time table's codes.
         #[test]
-        fn iq4_unpacking_equals_the_reference(qs in prop::array::uniform16(any::<u8>())) {
-            let (mut lo, mut hi) = ([0u8; 16], [0u8; 16]);
-            let (mut want_lo, mut want_hi) = ([0u8; 16], [0u8; 16]);
-            unpack_iq4_16(&qs, &mut lo, &mut hi);
-            unpack_iq4_16_ref(&qs, &mut want_lo, &mut want_hi);
-            prop_assert_eq!((lo, hi), (want_lo, want_hi));
+        fn iq4_unpacking_equals_the_reference(
+            qs in prop::collection::vec(prop::array::uniform16(any::<u8>()), 1..12),
+        ) {
+            let (mut got, mut want) = (vec![0u8; 32 * qs.len()], vec![0u8; 32 * qs.len()]);
+            unpack_iq4(qs.iter(), &mut got);
+            unpack_iq4_ref(qs.iter(), &mut want);
+            prop_assert_eq!(got, want);
         }
     }
 
