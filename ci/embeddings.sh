@@ -10,7 +10,8 @@
 # refused by name (exit 2); and the F32 and Q8_0 files through GGUF
 # (llama.cpp's `bert` layout) and back, giving the same vectors. The tiny decoder-based
 # embedder of fixtures/embedding/qwen3-embedding-f32 (Qwen3-Embedding's layout) against its
-# sentence-transformers vectors too. Then `kiln-run serve` on the
+# sentence-transformers vectors too, and the tiny EmbeddingGemma-layout model of
+# fixtures/embedding/embedding-gemma-f32 (F32 and Q8_0). Then `kiln-run serve` on the
 # F32 file: /v1/embeddings through the official openai client and raw HTTP, held to
 # `kiln-run embed`'s bits (runner/tests/serve/test_embeddings.py, on 127.0.0.1, bounded).
 set -euo pipefail
@@ -50,6 +51,25 @@ done
 "$bin/kiln-convert" gguf "$work/qwen3-embedding.gguf" -o "$work/qwen3-embedding-from-gguf.kiln" --force > /dev/null
 "$py" ci/embeddings_check.py --bin "$bin/kiln-run" --model "$work/qwen3-embedding-from-gguf.kiln" \
     --reference fixtures/reference/qwen3-embedding/embeddings.json
+# A bidirectional Gemma 3 laid out as EmbeddingGemma is (Gemma3TextModel backbone,
+# use_bidirectional_attention with its two-sided sliding window, mean pooling, two Dense
+# modules, BOS and EOS around each text), tiny and committed, against sentence-transformers'
+# vectors; its Q8_0 copy within cosine 0.999; its GGUF export refused by name.
+"$bin/kiln-convert" hf fixtures/embedding/embedding-gemma-f32 -o "$work/embedding-gemma.kiln" --force 2> /dev/null
+"$py" ci/embeddings_check.py --bin "$bin/kiln-run" --model "$work/embedding-gemma.kiln" \
+    --reference fixtures/reference/embedding-gemma/embeddings.json \
+    --query-prompt "task: search result | query: "
+"$bin/kiln-quantize" "$work/embedding-gemma.kiln" "$work/embedding-gemma-q8_0.kiln" --to q8_0 --force > /dev/null
+"$py" ci/embeddings_check.py --bin "$bin/kiln-run" --model "$work/embedding-gemma-q8_0.kiln" \
+    --reference fixtures/reference/embedding-gemma/embeddings.json --least-cosine 0.999 \
+    --query-prompt "task: search result | query: "
+if "$bin/kiln-convert" export-gguf "$work/embedding-gemma.kiln" -o "$work/embedding-gemma.gguf" \
+    --force 2> "$work/embedding-gemma-export.err"; then
+    echo "FAILED: a bidirectional Gemma 3 embedder exported to GGUF" >&2
+    exit 1
+fi
+grep -q "attention_mask" "$work/embedding-gemma-export.err"
+test ! -e "$work/embedding-gemma.gguf"
 echo "--    kiln-run serve: /v1/embeddings (runner/tests/serve/test_embeddings.py, at most 240 s)"
 KILN_BIN="$root/$bin" KILN_EMBED_MODEL="$root/$work/minilm-f32.kiln" \
     timeout -k 10 240 "$py" -m unittest discover -s runner/tests/serve -p test_embeddings.py -v

@@ -29,10 +29,11 @@ def ranking(rows, queries, documents):
     return [list(np.argsort(-(e[documents] @ e[q]))) for q in queries]
 
 
-def check_one(binary, model, reference):
-    """One F32 model against its reference: cosine ≥ 0.99999 (a zero vector only where the
+def check_one(binary, model, reference, query_prompt, least_cosine=0.99999):
+    """One model against its reference: cosine ≥ `least_cosine` (a zero vector only where the
     reference's is zero), the same token counts, a text the same bits alone and in a batch,
-    and the model's `query` prompt put before the text. Returns the failures."""
+    and the model's `query` prompt (`query_prompt`) put before the text. Returns the
+    failures."""
     ref = json.load(open(reference))
     rows = ref["rows"]
     texts = [r["text"] for r in rows]
@@ -49,7 +50,7 @@ def check_one(binary, model, reference):
         else:
             cos = float(a @ b / na / nb)
         least = min(least, cos)
-        if cos < 0.99999:
+        if cos < least_cosine:
             failures.append(f"{model}: {r['text'][:40]!r} cosine {cos:.7f}")
         if len(r["ids"]) != g["tokens"]:
             failures.append(f"{model}: {r['text'][:40]!r} has {g['tokens']} tokens, "
@@ -60,7 +61,7 @@ def check_one(binary, model, reference):
     if alone != [g["embedding"] for g in got[:4]]:
         failures.append(f"{model}: a text's vector differs alone and in a batch")
     prompted = embed(binary, model, texts[:2], "--prompt-name", "query")
-    prefix = embed(binary, model, [PROMPT_QUERY + t for t in texts[:2]])
+    prefix = embed(binary, model, [query_prompt + t for t in texts[:2]])
     if [p["embedding"] for p in prompted] != [p["embedding"] for p in prefix]:
         failures.append(f"{model}: --prompt-name query is not its prompt before the text")
     return failures
@@ -77,9 +78,13 @@ def main():
     ap.add_argument("--dir")
     ap.add_argument("--reference", required=True)
     ap.add_argument("--model", help="check only this F32 model against --reference")
+    ap.add_argument("--least-cosine", type=float, default=0.99999,
+                    help="the --model's least cosine to the reference (F32: 0.99999)")
+    ap.add_argument("--query-prompt", default=PROMPT_QUERY,
+                    help="the --model's `query` prompt (default: Qwen3-Embedding's)")
     a = ap.parse_args()
     if a.model:
-        failures = check_one(a.bin, a.model, a.reference)
+        failures = check_one(a.bin, a.model, a.reference, a.query_prompt, a.least_cosine)
         if failures:
             print("FAILED:\n  " + "\n  ".join(failures))
             sys.exit(1)

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use kiln_format::{DType, TensorName};
+use kiln_format::{DType, Role, TensorName};
 use memmap2::Mmap;
 use safetensors::{Dtype as StDtype, SafeTensors};
 use serde_json::Value;
@@ -144,7 +144,13 @@ impl Checkpoint {
     /// Find and map the weight files of `dir` and resolve every tensor's canonical name.
     ///
     /// `config` names the family (whose spellings apply) and the class named in messages.
-    pub fn open(dir: &Path, config: &kiln_format::ModelConfig) -> Result<Checkpoint> {
+    /// `dense_dirs` are the embedding model's `Dense` module directories, in order: each
+    /// `model.safetensors` there holds `linear.weight` (and `linear.bias`).
+    pub fn open(
+        dir: &Path,
+        config: &kiln_format::ModelConfig,
+        dense_dirs: &[String],
+    ) -> Result<Checkpoint> {
         let arch = config.source_architecture.as_str();
         let index_path = dir.join("model.safetensors.index.json");
         let (files, index_map, index_file) = if index_path.is_file() {
@@ -164,7 +170,7 @@ impl Checkpoint {
             });
         };
 
-        let shards = files
+        let mut shards = files
             .iter()
             .map(|f| Shard::open(dir, f))
             .collect::<Result<Vec<_>>>()?;
@@ -279,6 +285,48 @@ impl Checkpoint {
                     ),
                 });
             }
+        }
+        for (k, sub) in dense_dirs.iter().enumerate() {
+            let shard = Shard::open(dir, &format!("{sub}/model.safetensors"))?;
+            let (weight, bias) = Role::dense(k).ok_or_else(|| ConvertError::UnknownTensor {
+                path: shard.path.display().to_string(),
+                tensor: "linear.weight".into(),
+                arch: format!("{arch} (more Dense modules than Kiln implements)"),
+            })?;
+            let st = shard.parse()?;
+            let base = shard.bytes().as_ptr() as usize;
+            for (name, view) in st.tensors() {
+                let role = match name.as_str() {
+                    "linear.weight" => weight,
+                    "linear.bias" => bias,
+                    _ => {
+                        return Err(ConvertError::UnknownTensor {
+                            path: shard.path.display().to_string(),
+                            tensor: name,
+                            arch: "a Dense module (linear.weight, linear.bias)".into(),
+                        })
+                    }
+                };
+                let dtype =
+                    dtype_of(view.dtype()).ok_or_else(|| ConvertError::UnsupportedDtype {
+                        path: shard.path.display().to_string(),
+                        tensor: name.clone(),
+                        dtype: format!("{:?}", view.dtype()),
+                    })?;
+                let data = view.data();
+                let start = data.as_ptr() as usize - base;
+                let t = SourceTensor {
+                    name: TensorName::global(role),
+                    source_name: format!("{sub}/{name}"),
+                    shard: shards.len(),
+                    dtype,
+                    shape: view.shape().iter().map(|&d| d as u64).collect(),
+                    range: start..start + data.len(),
+                };
+                tensors.insert(t.name, t);
+            }
+            drop(st);
+            shards.push(shard);
         }
         Ok(Checkpoint {
             dir: dir.to_path_buf(),

@@ -204,19 +204,27 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
     let base = config.family.embedding.take().or_else(|| {
         dir.join("modules.json")
             .exists()
-            .then(|| kiln_format::EmbeddingSpec {
-                pooling: kiln_format::Pooling::LastToken,
-                normalize: false,
-                max_seq_length: None,
-                prompts: Default::default(),
-                default_prompt_name: None,
-            })
+            .then(|| kiln_format::EmbeddingSpec::pooled(kiln_format::Pooling::LastToken, false))
     });
+    let mut dense_dirs = Vec::new();
     if let Some(base) = base {
-        config.family.embedding = Some(crate::sentence_transformers::read(dir, base)?);
+        let (spec, dirs) = crate::sentence_transformers::read(dir, base, config.hidden_size)?;
+        config.family.embedding = Some(spec);
+        dense_dirs = dirs;
+    }
+    if config.family.attention_mask == kiln_format::AttentionMask::Bidirectional
+        && config.family.embedding.is_none()
+    {
+        return Err(ConvertError::field(
+            &config_path,
+            "use_bidirectional_attention",
+            "true, but the directory has no sentence-transformers modules.json saying how the \
+             token states become an embedding; Kiln runs a bidirectional model as an embedding \
+             model only",
+        ));
     }
     let tokenizer = tokenizer_files::read(dir)?;
-    let ck = Checkpoint::open(dir, &config)?;
+    let ck = Checkpoint::open(dir, &config, &dense_dirs)?;
     // The layer count against the tensors the checkpoint holds, before the plan lists every
     // tensor the layers imply.
     if let Err(need) =
@@ -243,6 +251,7 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
         .map(|s| s.to_string())
         .filter(|f| dir.join(f).is_file())
         .collect();
+    side.extend(dense_dirs.iter().map(|d| format!("{d}/config.json")));
     side.extend(ck.index_file.clone());
     side.extend(ck.shards.iter().map(|s| s.name.clone()));
     // Source checksums are computed while the tensors are written; the metadata holds

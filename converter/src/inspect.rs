@@ -317,8 +317,18 @@ pub fn render(i: &Inspection) -> String {
     if let Some(e) = &c.family.embedding {
         let _ = writeln!(
             s,
-            "embedding      {} pooling{}, max {} tokens{}",
+            "embedding      {} pooling{}{}, max {} tokens{}",
             e.pooling.name(),
+            e.dense
+                .iter()
+                .map(|d| format!(
+                    ", dense {}→{}{} {:?}",
+                    d.in_features,
+                    d.out_features,
+                    if d.bias { " +bias" } else { "" },
+                    d.activation
+                ))
+                .collect::<String>(),
             if e.normalize { ", normalised" } else { "" },
             e.max_seq_length.unwrap_or(c.max_position_embeddings),
             if e.prompts.is_empty() {

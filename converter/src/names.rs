@@ -396,6 +396,15 @@ pub fn source_name(source: Source, arch: Architecture, name: TensorName) -> Stri
     if let Some(fused) = fused_source(source, arch, name) {
         return fused;
     }
+    // A Dense module's weights come from its own directory, not the checkpoint's names.
+    if let Some(k) = name.role.dense_index() {
+        let part = if name.role.is_matrix() {
+            "weight"
+        } else {
+            "bias"
+        };
+        return format!("linear.{part} of Dense module {k}");
+    }
     let row = rows(arch)
         .find(|r| r.role == name.role)
         .expect("every role of the family has a row");
@@ -456,7 +465,9 @@ mod tests {
             if arch.spec().encoder {
                 continue;
             }
-            for role in Role::ALL.into_iter().filter(|r| !encoder_only(*r)) {
+            // (A Dense module's tensors are read from its own files: `checkpoint.rs`.)
+            let spelled = |r: &Role| !encoder_only(*r) && r.dense_index().is_none();
+            for role in Role::ALL.into_iter().filter(spelled) {
                 let covered = rows(arch).any(|r| r.role == role);
                 let needed = matches!(role, Role::AttnPostNorm | Role::MlpPostNorm)
                     .then_some(matches!(arch, Architecture::Gemma3 | Architecture::Glm4))
@@ -518,13 +529,10 @@ mod tests {
             eos_token_ids: vec![],
             family: kiln_format::FamilyOptions {
                 type_vocab_size: Some(2),
-                embedding: Some(kiln_format::EmbeddingSpec {
-                    pooling: kiln_format::Pooling::Mean,
-                    normalize: true,
-                    max_seq_length: None,
-                    prompts: Default::default(),
-                    default_prompt_name: None,
-                }),
+                embedding: Some(kiln_format::EmbeddingSpec::pooled(
+                    kiln_format::Pooling::Mean,
+                    true,
+                )),
                 ..arch.spec().options()
             },
         };

@@ -3,15 +3,18 @@
 //!
 //! sentence-transformers stores a model as a transformer checkpoint plus `modules.json`,
 //! which lists the modules applied in order (`Transformer`, then `Pooling` with its
-//! `1_Pooling/config.json`, then optionally `Dense` and `Normalize`);
+//! `1_Pooling/config.json`, then optionally `Dense` modules (each a directory holding its
+//! `config.json` and `model.safetensors`) and `Normalize`);
 //! `sentence_bert_config.json` holds `max_seq_length` and `config_sentence_transformers.json`
 //! the named prompts. Kiln records what they say in the file's [`EmbeddingSpec`], and refuses a
 //! module it does not implement by name rather than computing a different vector.
 
 use std::path::Path;
 
-use kiln_format::{EmbeddingSpec, Pooling};
+use kiln_format::{DenseActivation, DenseLayer, EmbeddingSpec, Pooling};
 use serde_json::Value;
+
+use kiln_format::metadata::MAX_DENSE_LAYERS;
 
 use crate::checkpoint::read_json_as;
 use crate::error::{ConvertError, Result};
@@ -26,13 +29,15 @@ pub const FILES: [&str; 4] = [
 ];
 
 /// The embedding the directory's sentence-transformers files describe, starting from
-/// `base` (what the checkpoint alone implies); `base` unchanged when there is no
-/// `modules.json`.
-pub fn read(dir: &Path, base: EmbeddingSpec) -> Result<EmbeddingSpec> {
+/// `base` (what the checkpoint alone implies, for hidden states `hidden` wide), and the directories (relative to `dir`) of
+/// its `Dense` modules, in order, whose `model.safetensors` hold their weights; `base`
+/// unchanged when there is no `modules.json`.
+pub fn read(dir: &Path, base: EmbeddingSpec, hidden: u64) -> Result<(EmbeddingSpec, Vec<String>)> {
     let modules_path = dir.join("modules.json");
     if !modules_path.exists() {
-        return Ok(base);
+        return Ok((base, Vec::new()));
     }
+    let mut dense_dirs = Vec::new();
     let mut spec = base;
     let modules = read_json_as(&modules_path, "modules.json")?;
     let list = modules
@@ -53,13 +58,25 @@ pub fn read(dir: &Path, base: EmbeddingSpec) -> Result<EmbeddingSpec> {
                 spec.pooling = pooling(&dir.join(sub).join("config.json"))?;
                 pooled = true;
             }
+            "Dense" if pooled && !spec.normalize => {
+                if sub.is_empty() || sub.contains("..") || Path::new(sub).is_absolute() {
+                    return Err(bad(
+                        &modules_path,
+                        format!("module {i}'s `path` {sub:?} is not a directory inside the model"),
+                    ));
+                }
+                let width = spec.dense.last().map_or(hidden, |d| d.out_features);
+                spec.dense.push(dense(&dir.join(sub), width)?);
+                dense_dirs.push(sub.to_string());
+            }
             "Normalize" if pooled => spec.normalize = true,
             _ => {
                 return Err(bad(
                     &modules_path,
                     format!(
                         "module {i} (`{kind}`) is not supported here; Kiln implements a \
-                         Transformer, then Pooling, then optionally Normalize"
+                         Transformer, then Pooling, then optionally Dense modules, then optionally \
+                         Normalize"
                     ),
                 ))
             }
@@ -116,7 +133,108 @@ pub fn read(dir: &Path, base: EmbeddingSpec) -> Result<EmbeddingSpec> {
             }
         }
     }
-    Ok(spec)
+    if spec.dense.len() > MAX_DENSE_LAYERS {
+        return Err(bad(
+            &modules_path,
+            format!(
+                "{} Dense modules; Kiln implements at most {MAX_DENSE_LAYERS}",
+                spec.dense.len()
+            ),
+        ));
+    }
+    Ok((spec, dense_dirs))
+}
+
+/// A `Dense` module's layer, from `dir/config.json`; `width` is the vector it must read. sentence-transformers' defaults apply to absent
+/// keys (a bias, `tanh`); a residual or another input or output than the sentence embedding
+/// is refused by name.
+fn dense(dir: &Path, width: u64) -> Result<DenseLayer> {
+    let path = dir.join("config.json");
+    let what = "a Dense module's config.json";
+    let v = read_json_as(&path, what)?;
+    let field = |key: &str, reason: String| ConvertError::field(&path, key, reason);
+    let size = |key: &str| -> Result<u64> {
+        v.get(key)
+            .and_then(Value::as_u64)
+            .filter(|&n| n > 0)
+            .ok_or_else(|| field(key, format!("{}: not a positive integer", show(v.get(key)))))
+    };
+    let (in_features, out_features) = (size("in_features")?, size("out_features")?);
+    if in_features != width {
+        return Err(field(
+            "in_features",
+            format!("{in_features}, but the vector the module reads has {width} values"),
+        ));
+    }
+    let bias = match v.get("bias") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => return Err(field("bias", format!("{other} is not a boolean"))),
+    };
+    let activation = match v.get("activation_function") {
+        None | Some(Value::Null) => DenseActivation::Tanh,
+        Some(Value::String(s)) => match s.as_str() {
+            "torch.nn.modules.linear.Identity" => DenseActivation::Identity,
+            "torch.nn.modules.activation.Tanh" => DenseActivation::Tanh,
+            other => {
+                return Err(field(
+                    "activation_function",
+                    format!("`{other}` is not supported; Kiln implements Identity and Tanh"),
+                ))
+            }
+        },
+        Some(other) => {
+            return Err(field(
+                "activation_function",
+                format!("{other} is not a class name"),
+            ))
+        }
+    };
+    for key in ["module_input_name", "module_output_name"] {
+        match v.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s == "sentence_embedding" => {}
+            Some(other) => {
+                return Err(field(
+                    key,
+                    format!(
+                        "{other}: Kiln implements a Dense module on the sentence embedding only"
+                    ),
+                ))
+            }
+        }
+    }
+    match v.get("use_residual") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+        Some(other) => {
+            return Err(field(
+                "use_residual",
+                format!("{other}: a residual Dense module is not supported"),
+            ))
+        }
+    }
+    if !dir.join("model.safetensors").is_file() {
+        return Err(ConvertError::MissingFile {
+            dir: dir.display().to_string(),
+            file: "model.safetensors".into(),
+            hint: if dir.join("pytorch_model.bin").exists() {
+                "this Dense module's weights are a pickle (pytorch_model.bin); Kiln reads safetensors: re-save the model with safe_serialization=True"
+            } else {
+                "a Dense module's weights are its model.safetensors"
+            },
+        });
+    }
+    Ok(DenseLayer {
+        in_features,
+        out_features,
+        bias,
+        activation,
+    })
+}
+
+/// A JSON value for a message, `missing` when absent.
+fn show(v: Option<&Value>) -> String {
+    v.map_or_else(|| "missing".to_string(), Value::to_string)
 }
 
 /// The one pooling mode `1_Pooling/config.json` turns on.
@@ -178,13 +296,7 @@ mod tests {
     use super::*;
 
     fn base() -> EmbeddingSpec {
-        EmbeddingSpec {
-            pooling: Pooling::Mean,
-            normalize: false,
-            max_seq_length: None,
-            prompts: Default::default(),
-            default_prompt_name: None,
-        }
+        EmbeddingSpec::pooled(Pooling::Mean, false)
     }
 
     fn write(dir: &Path, name: &str, text: &str) {
@@ -218,14 +330,14 @@ mod tests {
             "config_sentence_transformers.json",
             r#"{"prompts": {"query": "query: ", "document": ""}, "default_prompt_name": null}"#,
         );
-        let spec = read(dir.path(), base()).unwrap();
+        let (spec, _) = read(dir.path(), base(), 64).unwrap();
         assert_eq!(spec.pooling, Pooling::Cls);
         assert!(spec.normalize);
         assert_eq!(spec.max_seq_length, Some(256));
         assert_eq!(spec.prompts["query"], "query: ");
         // No modules.json: the checkpoint's own default.
         let bare = tempfile::tempdir().unwrap();
-        assert_eq!(read(bare.path(), base()).unwrap(), base());
+        assert_eq!(read(bare.path(), base(), 64).unwrap().0, base());
     }
 
     #[test]
@@ -241,8 +353,8 @@ mod tests {
             "1_Pooling/config.json",
             r#"{"pooling_mode_mean_tokens": true}"#,
         );
-        let e = read(dir.path(), base()).unwrap_err().to_string();
-        assert!(e.contains("modules.json") && e.contains("Dense"), "{e}");
+        let e = read(dir.path(), base(), 64).unwrap_err().to_string();
+        assert!(e.contains("2_Normalize/config.json"), "{e}");
 
         write(dir.path(), "modules.json", MODULES);
         write(
@@ -250,7 +362,7 @@ mod tests {
             "1_Pooling/config.json",
             r#"{"pooling_mode_max_tokens": true}"#,
         );
-        let e = read(dir.path(), base()).unwrap_err().to_string();
+        let e = read(dir.path(), base(), 64).unwrap_err().to_string();
         assert!(e.contains("pooling_mode_max_tokens"), "{e}");
 
         write(
@@ -258,7 +370,7 @@ mod tests {
             "1_Pooling/config.json",
             r#"{"pooling_mode_mean_tokens": true, "pooling_mode_cls_token": true}"#,
         );
-        let e = read(dir.path(), base()).unwrap_err().to_string();
+        let e = read(dir.path(), base(), 64).unwrap_err().to_string();
         assert!(e.contains("several pooling modes"), "{e}");
 
         write(
@@ -271,7 +383,132 @@ mod tests {
             "config_sentence_transformers.json",
             r#"{"prompts": {"query": "q: "}, "default_prompt_name": "passage"}"#,
         );
-        let e = read(dir.path(), base()).unwrap_err().to_string();
+        let e = read(dir.path(), base(), 64).unwrap_err().to_string();
         assert!(e.contains("default_prompt_name"), "{e}");
+    }
+
+    /// `Transformer, Pooling, Dense…, Normalize` with each Dense module's files.
+    fn with_dense(dir: &Path, configs: &[&str]) {
+        let mut modules = vec![
+            r#"{"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"}"#
+                .to_string(),
+            r#"{"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}"#
+                .to_string(),
+        ];
+        for (k, config) in configs.iter().enumerate() {
+            let sub = format!("{}_Dense", k + 2);
+            modules.push(format!(
+                r#"{{"idx": {}, "path": "{sub}", "type": "sentence_transformers.models.Dense"}}"#,
+                k + 2
+            ));
+            write(dir, &format!("{sub}/config.json"), config);
+            write(dir, &format!("{sub}/model.safetensors"), "");
+        }
+        modules.push(
+            r#"{"idx": 9, "path": "9_Normalize", "type": "sentence_transformers.models.Normalize"}"#
+                .to_string(),
+        );
+        write(dir, "modules.json", &format!("[{}]", modules.join(",")));
+        write(
+            dir,
+            "1_Pooling/config.json",
+            r#"{"pooling_mode_mean_tokens": true}"#,
+        );
+    }
+
+    #[test]
+    fn reads_dense_modules_in_order_with_their_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        with_dense(
+            dir.path(),
+            &[
+                r#"{"in_features": 64, "out_features": 96, "bias": false,
+                    "activation_function": "torch.nn.modules.linear.Identity"}"#,
+                // sentence-transformers' defaults: a bias and tanh.
+                r#"{"in_features": 96, "out_features": 32,
+                    "module_input_name": "sentence_embedding", "use_residual": false}"#,
+            ],
+        );
+        let (spec, dirs) = read(dir.path(), base(), 64).unwrap();
+        assert_eq!(dirs, ["2_Dense", "3_Dense"]);
+        assert!(spec.normalize);
+        assert_eq!(
+            spec.dense,
+            [
+                DenseLayer {
+                    in_features: 64,
+                    out_features: 96,
+                    bias: false,
+                    activation: DenseActivation::Identity
+                },
+                DenseLayer {
+                    in_features: 96,
+                    out_features: 32,
+                    bias: true,
+                    activation: DenseActivation::Tanh
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn refuses_dense_modules_it_cannot_run_by_name() {
+        let ok = r#"{"in_features": 64, "out_features": 64}"#;
+        for (configs, want) in [
+            (
+                vec![r#"{"in_features": 32, "out_features": 64}"#],
+                "in_features",
+            ),
+            (vec![r#"{"in_features": 64}"#], "out_features"),
+            (
+                vec![
+                    r#"{"in_features": 64, "out_features": 64, "activation_function": "torch.nn.modules.activation.ReLU"}"#,
+                ],
+                "activation_function",
+            ),
+            (
+                vec![r#"{"in_features": 64, "out_features": 64, "use_residual": true}"#],
+                "use_residual",
+            ),
+            (
+                vec![
+                    r#"{"in_features": 64, "out_features": 64, "module_input_name": "token_embeddings"}"#,
+                ],
+                "module_input_name",
+            ),
+            (vec![ok, ok, ok], "at most 2"),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            with_dense(dir.path(), &configs);
+            let e = read(dir.path(), base(), 64).unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        }
+        // Weights only as a pickle: refused with the way out.
+        let dir = tempfile::tempdir().unwrap();
+        with_dense(dir.path(), &[ok]);
+        std::fs::remove_file(dir.path().join("2_Dense/model.safetensors")).unwrap();
+        write(dir.path(), "2_Dense/pytorch_model.bin", "");
+        let e = read(dir.path(), base(), 64).unwrap_err().to_string();
+        assert!(
+            e.contains("model.safetensors") && e.contains("safe_serialization"),
+            "{e}"
+        );
+        // A Dense module after Normalize computes something else: refused.
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            "modules.json",
+            &MODULES.replace(
+                "]",
+                r#", {"idx": 3, "path": "3_Dense", "type": "sentence_transformers.models.Dense"}]"#,
+            ),
+        );
+        write(
+            dir.path(),
+            "1_Pooling/config.json",
+            r#"{"pooling_mode_mean_tokens": true}"#,
+        );
+        let e = read(dir.path(), base(), 64).unwrap_err().to_string();
+        assert!(e.contains("modules.json") && e.contains("Dense"), "{e}");
     }
 }

@@ -77,6 +77,9 @@ pub struct FamilySpec {
 pub struct HfSpec {
     /// The class named in `architectures` (`LlamaForCausalLM`).
     pub class: &'static str,
+    /// The bare backbone's class (`LlamaModel`), which `AutoModel` saves and an embedding
+    /// model built on the family may name instead (EmbeddingGemma: `Gemma3TextModel`).
+    pub backbone: &'static str,
     /// The `model_type` that names the family when `architectures` is absent.
     pub model_type: &'static str,
     /// `max_position_embeddings` when absent.
@@ -99,6 +102,9 @@ pub struct HfSpec {
     pub sliding_window: HfWindow,
     /// Keys naming features Kiln does not implement, refused when present (or true).
     pub refused: &'static [Refused],
+    /// The key that, when true, makes every layer's attention bidirectional (Gemma 3's
+    /// `use_bidirectional_attention`: EmbeddingGemma), if the family has one.
+    pub bidirectional_key: Option<&'static str>,
 }
 
 /// Where a family's q/k/v biases come from.
@@ -239,6 +245,7 @@ const LLAMA: FamilySpec = FamilySpec {
     display: "Llama",
     hf: HfSpec {
         class: "LlamaForCausalLM",
+        backbone: "LlamaModel",
         model_type: "llama",
         max_position_embeddings: 2048,
         head_dim: None,
@@ -250,6 +257,7 @@ const LLAMA: FamilySpec = FamilySpec {
         tie_word_embeddings: false,
         sliding_window: HfWindow::Ignored,
         refused: &[],
+        bidirectional_key: None,
     },
     gguf: GgufSpec {
         name: "llama",
@@ -296,6 +304,7 @@ const GLM: FamilySpec = FamilySpec {
     display: "GLM",
     hf: HfSpec {
         class: "GlmForCausalLM",
+        backbone: "GlmModel",
         model_type: "glm",
         max_position_embeddings: 131_072,
         head_dim: Some(128),
@@ -337,6 +346,7 @@ const BERT: FamilySpec = FamilySpec {
     display: "BERT",
     hf: HfSpec {
         class: "BertModel",
+        backbone: "BertModel",
         model_type: "bert",
         max_position_embeddings: 512,
         eps_key: "layer_norm_eps",
@@ -377,6 +387,7 @@ pub static FAMILIES: [FamilySpec; 9] = [
         display: "Mistral",
         hf: HfSpec {
             class: "MistralForCausalLM",
+            backbone: "MistralModel",
             model_type: "mistral",
             max_position_embeddings: 4096 * 32,
             sliding_window: HfWindow::Optional,
@@ -394,6 +405,7 @@ pub static FAMILIES: [FamilySpec; 9] = [
         display: "Qwen2",
         hf: HfSpec {
             class: "Qwen2ForCausalLM",
+            backbone: "Qwen2Model",
             model_type: "qwen2",
             max_position_embeddings: 32768,
             attention_bias: AttentionBias::Always,
@@ -412,6 +424,7 @@ pub static FAMILIES: [FamilySpec; 9] = [
         display: "Qwen3",
         hf: HfSpec {
             class: "Qwen3ForCausalLM",
+            backbone: "Qwen3Model",
             model_type: "qwen3",
             max_position_embeddings: 32768,
             head_dim: Some(128),
@@ -431,6 +444,7 @@ pub static FAMILIES: [FamilySpec; 9] = [
         display: "Gemma 3",
         hf: HfSpec {
             class: "Gemma3ForCausalLM",
+            backbone: "Gemma3TextModel",
             model_type: "gemma3_text",
             max_position_embeddings: 131_072,
             head_dim: Some(256),
@@ -448,11 +462,8 @@ pub static FAMILIES: [FamilySpec; 9] = [
                     "attn_logit_softcapping",
                     "logit soft-capping is not supported",
                 ),
-                Refused::True(
-                    "use_bidirectional_attention",
-                    "bidirectional attention is not supported",
-                ),
             ],
+            bidirectional_key: Some("use_bidirectional_attention"),
             ..LLAMA.hf
         },
         gguf: GgufSpec {
@@ -498,6 +509,7 @@ pub static FAMILIES: [FamilySpec; 9] = [
         display: "Phi-3",
         hf: HfSpec {
             class: "Phi3ForCausalLM",
+            backbone: "Phi3Model",
             model_type: "phi3",
             max_position_embeddings: 4096,
             rms_norm_eps: 1e-5,
@@ -531,6 +543,7 @@ pub static FAMILIES: [FamilySpec; 9] = [
         display: "GLM-4",
         hf: HfSpec {
             class: "Glm4ForCausalLM",
+            backbone: "Glm4Model",
             model_type: "glm4",
             ..GLM.hf
         },
@@ -565,7 +578,8 @@ impl FamilySpec {
     /// `model_type`.
     pub fn from_hf(class: Option<&str>, model_type: Option<&str>) -> Option<&'static FamilySpec> {
         FAMILIES.iter().find(|s| {
-            Some(s.hf.class) == class || (class.is_none() && Some(s.hf.model_type) == model_type)
+            class.is_some_and(|c| c == s.hf.class || c == s.hf.backbone)
+                || (class.is_none() && Some(s.hf.model_type) == model_type)
         })
     }
 

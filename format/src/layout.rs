@@ -20,8 +20,13 @@ pub const FORMAT_MAJOR: u16 = 1;
 /// The newest minor version this build writes. Minor versions only add; any minor is read.
 /// 1.1 added the `q4_0x16` dtype; 1.2 added `q5_0`, `q5_1`, `q4_k`, `q5_k` and `q6_k`; 1.3
 /// added the files section (packed metadata fields, [`crate::packed`]); 1.4 added `q2_k`,
-/// `q3_k`, `iq4_nl` and `iq4_xs`.
-pub const FORMAT_MINOR: u16 = 4;
+/// `q3_k`, `iq4_nl` and `iq4_xs`; 1.5 added an embedding model's dense layers (the
+/// `embedding.dense` metadata field and the `dense.K.*` tensors).
+pub const FORMAT_MINOR: u16 = 5;
+
+/// The minor version that introduced dense layers: a file holding a `dense.K.*` tensor says
+/// at least this.
+pub const MINOR_DENSE: u16 = 5;
 
 /// The minor version that introduced the files section: a file with a non-empty one says at
 /// least this.

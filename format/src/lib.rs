@@ -62,9 +62,9 @@ pub use input::{open_regular, read_bounded, read_text_bounded};
 pub use iq4::{BlockIQ4NL, BlockIQ4XS};
 pub use kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 pub use metadata::{
-    Architecture, AttentionMask, EmbeddingSpec, FamilyOptions, LayerKind, Metadata, MlpActivation,
-    MlpKind, ModelConfig, NormKind, NormPlace, NormStyle, Pooling, Positions, ProvenanceStep,
-    RopePairing, RopeScaling, SourceFile, TokenizerFiles,
+    Architecture, AttentionMask, DenseActivation, DenseLayer, EmbeddingSpec, FamilyOptions,
+    LayerKind, Metadata, MlpActivation, MlpKind, ModelConfig, NormKind, NormPlace, NormStyle,
+    Pooling, Positions, ProvenanceStep, RopePairing, RopeScaling, SourceFile, TokenizerFiles,
 };
 pub use names::{Role, TensorName};
 pub use q5::{BlockQ5_0, BlockQ5_1};

@@ -232,6 +232,52 @@ pub struct EmbeddingSpec {
     /// The prompt used when none is named, if the model sets one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_prompt_name: Option<String>,
+    /// Projections applied to the pooled vector, in order, before any normalisation
+    /// (sentence-transformers' `Dense` modules: EmbeddingGemma's 768 → 3072 → 768); their
+    /// weights are the tensors `dense.K.weight` (and `dense.K.bias`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dense: Vec<DenseLayer>,
+}
+
+impl EmbeddingSpec {
+    /// Pooling `pooling`, normalised or not, and nothing else stated (no length limit, no
+    /// prompts, no dense layers).
+    pub fn pooled(pooling: Pooling, normalize: bool) -> EmbeddingSpec {
+        EmbeddingSpec {
+            pooling,
+            normalize,
+            max_seq_length: None,
+            prompts: BTreeMap::new(),
+            default_prompt_name: None,
+            dense: Vec::new(),
+        }
+    }
+}
+
+/// The most `Dense` modules an embedding model may have (each is two tensor roles).
+pub const MAX_DENSE_LAYERS: usize = 2;
+
+/// One projection of the pooled vector: `act(W·v + b)`, `W` of shape `(out, in)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DenseLayer {
+    /// The width it reads.
+    pub in_features: u64,
+    /// The width it writes.
+    pub out_features: u64,
+    /// Whether a bias vector `dense.K.bias` is added.
+    pub bias: bool,
+    /// The function applied to each output.
+    pub activation: DenseActivation,
+}
+
+/// What a `Dense` module applies to its outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DenseActivation {
+    /// Nothing (`torch.nn.Identity`: EmbeddingGemma).
+    Identity,
+    /// `tanh` (`torch.nn.Tanh`, sentence-transformers' default).
+    Tanh,
 }
 
 /// Which elements of a head a rotary pair couples.
@@ -368,7 +414,9 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Whether q/k/v projections carry biases.
     pub attention_bias: bool,
-    /// Sliding-window attention span (Mistral), if any.
+    /// Sliding-window attention span (Mistral), if any: a query at `p` sees keys `j` with
+    /// `p - j < sliding_window`, or, with bidirectional attention, `|p - j| < sliding_window`
+    /// (the bound transformers keeps in memory, `w / 2 + 1` for a config.json's `w`).
     pub sliding_window: Option<u64>,
     /// Beginning-of-sequence token id, if the model has one.
     pub bos_token_id: Option<u32>,
@@ -477,6 +525,37 @@ impl ModelConfig {
             );
         }
         if let Some(e) = &self.family.embedding {
+            if e.dense.len() > MAX_DENSE_LAYERS {
+                return bad(
+                    "embedding.dense",
+                    format!(
+                        "{} dense layers; at most {MAX_DENSE_LAYERS} are supported",
+                        e.dense.len()
+                    ),
+                );
+            }
+            let mut width = self.hidden_size;
+            for (k, d) in e.dense.iter().enumerate() {
+                if d.in_features != width {
+                    return bad(
+                        "embedding.dense",
+                        format!(
+                            "dense layer {k} reads {} values, but the vector before it has {width}",
+                            d.in_features
+                        ),
+                    );
+                }
+                if d.out_features == 0 || d.out_features > MAX_CONFIG_DIM {
+                    return bad(
+                        "embedding.dense",
+                        format!(
+                            "dense layer {k} writes {} values, outside 1..={MAX_CONFIG_DIM}",
+                            d.out_features
+                        ),
+                    );
+                }
+                width = d.out_features;
+            }
             if let Some(name) = e.default_prompt_name.as_ref() {
                 if !e.prompts.contains_key(name) {
                     return bad(
@@ -895,6 +974,52 @@ mod tests {
         let mut c = phi_like();
         c.num_layers = 1 << 16;
         assert_eq!(c.check(), Ok(()), "a large layer count a file can hold");
+    }
+
+    /// Dense layers chain from the hidden width, at most two, each of a bounded width; their
+    /// tensors join the expected list.
+    #[test]
+    fn dense_layers_are_checked_and_listed() {
+        let dense = |i, o| DenseLayer {
+            in_features: i,
+            out_features: o,
+            bias: true,
+            activation: DenseActivation::Tanh,
+        };
+        let with = |layers: Vec<DenseLayer>| {
+            let mut c = phi_like();
+            let mut e = EmbeddingSpec::pooled(Pooling::Mean, true);
+            e.dense = layers;
+            c.family.embedding = Some(e);
+            c
+        };
+        let h = phi_like().hidden_size;
+        let c = with(vec![dense(h, 3 * h), dense(3 * h, 7)]);
+        assert_eq!(c.check(), Ok(()));
+        let listed: Vec<_> = crate::expected_tensors(&c)
+            .into_iter()
+            .filter(|(n, _)| n.role.dense_index().is_some())
+            .map(|(n, shape)| (n.to_string(), shape))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("dense.0.weight".to_string(), vec![3 * h, h]),
+                ("dense.0.bias".to_string(), vec![3 * h]),
+                ("dense.1.weight".to_string(), vec![7, 3 * h]),
+                ("dense.1.bias".to_string(), vec![7]),
+            ]
+        );
+        for layers in [
+            vec![dense(h + 1, h)],
+            vec![dense(h, 8), dense(9, 8)],
+            vec![dense(h, 0)],
+            vec![dense(h, MAX_CONFIG_DIM + 1)],
+            vec![dense(h, h), dense(h, h), dense(h, h)],
+        ] {
+            let p = with(layers.clone()).check().unwrap_err();
+            assert_eq!(p.field, "embedding.dense", "{layers:?}: {}", p.reason);
+        }
     }
 
     #[test]

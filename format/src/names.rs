@@ -68,11 +68,19 @@ pub enum Role {
     MlpUpBias,
     /// Down projection bias (BERT), `(hidden)`.
     MlpDownBias,
+    /// An embedding model's first `Dense` projection of the pooled vector, `(out, in)`.
+    Dense0,
+    /// Its bias, `(out)`.
+    Dense0Bias,
+    /// The second `Dense` projection (EmbeddingGemma's 3072 → 768), `(out, in)`.
+    Dense1,
+    /// Its bias, `(out)`.
+    Dense1Bias,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 29] = [
+    pub const ALL: [Role; 33] = [
         Role::Embed,
         Role::FinalNorm,
         Role::LmHead,
@@ -102,7 +110,29 @@ impl Role {
         Role::AttnOBias,
         Role::MlpUpBias,
         Role::MlpDownBias,
+        Role::Dense0,
+        Role::Dense0Bias,
+        Role::Dense1,
+        Role::Dense1Bias,
     ];
+
+    /// The dense layer a role belongs to, if it is one's weight or bias.
+    pub const fn dense_index(self) -> Option<usize> {
+        match self {
+            Role::Dense0 | Role::Dense0Bias => Some(0),
+            Role::Dense1 | Role::Dense1Bias => Some(1),
+            _ => None,
+        }
+    }
+
+    /// The weight and bias roles of dense layer `k` (`k <` [`crate::metadata::MAX_DENSE_LAYERS`]).
+    pub const fn dense(k: usize) -> Option<(Role, Role)> {
+        match k {
+            0 => Some((Role::Dense0, Role::Dense0Bias)),
+            1 => Some((Role::Dense1, Role::Dense1Bias)),
+            _ => None,
+        }
+    }
 
     /// Whether the role repeats once per decoder layer.
     pub const fn per_layer(self) -> bool {
@@ -116,6 +146,10 @@ impl Role {
                 | Role::EmbedNorm
                 | Role::EmbedNormBias
                 | Role::FinalNormBias
+                | Role::Dense0
+                | Role::Dense0Bias
+                | Role::Dense1
+                | Role::Dense1Bias
         )
     }
 
@@ -151,6 +185,10 @@ impl Role {
             Role::AttnOBias => "attn.o.bias",
             Role::MlpUpBias => "mlp.up.bias",
             Role::MlpDownBias => "mlp.down.bias",
+            Role::Dense0 => "dense.0.weight",
+            Role::Dense0Bias => "dense.0.bias",
+            Role::Dense1 => "dense.1.weight",
+            Role::Dense1Bias => "dense.1.bias",
         }
     }
 
@@ -184,6 +222,8 @@ impl Role {
                 | Role::MlpGate
                 | Role::MlpUp
                 | Role::MlpDown
+                | Role::Dense0
+                | Role::Dense1
         )
     }
 }

@@ -74,6 +74,14 @@ pub fn expected_shape(c: &ModelConfig, name: TensorName) -> Option<Vec<u64>> {
             Role::FinalNorm if !post => Some(vec![h]),
             Role::FinalNormBias if !post && layer_norm => Some(vec![h]),
             Role::LmHead if has_head(c) => Some(vec![v, h]),
+            Role::Dense0 | Role::Dense0Bias | Role::Dense1 | Role::Dense1Bias => {
+                let k = name.role.dense_index()?;
+                let d = f.embedding.as_ref()?.dense.get(k)?;
+                match name.role {
+                    Role::Dense0 | Role::Dense1 => Some(vec![d.out_features, d.in_features]),
+                    _ => d.bias.then(|| vec![d.out_features]),
+                }
+            }
             _ => None,
         },
         Some(l) if u64::from(l) < c.num_layers && layer_roles(c).any(|r| r == name.role) => {
@@ -102,7 +110,7 @@ fn has_head(c: &ModelConfig) -> bool {
 }
 
 /// The model-level roles, in file order before the layers (`true`) or after them.
-const GLOBAL_ROLES: [(Role, bool); 8] = [
+const GLOBAL_ROLES: [(Role, bool); 12] = [
     (Role::Embed, true),
     (Role::PosEmbed, true),
     (Role::TypeEmbed, true),
@@ -111,6 +119,10 @@ const GLOBAL_ROLES: [(Role, bool); 8] = [
     (Role::FinalNorm, false),
     (Role::FinalNormBias, false),
     (Role::LmHead, false),
+    (Role::Dense0, false),
+    (Role::Dense0Bias, false),
+    (Role::Dense1, false),
+    (Role::Dense1Bias, false),
 ];
 
 /// How many tensors [`expected_tensors`] lists for `c`, by arithmetic (saturating, so a

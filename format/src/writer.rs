@@ -25,7 +25,7 @@ use crate::error::{FormatError, Result};
 use crate::layout::{
     align_up, minor_for, FixedHeader, IndexRecord, ALIGNMENT, FORMAT_MAJOR, HEADER_LEN,
     HEADER_SHA_RANGE, MAX_DIM, MAX_DIMS, MAX_FILES_LEN, MAX_INDEX_LEN, MAX_METADATA_LEN,
-    MAX_NAME_LEN, MAX_TENSORS, MINOR_FILES,
+    MAX_NAME_LEN, MAX_TENSORS, MINOR_DENSE, MINOR_FILES,
 };
 use crate::metadata::Metadata;
 
@@ -368,7 +368,12 @@ impl KilnWriter {
             .encode(&mut index);
         }
         debug_assert_eq!(index.len() as u64, self.index_len);
-        let dtypes_minor = minor_for(self.slots.iter().map(|s| s.spec.dtype));
+        let mut dtypes_minor = minor_for(self.slots.iter().map(|s| s.spec.dtype));
+        if self.slots.iter().any(|s| {
+            crate::TensorName::parse(&s.spec.name).is_some_and(|n| n.role.dense_index().is_some())
+        }) {
+            dtypes_minor = dtypes_minor.max(MINOR_DENSE);
+        }
         let mut header = FixedHeader {
             major: FORMAT_MAJOR,
             minor: if self.files.is_empty() {

@@ -5,7 +5,8 @@
 //! is `1/√head_dim` except where a family sets its own), with query head `h` reading
 //! key/value head `h / (heads / kv_heads)` (`repeat_kv`), the causal mask letting position `p`
 //! see keys `0..=p`, and, with a sliding window `w`, only keys `j` with `p - j < w` (Mistral).
-//! Scores are f32, as in the reference.
+//! An encoder's queries see every key of their text, or, windowed, those with `|p - j| < w`
+//! (EmbeddingGemma's sliding layers). Scores are f32, as in the reference.
 //!
 //! No `(queries × keys)` score matrix is ever formed. The work is cut into items of one
 //! key/value head, a tile of [`QUERY_TILE`] query tokens (with all the query heads that share
@@ -76,6 +77,16 @@ impl AttnShape {
         match self.window {
             Some(w) => (p + 1).saturating_sub(w),
             None => 0,
+        }
+    }
+
+    /// One past the last key position query position `p` may attend to: `p + 1` when causal;
+    /// otherwise every key of the call, or, windowed, those with `|p - j| < w` (EmbeddingGemma).
+    fn key_end(&self, p: usize) -> usize {
+        match (self.causal, self.window) {
+            (true, _) => p + 1,
+            (false, Some(w)) => p.saturating_add(w),
+            (false, None) => usize::MAX,
         }
     }
 
@@ -168,7 +179,7 @@ pub fn attention(
     for g in 0..shape.kv_heads {
         for t0 in (0..n).step_by(QUERY_TILE) {
             let t1 = (t0 + QUERY_TILE).min(n);
-            let hi = if shape.causal { pos0 + t1 } else { pos0 + n };
+            let hi = shape.key_end(pos0 + t1 - 1).min(pos0 + n);
             let lo = shape.first_key(pos0 + t0);
             let span = if split { KEY_SPAN } else { hi - lo };
             for k0 in (lo..hi).step_by(span.max(1)) {
@@ -284,7 +295,7 @@ fn run_item(
         let mut seen = false;
         for (r, row) in b.s.chunks_exact_mut(kb).enumerate() {
             let p = pos0 + it.t0 + r / group;
-            let last = if shape.causal { (p + 1).min(j1) } else { j1 };
+            let last = shape.key_end(p).min(j1);
             let (a, z) = (shape.first_key(p).max(j0), last);
             if a >= z {
                 row.fill(0.0);
@@ -376,13 +387,15 @@ mod tests {
         let q_dim = shape.heads * hd;
         let n = q.len() / q_dim;
         let mut out = vec![0f32; q.len()];
+        let keys = if shape.causal { 0 } else { pos0 + n };
         for t in 0..n {
             let p = pos0 + t;
+            let end = if shape.causal { p + 1 } else { keys };
             for h in 0..shape.heads {
                 let kvh = h / (shape.heads / shape.kv_heads);
-                let s: Vec<f64> = (0..=p)
+                let s: Vec<f64> = (0..end)
                     .map(|j| {
-                        if shape.window.is_some_and(|w| p - j >= w) {
+                        if shape.window.is_some_and(|w| p.abs_diff(j) >= w) {
                             return f64::NEG_INFINITY;
                         }
                         (0..hd)
@@ -398,7 +411,7 @@ mod tests {
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f64 = e.iter().sum();
                 for i in 0..hd {
-                    out[t * q_dim + h * hd + i] = (0..=p)
+                    out[t * q_dim + h * hd + i] = (0..end)
                         .map(|j| e[j] / z * f64::from(v[j * kv_dim + kvh * hd + i]))
                         .sum::<f64>() as f32;
                 }
@@ -481,10 +494,17 @@ mod tests {
         (8, 2, 64, None, 0, 300),
     ];
 
+    /// Causal and bidirectional (an encoder's queries, windowed on both sides or not).
     #[test]
     fn matches_naive_attention_across_shapes_windows_and_threads() {
-        for (heads, kv_heads, hd, window, pos0, n) in CASES {
-            let shape = AttnShape::new(heads, kv_heads, hd, window);
+        let masks = CASES
+            .into_iter()
+            .flat_map(|case| [(case, true), (case, false)]);
+        for ((heads, kv_heads, hd, window, pos0, n), causal) in masks {
+            let shape = AttnShape {
+                causal,
+                ..AttnShape::new(heads, kv_heads, hd, window)
+            };
             let kv_dim = kv_heads * hd;
             let q = data(n * heads * hd, 1);
             let k = data((pos0 + n) * kv_dim, 2);

@@ -119,9 +119,13 @@ impl<'m> Embedder<'m> {
         })
     }
 
-    /// The vectors' width.
+    /// The vectors' width: the last dense layer's, or the hidden states'.
     pub fn dim(&self) -> usize {
-        self.compute.model().config.hidden
+        let c = &self.compute.model().config;
+        c.embedding
+            .as_ref()
+            .and_then(|e| e.dense.last())
+            .map_or(c.hidden, |d| d.out_features as usize)
     }
 
     /// The most tokens an input keeps.
@@ -191,7 +195,7 @@ impl<'m> Embedder<'m> {
                 None => self.seqs.push(self.compute.sequence_of(need)?),
             }
         }
-        let h = self.dim();
+        let h = self.compute.model().config.hidden;
         let (pooling, normalize) = (self.pooling, self.normalize);
         let seqs = &mut self.seqs[..batch.len()];
         for s in seqs.iter_mut() {
@@ -200,18 +204,26 @@ impl<'m> Embedder<'m> {
         let mut refs: Vec<&mut Sequence> = seqs.iter_mut().collect();
         let inputs: Vec<&[u32]> = batch.iter().map(Vec::as_slice).collect();
         let states = self.compute.encode(&mut refs, &inputs)?;
-        let mut out = Vec::with_capacity(batch.len());
+        let mut pooled = Vec::with_capacity(batch.len() * h);
         let mut first = 0;
         for ids in batch {
             let rows = &states[first * h..(first + ids.len()) * h];
             first += ids.len();
-            let mut v = pool(rows, h, pooling);
-            if normalize {
-                l2_normalize(&mut v);
-            }
-            out.push(v);
+            pooled.extend(pool(rows, h, pooling));
         }
-        Ok(out)
+        // Dense, then Normalize, as the modules run.
+        let projected = self.compute.project(pooled, batch.len());
+        let dim = projected.len() / batch.len();
+        Ok(projected
+            .chunks_exact(dim)
+            .map(|v| {
+                let mut v = v.to_vec();
+                if normalize {
+                    l2_normalize(&mut v);
+                }
+                v
+            })
+            .collect())
     }
 }
 

@@ -333,10 +333,17 @@ impl<'m> Compute<'m> {
     pub fn sequence_of(&self, ctx: usize) -> Result<Sequence> {
         let ctx = ctx.min(self.ctx);
         let c = &self.model.config;
+        // A bidirectional layer's queries read keys after their own: a text's keys are all
+        // kept, never a ring.
+        let sliding = if c.bidirectional() {
+            SlidingCache::Full
+        } else {
+            self.sliding
+        };
         Ok(Sequence {
             cache: KvCache::with_windows(
                 &(0..c.layers).map(|l| c.window(l)).collect::<Vec<_>>(),
-                self.sliding,
+                sliding,
                 ctx,
                 c.kv_heads,
                 c.head_dim,
@@ -416,6 +423,27 @@ impl<'m> Compute<'m> {
     /// so a text's states are the same bits alone or beside others.
     pub fn encode(&mut self, seqs: &mut [&mut Sequence], inputs: &[&[u32]]) -> Result<&[f32]> {
         self.run_segments("encode", seqs, inputs, Logits::States, false)
+    }
+
+    /// An embedding model's dense layers over `n` pooled vectors `x` (`n × in`, row-major):
+    /// `act(W·v + b)` for each layer in order (sentence-transformers' `Dense` modules). Every
+    /// product runs as [`Batching::Texts`], so a vector's bits do not depend on its batch.
+    pub fn project(&self, mut x: Vec<f32>, n: usize) -> Vec<f32> {
+        let dense = &self.model.weights.dense;
+        let specs = self.model.config.embedding.iter().flat_map(|e| &e.dense);
+        for ((w, bias), spec) in dense.iter().zip(specs) {
+            let mut y = vec![0.0f32; n * w.rows];
+            let pool = &*self.pool;
+            pool.install(|| matmul_many_for(&[w], &x, n, &mut [&mut y], pool, Batching::Texts));
+            if let Some(b) = bias {
+                add_rows(&mut y, b);
+            }
+            if spec.activation == kiln_format::DenseActivation::Tanh {
+                y.iter_mut().for_each(|v| *v = v.tanh());
+            }
+            x = y;
+        }
+        x
     }
 
     /// `inputs[i]` into `seqs[i]`, all in one pass on the pool ([`Compute::run`]).

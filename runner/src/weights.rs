@@ -93,6 +93,35 @@ pub struct Weights<'a> {
     pub final_norm: Option<Norm<'a>>,
     /// Output projection, `(vocab, hidden)`; `None` when tied to `embed`.
     pub lm_head: Option<Matrix<'a>>,
+    /// An embedding model's projections of the pooled vector, in order, with their biases.
+    pub dense: Vec<Dense<'a>>,
+}
+
+/// A dense layer of an embedding model: its weight and, if it has one, its bias.
+pub type Dense<'a> = (Matrix<'a>, Option<Cow<'a, [f32]>>);
+
+/// The dense layers `config`'s embedding spec lists (none for a generator).
+fn dense_layers<'a>(file: &'a KilnFile, config: &Config) -> Result<Vec<Dense<'a>>> {
+    let Some(spec) = &config.embedding else {
+        return Ok(Vec::new());
+    };
+    spec.dense
+        .iter()
+        .enumerate()
+        .map(|(k, d)| {
+            // `ModelConfig::check` allows at most as many layers as there are roles.
+            let (w, b) = Role::dense(k).ok_or_else(|| RunnerError::BadConfig {
+                file: file.label().to_string(),
+                field: "embedding.dense",
+                reason: format!("dense layer {k} has no tensor name"),
+            })?;
+            let bias = d
+                .bias
+                .then(|| vector(file, TensorName::global(b)))
+                .transpose()?;
+            Ok((matrix(file, TensorName::global(w))?, bias))
+        })
+        .collect()
 }
 
 impl<'a> Weights<'a> {
@@ -176,6 +205,7 @@ impl<'a> Weights<'a> {
             } else {
                 Some(matrix(file, g(Role::LmHead))?)
             },
+            dense: dense_layers(file, config)?,
         })
     }
 

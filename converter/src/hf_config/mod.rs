@@ -46,7 +46,7 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
         reason: "the top level is not an object".into(),
     })?;
     let f = Fields { path, map };
-    let spec = family(&f)?;
+    let (spec, class) = family(&f)?;
     let dims = Dims::read(&f, spec)?;
     let block = Block::read(&f, spec)?;
     let rope = rope::resolve(&f, spec, dims.max_position_embeddings)?;
@@ -57,6 +57,10 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
     let sliding_window =
         if spec.sliding_layers.is_some() && !family.layer_kinds.contains(&LayerKind::Sliding) {
             None
+        } else if family.attention_mask == kiln_format::AttentionMask::Bidirectional {
+            // Gemma3TextConfig's `__post_init__`: a bidirectional window of `w` (as config.json
+            // states it) sees `w / 2` positions each side, the exclusive bound `w / 2 + 1`.
+            sliding_window.map(|w| w / 2 + 1)
         } else {
             sliding_window
         };
@@ -64,7 +68,7 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
 
     let config = ModelConfig {
         architecture: spec.architecture,
-        source_architecture: spec.hf.class.to_string(),
+        source_architecture: class.unwrap_or_else(|| spec.hf.class.to_string()),
         hidden_size: dims.hidden_size,
         intermediate_size: dims.intermediate_size,
         num_layers: dims.num_layers,
@@ -91,8 +95,9 @@ pub fn parse(path: &Path, text: &str, generation: Option<&Value>) -> Result<Mode
     Ok(config)
 }
 
-/// The family's row, by the class `architectures` names (or, without one, by `model_type`).
-fn family(f: &Fields<'_>) -> Result<&'static FamilySpec> {
+/// The family's row, by the class `architectures` names (or, without one, by `model_type`),
+/// and that class.
+fn family(f: &Fields<'_>) -> Result<(&'static FamilySpec, Option<String>)> {
     let path = f.path;
     let class = match f.get("architectures") {
         Some(Value::Array(a)) if a.len() == 1 => a[0].as_str().map(str::to_string),
@@ -123,13 +128,14 @@ fn family(f: &Fields<'_>) -> Result<&'static FamilySpec> {
                 "missing (and no `model_type` either)",
             )
         })?;
-    FamilySpec::from_hf(class.as_deref(), model_type).ok_or_else(|| {
+    let spec = FamilySpec::from_hf(class.as_deref(), model_type).ok_or_else(|| {
         ConvertError::UnsupportedArchitecture {
             path: path.display().to_string(),
             found,
             supported: FamilySpec::hf_classes(),
         }
-    })
+    })?;
+    Ok((spec, class))
 }
 
 /// The model's sizes, defaulted as the family's config class defaults them.
@@ -304,13 +310,10 @@ fn encoder_options(f: &Fields<'_>, family: &mut kiln_format::FamilyOptions) -> R
         }
     }
     family.type_vocab_size = Some(f.uint("type_vocab_size")?.unwrap_or(2));
-    family.embedding = Some(kiln_format::EmbeddingSpec {
-        pooling: kiln_format::Pooling::Mean,
-        normalize: false,
-        max_seq_length: None,
-        prompts: Default::default(),
-        default_prompt_name: None,
-    });
+    family.embedding = Some(kiln_format::EmbeddingSpec::pooled(
+        kiln_format::Pooling::Mean,
+        false,
+    ));
     Ok(())
 }
 
@@ -328,6 +331,11 @@ fn options(
     family.mlp_activation = mlp_activation;
     if spec.encoder {
         encoder_options(f, &mut family)?;
+    }
+    if let Some(key) = spec.hf.bidirectional_key {
+        if f.bool(key, false)? {
+            family.attention_mask = kiln_format::AttentionMask::Bidirectional;
+        }
     }
     if let Some(layers) = &spec.sliding_layers {
         let (layer_kinds, attn_scale) = layers::sliding_layers(f, layers, dims.num_layers)?;
@@ -645,5 +653,28 @@ mod tests {
         let mut v = base();
         v["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]);
         assert!(parse_value(&v).unwrap().attention_bias);
+    }
+
+    /// EmbeddingGemma's config: the bare backbone's class, bidirectional attention, and the
+    /// window transformers keeps in memory (`w / 2 + 1` for the saved `w`); causal otherwise.
+    #[test]
+    fn gemma3_backbone_with_bidirectional_attention() {
+        let mut v = base();
+        v["architectures"] = serde_json::json!(["Gemma3TextModel"]);
+        v["head_dim"] = serde_json::json!(16);
+        v["sliding_window"] = serde_json::json!(512);
+        v["use_bidirectional_attention"] = serde_json::json!(true);
+        let c = parse_value(&v).unwrap();
+        assert_eq!(c.architecture, kiln_format::Architecture::Gemma3);
+        assert_eq!(c.source_architecture, "Gemma3TextModel");
+        assert_eq!(
+            c.family.attention_mask,
+            kiln_format::AttentionMask::Bidirectional
+        );
+        assert_eq!(c.sliding_window, Some(257));
+        v["use_bidirectional_attention"] = serde_json::json!(false);
+        let c = parse_value(&v).unwrap();
+        assert_eq!(c.family.attention_mask, kiln_format::AttentionMask::Causal);
+        assert_eq!(c.sliding_window, Some(512));
     }
 }

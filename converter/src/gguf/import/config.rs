@@ -358,6 +358,12 @@ fn embedding_spec(k: &Keys) -> Result<kiln_format::EmbeddingSpec> {
                         format!("{v:?} is not Kiln's embedding JSON"),
                     )
                 })?;
+            if !stored.dense.is_empty() {
+                return Err(k.err(
+                    "kiln.embedding",
+                    "lists Dense layers, which no GGUF layout Kiln reads carries",
+                ));
+            }
             if stored.pooling != pooling {
                 return Err(k.err(
                     "kiln.embedding",
@@ -371,13 +377,7 @@ fn embedding_spec(k: &Keys) -> Result<kiln_format::EmbeddingSpec> {
             }
             stored
         }
-        None => kiln_format::EmbeddingSpec {
-            pooling,
-            normalize: true,
-            max_seq_length: None,
-            prompts: Default::default(),
-            default_prompt_name: None,
-        },
+        None => kiln_format::EmbeddingSpec::pooled(pooling, true),
     };
     Ok(spec)
 }
