@@ -78,11 +78,23 @@ def main():
     ap.add_argument("--dir")
     ap.add_argument("--reference", required=True)
     ap.add_argument("--model", help="check only this F32 model against --reference")
+    ap.add_argument("--same-as", help="with --model: embed --reference's texts with both and "
+                    "require identical output")
     ap.add_argument("--least-cosine", type=float, default=0.99999,
                     help="the --model's least cosine to the reference (F32: 0.99999)")
     ap.add_argument("--query-prompt", default=PROMPT_QUERY,
                     help="the --model's `query` prompt (default: Qwen3-Embedding's)")
     a = ap.parse_args()
+    if a.model and a.same_as:
+        # Two files of the same weights (a GGUF round trip): the same token counts and bits.
+        texts = [r["text"] for r in json.load(open(a.reference))["rows"]]
+        got, want = embed(a.bin, a.model, texts), embed(a.bin, a.same_as, texts)
+        if got != want:
+            print(f"FAILED: {a.model} embeds differently from {a.same_as}")
+            sys.exit(1)
+        print(f"{os.path.basename(a.model)}: the same vectors and token counts as "
+              f"{os.path.basename(a.same_as)} over {len(texts)} texts")
+        return
     if a.model:
         failures = check_one(a.bin, a.model, a.reference, a.query_prompt, a.least_cosine)
         if failures:

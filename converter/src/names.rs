@@ -379,6 +379,11 @@ fn match_pattern(pat: &str, name: &str) -> Option<Option<u32>> {
 
 /// The canonical name of a source tensor of an `arch` model, if the table knows its spelling.
 pub fn canonical(source: Source, arch: Architecture, name: &str) -> Option<TensorName> {
+    if source == Source::Gguf {
+        if let Some(&(role, _)) = GGUF_DENSE.iter().find(|(_, n)| *n == name) {
+            return Some(TensorName::global(role));
+        }
+    }
     rows(arch).find_map(|row| {
         match_pattern(pattern(&row, source), name).map(|layer| TensorName {
             layer,
@@ -395,6 +400,11 @@ pub fn canonical(source: Source, arch: Architecture, name: &str) -> Option<Tenso
 pub fn source_name(source: Source, arch: Architecture, name: TensorName) -> String {
     if let Some(fused) = fused_source(source, arch, name) {
         return fused;
+    }
+    if let (Source::Gguf, Some(&(_, spelled))) =
+        (source, GGUF_DENSE.iter().find(|(r, _)| *r == name.role))
+    {
+        return spelled.to_string();
     }
     // A Dense module's weights come from its own directory, not the checkpoint's names.
     if let Some(k) = name.role.dense_index() {
@@ -414,6 +424,15 @@ pub fn source_name(source: Source, arch: Architecture, name: TensorName) -> Stri
         None => pat.to_string(),
     }
 }
+
+/// llama.cpp's names of an embedding model's Dense projections (`gemma-embedding`: the
+/// sentence-transformers modules 2 and 3), the same in every family.
+const GGUF_DENSE: [(Role, &str); 4] = [
+    (Role::Dense0, "dense_2.weight"),
+    (Role::Dense0Bias, "dense_2.bias"),
+    (Role::Dense1, "dense_3.weight"),
+    (Role::Dense1Bias, "dense_3.bias"),
+];
 
 /// Whether a Hugging Face tensor is a derived buffer that conversion may skip.
 pub fn is_ignorable_hf(name: &str) -> bool {

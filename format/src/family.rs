@@ -170,6 +170,11 @@ pub struct GgufSpec {
     pub sentencepiece_vocab: bool,
     /// Whether llama.cpp ignores the window the file states (Phi-3), which an export notes.
     pub ignores_window: bool,
+    /// The name of llama.cpp's graph for the family with bidirectional attention, an embedding
+    /// model (Gemma 3's `gemma-embedding`: EmbeddingGemma), if it has one: such a file is
+    /// written and read under this name, with the same keys and tensors as the family's
+    /// (`<name>.` prefixed), its window two-sided.
+    pub embedding_name: Option<&'static str>,
 }
 
 /// How a family's GGUF states its attention window.
@@ -270,6 +275,7 @@ const LLAMA: FamilySpec = FamilySpec {
         end_of_turn: None,
         sentencepiece_vocab: false,
         ignores_window: false,
+        embedding_name: None,
     },
     qk_norm: false,
     post_norms: false,
@@ -484,6 +490,7 @@ pub static FAMILIES: [FamilySpec; 9] = [
             // of text.
             end_of_turn: Some("<end_of_turn>"),
             sentencepiece_vocab: true,
+            embedding_name: Some("gemma-embedding"),
             ..LLAMA.gguf
         },
         qk_norm: true,
@@ -583,11 +590,12 @@ impl FamilySpec {
         })
     }
 
-    /// The family a GGUF file of `general.architecture` `name` imports as.
+    /// The family a GGUF file of `general.architecture` `name` imports as (its graph's name,
+    /// or its bidirectional embedding graph's: [`GgufSpec::embedding_name`]).
     pub fn from_gguf(name: &str) -> Option<&'static FamilySpec> {
-        FAMILIES
-            .iter()
-            .find(|s| s.gguf.imported && s.gguf.name == name)
+        FAMILIES.iter().find(|s| {
+            (s.gguf.imported && s.gguf.name == name) || s.gguf.embedding_name == Some(name)
+        })
     }
 
     /// `LlamaForCausalLM, MistralForCausalLM, …`: the classes Kiln converts, for messages.
@@ -604,7 +612,7 @@ impl FamilySpec {
         FAMILIES
             .iter()
             .filter(|s| s.gguf.imported)
-            .map(|s| s.gguf.name)
+            .flat_map(|s| std::iter::once(s.gguf.name).chain(s.gguf.embedding_name))
             .collect::<Vec<_>>()
             .join(", ")
     }

@@ -796,6 +796,7 @@ impl<'m> Compute<'m> {
             return Ok(match &w.final_norm {
                 Some(norm) => {
                     norm_rows(&s.x, norm, eps, &mut s.xn, h);
+                    emit(&mut observer, arch, Activation::FinalNorm, &s.xn, h);
                     &s.xn
                 }
                 None => &s.x,

@@ -86,6 +86,9 @@ impl Activation {
     /// MLP-output norm is `post_mlp_layernorm`); every other site is spelled alike.
     pub fn name(self, arch: Architecture) -> String {
         use Activation::*;
+        if arch.spec().encoder {
+            return self.bert_name();
+        }
         let layer = |l: usize, s: &str| format!("model.layers.{l}.{s}.output");
         let norms = arch.spec().norms;
         match (norms.post, self) {
@@ -93,6 +96,33 @@ impl Activation {
             (Some(_), PreFfnNorm(l)) => layer(l, norms.mlp),
             (Some((_, mlp)), PostFfnNorm(l)) => layer(l, mlp),
             _ => self.to_string(),
+        }
+    }
+}
+
+impl Activation {
+    /// The name of this site in a `BertModel` (the encoder family): its module path plus
+    /// `.output`. A post-norm block's norms are its `LayerNorm`s after each residual add, so
+    /// [`Activation::AttnNorm`] is `attention.output` (`LayerNorm(dense + input)`) and
+    /// [`Activation::Layer`] the layer's output; [`Activation::DownIn`] is `intermediate`
+    /// (the GELU of its dense output).
+    fn bert_name(self) -> String {
+        use Activation::*;
+        let layer = |l: usize, s: &str| format!("encoder.layer.{l}.{s}.output");
+        match self {
+            Embed => "embeddings.output".into(),
+            AttnNorm(l) => layer(l, "attention.output"),
+            Q(l) => layer(l, "attention.self.query"),
+            K(l) => layer(l, "attention.self.key"),
+            V(l) => layer(l, "attention.self.value"),
+            AttnOut(l) => format!("encoder.layer.{l}.attention.output.dense.input"),
+            O(l) => layer(l, "attention.output.dense"),
+            Up(l) => layer(l, "intermediate.dense"),
+            DownIn(l) => layer(l, "intermediate"),
+            Mlp(l) => layer(l, "output.dense"),
+            Layer(l) => format!("encoder.layer.{l}.output"),
+            // Sites a BERT block does not have keep the decoder spelling (never emitted).
+            other => other.to_string(),
         }
     }
 }

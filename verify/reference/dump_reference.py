@@ -3,7 +3,8 @@
 
 Runs a Hugging Face checkpoint with transformers (float32 compute, eager attention, eval, no
 grad), records the output of every decoder layer, of each layer's sub-modules (norms,
-projections, MLP) and the logits with forward hooks, and writes one safetensors file per prompt:
+projections, MLP) and the logits with forward hooks (for an embedding model: the token states
+and the sentence-transformers vector, `sentence_embedding`), and writes one safetensors file per prompt:
 `OUT/0.safetensors`, `OUT/1.safetensors`, ... (plain prompts first, then chats). Every family
 Kiln runs is covered: Llama (SmolLM, TinyLlama), Mistral, Qwen2, Qwen3, Gemma 3 (text), Phi-3,
 GLM-4 and GLM; fused projections (Phi-3, GLM) are saved split under the unfused names, and
@@ -122,10 +123,26 @@ HEAD_NORM_LAYOUT = {"qwen3": "thd", "gemma3_text": "htd"}
 HEAD_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
 
 # The Hugging Face classes Kiln converts (converter/src/hf_config.rs); anything else is refused
-# before torch is loaded.
+# before torch is loaded. The bare backbones and `BertModel` are embedding models (with a
+# sentence-transformers modules.json, or BERT's own mean pooling).
 SUPPORTED_CLASSES = ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                      "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
-                     "Glm4ForCausalLM", "GlmForCausalLM"]
+                     "Glm4ForCausalLM", "GlmForCausalLM", "BertModel", "Qwen3Model",
+                     "Gemma3TextModel", "LlamaModel", "Qwen2Model"]
+
+# A BERT layer's sub-modules whose outputs are recorded (relative to encoder.layer.N): the
+# projections with their biases, the attention block's output (LayerNorm after its residual
+# add), the intermediate dense layer and its GELU, and the output dense layer.
+BERT_PARTS = [
+    "attention.self.query",
+    "attention.self.key",
+    "attention.self.value",
+    "attention.output.dense",
+    "attention.output",
+    "intermediate.dense",
+    "intermediate",
+    "output.dense",
+]
 ROLES = ("system", "user", "assistant")
 
 
@@ -178,6 +195,119 @@ def greedy_ids(model, ids, mask, n: int):
             past, cur = o.past_key_values, nxt.view(1, 1)
             mask = torch.cat([mask, torch.ones((1, 1), dtype=mask.dtype)], dim=1)
     return torch.tensor(out, dtype=torch.int64)
+
+
+def dump_embedder(model_dir: Path, out_dir: Path, texts: list[str],
+                  detail_layers: list[int] | None, source_name: str | None = None):
+    """An embedding model: every layer's (and the detail layers' sub-modules') outputs for each
+    text, as the bare backbone computes them on sentence-transformers' tokens, and the text's
+    vector as sentence-transformers' `encode` gives it (`sentence_embedding`). A bare decoder
+    backbone's module paths are saved with the `model.` prefix its causal class has, so that
+    they line up with Kiln's names."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+    from transformers import AutoModel
+
+    torch.manual_seed(0)
+    st = None
+    if (model_dir / "modules.json").is_file():
+        from sentence_transformers import SentenceTransformer
+
+        st = SentenceTransformer(str(model_dir), device="cpu")
+    model = AutoModel.from_pretrained(str(model_dir), dtype=torch.float32,
+                                      attn_implementation="eager").eval()
+    cfg = model.config
+    bert = cfg.model_type == "bert"
+    n_layers = cfg.num_hidden_layers
+    detail = list(range(n_layers)) if detail_layers is None else sorted(set(detail_layers))
+    detail = sorted({i + n_layers if i < 0 else i for i in detail})
+    if any(i < 0 or i >= n_layers for i in detail):
+        raise BadInput(f"--detail-layers: layers are 0..{n_layers - 1} (or -1 for the last)")
+    if bert:
+        wanted = {"embeddings": "embeddings.output"}
+        for n in range(n_layers):
+            wanted[f"encoder.layer.{n}"] = f"encoder.layer.{n}.output"
+            if n in detail:
+                for part in BERT_PARTS:
+                    wanted[f"encoder.layer.{n}.{part}"] = f"encoder.layer.{n}.{part}.output"
+        head_norm_names, head_norm_layout = set(), None
+    else:
+        parts = layer_parts(cfg.model_type)
+        head_norm_layout = HEAD_NORM_LAYOUT.get(cfg.model_type)
+        wanted = {"embed_tokens": "model.embed_tokens.output", "norm": "model.norm.output"}
+        head_norm_names = set()
+        for n in range(n_layers):
+            wanted[f"layers.{n}"] = f"model.layers.{n}.output"
+            if n in detail:
+                for part in parts:
+                    wanted[f"layers.{n}.{part}"] = f"model.layers.{n}.{part}.output"
+                    if part in HEAD_NORMS:
+                        head_norm_names.add(f"model.layers.{n}.{part}.output")
+    modules = dict(model.named_modules())
+    missing = [m for m in wanted if m not in modules]
+    if missing:
+        raise BadInput(f"{model_dir}: modules not found: {missing[:5]}")
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    tmp.chmod(0o755)
+    try:
+        for k, text in enumerate(texts):
+            if st is not None:
+                ids = getattr(st, "preprocess", st.tokenize)([text])["input_ids"]
+            else:
+                ids = transformers.AutoTokenizer.from_pretrained(str(model_dir))(
+                    text, return_tensors="pt", truncation=True)["input_ids"]
+            captured: dict[str, "torch.Tensor"] = {}
+
+            def hook(name):
+                def fn(_module, _inputs, output):
+                    captured[name] = first(output).detach()[0].to(torch.float32).contiguous()
+                return fn
+
+            handles = [modules[m].register_forward_hook(hook(t)) for m, t in wanted.items()]
+            try:
+                with torch.no_grad():
+                    model(input_ids=ids, attention_mask=torch.ones_like(ids))
+            finally:
+                for h in handles:
+                    h.remove()
+            tensors = {"input_ids": ids[0].to(torch.int64).contiguous()}
+            for name in wanted.values():
+                tensors[name] = captured[name]
+                if name in head_norm_names:
+                    tensors[name] = flatten_heads(captured[name], head_norm_layout, ids.shape[1])
+            if st is not None:
+                with torch.no_grad():
+                    vec = st.encode([text], convert_to_tensor=True, batch_size=1)[0]
+                tensors["sentence_embedding"] = vec.to(torch.float32).cpu().contiguous()
+            meta = {
+                "prompt": text,
+                "model": source_name or model_dir.name,
+                "architecture": ",".join(cfg.architectures or []),
+                "dtype": "float32",
+                "attn_implementation": "eager",
+                "transformers_version": transformers.__version__,
+                "torch_version": torch.__version__,
+                "n_tokens": str(ids.shape[1]),
+                "detail_layers": ",".join(map(str, detail)),
+            }
+            save_file(tensors, str(tmp / f"{k}.safetensors"), metadata=meta)
+            (tmp / f"{k}.safetensors").chmod(0o644)
+            print(f"{source_name or model_dir.name}/{k}: {ids.shape[1]} tokens, "
+                  f"{len(tensors)} tensors")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def is_embedder(model_dir: Path, cls: str) -> bool:
+    """`BertModel`, a bare backbone, or a sentence-transformers directory."""
+    return cls == "BertModel" or cls.endswith("Model") or (model_dir / "modules.json").is_file()
 
 
 def dump_model(model_dir: Path, out_dir: Path, prompts: list[str], chats: list,
@@ -400,19 +530,26 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        check_model_dir(args.model)
+        cls = check_model_dir(args.model)
         check_out_dir(args.out, args.force)
         prompts = list(args.prompt) + (read_prompts(args.prompts) if args.prompts else [])
         chats = list(args.chat) + (read_chats(args.chats) if args.chats else [])
         if not prompts and not chats:
             raise BadInput("nothing to run: give --prompt, --prompts, --chat or --chats")
         detail = None if args.detail_layers is None else parse_layers(args.detail_layers)
+        embedder = is_embedder(args.model, cls)
+        if embedder and chats:
+            raise BadInput(f"--model {args.model} is an embedding model, which has no chat "
+                           f"template: give its texts with --prompt or --prompts")
         import transformers
 
         if not transformers.__version__.startswith("5."):
             raise BadInput(f"transformers 5.x expected, found {transformers.__version__} "
                            f"(pip install -r verify/reference/requirements.txt)")
-        dump_model(args.model, args.out, prompts, chats, args.system, detail)
+        if embedder:
+            dump_embedder(args.model, args.out, prompts, detail)
+        else:
+            dump_model(args.model, args.out, prompts, chats, args.system, detail)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

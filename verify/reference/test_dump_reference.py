@@ -77,11 +77,22 @@ class Inputs(unittest.TestCase):
     def test_an_architecture_kiln_does_not_run_is_refused(self):
         model = self.dir / "m"
         model.mkdir()
-        (model / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+        (model / "config.json").write_text(json.dumps({"architectures": ["T5EncoderModel"]}))
         code, err = run("--model", model, "--out", self.dir / "out", "--prompt", "x")
         self.assertEqual(code, 2, err)
-        self.assertIn("BertModel", err)
+        self.assertIn("T5EncoderModel", err)
         self.assertIn("Gemma3ForCausalLM", err)
+        self.assertIn("BertModel", err)
+
+    def test_an_embedding_model_takes_texts_not_chats(self):
+        model = self.dir / "bert"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+        code, err = run("--model", model, "--out", self.dir / "out", "--chat", "hi")
+        self.assertEqual(code, 2, err)
+        self.assertIn("embedding model", err)
+        self.assertIn("--prompt", err)
+        self.assertFalse((self.dir / "out").exists())
 
     def test_a_non_empty_output_is_kept_without_force(self):
         out = self.dir / "out"

@@ -26,6 +26,8 @@ pub struct Dump {
     pub input_ids: Vec<u32>,
     /// Activations `(name, [rows, cols], data)`, in file order.
     pub activations: Vec<(String, [usize; 2], Vec<f32>)>,
+    /// An embedding model's final vector ([`SENTENCE_EMBEDDING`]), if the dump holds it.
+    pub sentence_embedding: Option<Vec<f32>>,
     /// Tensors that are not activations Kiln compares.
     pub other: Vec<String>,
     /// String metadata (prompt text, producing versions…).
@@ -79,6 +81,7 @@ impl Dump {
         };
         let mut activations = Vec::new();
         let mut other = Vec::new();
+        let mut sentence_embedding = None;
         // File order is alphabetical in safetensors; keep the header's order for stability.
         let mut names: Vec<String> = st.names().into_iter().map(|n| n.to_string()).collect();
         names.sort();
@@ -87,8 +90,17 @@ impl Dump {
                 continue;
             }
             let v = st.tensor(&name).expect("listed");
-            let is_activation =
-                name == "logits" || (name.starts_with("model.") && name.ends_with(".output"));
+            if name == SENTENCE_EMBEDDING {
+                sentence_embedding = Some(vector(&name, &v).map_err(&bad)?);
+                continue;
+            }
+            // Decoders' module paths start with `model.`; a BERT encoder's with `embeddings`
+            // or `encoder.`.
+            let is_activation = name == "logits"
+                || (["model.", "embeddings.", "encoder."]
+                    .iter()
+                    .any(|p| name.starts_with(p))
+                    && name.ends_with(".output"));
             if !is_activation {
                 other.push(name);
                 continue;
@@ -128,6 +140,7 @@ impl Dump {
             path: path.display().to_string(),
             input_ids,
             activations,
+            sentence_embedding,
             other,
             metadata: meta
                 .metadata()
@@ -142,6 +155,36 @@ impl Dump {
 /// `shape` without a leading batch dimension, for a tensor whose unbatched rank is `rank`: a
 /// shape of rank `rank + 1` must lead with a batch of 1 (transformers' `[1, T, …]`); any other
 /// shape is returned as it is, for the caller's own check.
+/// The name of an embedding model's final vector in a dump (`[dim]` or `[1, dim]`): what
+/// sentence-transformers' `encode` returns (pooled, projected, normalised).
+pub const SENTENCE_EMBEDDING: &str = "sentence_embedding";
+
+/// A finite F32 vector `[n]` or `[1, n]`.
+fn vector(name: &str, v: &safetensors::tensor::TensorView<'_>) -> Result<Vec<f32>, String> {
+    if v.dtype() != Dtype::F32 {
+        return Err(format!("`{name}` is {:?}, expected F32", v.dtype()));
+    }
+    match unbatched(name, v.shape(), 1)? {
+        [n] if *n > 0 => {}
+        other => {
+            return Err(format!(
+                "`{name}` has shape {other:?}, expected [dim] or [1, dim]"
+            ))
+        }
+    }
+    let data: Vec<f32> = v
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect();
+    if data.iter().any(|x| !x.is_finite()) {
+        return Err(format!(
+            "`{name}` holds NaN or infinite values; regenerate the reference"
+        ));
+    }
+    Ok(data)
+}
+
 fn unbatched<'a>(name: &str, shape: &'a [usize], rank: usize) -> Result<&'a [usize], String> {
     match shape.split_first() {
         Some((&1, rest)) if shape.len() == rank + 1 => Ok(rest),

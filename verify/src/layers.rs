@@ -2,10 +2,11 @@
 //! in forward order, so the first one out of tolerance points at where the numbers went wrong.
 
 use kiln_format::KilnFile;
+use kiln_runner::embed::{EmbedOptions, Embedder};
 use kiln_runner::{Logits, Model, Recorder};
 use serde::Serialize;
 
-use crate::dump::Dump;
+use crate::dump::{Dump, SENTENCE_EMBEDDING};
 use crate::error::{Result, VerifyError};
 use crate::metrics::{argmax, Metrics};
 use crate::tolerance::{Tolerance, WeightClass};
@@ -67,16 +68,49 @@ pub fn verify_layers(
     let class = WeightClass::of_file(file);
     let tol = tolerance.unwrap_or_else(|| Tolerance::for_class(class));
     let model = Model::load(file)?;
+    let encoder = model.config.is_encoder();
     let mut session = model.session(dump.input_ids.len(), threads)?;
     let mut rec = Recorder {
         only: dump.activations.iter().map(|(n, _, _)| n.clone()).collect(),
         records: Vec::new(),
     };
-    session.forward(&dump.input_ids, Logits::All, Some(&mut rec))?;
+    // An embedding model's output is its token states (and then one vector), not logits.
+    let which = if encoder { Logits::States } else { Logits::All };
+    session.forward(&dump.input_ids, which, Some(&mut rec))?;
+    if let (true, Some(want)) = (encoder, &dump.sentence_embedding) {
+        let opts = EmbedOptions {
+            truncate: Some(dump.input_ids.len()),
+            ..EmbedOptions::default()
+        };
+        let mut embedder = Embedder::new(&model, file.label(), threads, &opts)?;
+        let got = embedder
+            .embed_ids(std::slice::from_ref(&dump.input_ids), &mut |_| {})?
+            .remove(0);
+        if want.len() != got.len() {
+            return Err(VerifyError::BadDump {
+                path: dump.path.clone(),
+                reason: format!(
+                    "`{SENTENCE_EMBEDDING}` has {} values but the model's vectors have {}",
+                    want.len(),
+                    got.len()
+                ),
+            });
+        }
+        rec.records
+            .push((SENTENCE_EMBEDDING.into(), [1, got.len()], got));
+    }
 
     let mut entries = Vec::new();
+    let sentence = dump
+        .sentence_embedding
+        .as_ref()
+        .map(|v| (SENTENCE_EMBEDDING.to_string(), [1, v.len()], v.clone()));
     for (name, shape, got) in &rec.records {
-        let Some((_, rshape, reference)) = dump.activations.iter().find(|(n, _, _)| n == name)
+        let Some((_, rshape, reference)) = dump
+            .activations
+            .iter()
+            .chain(&sentence)
+            .find(|(n, _, _)| n == name)
         else {
             continue;
         };

@@ -77,7 +77,13 @@ pub fn config_metadata(arch: &str, c: &ModelConfig) -> Vec<(String, Value)> {
         ),
         (k("vocab_size"), u(c.vocab_size)),
     ];
-    match (c.architecture.spec().gguf.window, c.sliding_window) {
+    // A bidirectional window as llama.cpp states it (`n_swa / 2` positions each side): what
+    // transformers saves, `2 (w − 1)` for the bound `|p − j| < w`.
+    let bidirectional = c.family.attention_mask == kiln_format::AttentionMask::Bidirectional;
+    let window = c
+        .sliding_window
+        .map(|w| if bidirectional { 2 * (w - 1) } else { w });
+    match (c.architecture.spec().gguf.window, window) {
         (GgufWindow::Required, Some(w)) => kv.push((k("attention.sliding_window"), u(w))),
         // llama.cpp's converter writes 0 for a Phi-3 without a window (Phi-4-mini).
         (GgufWindow::ZeroMeansNone, w) => {
@@ -122,6 +128,11 @@ pub fn config_metadata(arch: &str, c: &ModelConfig) -> Vec<(String, Value)> {
     // llama.cpp's converter writes one, and the rest of its embedding for Kiln's import.
     if let Some(e) = &c.family.embedding {
         kv.extend(embedding_keys(arch, e));
+        // EmbeddingGemma's projections, as llama.cpp's converter states them.
+        for (d, name) in e.dense.iter().zip(["dense_2", "dense_3"]) {
+            kv.push((k(&format!("{name}_feat_in")), u(d.in_features)));
+            kv.push((k(&format!("{name}_feat_out")), u(d.out_features)));
+        }
     }
     kv
 }

@@ -3,7 +3,7 @@
 //! user should know about one it runs faithfully is noted.
 
 use kiln_format::family::{GgufWindow, SlidingLayers};
-use kiln_format::{LayerKind, ModelConfig, RopeScaling, FAMILIES};
+use kiln_format::{AttentionMask, DenseActivation, LayerKind, ModelConfig, RopeScaling, FAMILIES};
 
 use super::super::value::{Array, Value};
 
@@ -104,6 +104,78 @@ pub fn hard_wired_mismatch(c: &ModelConfig) -> Option<(&'static str, String)> {
         ));
     }
     None
+}
+
+/// The `general.architecture` an export writes: the family's graph, or, for a decoder family
+/// with bidirectional attention, its embedding graph ([`GgufSpec::embedding_name`]).
+///
+/// [`GgufSpec::embedding_name`]: kiln_format::family::GgufSpec::embedding_name
+pub fn gguf_name(c: &ModelConfig) -> &'static str {
+    let gguf = &c.architecture.spec().gguf;
+    match (bidirectional_decoder(c), gguf.embedding_name) {
+        (true, Some(name)) => name,
+        _ => gguf.name,
+    }
+}
+
+/// Whether `c` is a decoder family run with bidirectional attention (EmbeddingGemma).
+fn bidirectional_decoder(c: &ModelConfig) -> bool {
+    c.family.attention_mask == AttentionMask::Bidirectional && !c.architecture.spec().encoder
+}
+
+/// Why llama.cpp would compute an embedding model's vectors differently, if it would: a
+/// bidirectional decoder whose family has no embedding graph, or Dense projections other than
+/// the ones llama.cpp's `gemma-embedding` graph applies (`dense_2`, then `dense_3` back to the
+/// hidden width, without biases or activations).
+pub fn embedding_mismatch(c: &ModelConfig) -> Option<(&'static str, String)> {
+    let spec = c.architecture.spec();
+    if bidirectional_decoder(c) && spec.gguf.embedding_name.is_none() {
+        return Some((
+            "attention_mask",
+            format!(
+                "bidirectional: llama.cpp has no bidirectional graph for `{}`",
+                spec.gguf.name
+            ),
+        ));
+    }
+    let dense = c
+        .family
+        .embedding
+        .as_ref()
+        .map_or(&[][..], |e| &e.dense[..]);
+    if dense.is_empty() {
+        return None;
+    }
+    let why = if !bidirectional_decoder(c) {
+        format!(
+            "{} Dense layer(s): llama.cpp applies them in its bidirectional embedding graphs \
+             only",
+            dense.len()
+        )
+    } else if let Some(d) = dense.iter().find(|d| d.bias) {
+        format!(
+            "a Dense layer {}→{} with a bias, which llama.cpp's `{}` graph does not load",
+            d.in_features,
+            d.out_features,
+            gguf_name(c)
+        )
+    } else if let Some(d) = dense
+        .iter()
+        .find(|d| d.activation != DenseActivation::Identity)
+    {
+        format!(
+            "a Dense layer {}→{} with {:?}, where llama.cpp's graph applies none",
+            d.in_features, d.out_features, d.activation
+        )
+    } else if dense.len() == 2 && dense[1].out_features != c.hidden_size {
+        format!(
+            "the second Dense layer writes {} values; llama.cpp requires the hidden width ({})",
+            dense[1].out_features, c.hidden_size
+        )
+    } else {
+        return None;
+    };
+    Some(("embedding.dense", why))
 }
 
 /// Why llama.cpp would run this model of a family with sliding layers (Gemma 3) differently
@@ -239,4 +311,65 @@ pub(super) fn notices(c: &ModelConfig) -> Vec<String> {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_format::{DenseLayer, EmbeddingSpec, Pooling};
+
+    /// The committed EmbeddingGemma-layout fixture's configuration, with `dense` layers.
+    fn embedding_gemma(dense: &[(u64, u64, bool, DenseActivation)]) -> ModelConfig {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures/embedding/embedding-gemma-f32/config.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut c = crate::hf_config::parse(&path, &text, None).unwrap();
+        let mut e = EmbeddingSpec::pooled(Pooling::Mean, true);
+        e.dense = dense
+            .iter()
+            .map(
+                |&(in_features, out_features, bias, activation)| DenseLayer {
+                    in_features,
+                    out_features,
+                    bias,
+                    activation,
+                },
+            )
+            .collect();
+        c.family.embedding = Some(e);
+        c
+    }
+
+    #[test]
+    fn bidirectional_gemma_exports_as_gemma_embedding_with_its_dense_layers_only() {
+        use DenseActivation::{Identity, Tanh};
+        let plain = embedding_gemma(&[(64, 96, false, Identity), (96, 64, false, Identity)]);
+        assert_eq!(gguf_name(&plain), "gemma-embedding");
+        assert_eq!(embedding_mismatch(&plain), None);
+        assert_eq!(embedding_mismatch(&embedding_gemma(&[])), None);
+        for (dense, want) in [
+            (vec![(64, 96, true, Identity)], "bias"),
+            (vec![(64, 96, false, Tanh)], "Tanh"),
+            (
+                vec![(64, 96, false, Identity), (96, 32, false, Identity)],
+                "hidden width",
+            ),
+        ] {
+            let (field, why) = embedding_mismatch(&embedding_gemma(&dense)).unwrap();
+            assert_eq!(field, "embedding.dense");
+            assert!(why.contains(want), "{want}: {why}");
+        }
+        // Causal: the family's own graph, which applies no Dense layers.
+        let mut causal = plain.clone();
+        causal.family.attention_mask = AttentionMask::Causal;
+        assert_eq!(gguf_name(&causal), "gemma3");
+        let (field, _) = embedding_mismatch(&causal).unwrap();
+        assert_eq!(field, "embedding.dense");
+        // A bidirectional decoder of a family without an embedding graph.
+        let mut qwen = embedding_gemma(&[]);
+        qwen.architecture = kiln_format::Architecture::Qwen3;
+        let (field, why) = embedding_mismatch(&qwen).unwrap();
+        assert_eq!(field, "attention_mask");
+        assert!(why.contains("qwen3"), "{why}");
+    }
 }

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use kiln_format::{AttentionMask, KilnFile, ModelConfig};
+use kiln_format::{KilnFile, ModelConfig};
 
 use super::tokenizer;
 use super::value::Value;
@@ -85,7 +85,7 @@ pub fn export_gguf(opts: &ExportOptions, progress: &dyn Progress) -> Result<Expo
     let meta = f.metadata();
     let c = &meta.config;
     check_llama_cpp_runs_it(c, &label)?;
-    let arch = c.architecture.spec().gguf.name;
+    let arch = llama_cpp::gguf_name(c);
     let mut notices = llama_cpp::notices(c);
 
     let mut b = GgufBuilder::new();
@@ -180,29 +180,8 @@ fn check_llama_cpp_runs_it(c: &ModelConfig, label: &str) -> Result<()> {
         None => format!("a {} model", c.architecture.name()),
         Some(field) => format!("a {} model's `{field}`", c.architecture.name()),
     };
-    // The export writes the family's causal graph and no projection after the pooling: an
-    // EmbeddingGemma-style file would lose both.
-    if c.family.attention_mask == AttentionMask::Bidirectional && !c.architecture.spec().encoder {
-        return Err(export_error(
-            label,
-            what(Some("attention_mask")),
-            "bidirectional attention in a decoder family is not exported (llama.cpp's \
-             `gemma-embedding` layout is not written yet); the file runs in Kiln"
-                .to_string(),
-        ));
-    }
-    if c.family
-        .embedding
-        .as_ref()
-        .is_some_and(|e| !e.dense.is_empty())
-    {
-        return Err(export_error(
-            label,
-            what(Some("embedding.dense")),
-            "the Dense projections after the pooling are not exported (llama.cpp's \
-             `dense_2`/`dense_3` tensors are not written yet); the file runs in Kiln"
-                .to_string(),
-        ));
+    if let Some((field, why)) = llama_cpp::embedding_mismatch(c) {
+        return Err(export_error(label, what(Some(field)), why));
     }
     if let Some(layers) = &c.architecture.spec().sliding_layers {
         if let Some(why) = sliding_layers_mismatch(c, layers) {

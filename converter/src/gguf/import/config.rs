@@ -101,11 +101,22 @@ pub(super) fn resolve_config(file: &str, h: &GgufHeader, bytes: &[u8]) -> Result
     let (rope_theta, rope_scaling) = rope_settings(file, bytes, &k, spec, head_dim, rotary_dim)?;
     let eos_token_ids = eos_token_ids(&k, spec)?;
     let num_layers = k.u64("block_count")?;
-    let (mut family, sliding_window) = family(&k, spec, num_layers, hidden, heads, head_dim)?;
+    let (mut family, mut sliding_window) = family(&k, spec, num_layers, hidden, heads, head_dim)?;
+    // llama.cpp's embedding graph of the family (`gemma-embedding`): bidirectional, each
+    // sliding layer's window `n_swa / 2` positions to either side (the bound `|p − j| <
+    // n_swa / 2 + 1`), pooled.
+    let bidirectional = spec.gguf.embedding_name == Some(arch);
+    if bidirectional {
+        family.attention_mask = kiln_format::AttentionMask::Bidirectional;
+        sliding_window = sliding_window.map(|w| w / 2 + 1);
+    }
     if spec.encoder {
         encoder(&k, &mut family)?;
-    } else if k.get("pooling_type").is_some() || k.header.get("kiln.embedding").is_some() {
-        // A decoder-based embedder (Qwen3-Embedding: last-token pooling).
+    } else if bidirectional
+        || k.get("pooling_type").is_some()
+        || k.header.get("kiln.embedding").is_some()
+    {
+        // A decoder-based embedder (Qwen3-Embedding: last-token pooling; EmbeddingGemma).
         family.embedding = Some(embedding_spec(&k)?);
     }
     let family = FamilyOptions {
@@ -358,12 +369,6 @@ fn embedding_spec(k: &Keys) -> Result<kiln_format::EmbeddingSpec> {
                         format!("{v:?} is not Kiln's embedding JSON"),
                     )
                 })?;
-            if !stored.dense.is_empty() {
-                return Err(k.err(
-                    "kiln.embedding",
-                    "lists Dense layers, which no GGUF layout Kiln reads carries",
-                ));
-            }
             if stored.pooling != pooling {
                 return Err(k.err(
                     "kiln.embedding",
@@ -377,9 +382,40 @@ fn embedding_spec(k: &Keys) -> Result<kiln_format::EmbeddingSpec> {
             }
             stored
         }
-        None => kiln_format::EmbeddingSpec::pooled(pooling, true),
+        None => {
+            let mut spec = kiln_format::EmbeddingSpec::pooled(pooling, true);
+            spec.dense = dense_layers(k)?;
+            spec
+        }
     };
     Ok(spec)
+}
+
+/// The Dense projections llama.cpp's converter states for an embedding model
+/// (`dense_2_feat_in`/`_out`, `dense_3_feat_in`/`_out`: EmbeddingGemma's 768 → 3072 → 768),
+/// as its graph runs them: `dense_2.weight` then `dense_3.weight`, no bias, no activation.
+fn dense_layers(k: &Keys) -> Result<Vec<kiln_format::DenseLayer>> {
+    let mut layers = Vec::new();
+    for name in ["dense_2", "dense_3"] {
+        let feat_in = k.u64_opt(&format!("{name}_feat_in"))?;
+        let feat_out = k.u64_opt(&format!("{name}_feat_out"))?;
+        match (feat_in, feat_out) {
+            (None, None) => {}
+            (Some(in_features), Some(out_features)) => layers.push(kiln_format::DenseLayer {
+                in_features,
+                out_features,
+                bias: false,
+                activation: kiln_format::DenseActivation::Identity,
+            }),
+            _ => {
+                return Err(k.err(
+                    &format!("{}.{name}_feat_in", k.arch),
+                    "the Dense layer's input and output widths must both be stated",
+                ))
+            }
+        }
+    }
+    Ok(layers)
 }
 
 /// Sliding layers as llama.cpp runs them (Gemma 3), whose file states only the window: every

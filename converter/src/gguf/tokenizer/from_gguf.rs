@@ -437,10 +437,14 @@ fn tokenizer_json(m: Model<'_>, specials: &Specials) -> Json {
             "pre_tokenizer": pre_json,
             "post_processor": match eos {
                 None => byte_level_post,
-                // The appended EOS after the byte-level offsets step (BOS, where added, comes
-                // from `add_bos_token`, as for every byte-level vocabulary).
+                // The appended EOS after the byte-level offsets step, with the BOS where
+                // added: an embedder's texts (EmbeddingGemma's `<bos> … <eos>`) are encoded
+                // by the post-processor alone, as sentence-transformers encodes them. (A
+                // generator's BOS otherwise comes from `add_bos_token`, as for every
+                // byte-level vocabulary.)
                 Some(_) => json!({"type": "Sequence", "processors": [
-                    byte_level_post, template_processor(None, spelled(eos))]}),
+                    byte_level_post,
+                    template_processor(spelled(specials.bos.filter(|_| specials.add_bos)), spelled(eos))]}),
             },
             "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
             "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
