@@ -5,7 +5,8 @@
 # `kiln-run embed`, checked by ci/embeddings_check.py against sentence-transformers' own
 # vectors (fixtures/reference/minilm/embeddings.json, made with PyTorch by
 # fixtures/reference/make_embeddings.py): F32 cosine ≥ 0.99999 and the same token counts,
-# Q8_0 least ≥ 0.998 and mean ≥ 0.9995, Q4_0 reported with the retrieval order of a small query/document set; a
+# Q8_0 least ≥ 0.998 and mean ≥ 0.9995, Q4_0 (reference and calibrated) reported with the
+# retrieval order of a small query/document set (the top document the reference's); a
 # text's vector the same bits alone and in a batch; JSON lines and .npy agreeing; bad options
 # refused by name (exit 2); and the F32 and Q8_0 files through GGUF
 # (llama.cpp's `bert` layout) and back, giving the same vectors. The tiny decoder-based
@@ -35,6 +36,8 @@ bin=target/release
 "$bin/kiln-convert" hf "$model" -o "$work/minilm-f32.kiln" --force
 "$bin/kiln-quantize" "$work/minilm-f32.kiln" "$work/minilm-q8_0.kiln" --to q8_0 --force > /dev/null
 "$bin/kiln-quantize" "$work/minilm-f32.kiln" "$work/minilm-q4_0.kiln" --to q4_0 --force > /dev/null
+"$bin/kiln-quantize" "$work/minilm-f32.kiln" "$work/minilm-q4_0-cal.kiln" --to q4_0 \
+    --calibrate fixtures/text/calibration.txt --force > /dev/null
 for q in f32 q8_0; do
     "$bin/kiln-convert" export-gguf "$work/minilm-$q.kiln" -o "$work/minilm-$q.gguf" --force > /dev/null
     "$bin/kiln-convert" gguf "$work/minilm-$q.gguf" -o "$work/minilm-$q-from-gguf.kiln" --force > /dev/null

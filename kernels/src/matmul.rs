@@ -725,16 +725,54 @@ fn lanes_chunk(
                 if t0 >= t1 {
                     break;
                 }
-                for (l, o) in outs[t0..t1].iter_mut().enumerate() {
-                    for (o, acc) in o.chunks_mut(TILE_ROWS).zip(acc) {
-                        for (v, a) in o.iter_mut().zip(acc) {
-                            *v = a[g][l];
-                        }
-                    }
-                }
+                transpose_sums(acc, g, &mut outs[t0..t1]);
             }
         }
     })
+}
+
+/// Token `l` of `outs` gets group `g`'s sums of every row tile of `acc` (`acc[rt][r][g][l]` is
+/// row `rt·TILE_ROWS + r`). Four tokens at a time the four rows of a tile go as one 4 × 4
+/// transpose (LLVM makes it shuffles, where a float a time was a load and a store each: a
+/// twentieth of a MiniLM embedding's time); a short last tile or token quad goes a float at a
+/// time.
+#[inline(always)]
+fn transpose_sums(acc: &[LanesAcc], g: usize, outs: &mut [&mut [f32]]) {
+    let mut quads = outs.chunks_exact_mut(4);
+    let mut l = 0;
+    for q in &mut quads {
+        let [o0, o1, o2, o3] = q else { unreachable!() };
+        let rows = o0.len();
+        for (rt, a) in acc.iter().enumerate() {
+            let base = rt * TILE_ROWS;
+            if base + TILE_ROWS > rows {
+                for (r, a) in a.iter().enumerate().take(rows - base) {
+                    o0[base + r] = a[g][l];
+                    o1[base + r] = a[g][l + 1];
+                    o2[base + r] = a[g][l + 2];
+                    o3[base + r] = a[g][l + 3];
+                }
+                break;
+            }
+            let m: [[f32; 4]; TILE_ROWS] =
+                std::array::from_fn(|r| a[r][g][l..l + 4].try_into().expect("4 lanes"));
+            for (i, o) in [&mut **o0, &mut **o1, &mut **o2, &mut **o3]
+                .into_iter()
+                .enumerate()
+            {
+                o[base..base + TILE_ROWS]
+                    .copy_from_slice(&std::array::from_fn::<f32, TILE_ROWS, _>(|r| m[r][i]));
+            }
+        }
+        l += 4;
+    }
+    for (i, o) in quads.into_remainder().iter_mut().enumerate() {
+        for (o, a) in o.chunks_mut(TILE_ROWS).zip(acc) {
+            for (v, a) in o.iter_mut().zip(a) {
+                *v = a[g][l + i];
+            }
+        }
+    }
 }
 
 /// Rows `r0..r1` of float weights `w` (`cols` a row) against every token tile of `xl` through

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
-use kiln_format::{hex, KilnFile, Role, TensorName};
+use kiln_format::{hex, KilnFile, NormPlace, Role, TensorName};
 use kiln_runner::{Activation, Logits, Model, Observer, Tokenizer};
 use ndarray::linalg::general_mat_mul;
 use ndarray::{s, ArrayView2, ArrayViewMut2};
@@ -65,9 +65,16 @@ impl Default for CalibrationOptions {
 /// The input site of each quantizable matrix in `file`: matrix name → activation name.
 pub fn matrix_sites(file: &KilnFile) -> BTreeMap<String, String> {
     let names: Vec<&str> = file.tensors().iter().map(|t| t.name.as_str()).collect();
-    let tied = !names.contains(&Role::LmHead.suffix());
+    // The embedding is also the output projection of a tied generator; an embedding model's is
+    // a lookup table only, which no input statistic describes.
+    let tied = !names.contains(&Role::LmHead.suffix())
+        && file.metadata().config.family.embedding.is_none();
     // Where the pre-MLP norm's output is reported: Gemma's `pre_feedforward_layernorm`.
     let post_norms = file.metadata().config.family.post_norms;
+    // A post-norm block (BERT) reads the residual stream itself: the attention takes the
+    // previous layer's output (the embeddings' for layer 0), the MLP the LayerNorm after the
+    // attention's residual add.
+    let post_place = file.metadata().config.family.norm_place == NormPlace::Post;
     let arch = file.metadata().config.architecture;
     let mut sites = BTreeMap::new();
     for name in names {
@@ -76,6 +83,11 @@ pub fn matrix_sites(file: &KilnFile) -> BTreeMap<String, String> {
         };
         let l = t.layer.unwrap_or(0) as usize;
         let site = match t.role {
+            Role::AttnQ | Role::AttnK | Role::AttnV if post_place => match l {
+                0 => Activation::Embed,
+                _ => Activation::Layer(l - 1),
+            },
+            Role::MlpUp if post_place => Activation::AttnNorm(l),
             Role::AttnQ | Role::AttnK | Role::AttnV => Activation::AttnNorm(l),
             Role::AttnO => Activation::AttnOut(l),
             Role::MlpGate | Role::MlpUp if post_norms => Activation::PreFfnNorm(l),

@@ -803,6 +803,10 @@ impl<'m> Compute<'m> {
             });
         }
         let Some(final_norm) = &w.final_norm else {
+            // A post-norm encoder has no final norm: for calibration, its layers were all.
+            if which == Logits::None {
+                return Ok(&[]);
+            }
             return Err(RunnerError::InvalidArgument {
                 arg: "forward",
                 reason: "an embedding model has no output head; it gives states, not logits".into(),
