@@ -140,6 +140,35 @@ fn dtype_of(d: StDtype) -> Option<DType> {
     }
 }
 
+impl SourceTensor {
+    /// Tensor `name` of shard `shard` (at `path`, mapped at address `base`) as `view` shows
+    /// it: its dtype (refused by name when Kiln reads no such dtype), shape and byte range.
+    /// Its canonical name is a placeholder for the caller to set.
+    fn locate(
+        path: &Path,
+        shard: usize,
+        base: usize,
+        name: &str,
+        view: &safetensors::tensor::TensorView<'_>,
+    ) -> Result<SourceTensor> {
+        let dtype = dtype_of(view.dtype()).ok_or_else(|| ConvertError::UnsupportedDtype {
+            path: path.display().to_string(),
+            tensor: name.to_string(),
+            dtype: format!("{:?}", view.dtype()),
+        })?;
+        let data = view.data();
+        let start = data.as_ptr() as usize - base;
+        Ok(SourceTensor {
+            name: TensorName::global(Role::Embed),
+            source_name: name.to_string(),
+            shard,
+            dtype,
+            shape: view.shape().iter().map(|&d| d as u64).collect(),
+            range: start..start + data.len(),
+        })
+    }
+}
+
 impl Checkpoint {
     /// Find and map the weight files of `dir` and resolve every tensor's canonical name.
     ///
@@ -216,21 +245,10 @@ impl Checkpoint {
                     skipped.push(name);
                     continue;
                 }
-                let dtype =
-                    dtype_of(view.dtype()).ok_or_else(|| ConvertError::UnsupportedDtype {
-                        path: shard.path.display().to_string(),
-                        tensor: name.clone(),
-                        dtype: format!("{:?}", view.dtype()),
-                    })?;
-                let data = view.data();
-                let start = data.as_ptr() as usize - base;
+                let located = SourceTensor::locate(&shard.path, si, base, &name, &view)?;
                 let source = |canon: TensorName| SourceTensor {
                     name: canon,
-                    source_name: name.clone(),
-                    shard: si,
-                    dtype,
-                    shape: view.shape().iter().map(|&d| d as u64).collect(),
-                    range: start..start + data.len(),
+                    ..located.clone()
                 };
                 // A bare decoder backbone (what `AutoModel` saves: Qwen3-Embedding, for one)
                 // spells its tensors without the `model.` prefix.
@@ -307,21 +325,10 @@ impl Checkpoint {
                         })
                     }
                 };
-                let dtype =
-                    dtype_of(view.dtype()).ok_or_else(|| ConvertError::UnsupportedDtype {
-                        path: shard.path.display().to_string(),
-                        tensor: name.clone(),
-                        dtype: format!("{:?}", view.dtype()),
-                    })?;
-                let data = view.data();
-                let start = data.as_ptr() as usize - base;
                 let t = SourceTensor {
                     name: TensorName::global(role),
                     source_name: format!("{sub}/{name}"),
-                    shard: shards.len(),
-                    dtype,
-                    shape: view.shape().iter().map(|&d| d as u64).collect(),
-                    range: start..start + data.len(),
+                    ..SourceTensor::locate(&shard.path, shards.len(), base, &name, &view)?
                 };
                 tensors.insert(t.name, t);
             }
