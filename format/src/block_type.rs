@@ -13,7 +13,7 @@ use half::{bf16, f16};
 use crate::blocks::{self, BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 use crate::dtype::DType;
 use crate::error::{FormatError, Result};
-use crate::iq4::{self, BlockIQ4NL, BlockIQ4XS};
+use crate::iq4::{self, BlockIQ4NL, BlockIQ4NLx16, BlockIQ4XS};
 use crate::kquants::{self, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, QK_K};
 use crate::q5::{self, BlockQ5_0, BlockQ5_1};
 
@@ -656,38 +656,60 @@ ggml_block!(BlockIQ4XS, IQ4_XS, QK_K, 23, Scales::one(ScaleFloat::F16, 0),
     iq4::quantize_row_iq4_xs_ref, iq4::dequantize_row_iq4_xs,
     weighted: Some(iq4::quantize_row_iq4_xs_weighted), codes: Some(IQ4_XS_CODES));
 
-/// Sixteen rows' Q4_0 blocks interleaved: GGML's blocks, so its reference rule, in Kiln's
-/// order. Rows must come in whole groups of sixteen.
-impl BlockType for BlockQ4_0x16 {
-    const DTYPE: DType = DType::Q4_0x16;
-    const WEIGHTS: usize = GROUP_ROWS * QK;
-    const ROWS: usize = GROUP_ROWS;
-    const GGML: Option<(u32, &'static str)> = None;
-    /// Sixteen f16 scales first, one per row's block.
-    const SCALES: Scales = Scales {
-        float: ScaleFloat::F16,
-        offset: 0,
-        per_group: 1,
-        groups: GROUP_ROWS,
-    };
+/// A sixteen-row interleaved layout of 18-byte blocks (`$x`, of `$dtype`): GGML's blocks of
+/// `$plain`, so its reference rule and decoder, in Kiln's order. Rows must come in whole
+/// groups of sixteen.
+macro_rules! interleaved_block {
+    ($x:ident, $dtype:ident, $quantize:path, $interleave:path, $deinterleave:path, $dequantize:path) => {
+        impl BlockType for $x {
+            const DTYPE: DType = DType::$dtype;
+            const WEIGHTS: usize = GROUP_ROWS * QK;
+            const ROWS: usize = GROUP_ROWS;
+            const GGML: Option<(u32, &'static str)> = None;
+            /// Sixteen f16 scales first, one per row's block.
+            const SCALES: Scales = Scales {
+                float: ScaleFloat::F16,
+                offset: 0,
+                per_group: 1,
+                groups: GROUP_ROWS,
+            };
 
-    fn quantize_rows_ref(x: &[f32], cols: usize) -> Result<Vec<BlockQ4_0x16>> {
-        let group = cols * GROUP_ROWS;
-        if cols == 0 || !cols.is_multiple_of(QK) || !x.len().is_multiple_of(group) {
-            return Err(FormatError::RowLength {
-                len: x.len(),
-                block: group.max(QK),
-            });
+            fn quantize_rows_ref(x: &[f32], cols: usize) -> Result<Vec<$x>> {
+                let group = cols * GROUP_ROWS;
+                if cols == 0 || !cols.is_multiple_of(QK) || !x.len().is_multiple_of(group) {
+                    return Err(FormatError::RowLength {
+                        len: x.len(),
+                        block: group.max(QK),
+                    });
+                }
+                let rows = $quantize(x)?;
+                Ok($interleave(&rows, cols / QK))
+            }
+
+            fn dequantize_rows(units: &[$x], cols: usize, out: &mut [f32]) {
+                let rows = $deinterleave(units, (cols / QK).max(1));
+                $dequantize(&rows, out)
+            }
         }
-        let rows = blocks::quantize_row_q4_0_ref(x)?;
-        Ok(blocks::interleave_q4_0(&rows, cols / QK))
-    }
-
-    fn dequantize_rows(units: &[BlockQ4_0x16], cols: usize, out: &mut [f32]) {
-        let rows = blocks::deinterleave_q4_0x16(units, (cols / QK).max(1));
-        blocks::dequantize_row_q4_0(&rows, out)
-    }
+    };
 }
+
+interleaved_block!(
+    BlockQ4_0x16,
+    Q4_0x16,
+    blocks::quantize_row_q4_0_ref,
+    blocks::interleave_q4_0,
+    blocks::deinterleave_q4_0x16,
+    blocks::dequantize_row_q4_0
+);
+interleaved_block!(
+    BlockIQ4NLx16,
+    IQ4_NLx16,
+    iq4::quantize_row_iq4_nl_ref,
+    iq4::interleave_iq4_nl,
+    iq4::deinterleave_iq4_nlx16,
+    iq4::dequantize_row_iq4_nl
+);
 
 #[cfg(test)]
 mod tests {
@@ -712,7 +734,7 @@ mod tests {
     }
 
     /// Every dtype, with GGML's sizes (`ggml-common.h`) and its round-trip bound.
-    const TABLE: [Row; 15] = [
+    const TABLE: [Row; 16] = [
         row(DType::F32, 1, 4, 0.0),
         row(DType::F16, 1, 2, 2.5e-4),
         row(DType::BF16, 1, 2, 2e-3),
@@ -728,6 +750,7 @@ mod tests {
         row(DType::Q3_K, QK_K, 110, 0.15),
         row(DType::IQ4_NL, QK, 18, 8e-2),
         row(DType::IQ4_XS, QK_K, 136, 8e-2),
+        row(DType::IQ4_NLx16, GROUP_ROWS * QK, GROUP_ROWS * 18, 8e-2),
     ];
 
     /// Sixteen rows (whole `q4_0x16` groups) of 512 values (whole super-blocks).

@@ -11,7 +11,7 @@ use half::{bf16, f16};
 
 use crate::block_type::BlockKind;
 use crate::blocks::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
-use crate::iq4::{BlockIQ4NL, BlockIQ4XS};
+use crate::iq4::{BlockIQ4NL, BlockIQ4NLx16, BlockIQ4XS};
 use crate::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K};
 use crate::q5::{BlockQ5_0, BlockQ5_1};
 
@@ -59,11 +59,15 @@ pub enum DType {
     /// GGML IQ4_XS: super-blocks of 256 weights, eight 32-weight sub-blocks with 6-bit scales,
     /// 4-bit indices into IQ4_NL's grid (136 bytes a block). Since format 1.4.
     IQ4_XS,
+    /// IQ4_NL with sixteen rows interleaved ([`BlockIQ4NLx16`], the order of
+    /// [`DType::Q4_0x16`]): GGML's blocks and indices, for the one-token product. Only for
+    /// matrices whose row count is a multiple of 16. Since format 1.6.
+    IQ4_NLx16,
 }
 
 impl DType {
     /// Every dtype, in id order.
-    pub const ALL: [DType; 15] = [
+    pub const ALL: [DType; 16] = [
         DType::F32,
         DType::F16,
         DType::Q4_0,
@@ -79,6 +83,7 @@ impl DType {
         DType::IQ4_XS,
         DType::BF16,
         DType::Q4_0x16,
+        DType::IQ4_NLx16,
     ];
 
     /// The on-disk id (GGML's `ggml_type` number).
@@ -99,6 +104,7 @@ impl DType {
             DType::IQ4_XS => 23,
             DType::BF16 => 30,
             DType::Q4_0x16 => 1002,
+            DType::IQ4_NLx16 => 1020,
         }
     }
 
@@ -120,6 +126,7 @@ impl DType {
             23 => Some(DType::IQ4_XS),
             30 => Some(DType::BF16),
             1002 => Some(DType::Q4_0x16),
+            1020 => Some(DType::IQ4_NLx16),
             _ => None,
         }
     }
@@ -142,6 +149,7 @@ impl DType {
             DType::Q3_K => "q3_k",
             DType::IQ4_NL => "iq4_nl",
             DType::IQ4_XS => "iq4_xs",
+            DType::IQ4_NLx16 => "iq4_nlx16",
         }
     }
 
@@ -171,6 +179,7 @@ impl DType {
         const Q3_K: BlockKind = BlockKind::of::<BlockQ3K>();
         const IQ4_NL: BlockKind = BlockKind::of::<BlockIQ4NL>();
         const IQ4_XS: BlockKind = BlockKind::of::<BlockIQ4XS>();
+        const IQ4_NLX16: BlockKind = BlockKind::of::<BlockIQ4NLx16>();
         match self {
             DType::F32 => &F32,
             DType::F16 => &F16,
@@ -187,6 +196,7 @@ impl DType {
             DType::Q3_K => &Q3_K,
             DType::IQ4_NL => &IQ4_NL,
             DType::IQ4_XS => &IQ4_XS,
+            DType::IQ4_NLx16 => &IQ4_NLX16,
         }
     }
 
@@ -196,30 +206,42 @@ impl DType {
         self.block().weights
     }
 
-    /// The dtype whose values this one stores: [`DType::Q4_0`] for [`DType::Q4_0x16`] (the same
-    /// blocks in another order), the dtype itself otherwise. Quantization policies, tolerances
-    /// and reports speak of this one.
+    /// The dtype whose values this one stores: [`DType::Q4_0`] for [`DType::Q4_0x16`] and
+    /// [`DType::IQ4_NL`] for [`DType::IQ4_NLx16`] (the same blocks in another order), the
+    /// dtype itself otherwise. Quantization policies, tolerances and reports speak of this one.
     pub const fn logical(self) -> DType {
         match self {
             DType::Q4_0x16 => DType::Q4_0,
+            DType::IQ4_NLx16 => DType::IQ4_NL,
             d => d,
         }
     }
 
-    /// How a writer stores a tensor of `shape` whose values are of dtype `self`: Q4_0 matrices
-    /// with a multiple of 16 rows as [`DType::Q4_0x16`], everything else as itself.
-    pub fn storage_for(self, shape: &[u64]) -> DType {
-        match (self, shape) {
-            (DType::Q4_0, &[rows, cols])
-                if rows > 0 && rows % GROUP_ROWS as u64 == 0 && cols % QK as u64 == 0 =>
-            {
-                DType::Q4_0x16
-            }
-            (d, _) => d,
+    /// The sixteen-row interleaved layout of this dtype's blocks, if Kiln has one (Q4_0 and
+    /// IQ4_NL, whose blocks share one layout).
+    pub const fn interleaved(self) -> Option<DType> {
+        match self {
+            DType::Q4_0 => Some(DType::Q4_0x16),
+            DType::IQ4_NL => Some(DType::IQ4_NLx16),
+            _ => None,
         }
     }
 
-    /// Rows one storage unit spans: 16 for [`DType::Q4_0x16`] (a unit interleaves sixteen
+    /// How a writer stores a tensor of `shape` whose values are of dtype `self`: Q4_0 and
+    /// IQ4_NL matrices with a multiple of 16 rows as [`DType::Q4_0x16`] and
+    /// [`DType::IQ4_NLx16`], everything else as itself.
+    pub fn storage_for(self, shape: &[u64]) -> DType {
+        match (self.interleaved(), shape) {
+            (Some(x), &[rows, cols])
+                if rows > 0 && rows % GROUP_ROWS as u64 == 0 && cols % QK as u64 == 0 =>
+            {
+                x
+            }
+            _ => self,
+        }
+    }
+
+    /// Rows one storage unit spans: 16 for the interleaved layouts (a unit interleaves sixteen
     /// rows' blocks), 1 otherwise. A writer that works in chunks of rows cuts them at
     /// multiples of this.
     pub const fn rows_per_unit(self) -> usize {
@@ -231,7 +253,8 @@ impl DType {
     /// one place a layout's arrangement is applied. Borrowed unchanged for plain layouts.
     pub fn to_storage(self, cols: usize, bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
         match self {
-            DType::Q4_0x16 => {
+            // Both interleaved layouts move the same 18-byte blocks the same way.
+            DType::Q4_0x16 | DType::IQ4_NLx16 => {
                 let mut out = Vec::with_capacity(bytes.len());
                 crate::blocks::interleave_q4_0_bytes(bytes, cols / QK, &mut out);
                 out.into()
@@ -244,7 +267,7 @@ impl DType {
     /// row-major layout (for export to GGUF, which knows only that).
     pub fn from_storage(self, cols: usize, bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
         match self {
-            DType::Q4_0x16 => {
+            DType::Q4_0x16 | DType::IQ4_NLx16 => {
                 let groups: Vec<BlockQ4_0x16> = bytemuck::pod_collect_to_vec(bytes);
                 let rows = crate::blocks::deinterleave_q4_0x16(&groups, (cols / QK).max(1));
                 bytemuck::cast_slice::<BlockQ4_0, u8>(&rows).to_vec().into()
@@ -288,18 +311,20 @@ impl DType {
                 .checked_mul(d)
                 .ok_or_else(|| format!("shape {shape:?} overflows 64 bits"))?;
         }
-        if self == DType::Q4_0x16 {
+        let interleaved = self.rows_per_unit() > 1;
+        if interleaved {
             let ok = matches!(shape, &[rows, cols]
                 if rows % GROUP_ROWS as u64 == 0 && cols % QK as u64 == 0);
             if !ok {
                 return Err(format!(
-                    "q4_0x16 needs a matrix of a multiple of {GROUP_ROWS} rows and of {QK} \
-                     columns, shape is {shape:?}"
+                    "{} needs a matrix of a multiple of {GROUP_ROWS} rows and of {QK} \
+                     columns, shape is {shape:?}",
+                    self.name()
                 ));
             }
         }
         let bl = self.block_len() as u64;
-        if bl > 1 && self != DType::Q4_0x16 {
+        if bl > 1 && !interleaved {
             let last = shape.last().copied().unwrap_or(1);
             if last % bl != 0 {
                 return Err(format!(
@@ -359,6 +384,10 @@ mod tests {
         assert!(DType::Q4_0x16.byte_len(&[16, 48]).is_err());
         assert!(DType::Q4_0x16.byte_len(&[512]).is_err());
         assert!(DType::Q4_0x16.byte_len(&[2, 16, 32]).is_err());
+        assert_eq!(DType::IQ4_NLx16.byte_len(&[32, 64]), Ok(64 * 18));
+        assert_eq!(DType::IQ4_NLx16.bits_per_weight(), 4.5);
+        assert!(DType::IQ4_NLx16.byte_len(&[8, 64]).is_err());
+        assert!(DType::IQ4_NLx16.byte_len(&[512]).is_err());
         assert_eq!(DType::Q4_K.byte_len(&[2, 512]), Ok(4 * 144));
         assert_eq!(DType::Q5_K.bits_per_weight(), 5.5);
         assert_eq!(DType::Q6_K.bits_per_weight(), 6.5625);
@@ -384,6 +413,12 @@ mod tests {
         assert_eq!(DType::Q4_0x16.logical(), DType::Q4_0);
         assert_eq!(DType::F16.logical(), DType::F16);
         assert_eq!(DType::Q4_0x16.id(), 1002);
+        assert_eq!(DType::IQ4_NL.storage_for(&[48, 64]), DType::IQ4_NLx16);
+        assert_eq!(DType::IQ4_NL.storage_for(&[40, 64]), DType::IQ4_NL);
+        assert_eq!(DType::IQ4_NL.storage_for(&[4096]), DType::IQ4_NL);
+        assert_eq!(DType::IQ4_NLx16.logical(), DType::IQ4_NL);
+        assert_eq!(DType::IQ4_NLx16.id(), 1020);
+        assert_eq!(DType::Q5_0.interleaved(), None);
     }
 
     #[test]
@@ -393,18 +428,19 @@ mod tests {
         let blocks: Vec<u8> = (0..rows * cols / QK * 18)
             .map(|i| (i * 31 % 251) as u8)
             .collect();
-        let stored = DType::Q4_0x16.to_storage(cols, &blocks);
-        assert_ne!(stored.as_ref(), blocks.as_slice());
-        assert_eq!(
-            DType::Q4_0x16.from_storage(cols, &stored).as_ref(),
-            blocks.as_slice()
-        );
+        for x in [DType::Q4_0x16, DType::IQ4_NLx16] {
+            let stored = x.to_storage(cols, &blocks);
+            assert_ne!(stored.as_ref(), blocks.as_slice());
+            assert_eq!(x.from_storage(cols, &stored).as_ref(), blocks.as_slice());
+            assert_eq!(x.rows_per_unit(), crate::blocks::GROUP_ROWS);
+        }
         for d in [
             DType::F32,
             DType::F16,
             DType::BF16,
             DType::Q8_0,
             DType::Q4_0,
+            DType::IQ4_NL,
         ] {
             assert!(matches!(
                 d.to_storage(cols, &blocks),

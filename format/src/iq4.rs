@@ -6,7 +6,7 @@
 use bytemuck::{Pod, Zeroable};
 use half::f16;
 
-use crate::blocks::{check_finite, QK};
+use crate::blocks::{check_finite, BlockQ4_0, BlockQ4_0x16, GROUP_ROWS, QK};
 use crate::error::{FormatError, Result};
 use crate::kquants::{check_importance, nearest_int, GROUP_MAX_EPS, QK_K};
 
@@ -29,6 +29,62 @@ pub struct BlockIQ4NL {
 }
 
 const _: () = assert!(std::mem::size_of::<BlockIQ4NL>() == 18);
+
+/// Block `b` of sixteen consecutive rows of an IQ4_NL matrix, interleaved exactly as
+/// [`BlockQ4_0x16`] interleaves Q4_0 (the two blocks share their layout: an f16 scale, then
+/// sixteen bytes of nibbles in the same order), 288 bytes.
+///
+/// Why: the same as for Q4_0. A one-token product over plain IQ4_NL rows reduces every row's
+/// eight block sums across a vector and gathers each block's scale; with sixteen rows
+/// interleaved a 32-bit lane is a row, and one table lookup turns four nibbles of every row
+/// into grid values at once. The indices themselves are GGML's, byte for byte.
+#[derive(Debug, Clone, Copy, PartialEq, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockIQ4NLx16 {
+    /// Row `r`'s scale.
+    pub d: [f16; GROUP_ROWS],
+    /// The rows' packed indices, interleaved four bytes at a time (as [`BlockQ4_0x16::qs`]).
+    pub qs: [u8; GROUP_ROWS * QK / 2],
+}
+
+const _: () = assert!(std::mem::size_of::<BlockIQ4NLx16>() == std::mem::size_of::<BlockQ4_0x16>());
+const _: () =
+    assert!(std::mem::align_of::<BlockIQ4NLx16>() == std::mem::align_of::<BlockQ4_0x16>());
+
+impl BlockIQ4NLx16 {
+    /// Interleave one block of each of sixteen rows.
+    pub fn from_rows(rows: &[BlockIQ4NL; GROUP_ROWS]) -> BlockIQ4NLx16 {
+        let q4: [BlockQ4_0; GROUP_ROWS] = bytemuck::cast(*rows);
+        bytemuck::cast(BlockQ4_0x16::from_rows(&q4))
+    }
+
+    /// Row `r`'s block.
+    #[inline]
+    pub fn row(&self, r: usize) -> BlockIQ4NL {
+        bytemuck::cast(self.as_nibbles().row(r))
+    }
+
+    /// The same bytes seen as a Q4_0 group: what the code that only moves nibbles and scales
+    /// (interleaving, unpacking a row) shares between the two layouts.
+    #[inline]
+    pub fn as_nibbles(&self) -> &BlockQ4_0x16 {
+        bytemuck::cast_ref(self)
+    }
+}
+
+/// Interleave a row-major IQ4_NL matrix of `blocks.len() / nb` rows (a multiple of 16) and
+/// `nb` blocks per row: group `g·nb + b` is block `b` of rows `16g..16g + 16`.
+pub fn interleave_iq4_nl(blocks: &[BlockIQ4NL], nb: usize) -> Vec<BlockIQ4NLx16> {
+    let groups = crate::blocks::interleave_q4_0(bytemuck::cast_slice(blocks), nb);
+    bytemuck::pod_collect_to_vec(&groups)
+}
+
+/// The row-major IQ4_NL blocks of an interleaved matrix with `nb` blocks per row (the inverse
+/// of [`interleave_iq4_nl`]).
+pub fn deinterleave_iq4_nlx16(groups: &[BlockIQ4NLx16], nb: usize) -> Vec<BlockIQ4NL> {
+    let rows = crate::blocks::deinterleave_q4_0x16(bytemuck::cast_slice(groups), nb);
+    bytemuck::pod_collect_to_vec(&rows)
+}
 
 /// One IQ4_XS super-block, GGML's `block_iq4_xs` byte for byte (136 bytes, 4.25 bits a
 /// weight).

@@ -26,9 +26,9 @@ pub fn decode_to_f32(dtype: DType, bytes: &[u8], out: &mut [f32]) {
 }
 
 /// Decode whole rows of `cols` values of any dtype into f32, in logical row-major order:
-/// floats element by element, blocks by GGML's rule, `q4_0x16` de-interleaved first (each
-/// type's [`crate::BlockType::dequantize_rows`], through its row of the table). `bytes` must
-/// hold whole rows (whole sixteen-row groups for `q4_0x16`) and `out.len()` their values. The one per-dtype decoder every program's copies and reports use;
+/// floats element by element, blocks by GGML's rule, `q4_0x16` and `iq4_nlx16` de-interleaved
+/// first (each type's [`crate::BlockType::dequantize_rows`], through its row of the table).
+/// `bytes` must hold whole rows (whole sixteen-row groups for the interleaved layouts) and `out.len()` their values. The one per-dtype decoder every program's copies and reports use;
 /// `bytes` need not be aligned (blocks are copied into aligned storage).
 pub fn decode_rows_f32(dtype: DType, cols: usize, bytes: &[u8], out: &mut [f32]) {
     dtype.block().dequantize(bytes, cols, out)
@@ -104,8 +104,8 @@ pub fn cast_bytes(from: DType, to: DType, bytes: &[u8], out: &mut Vec<u8>) {
 /// --verify` runs it over a whole file. A float is non-finite when its exponent bits are all
 /// ones. A block type's values are `d * q`: a block whose f16 scale `d` is non-finite makes
 /// all of its values non-finite (`0 * inf` is NaN), so such a block counts as all of its
-/// values (e.g. [`QK`](crate::QK)), indexed from its first. For `q4_0x16`, whose sixteen rows
-/// are interleaved, the index is in storage order (group, then row within the group). Where
+/// values (e.g. [`QK`](crate::QK)), indexed from its first. For `q4_0x16` and `iq4_nlx16`, whose
+/// sixteen rows are interleaved, the index is in storage order (group, then row within the group). Where
 /// each type keeps its scales is its row of the block-type table ([`crate::BlockType::SCALES`]).
 pub fn count_non_finite(dtype: DType, bytes: &[u8]) -> (usize, Option<usize>) {
     dtype.block().count_non_finite(bytes)

@@ -40,7 +40,7 @@ fn arb_tensor() -> impl Strategy<Value = (DType, Vec<u64>, u64)> {
         any::<u64>(),
     )
         .prop_map(|(dtype, mut shape, seed)| {
-            if dtype == DType::Q4_0x16 {
+            if dtype.rows_per_unit() > 1 {
                 // A matrix of whole sixteen-row groups.
                 shape = vec![16 * shape[0], 32 * shape.last().unwrap()];
             } else if dtype.is_quantized() {
@@ -76,14 +76,15 @@ proptest! {
         }
         w.finish().unwrap();
         let f = KilnFile::open(&path).unwrap();
-        // 1.1 added q4_0x16, 1.2 the Q5 and K-quant types, 1.4 Q2_K, Q3_K and the IQ4 types; a
-        // file is written with the lowest.
+        // 1.1 added q4_0x16, 1.2 the Q5 and K-quant types, 1.4 Q2_K, Q3_K and the IQ4 types,
+        // 1.6 iq4_nlx16; a file is written with the lowest.
         let minor = tensors
             .iter()
             .map(|(d, _, _)| match d {
                 DType::Q4_0x16 => 1,
                 DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K => 2,
                 DType::Q2_K | DType::Q3_K | DType::IQ4_NL | DType::IQ4_XS => 4,
+                DType::IQ4_NLx16 => 6,
                 _ => 0,
             })
             .max()

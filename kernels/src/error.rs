@@ -37,9 +37,13 @@ pub enum KernelError {
         /// Weights per block of the encoding.
         block: usize,
     },
-    /// Interleaved Q4_0 holds whole groups of sixteen rows.
-    #[error("q4_0x16 matrix has {rows} rows, which is not a multiple of 16; store it as q4_0")]
+    /// The interleaved layouts (`q4_0x16`, `iq4_nlx16`) hold whole groups of sixteen rows.
+    #[error("{dtype} matrix has {rows} rows, which is not a multiple of 16; store it as {plain}")]
     RowsNotGroupMultiple {
+        /// Weight encoding name.
+        dtype: &'static str,
+        /// The plain layout of the same blocks.
+        plain: &'static str,
         /// Output features.
         rows: usize,
     },

@@ -1,6 +1,7 @@
-//! Q4_0 matrices stored sixteen rows interleaved ([`BlockQ4_0x16`], the `q4_0x16` dtype): the
+//! Q4_0 and IQ4_NL matrices stored sixteen rows interleaved ([`BlockQ4_0x16`] and
+//! [`BlockIQ4NLx16`], the `q4_0x16` and `iq4_nlx16` dtypes, one byte order for both): the
 //! small-batch product of the tiers that have a kernel for them, and the way back to plain rows
-//! for every other product.
+//! for every other product. [`Codes`] says which of the two a group's nibbles are.
 //!
 //! In a plain Q4_0 matrix–vector product each 32-weight block of each row pays for its own
 //! scale (an f16 conversion, a multiply, an add) and, in the AVX-512 pair kernel, for two
@@ -17,8 +18,10 @@
 //! memory traffic it saves.
 //!
 //! Each row's sum is the scalar reference's, bit for bit: the integer dot of a block is exact,
-//! and the float work per block is the reference's `s + isum·(d_w·d_x)` in block order. So a
-//! token's result is the same alone, in any batch, and on the scalar tier.
+//! and the float work per block is the reference's (Q4_0: `s + isum·(d_w·d_x)` in block order;
+//! IQ4_NL: the same terms into eight accumulators by block, [`crate::reference::lanes_dot`]).
+//! So a token's result is the same alone, in any batch, and on the scalar tier, and an
+//! `iq4_nlx16` matrix gives exactly what the same blocks stored as plain `iq4_nl` give.
 //!
 //! Batches that take the lanes kernels unpack each row straight from the interleaved bytes
 //! ([`unpack_interleaved_row`], what the lanes kernel does to a plain row anyway). Tiers
@@ -26,7 +29,57 @@
 //! ([`deinterleave_chunk`]) in a per-thread buffer and run their Q4_0 tiles on it: a copy of
 //! the chunk, paid once per product for all its tokens.
 
-use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
+use kiln_format::{BlockIQ4NL, BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
+
+use crate::lanes::LaneWeight;
+use crate::table::Kernels;
+
+/// What the nibbles of an interleaved group index: Q4_0's codes `q + 8`, or IQ4_NL's grid.
+/// Everything that only moves bytes (the groups, unpacking a row, de-interleaving) is shared;
+/// the kernels, the lanes kernel's offset and the plain tiles differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)] // the dtype names, as `DType` spells them
+pub(crate) enum Codes {
+    /// `q4_0x16`.
+    Q4_0,
+    /// `iq4_nlx16`.
+    IQ4_NL,
+}
+
+impl Codes {
+    /// The tier's interleaved kernel for these codes, if it has one.
+    pub(crate) fn group(self, k: &Kernels) -> Option<Group> {
+        match self {
+            Codes::Q4_0 => k.group_q4_0x16,
+            Codes::IQ4_NL => k.group_iq4_nlx16,
+        }
+    }
+
+    /// The unsigned offset of the codes the lanes kernel takes ([`LaneWeight::OFFSET`]).
+    pub(crate) fn lanes_offset(self) -> i32 {
+        match self {
+            Codes::Q4_0 => BlockQ4_0::OFFSET,
+            Codes::IQ4_NL => BlockIQ4NL::OFFSET,
+        }
+    }
+
+    /// The largest code the lanes kernel sees ([`LaneWeight::MAX_CODE`]).
+    pub(crate) fn lanes_max_code(self) -> u8 {
+        match self {
+            Codes::Q4_0 => BlockQ4_0::MAX_CODE,
+            Codes::IQ4_NL => BlockIQ4NL::MAX_CODE,
+        }
+    }
+
+    /// Row `r` of one sixteen-row chunk unpacked for the lanes kernel, as
+    /// [`crate::lanes::unpack_row`] gives the plain row.
+    pub(crate) fn unpack_row(self, w: &[BlockQ4_0x16], r: usize, codes: &mut [u8], dw: &mut [f32]) {
+        match self {
+            Codes::Q4_0 => unpack_interleaved_row(w, r, codes, dw),
+            Codes::IQ4_NL => unpack_interleaved_iq4_row(w, r, codes, dw),
+        }
+    }
+}
 
 /// One activation block prepared for the interleaved kernel, once per token per product: its
 /// codes, `−8·Σx` (the correction for Q4_0's unsigned nibbles `q + 8`) and its scale in f32.
@@ -118,10 +171,39 @@ pub(crate) fn unpack_interleaved_row(
     }
 }
 
+/// [`unpack_interleaved_row`] for IQ4_NL indices: each block's sixteen index bytes gathered
+/// from the interleaved bytes, then turned into offset grid codes (`grid + 128`) a run of
+/// blocks at a time, as [`crate::lanes::unpack_iq4`] does for plain rows.
+pub(crate) fn unpack_interleaved_iq4_row(
+    w: &[BlockQ4_0x16],
+    r: usize,
+    codes: &mut [u8],
+    dw: &mut [f32],
+) {
+    /// Blocks gathered per lookup run (a 256-byte stack buffer).
+    const RUN: usize = 16;
+    let mut qs = [[0u8; QK / 2]; RUN];
+    for ((run, c), d) in w
+        .chunks(RUN)
+        .zip(codes.chunks_mut(RUN * QK))
+        .zip(dw.chunks_mut(RUN))
+    {
+        for ((g, q), d) in run.iter().zip(qs.iter_mut()).zip(d.iter_mut()) {
+            *d = g.d[r].to_f32_const();
+            for i in 0..QK / 8 {
+                let at = 64 * i + 4 * r;
+                q[4 * i..4 * i + 4].copy_from_slice(&g.qs[at..at + 4]);
+            }
+        }
+        crate::lanes::unpack_iq4(qs[..run.len()].iter(), c);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use kiln_format::blocks::{interleave_q4_0, quantize_row_q4_0_ref, quantize_row_q8_0_ref};
+    use kiln_format::iq4::{interleave_iq4_nl, quantize_row_iq4_nl_ref};
     use proptest::prelude::*;
 
     #[test]
@@ -144,6 +226,26 @@ mod tests {
         }
     }
 
+    /// An IQ4_NL row unpacked from the interleaved bytes is the plain row's unpacking (grid
+    /// values plus 128), over more blocks than one lookup run takes.
+    #[test]
+    fn an_iq4_nl_chunk_unpacks_to_its_rows() {
+        let nb = 19;
+        let v: Vec<f32> = (0..16 * nb * QK)
+            .map(|i| ((i * 53 % 211) as f32 - 105.0) / 9.0)
+            .collect();
+        let rows = quantize_row_iq4_nl_ref(&v).unwrap();
+        let g = interleave_iq4_nl(&rows, nb);
+        let nibbles: &[BlockQ4_0x16] = bytemuck::cast_slice(&g);
+        for r in 0..16 {
+            let (mut c0, mut d0) = (vec![0u8; nb * QK], vec![0f32; nb]);
+            let (mut c1, mut d1) = (vec![1u8; nb * QK], vec![1f32; nb]);
+            crate::lanes::unpack_row(&rows[r * nb..(r + 1) * nb], &mut c0, &mut d0);
+            Codes::IQ4_NL.unpack_row(nibbles, r, &mut c1, &mut d1);
+            assert_eq!((c0, d0), (c1, d1), "row {r}");
+        }
+    }
+
     #[test]
     fn prepared_blocks_carry_the_offset_correction() {
         let x: Vec<f32> = (0..64).map(|i| i as f32 - 20.0).collect();
@@ -158,10 +260,11 @@ mod tests {
     }
 
     proptest! {
-        /// Every tier's interleaved kernel gives the scalar reference's bits for every row and
-        /// every token, from one token per call to the kernel's most, on whole and partial
-        /// scale ranges (rows with tiny and large scales side by side), including blocks of
-        /// zero scale: a token's sums do not depend on which tokens share its call.
+        /// Every tier's interleaved kernels (Q4_0 and IQ4_NL) give the scalar reference's bits
+        /// for every row and every token, from one token per call to the kernel's most, on
+        /// whole and partial scale ranges (rows with tiny and large scales side by side),
+        /// including blocks of zero scale: a token's sums do not depend on which tokens share
+        /// its call. Up to eleven blocks, so IQ4_NL's eight accumulators wrap.
         #[test]
         fn interleaved_kernels_equal_reference_bits(
             nb in 1usize..12,
@@ -179,7 +282,8 @@ mod tests {
                     seed[r * n..(r + 1) * n].iter().map(move |v| v * k)
                 })
                 .collect();
-            let groups = interleave_q4_0(&quantize_row_q4_0_ref(&rows).unwrap(), nb);
+            let q4 = interleave_q4_0(&quantize_row_q4_0_ref(&rows).unwrap(), nb);
+            let iq4 = interleave_iq4_nl(&quantize_row_iq4_nl_ref(&rows).unwrap(), nb);
             let xs: Vec<Vec<BlockQ8_0>> = (0..GROUP_TOKENS_MAX)
                 .map(|t| {
                     let v: Vec<f32> = acts[t * n..(t + 1) * n].iter().map(|a| a * tok_scale[t]).collect();
@@ -190,32 +294,44 @@ mod tests {
             for (x, o) in xs.iter().zip(gx.chunks_exact_mut(nb)) {
                 prepare_group_x(x, o);
             }
-            let want: Vec<[f32; GROUP_ROWS]> = xs
-                .iter()
-                .map(|x| {
-                    let mut o = [f32::NAN; GROUP_ROWS];
-                    crate::reference::matvec_q4_0x16_ref(&groups, x, &mut o);
-                    o
-                })
-                .collect();
-            for isa in crate::isa::tested_isas() {
-                let Some(group) = crate::kernels(isa).and_then(|k| k.group_q4_0x16) else {
+            for (codes, isa) in [Codes::Q4_0, Codes::IQ4_NL]
+                .into_iter()
+                .flat_map(|c| crate::isa::tested_isas().into_iter().map(move |i| (c, i)))
+            {
+                let Some(group) = crate::kernels(isa).and_then(|k| codes.group(k)) else {
                     continue;
                 };
+                let groups: &[BlockQ4_0x16] = match codes {
+                    Codes::Q4_0 => &q4,
+                    Codes::IQ4_NL => bytemuck::cast_slice(&iq4),
+                };
+                let want: Vec<[f32; GROUP_ROWS]> = xs
+                    .iter()
+                    .map(|x| {
+                        let mut o = [f32::NAN; GROUP_ROWS];
+                        match codes {
+                            Codes::Q4_0 => crate::reference::matvec_q4_0x16_ref(&q4, x, &mut o),
+                            Codes::IQ4_NL => {
+                                crate::reference::matvec_iq4_nlx16_ref(&iq4, x, &mut o)
+                            }
+                        }
+                        o
+                    })
+                    .collect();
                 prop_assert!((1..=GROUP_TOKENS_MAX).contains(&group.tokens));
                 for tokens in 1..=group.tokens {
                     // Tokens from the start, `tokens` per call, the last call maybe shorter.
                     for t0 in (0..GROUP_TOKENS_MAX).step_by(tokens) {
                         let k = tokens.min(GROUP_TOKENS_MAX - t0);
                         let mut got = vec![[f32::NAN; GROUP_ROWS]; k];
-                        (group.kernel)(&groups, &gx[t0 * nb..(t0 + k) * nb], &mut got);
+                        (group.kernel)(groups, &gx[t0 * nb..(t0 + k) * nb], &mut got);
                         for (t, got) in got.iter().enumerate() {
                             for r in 0..GROUP_ROWS {
                                 prop_assert_eq!(
                                     got[r].to_bits(),
                                     want[t0 + t][r].to_bits(),
-                                    "{:?}, {} per call, token {}, row {}: {} vs {}",
-                                    isa, tokens, t0 + t, r, got[r], want[t0 + t][r]
+                                    "{:?} {:?}, {} per call, token {}, row {}: {} vs {}",
+                                    codes, isa, tokens, t0 + t, r, got[r], want[t0 + t][r]
                                 );
                             }
                         }

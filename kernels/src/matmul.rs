@@ -20,12 +20,10 @@
 
 use std::cell::RefCell;
 
-use kiln_format::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
+use kiln_format::{BlockIQ4NL, BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 
 use crate::dispatch::active;
-use crate::interleaved::{
-    deinterleave_chunk, prepare_group_x, unpack_interleaved_row, GroupX, GROUP_TOKENS_MAX,
-};
+use crate::interleaved::{deinterleave_chunk, prepare_group_x, Codes, GroupX, GROUP_TOKENS_MAX};
 use crate::lanes::{
     prepare_float_tile, prepare_group, unpack_row, FloatAcc, FloatLanesFn, LaneBlock, LaneWeight,
     LanesAcc, LanesFn, FLOAT_ROWS, FLOAT_TILE, LANES,
@@ -227,7 +225,16 @@ impl Kernels {
                 self.run_quantized(&all_as!(Q4_0), x, n, outs, pool, tiles, path)
             }
             WeightData::Q4_0x16(_) => {
-                self.run_interleaved(&all_as!(Q4_0x16), x, n, outs, pool, path)
+                let ws = all_as!(Q4_0x16);
+                self.run_interleaved(&ws, Codes::Q4_0, x, n, outs, pool, path)
+            }
+            WeightData::IQ4_NLx16(_) => {
+                // The same bytes as Q4_0 groups (one layout); `Codes` says what they index.
+                let ws: Vec<(&[BlockQ4_0x16], usize)> = all_as!(IQ4_NLx16)
+                    .into_iter()
+                    .map(|(d, rows)| (bytemuck::cast_slice(d), rows))
+                    .collect();
+                self.run_interleaved(&ws, Codes::IQ4_NL, x, n, outs, pool, path)
             }
             WeightData::Q5_0(_) => {
                 let tiles = (self.kq.q5_0, None);
@@ -268,14 +275,16 @@ impl Kernels {
         }
     }
 
-    /// Sixteen-row interleaved Q4_0 (see [`crate::interleaved`]) along `path`: through the
-    /// tier's interleaved kernel, a few tokens per call ([`Path::Interleaved`]); through the
-    /// lanes kernel, rows unpacked straight from the interleaved bytes ([`Path::Lanes`]); or
-    /// each chunk turned back into plain rows for the tier's Q4_0 tiles
-    /// ([`Path::Deinterleaved`]).
+    /// Sixteen-row interleaved Q4_0 or IQ4_NL (see [`crate::interleaved`]; `codes` says
+    /// which) along `path`: through the tier's interleaved kernel, a few tokens per call
+    /// ([`Path::Interleaved`]); through the lanes kernel, rows unpacked straight from the
+    /// interleaved bytes ([`Path::Lanes`]); or each chunk turned back into plain rows for the
+    /// tier's Q4_0 or IQ4_NL tiles ([`Path::Deinterleaved`]).
+    #[allow(clippy::too_many_arguments)]
     fn run_interleaved(
         &self,
         ws: &[(&[BlockQ4_0x16], usize)],
+        codes: Codes,
         x: &[f32],
         n_tokens: usize,
         outs: &mut [&mut [f32]],
@@ -291,7 +300,7 @@ impl Kernels {
         ACT_Q8_0.with_borrow_mut(|xq| {
             self.quantize_tokens(x, cols, xq, pool);
             if let Path::Interleaved { tokens } = path {
-                let group = self.group_q4_0x16.expect("planned for the tier's kernel");
+                let group = codes.group(self).expect("planned for the tier's kernel");
                 return ACT_GROUP.with_borrow_mut(|gx| {
                     gx.clear();
                     gx.resize(n_tokens * nb, GroupX::ZERO);
@@ -315,7 +324,7 @@ impl Kernels {
             if path == Path::Lanes {
                 let k = self.lanes.expect("planned for the tier's kernel");
                 return ACT_LANES.with_borrow_mut(|xl| {
-                    transpose_tokens(xq, nb, n_tokens, BlockQ4_0::OFFSET, xl, pool);
+                    transpose_tokens(xq, nb, n_tokens, codes.lanes_offset(), xl, pool);
                     run_chunks(
                         ws,
                         n_tokens,
@@ -325,13 +334,13 @@ impl Kernels {
                         |w, r0, r1, outs| {
                             // Row i of the chunk is row (r0 + i) % 16 of sixteen-row group
                             // (r0 + i) / 16; r0 is a multiple of 16.
-                            let unpack = |i: usize, b0: usize, codes: &mut [u8], dw: &mut [f32]| {
+                            let unpack = |i: usize, b0: usize, c: &mut [u8], dw: &mut [f32]| {
                                 let r = r0 + i;
                                 let kb = dw.len();
                                 let group = &w[r / GROUP_ROWS * nb + b0..][..kb];
-                                unpack_interleaved_row(group, r % GROUP_ROWS, codes, dw)
+                                codes.unpack_row(group, r % GROUP_ROWS, c, dw)
                             };
-                            let max = BlockQ4_0::MAX_CODE;
+                            let max = codes.lanes_max_code();
                             lanes_chunk(unpack, nb, max, r1 - r0, xl, n_tokens, outs, k)
                         },
                     )
@@ -339,14 +348,24 @@ impl Kernels {
             }
             assert!(
                 matches!(path, Path::Deinterleaved { .. }),
-                "interleaved q4_0 planned as {path}"
+                "interleaved {codes:?} planned as {path}"
             );
             run_chunks(ws, n_tokens, outs, pool, ROW_CHUNK, |w, r0, _, outs| {
                 let chunk = &w[r0 / GROUP_ROWS * nb..][..nb];
                 PLAIN_ROWS.with_borrow_mut(|plain| {
                     deinterleave_chunk(chunk, plain);
-                    let tile = &self.tile_q4_0;
-                    tiles_chunk(plain, nb, 0, GROUP_ROWS, xq, nb, n_tokens, outs, tile)
+                    match codes {
+                        Codes::Q4_0 => {
+                            let tile = &self.tile_q4_0;
+                            tiles_chunk(plain, nb, 0, GROUP_ROWS, xq, nb, n_tokens, outs, tile)
+                        }
+                        Codes::IQ4_NL => {
+                            // IQ4_NL blocks are Q4_0's bytes: a scale and sixteen index bytes.
+                            let plain: &[BlockIQ4NL] = bytemuck::cast_slice(plain);
+                            let tile = &self.kq.iq4_nl;
+                            tiles_chunk(plain, nb, 0, GROUP_ROWS, xq, nb, n_tokens, outs, tile)
+                        }
+                    }
                 })
             })
         })

@@ -2,8 +2,8 @@
 
 use half::{bf16, f16};
 use kiln_format::{
-    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_0x16, BlockQ5K,
-    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, DType, GROUP_ROWS, QK,
+    BlockIQ4NL, BlockIQ4NLx16, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_0x16,
+    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, DType, GROUP_ROWS, QK,
 };
 
 use crate::error::KernelError;
@@ -43,6 +43,8 @@ pub enum WeightData<'a> {
     IQ4_NL(&'a [BlockIQ4NL]),
     /// `rows × cols / 256` IQ4_XS super-blocks, each row a whole number of them.
     IQ4_XS(&'a [BlockIQ4XS]),
+    /// The same IQ4_NL blocks sixteen rows interleaved, grouped as [`WeightData::Q4_0x16`].
+    IQ4_NLx16(&'a [BlockIQ4NLx16]),
 }
 
 impl WeightData<'_> {
@@ -64,6 +66,7 @@ impl WeightData<'_> {
             WeightData::Q3_K(_) => DType::Q3_K,
             WeightData::IQ4_NL(_) => DType::IQ4_NL,
             WeightData::IQ4_XS(_) => DType::IQ4_XS,
+            WeightData::IQ4_NLx16(_) => DType::IQ4_NLx16,
         }
     }
 
@@ -90,11 +93,12 @@ impl WeightData<'_> {
             WeightData::Q3_K(d) => std::mem::size_of_val(*d),
             WeightData::IQ4_NL(d) => std::mem::size_of_val(*d),
             WeightData::IQ4_XS(d) => std::mem::size_of_val(*d),
+            WeightData::IQ4_NLx16(d) => std::mem::size_of_val(*d),
         }
     }
 
-    /// Weights per block of one row (1 for float encodings; 32 for `q4_0x16`, whose storage
-    /// unit spans sixteen rows' blocks).
+    /// Weights per block of one row (1 for float encodings; 32 for `q4_0x16` and
+    /// `iq4_nlx16`, whose storage unit spans sixteen rows' blocks).
     pub fn block_len(&self) -> usize {
         let kind = self.dtype().block();
         kind.weights / kind.rows
@@ -126,21 +130,30 @@ impl<'a> Matrix<'a> {
             WeightData::F32(d) => (d.len(), elems, "elements"),
             WeightData::F16(d) => (d.len(), elems, "elements"),
             WeightData::BF16(d) => (d.len(), elems, "elements"),
-            WeightData::Q8_0(_) | WeightData::Q4_0(_) | WeightData::Q4_0x16(_) => {
+            WeightData::Q8_0(_)
+            | WeightData::Q4_0(_)
+            | WeightData::Q4_0x16(_)
+            | WeightData::IQ4_NLx16(_) => {
                 if !cols.is_multiple_of(QK) {
                     return Err(KernelError::ColsNotBlockMultiple {
                         dtype: data.dtype_name(),
                         cols,
                     });
                 }
-                if matches!(data, WeightData::Q4_0x16(_)) && !rows.is_multiple_of(GROUP_ROWS) {
-                    return Err(KernelError::RowsNotGroupMultiple { rows });
+                let interleaved = data.dtype().rows_per_unit() > 1;
+                if interleaved && !rows.is_multiple_of(GROUP_ROWS) {
+                    return Err(KernelError::RowsNotGroupMultiple {
+                        dtype: data.dtype_name(),
+                        plain: data.dtype().logical().name(),
+                        rows,
+                    });
                 }
                 let found = match data {
                     WeightData::Q8_0(d) => d.len(),
                     WeightData::Q4_0(d) => d.len(),
                     // Counted in blocks: each group holds sixteen.
                     WeightData::Q4_0x16(d) => d.len() * GROUP_ROWS,
+                    WeightData::IQ4_NLx16(d) => d.len() * GROUP_ROWS,
                     _ => unreachable!("matched above"),
                 };
                 (found, elems / QK, "blocks")

@@ -13,6 +13,7 @@
 //! | Q3_K, Q4_K, Q5_K, Q6_K | [`Path::KLanes`] from [`KLANES_MIN_TOKENS`], else [`Path::Tiles`] over Q8_K |
 //! | Q2_K, IQ4_XS | [`Path::KLanes`] from [`Q2_K_LANES_MIN_TOKENS`], [`IQ4_XS_LANES_MIN_TOKENS`], else [`Path::Tiles`] over Q8_K |
 //! | Q4_0x16 | [`Path::Interleaved`] below [`INTERLEAVED_LANES_MIN_TOKENS`], else [`Path::Lanes`]; on tiers without the interleaved kernel [`Path::Lanes`] from [`LANES_MIN_TOKENS`], else [`Path::Deinterleaved`] |
+//! | IQ4_NLx16 | [`Path::Interleaved`] at AVX2; elsewhere [`Path::Lanes`] from [`IQ4_NL_LANES_MIN_TOKENS`] (joint batches and texts only), else [`Path::Interleaved`], else (tiers without the kernel) [`Path::Deinterleaved`] |
 //!
 //! With [`Batching::Texts`] the thresholds fall away: every lanes path the tier has is taken at
 //! every batch size (and interleaved Q4_0 goes as with [`Batching::Independent`]).
@@ -110,13 +111,14 @@ pub enum Path {
         tokens: usize,
         wide: bool,
     },
-    /// Interleaved Q4_0 turned back into plain rows a sixteen-row chunk at a time, then the
-    /// tier's Q4_0 tiles over Q8_0 activations, as [`Path::Tiles`] describes (tiers without an
-    /// interleaved kernel).
+    /// Interleaved Q4_0 or IQ4_NL turned back into plain rows a sixteen-row chunk at a time,
+    /// then the tier's Q4_0 or IQ4_NL tiles over Q8_0 activations, as [`Path::Tiles`] describes
+    /// (tiers without an interleaved kernel).
     Deinterleaved { tokens: usize, wide: bool },
-    /// Interleaved Q4_0 through the tier's interleaved kernel, sixteen rows and up to `tokens`
-    /// tokens per call (the kernel's most, or the batch when smaller): the scalar reference's
-    /// bits for every token, however the batch is cut.
+    /// Interleaved Q4_0 or IQ4_NL through the tier's interleaved kernel, sixteen rows and up to
+    /// `tokens` tokens per call (the kernel's most, or the batch when smaller): the scalar
+    /// reference's bits for every token (the plain rows' one-token bits), however the batch is
+    /// cut.
     Interleaved { tokens: usize },
     /// The block lanes kernel: the batch's Q8_0 activations transposed, sixteen tokens a
     /// vector, each weight row unpacked once (from plain or interleaved blocks): the scalar
@@ -144,7 +146,7 @@ impl fmt::Display for Path {
             Path::Deinterleaved { tokens, wide: w } => {
                 write!(f, "deinterleaved tiles (q8_0, {tokens} tok{})", wide(w))
             }
-            Path::Interleaved { tokens } => write!(f, "interleaved q4_0x16 ({tokens} tok)"),
+            Path::Interleaved { tokens } => write!(f, "interleaved x16 ({tokens} tok)"),
             Path::Lanes => f.write_str("lanes (q8_0)"),
             Path::KLanes => f.write_str("k-lanes (q8_k)"),
             Path::FloatLanes => f.write_str("float lanes (f32)"),
@@ -274,6 +276,44 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
                 }
             }
         }
+        WeightData::IQ4_NLx16(_) => {
+            if nb == 0 {
+                return Path::Empty;
+            }
+            // The lanes kernel's bits (blocks added in order) are not the interleaved kernel's
+            // (eight accumulators, as the plain rows' tiles), so only a prompt or whole texts
+            // take it, as for plain IQ4_NL.
+            let lanes_from = interleaved_iq4_nl_lanes_from(k);
+            if k.lanes.is_some() && lanes_from.is_some_and(|m| texts || joint && n_tokens >= m) {
+                return Path::Lanes;
+            }
+            match k.group_iq4_nlx16 {
+                Some(g) => Path::Interleaved {
+                    tokens: n_tokens.min(g.tokens),
+                },
+                None => {
+                    let (tokens, wide) = tile_shape(&k.kq.iq4_nl, n_tokens, cols);
+                    Path::Deinterleaved { tokens, wide }
+                }
+            }
+        }
+    }
+}
+
+/// From how many tokens interleaved IQ4_NL (`iq4_nlx16`) takes the lanes kernel at tier `k`,
+/// if ever.
+///
+/// - Never at AVX2, whose interleaved kernel is faster at every prompt length measured: the
+///   1B shape, two threads, the interleaved kernel against the lanes kernel, three rounds,
+///   tok/s: pp128 61–83 against 59–62, pp256 69–74 against 56–64, pp512 72–75 against 61–65.
+///   Every batch then gets the one-token bits.
+/// - From [`IQ4_NL_LANES_MIN_TOKENS`] at AVX-512 (as for plain rows), whose lanes kernel
+///   multiplies with `vpdpbusd` while its interleaved kernel is AVX2's.
+/// - Without an interleaved kernel, from the same count, against the plain tiles.
+fn interleaved_iq4_nl_lanes_from(k: &Kernels) -> Option<usize> {
+    match (k.group_iq4_nlx16, k.isa()) {
+        (Some(_), crate::Isa::Avx2) => None,
+        _ => Some(IQ4_NL_LANES_MIN_TOKENS),
     }
 }
 

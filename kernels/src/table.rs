@@ -78,6 +78,9 @@ pub struct Kernels {
     /// The kernel for sixteen interleaved Q4_0 rows against a few tokens, where the tier has
     /// one (other tiers turn each chunk back into plain rows for their Q4_0 tiles).
     pub(crate) group_q4_0x16: Option<Group>,
+    /// The same for sixteen interleaved IQ4_NL rows (other tiers turn each chunk back into
+    /// plain rows for their IQ4_NL tiles).
+    pub(crate) group_iq4_nlx16: Option<Group>,
     /// The Q5_0, Q5_1 and K-quant tiles (see [`crate::kquant`]).
     pub(crate) kq: KTiles,
 }
@@ -138,6 +141,7 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     klanes: None,
     float_lanes: None,
     group_q4_0x16: None,
+    group_iq4_nlx16: None,
     kq: SCALAR_TILES,
 };
 

@@ -1,4 +1,4 @@
-//! Q5_0, Q5_1, IQ4_NL, K-quant (Q2_K…Q6_K) and IQ4_XS products: every tier against the scalar reference,
+//! Q5_0, Q5_1, IQ4_NL (plain and interleaved), K-quant (Q2_K…Q6_K) and IQ4_XS products: every tier against the scalar reference,
 //! bit for bit (the integer sums are exact and the float order is the reference's), through
 //! one row's dot and through `matmul` for one token (decode) and many (prefill, through the
 //! K-quant lanes kernel for Q2_K…Q6_K and IQ4_XS, the block lanes kernel for Q5_0 and IQ4_NL,
@@ -9,12 +9,13 @@
 //! activations random floats quantized by the reference's rules.
 
 use half::f16;
-use kiln_format::iq4::{dequantize_row_iq4_nl, dequantize_row_iq4_xs};
+use kiln_format::iq4::{dequantize_row_iq4_nl, dequantize_row_iq4_xs, interleave_iq4_nl};
 use kiln_format::kquants::{
     dequantize_row_q2_k, dequantize_row_q3_k, dequantize_row_q4_k, dequantize_row_q5_k,
     dequantize_row_q6_k,
 };
 use kiln_format::q5::{dequantize_row_q5_0, dequantize_row_q5_1};
+use kiln_format::{BlockIQ4NLx16, GROUP_ROWS};
 use kiln_kernels::reference as r;
 use kiln_kernels::{
     kernels, plan, tested_isas, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K,
@@ -589,12 +590,14 @@ enum Owned {
     Q3K(Vec<BlockQ3K>),
     IQ4NL(Vec<BlockIQ4NL>),
     IQ4XS(Vec<BlockIQ4XS>),
+    /// Interleaved IQ4_NL, with its plain rows (the reference's).
+    IQ4NLx16(Vec<BlockIQ4NLx16>, Vec<BlockIQ4NL>),
 }
 
 impl Owned {
     fn all(g: &mut Rng, rows: usize, cols: usize) -> Vec<Owned> {
         let (n32, nk) = (rows * cols / QK, rows * cols / QK_K);
-        vec![
+        let mut all = vec![
             Owned::Q5_0(q5_0_blocks(g, n32)),
             Owned::Q5_1(q5_1_blocks(g, n32)),
             Owned::Q4K(q4_k_blocks(g, nk)),
@@ -604,7 +607,12 @@ impl Owned {
             Owned::Q3K(q3_k_blocks(g, nk)),
             Owned::IQ4NL(iq4_nl_blocks(g, n32)),
             Owned::IQ4XS(iq4_xs_blocks(g, nk)),
-        ]
+        ];
+        if rows.is_multiple_of(GROUP_ROWS) {
+            let b = iq4_nl_blocks(g, n32);
+            all.push(Owned::IQ4NLx16(interleave_iq4_nl(&b, cols / QK), b));
+        }
+        all
     }
 
     fn data(&self) -> WeightData<'_> {
@@ -618,6 +626,7 @@ impl Owned {
             Owned::Q3K(b) => WeightData::Q3_K(b),
             Owned::IQ4NL(b) => WeightData::IQ4_NL(b),
             Owned::IQ4XS(b) => WeightData::IQ4_XS(b),
+            Owned::IQ4NLx16(b, _) => WeightData::IQ4_NLx16(b),
         }
     }
 
@@ -633,10 +642,12 @@ impl Owned {
             Owned::Q6K(b) => r::dot_q6_k_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
             Owned::Q2K(b) => r::dot_q2_k_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
             Owned::Q3K(b) => r::dot_q3_k_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
-            Owned::IQ4NL(b) if lanes => {
+            Owned::IQ4NL(b) | Owned::IQ4NLx16(_, b) if lanes => {
                 r::dot_iq4_nl_q8_0_seq_ref(&b[r * n32..(r + 1) * n32], &q8_0_act(x))
             }
-            Owned::IQ4NL(b) => r::dot_iq4_nl_q8_0_ref(&b[r * n32..(r + 1) * n32], &q8_0_act(x)),
+            Owned::IQ4NL(b) | Owned::IQ4NLx16(_, b) => {
+                r::dot_iq4_nl_q8_0_ref(&b[r * n32..(r + 1) * n32], &q8_0_act(x))
+            }
             Owned::IQ4XS(b) => r::dot_iq4_xs_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
         }
     }
@@ -706,6 +717,10 @@ fn matvec_and_prefill_shapes() {
         (17, 256, 4),
         (9, 256, 9),
         (40, 512, 17),
+        // Interleaved IQ4_NL: a few tokens per call, and the lanes kernel.
+        (48, 512, 6),
+        (32, 19 * 256, 3),
+        (32, 512, 50),
     ] {
         check_matmul(rows, cols, n, (rows * 1000 + cols + n) as u64);
     }
@@ -719,18 +734,21 @@ fn matvec_rows_with_a_tail_of_blocks() {
     let mut g = Rng(19);
     let x = g.floats(cols, 3.0);
     let nl = iq4_nl_blocks(&mut g, rows * cols / QK);
-    let m = Matrix::new(rows, cols, WeightData::IQ4_NL(&nl)).unwrap();
+    let x16 = interleave_iq4_nl(&nl, cols / QK);
     let pool = Pool::new(2).unwrap();
-    for k in tiers() {
-        let mut out = vec![f32::NAN; rows];
-        k.matmul(&m, &x, 1, &mut out, &pool);
-        for (r, &got) in out.iter().enumerate() {
-            let want = r::dot_iq4_nl_q8_0_ref(&nl[r * 19..(r + 1) * 19], &q8_0_act(&x));
-            same_bits(
-                got,
-                want,
-                &format!("iq4_nl {rows}×{cols} row {r}, {:?}", k.isa()),
-            );
+    for data in [WeightData::IQ4_NL(&nl), WeightData::IQ4_NLx16(&x16)] {
+        let m = Matrix::new(rows, cols, data).unwrap();
+        for k in tiers() {
+            let mut out = vec![f32::NAN; rows];
+            k.matmul(&m, &x, 1, &mut out, &pool);
+            for (r, &got) in out.iter().enumerate() {
+                let want = r::dot_iq4_nl_q8_0_ref(&nl[r * 19..(r + 1) * 19], &q8_0_act(&x));
+                same_bits(
+                    got,
+                    want,
+                    &format!("{} {rows}×{cols} row {r}, {:?}", data.dtype_name(), k.isa()),
+                );
+            }
         }
     }
 }

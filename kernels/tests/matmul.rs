@@ -300,7 +300,7 @@ fn interleaved_matrices_need_whole_row_groups() {
     };
     let e = Matrix::new(24, 32, WeightData::Q4_0x16(&g[..1])).unwrap_err();
     assert!(
-        matches!(e, KernelError::RowsNotGroupMultiple { rows: 24 }),
+        matches!(e, KernelError::RowsNotGroupMultiple { rows: 24, .. }),
         "{e}"
     );
     let e = Matrix::new(16, 96, WeightData::Q4_0x16(g)).unwrap_err();

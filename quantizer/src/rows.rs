@@ -28,9 +28,9 @@ pub enum ValueError {
 /// Convert `x` (whole rows of `cols` values) to `dtype`, appending the encoded bytes to `out`
 /// and the round-trip error to `stats`.
 ///
-/// `dtype` may be a storage layout: for `q4_0x16` the rows are quantized as Q4_0 (the same
-/// blocks, the same statistics) and written sixteen rows interleaved, so `x` must then hold
-/// whole sixteen-row groups.
+/// `dtype` may be a storage layout: for `q4_0x16` (`iq4_nlx16`) the rows are quantized as Q4_0
+/// (IQ4_NL): the same blocks, the same statistics, written sixteen rows interleaved, so `x`
+/// must then hold whole sixteen-row groups.
 ///
 /// `importance`, when given, holds one non-negative weight per column (length `cols`) and steers
 /// [`Method::Search`] for Q8_0/Q4_0; for Q5_0, Q5_1 and the K-quants any method but
@@ -41,7 +41,7 @@ pub enum ValueError {
 /// If `x.len()` is not a multiple of `cols`, if `importance` has the wrong length, if `dtype`
 /// is a block type and `cols` is not a multiple of its block (32, or 256 for the K-quants; the
 /// policy never asks for that), or if
-/// `dtype` is `q4_0x16` and the rows are not whole groups of sixteen.
+/// `dtype` is an interleaved layout and the rows are not whole groups of sixteen.
 pub fn convert_rows(
     x: &[f32],
     cols: usize,
@@ -105,16 +105,17 @@ pub fn convert_rows(
             out.reserve(x.len() / QK * dtype.block_bytes());
             quantize_rows(x, cols, dtype, method, importance, out, stats)?;
         }
-        DType::Q4_0x16 => {
+        DType::Q4_0x16 | DType::IQ4_NLx16 => {
             assert_eq!(cols % QK, 0, "block rows must be a multiple of {QK}");
             assert!(
                 (x.len() / cols).is_multiple_of(GROUP_ROWS),
-                "q4_0x16 rows must be whole groups of {GROUP_ROWS}"
+                "{dtype} rows must be whole groups of {GROUP_ROWS}"
             );
-            // Row-major first, then rearranged: the blocks are exactly Q4_0's, and nothing
-            // reaches `out` when a block fails.
-            let mut plain = Vec::with_capacity(x.len() / QK * DType::Q4_0.block_bytes());
-            quantize_rows(x, cols, DType::Q4_0, method, importance, &mut plain, stats)?;
+            // Row-major first, then rearranged: the blocks are exactly the plain type's, and
+            // nothing reaches `out` when a block fails.
+            let logical = dtype.logical();
+            let mut plain = Vec::with_capacity(x.len() / QK * logical.block_bytes());
+            convert_rows(x, cols, logical, method, importance, &mut plain, stats)?;
             out.extend_from_slice(&dtype.to_storage(cols, &plain));
         }
         // Every other block type by its row of the table: GGML's reference rule, or its
@@ -367,6 +368,47 @@ mod tests {
             e,
             Err(ValueError::ScaleOverflow { position: 32, .. })
         ));
+    }
+
+    /// iq4_nlx16 is IQ4_NL's blocks and statistics, rearranged, with or without importance.
+    #[test]
+    fn iq4_nlx16_is_iq4_nl_interleaved() {
+        let (rows, cols) = (32, 96);
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
+            .collect();
+        let imp: Vec<f32> = (0..cols).map(|c| 1.0 + (c % 7) as f32).collect();
+        for (method, importance) in [
+            (Method::Reference, None),
+            (Method::Search, Some(imp.as_slice())),
+        ] {
+            let (mut plain, mut inter) = (Vec::new(), Vec::new());
+            let (mut sp, mut si) = (ErrorStats::default(), ErrorStats::default());
+            convert_rows(
+                &x,
+                cols,
+                DType::IQ4_NL,
+                method,
+                importance,
+                &mut plain,
+                &mut sp,
+            )
+            .unwrap();
+            convert_rows(
+                &x,
+                cols,
+                DType::IQ4_NLx16,
+                method,
+                importance,
+                &mut inter,
+                &mut si,
+            )
+            .unwrap();
+            let mut want = Vec::new();
+            kiln_format::blocks::interleave_q4_0_bytes(&plain, cols / QK, &mut want);
+            assert_eq!(inter, want, "{method}");
+            assert_eq!(si, sp, "{method}");
+        }
     }
 
     /// q4_0x16 is Q4_0's blocks and statistics, rearranged; a failing block writes nothing.

@@ -261,6 +261,7 @@ fn matrix<'a>(file: &'a KilnFile, name: TensorName) -> Result<Matrix<'a>> {
         DType::Q3_K => WeightData::Q3_K(view.as_blocks()?),
         DType::IQ4_NL => WeightData::IQ4_NL(view.as_blocks()?),
         DType::IQ4_XS => WeightData::IQ4_XS(view.as_blocks()?),
+        DType::IQ4_NLx16 => WeightData::IQ4_NLx16(view.as_blocks()?),
     };
     Matrix::new(rows, cols, data).map_err(|source| RunnerError::Kernel {
         file: file.label().to_string(),
@@ -347,6 +348,15 @@ pub fn dequantize_row(m: &Matrix<'_>, row: usize, out: &mut [f32]) {
             for (g, o) in groups.iter().zip(out.chunks_exact_mut(QK)) {
                 let block = g.row(row % GROUP_ROWS);
                 kiln_format::blocks::dequantize_block_q4_0(&block, o.try_into().expect("QK"));
+            }
+        }
+        WeightData::IQ4_NLx16(d) => {
+            // As for Q4_0x16.
+            let nb = cols / QK;
+            let groups = &d[row / GROUP_ROWS * nb..][..nb];
+            for (g, o) in groups.iter().zip(out.chunks_exact_mut(QK)) {
+                let block = g.row(row % GROUP_ROWS);
+                kiln_format::iq4::dequantize_row_iq4_nl(std::slice::from_ref(&block), o);
             }
         }
     }

@@ -47,6 +47,7 @@ impl WeightClass {
             | DType::Q5_K
             | DType::Q6_K
             | DType::IQ4_NL
+            | DType::IQ4_NLx16
             | DType::IQ4_XS => WeightClass::Q4_0,
             DType::Q3_K | DType::Q2_K => WeightClass::Low,
         }

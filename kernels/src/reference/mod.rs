@@ -15,8 +15,8 @@ use kiln_format::kquants::{
 };
 use kiln_format::q5::q5_codes;
 use kiln_format::{
-    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_0x16, BlockQ5K,
-    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, DType, GROUP_ROWS, QK, QK_K,
+    BlockIQ4NL, BlockIQ4NLx16, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_0x16,
+    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, DType, GROUP_ROWS, QK, QK_K,
 };
 
 use crate::stats::ErrorStats;
@@ -152,6 +152,17 @@ pub fn matvec_q4_0x16_ref(w: &[BlockQ4_0x16], x: &[BlockQ8_0], out: &mut [f32; G
     for (r, o) in out.iter_mut().enumerate() {
         let row: Vec<BlockQ4_0> = w.iter().map(|g| g.row(r)).collect();
         *o = dot_q4_0_q8_0_ref(&row, x);
+    }
+}
+
+/// Sixteen interleaved IQ4_NL rows (`w`: one chunk's groups) · Q8_0 activations: `out[r]` is
+/// [`dot_iq4_nl_q8_0_ref`] of row `r` (the plain rows' bits), which the interleaved kernels
+/// reproduce bit for bit.
+pub fn matvec_iq4_nlx16_ref(w: &[BlockIQ4NLx16], x: &[BlockQ8_0], out: &mut [f32; GROUP_ROWS]) {
+    assert_eq!(w.len(), x.len(), "matvec_iq4_nlx16: block count mismatch");
+    for (r, o) in out.iter_mut().enumerate() {
+        let row: Vec<BlockIQ4NL> = w.iter().map(|g| g.row(r)).collect();
+        *o = dot_iq4_nl_q8_0_ref(&row, x);
     }
 }
 

@@ -8,8 +8,8 @@
 //! stacked back by rows, and LongRoPE's factors as the `rope_factors_long`/`_short` tensors
 //! llama.cpp reads them from. Matrices keep
 //! their dtype byte for byte (Q8_0 and Q4_0 blocks are GGML's own layout), except Kiln's own
-//! layouts, which GGML does not know: a `q4_0x16` matrix is de-interleaved to GGML's Q4_0
-//! (type 2), the same blocks row after row. 1-D tensors (norms, biases) are written as F32, as
+//! layouts, which GGML does not know: a `q4_0x16` (`iq4_nlx16`) matrix is de-interleaved to
+//! GGML's Q4_0 (type 2; IQ4_NL, type 20), the same blocks row after row. 1-D tensors (norms, biases) are written as F32, as
 //! llama.cpp's converter writes them and its CPU kernels expect.
 //!
 //! What differs by family is its row of [`kiln_format::FAMILIES`]: the architecture name,

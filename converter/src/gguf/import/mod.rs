@@ -5,7 +5,7 @@
 //! canonical names, Kiln's dimension order and (for the `llama` architecture) the Hugging Face
 //! q/k row order back. Matrices of the GGML types Kiln stores (F32, F16, BF16, Q8_0, Q4_0,
 //! Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) are kept byte for byte, except that Q4_0 matrices of whole
-//! sixteen-row groups are stored as `q4_0x16` (the same blocks, interleaved:
+//! sixteen-row groups are stored as `q4_0x16` (IQ4_NL ones as `iq4_nlx16`; the same blocks, interleaved:
 //! [`DType::storage_for`]), as `kiln-quantize` writes them, because that is the layout the
 //! runner's one-token product reads. The block types Kiln decodes but does not store
 //! ([`super::dequant::DEQUANTIZED`]: Q4_1) are dequantized to a float dtype (F16 unless asked

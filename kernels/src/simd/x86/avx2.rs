@@ -5,9 +5,9 @@ use std::arch::x86_64::*;
 use half::{bf16, f16};
 use kiln_format::{BlockQ4_0, BlockQ8_0};
 
-use super::avx2_group;
 use super::float::{self, F32Simd, Weight};
 use super::quant::{self, hsum256, QBlock, QDot};
+use super::{avx2_group, avx2_group_iq4};
 use crate::isa::Isa;
 use crate::table::{Kernels, SCALAR_TABLE};
 use crate::tile::{Tile, TILE_ROWS, WIDE_ROWS};
@@ -571,6 +571,7 @@ pub(crate) fn table() -> &'static Kernels {
     static TABLE: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| Kernels {
         group_q4_0x16: Some(super::group_kernel!("avx2,fma,f16c", avx2_group)),
+        group_iq4_nlx16: Some(super::group_kernel!("avx2,fma,f16c", avx2_group_iq4)),
         lanes: Some(lanes_tile),
         klanes: Some(klanes_tile),
         quantize_row_q8_k_act,

@@ -22,7 +22,8 @@
 //!   per 32-bit lane.
 //! - [`avx512_group`], [`avx2_group`]: the kernels for sixteen interleaved Q4_0 rows
 //!   ([`crate::interleaved`]), a row per 32-bit lane and a few tokens per call
-//!   ([`group_kernel`] makes each tier's entry point).
+//!   ([`group_kernel`] makes each tier's entry point); [`avx2_group_iq4`] the same for
+//!   IQ4_NL rows, at both tiers.
 //!
 //! - [`iq4`]: IQ4 index bytes unpacked to the lanes kernels' offset codes with `pshufb`.
 //!
@@ -32,6 +33,7 @@
 pub(crate) mod avx2;
 pub(crate) mod avx2_convert;
 pub(crate) mod avx2_group;
+pub(crate) mod avx2_group_iq4;
 pub(crate) mod avx2_klanes;
 pub(crate) mod avx2_lanes;
 pub(crate) mod avx2_rows;
