@@ -246,6 +246,59 @@ mod tests {
         }
     }
 
+    /// Interleaved IQ4_NL through the paths a tier without its interleaved kernel takes: the
+    /// lanes kernel from 48 tokens (what the AVX-512 tier's prompts take) and the plain tiles
+    /// on de-interleaved chunks below; each gives exactly what the plain rows give.
+    #[test]
+    fn interleaved_iq4_nl_without_its_kernel_gives_the_plain_rows_bits() {
+        use crate::{plan, Matrix, Path, Pool, WeightData};
+        let (rows, cols) = (48, 7 * QK);
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919 % 1009) as f32 - 504.0) / 97.0)
+            .collect();
+        let plain = quantize_row_iq4_nl_ref(&v).unwrap();
+        let x16 = interleave_iq4_nl(&plain, cols / QK);
+        let mp = Matrix::new(rows, cols, WeightData::IQ4_NL(&plain)).unwrap();
+        let mi = Matrix::new(rows, cols, WeightData::IQ4_NLx16(&x16)).unwrap();
+        let pool = Pool::new(2).unwrap();
+        let mut lanes_seen = false;
+        for isa in crate::isa::tested_isas() {
+            let Some(k) = crate::kernels(isa) else {
+                continue;
+            };
+            let k = Kernels {
+                group_iq4_nlx16: None,
+                ..k.clone()
+            };
+            for n in [1, 5, 50] {
+                let x: Vec<f32> = (0..n * cols)
+                    .map(|i| ((i * 613 % 401) as f32 - 200.0) / 53.0)
+                    .collect();
+                let path = plan(&k, &mi, n);
+                lanes_seen |= path == Path::Lanes;
+                assert!(
+                    matches!(path, Path::Lanes | Path::Deinterleaved { .. }),
+                    "{isa:?} n={n}: {path}"
+                );
+                let (mut want, mut got) = (vec![0f32; n * rows], vec![f32::NAN; n * rows]);
+                k.matmul(&mp, &x, n, &mut want, &pool);
+                k.matmul(&mi, &x, n, &mut got, &pool);
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{isa:?} n={n} ({path}): interleaved rows differ from the plain rows"
+                );
+            }
+        }
+        // The lanes path is exercised wherever a tested tier has the lanes kernel (every x86
+        // tier).
+        let has_lanes = crate::isa::tested_isas()
+            .into_iter()
+            .any(|i| crate::kernels(i).is_some_and(|k| k.lanes.is_some()));
+        assert_eq!(lanes_seen, has_lanes);
+    }
+
     #[test]
     fn prepared_blocks_carry_the_offset_correction() {
         let x: Vec<f32> = (0..64).map(|i| i as f32 - 20.0).collect();

@@ -32,7 +32,7 @@ pub(crate) type QuantizeBlocksFn =
 
 /// One tier's kernels. Get one with [`crate::kernels`] (a given tier) or [`crate::active`]
 /// (the dispatched one).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Kernels {
     pub(crate) isa: Isa,
     pub(crate) dot_f32: fn(&[f32], &[f32]) -> f32,
