@@ -79,7 +79,7 @@ pub struct DTypeSummary {
     /// Storage bits per weight (4.5 for Q4_0 and Q4_K, 6.5625 for Q6_K).
     pub bits_per_weight: f64,
     /// The format minor version that introduced the dtype (`q4_0x16` 1; Q5_0, Q5_1 and the
-    /// K-quants from Q4_K 2; Q2_K, Q3_K, IQ4_NL and IQ4_XS 4; `iq4_nlx16` 6).
+    /// K-quants from Q4_K 2; Q2_K, Q3_K, IQ4_NL and IQ4_XS 4; `iq4_nlx16` 6; `iq4_xsx16` 7).
     pub since_minor: u16,
     /// What the dtype is: its layout in a few words.
     pub layout: &'static str,
@@ -95,6 +95,7 @@ fn layout(d: DType) -> &'static str {
         DType::Q4_0 => "GGML Q4_0: 32 weights, f16 scale, 4-bit codes",
         DType::Q4_0x16 => "GGML Q4_0 blocks of 16 rows interleaved",
         DType::IQ4_NLx16 => "GGML IQ4_NL blocks of 16 rows interleaved",
+        DType::IQ4_XSx16 => "GGML IQ4_XS super-blocks of 16 rows interleaved",
         DType::Q5_0 => "GGML Q5_0: 32 weights, f16 scale, 5-bit codes",
         DType::Q5_1 => "GGML Q5_1: 32 weights, f16 scale and min, 5-bit codes",
         DType::Q4_K => {

@@ -13,7 +13,7 @@ use half::{bf16, f16};
 use crate::blocks::{self, BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 use crate::dtype::DType;
 use crate::error::{FormatError, Result};
-use crate::iq4::{self, BlockIQ4NL, BlockIQ4NLx16, BlockIQ4XS};
+use crate::iq4::{self, BlockIQ4NL, BlockIQ4NLx16, BlockIQ4XS, BlockIQ4XSx16};
 use crate::kquants::{self, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, QK_K};
 use crate::q5::{self, BlockQ5_0, BlockQ5_1};
 
@@ -656,14 +656,14 @@ ggml_block!(BlockIQ4XS, IQ4_XS, QK_K, 23, Scales::one(ScaleFloat::F16, 0),
     iq4::quantize_row_iq4_xs_ref, iq4::dequantize_row_iq4_xs,
     weighted: Some(iq4::quantize_row_iq4_xs_weighted), codes: Some(IQ4_XS_CODES));
 
-/// A sixteen-row interleaved layout of 18-byte blocks (`$x`, of `$dtype`): GGML's blocks of
-/// `$plain`, so its reference rule and decoder, in Kiln's order. Rows must come in whole
+/// A sixteen-row interleaved layout (`$x`, of `$dtype`) of GGML's blocks of `$qk` weights,
+/// so the plain type's reference rule and decoder, in Kiln's order. Rows must come in whole
 /// groups of sixteen.
 macro_rules! interleaved_block {
-    ($x:ident, $dtype:ident, $quantize:path, $interleave:path, $deinterleave:path, $dequantize:path) => {
+    ($x:ident, $dtype:ident, $qk:expr, $quantize:path, $interleave:path, $deinterleave:path, $dequantize:path) => {
         impl BlockType for $x {
             const DTYPE: DType = DType::$dtype;
-            const WEIGHTS: usize = GROUP_ROWS * QK;
+            const WEIGHTS: usize = GROUP_ROWS * $qk;
             const ROWS: usize = GROUP_ROWS;
             const GGML: Option<(u32, &'static str)> = None;
             /// Sixteen f16 scales first, one per row's block.
@@ -676,18 +676,18 @@ macro_rules! interleaved_block {
 
             fn quantize_rows_ref(x: &[f32], cols: usize) -> Result<Vec<$x>> {
                 let group = cols * GROUP_ROWS;
-                if cols == 0 || !cols.is_multiple_of(QK) || !x.len().is_multiple_of(group) {
+                if cols == 0 || !cols.is_multiple_of($qk) || !x.len().is_multiple_of(group) {
                     return Err(FormatError::RowLength {
                         len: x.len(),
-                        block: group.max(QK),
+                        block: group.max($qk),
                     });
                 }
                 let rows = $quantize(x)?;
-                Ok($interleave(&rows, cols / QK))
+                Ok($interleave(&rows, cols / $qk))
             }
 
             fn dequantize_rows(units: &[$x], cols: usize, out: &mut [f32]) {
-                let rows = $deinterleave(units, (cols / QK).max(1));
+                let rows = $deinterleave(units, (cols / $qk).max(1));
                 $dequantize(&rows, out)
             }
         }
@@ -697,6 +697,7 @@ macro_rules! interleaved_block {
 interleaved_block!(
     BlockQ4_0x16,
     Q4_0x16,
+    QK,
     blocks::quantize_row_q4_0_ref,
     blocks::interleave_q4_0,
     blocks::deinterleave_q4_0x16,
@@ -705,10 +706,20 @@ interleaved_block!(
 interleaved_block!(
     BlockIQ4NLx16,
     IQ4_NLx16,
+    QK,
     iq4::quantize_row_iq4_nl_ref,
     iq4::interleave_iq4_nl,
     iq4::deinterleave_iq4_nlx16,
     iq4::dequantize_row_iq4_nl
+);
+interleaved_block!(
+    BlockIQ4XSx16,
+    IQ4_XSx16,
+    QK_K,
+    iq4::quantize_row_iq4_xs_ref,
+    iq4::interleave_iq4_xs,
+    iq4::deinterleave_iq4_xsx16,
+    iq4::dequantize_row_iq4_xs
 );
 
 #[cfg(test)]
@@ -734,7 +745,7 @@ mod tests {
     }
 
     /// Every dtype, with GGML's sizes (`ggml-common.h`) and its round-trip bound.
-    const TABLE: [Row; 16] = [
+    const TABLE: [Row; 17] = [
         row(DType::F32, 1, 4, 0.0),
         row(DType::F16, 1, 2, 2.5e-4),
         row(DType::BF16, 1, 2, 2e-3),
@@ -751,6 +762,7 @@ mod tests {
         row(DType::IQ4_NL, QK, 18, 8e-2),
         row(DType::IQ4_XS, QK_K, 136, 8e-2),
         row(DType::IQ4_NLx16, GROUP_ROWS * QK, GROUP_ROWS * 18, 8e-2),
+        row(DType::IQ4_XSx16, GROUP_ROWS * QK_K, GROUP_ROWS * 136, 8e-2),
     ];
 
     /// Sixteen rows (whole `q4_0x16` groups) of 512 values (whole super-blocks).

@@ -62,30 +62,65 @@ pub struct BlockQ4_0x16 {
 impl BlockQ4_0x16 {
     /// Interleave one block of each of sixteen rows.
     pub fn from_rows(rows: &[BlockQ4_0; GROUP_ROWS]) -> BlockQ4_0x16 {
-        let mut g = BlockQ4_0x16::zeroed();
-        for (r, b) in rows.iter().enumerate() {
-            g.d[r] = b.d;
-            for i in 0..QK / 8 {
-                g.qs[64 * i + 4 * r..64 * i + 4 * r + 4].copy_from_slice(&b.qs[4 * i..4 * i + 4]);
-            }
+        BlockQ4_0x16 {
+            d: std::array::from_fn(|r| rows[r].d),
+            qs: interleave_nibbles(&std::array::from_fn(|r| rows[r].qs)),
         }
-        g
     }
 
     /// Row `r`'s block.
     #[inline]
     pub fn row(&self, r: usize) -> BlockQ4_0 {
-        let mut qs = [0u8; QK / 2];
-        for i in 0..QK / 8 {
-            qs[4 * i..4 * i + 4].copy_from_slice(&self.qs[64 * i + 4 * r..64 * i + 4 * r + 4]);
+        BlockQ4_0 {
+            d: self.d[r],
+            qs: row_nibbles(&self.qs, r),
         }
-        BlockQ4_0 { d: self.d[r], qs }
     }
+}
+
+/// Sixteen rows' sixteen bytes of nibbles in the interleaved order: bytes `64i..64i + 64` hold
+/// bytes `4i..4i + 4` of each row (row `r` at `64i + 4r`). Every sixteen-row layout keeps a
+/// 32-weight block's nibbles this way.
+pub(crate) fn interleave_nibbles(rows: &[[u8; QK / 2]; GROUP_ROWS]) -> [u8; GROUP_ROWS * QK / 2] {
+    let mut qs = [0u8; GROUP_ROWS * QK / 2];
+    for (r, row) in rows.iter().enumerate() {
+        for i in 0..QK / 8 {
+            qs[64 * i + 4 * r..64 * i + 4 * r + 4].copy_from_slice(&row[4 * i..4 * i + 4]);
+        }
+    }
+    qs
+}
+
+/// Row `r`'s sixteen bytes of [`interleave_nibbles`]'s order.
+#[inline]
+pub(crate) fn row_nibbles(qs: &[u8; GROUP_ROWS * QK / 2], r: usize) -> [u8; QK / 2] {
+    let mut row = [0u8; QK / 2];
+    for i in 0..QK / 8 {
+        row[4 * i..4 * i + 4].copy_from_slice(&qs[64 * i + 4 * r..64 * i + 4 * r + 4]);
+    }
+    row
 }
 
 /// Interleave a row-major Q4_0 matrix of `blocks.len() / nb` rows (a multiple of 16) and `nb`
 /// blocks per row: group `g·nb + b` is block `b` of rows `16g..16g + 16`.
 pub fn interleave_q4_0(blocks: &[BlockQ4_0], nb: usize) -> Vec<BlockQ4_0x16> {
+    interleave_groups(blocks, nb, BlockQ4_0x16::from_rows)
+}
+
+/// The row-major Q4_0 blocks of an interleaved matrix with `nb` blocks per row (the inverse of
+/// [`interleave_q4_0`]).
+pub fn deinterleave_q4_0x16(groups: &[BlockQ4_0x16], nb: usize) -> Vec<BlockQ4_0> {
+    deinterleave_groups(groups, nb, BlockQ4_0x16::row)
+}
+
+/// The order every sixteen-row layout shares: a row-major matrix of `blocks.len() / nb` rows
+/// (a multiple of 16) and `nb` blocks per row becomes groups, group `g·nb + b` made by `group`
+/// from block `b` of rows `16g..16g + 16`.
+pub(crate) fn interleave_groups<B: Copy, G>(
+    blocks: &[B],
+    nb: usize,
+    group: impl Fn(&[B; GROUP_ROWS]) -> G,
+) -> Vec<G> {
     assert!(
         nb > 0 && blocks.len().is_multiple_of(GROUP_ROWS * nb),
         "whole row groups"
@@ -93,27 +128,28 @@ pub fn interleave_q4_0(blocks: &[BlockQ4_0], nb: usize) -> Vec<BlockQ4_0x16> {
     let mut out = Vec::with_capacity(blocks.len() / GROUP_ROWS);
     for rows in blocks.chunks_exact(GROUP_ROWS * nb) {
         for b in 0..nb {
-            out.push(BlockQ4_0x16::from_rows(&std::array::from_fn(|r| {
-                rows[r * nb + b]
-            })));
+            out.push(group(&std::array::from_fn(|r| rows[r * nb + b])));
         }
     }
     out
 }
 
-/// The row-major Q4_0 blocks of an interleaved matrix with `nb` blocks per row (the inverse of
-/// [`interleave_q4_0`]).
-pub fn deinterleave_q4_0x16(groups: &[BlockQ4_0x16], nb: usize) -> Vec<BlockQ4_0> {
+/// The inverse of [`interleave_groups`]: `row(g, r)` is row `r`'s block of group `g`.
+pub(crate) fn deinterleave_groups<B: Copy + Zeroable, G>(
+    groups: &[G],
+    nb: usize,
+    row: impl Fn(&G, usize) -> B,
+) -> Vec<B> {
     assert!(
         nb > 0 && groups.len().is_multiple_of(nb),
         "whole row groups"
     );
-    let mut out = vec![BlockQ4_0::zeroed(); groups.len() * GROUP_ROWS];
+    let mut out = vec![B::zeroed(); groups.len() * GROUP_ROWS];
     for (c, chunk) in groups.chunks_exact(nb).enumerate() {
         let rows = &mut out[c * GROUP_ROWS * nb..(c + 1) * GROUP_ROWS * nb];
         for (b, g) in chunk.iter().enumerate() {
-            for r in 0..GROUP_ROWS {
-                rows[r * nb + b] = g.row(r);
+            for (r, row_blocks) in rows.chunks_exact_mut(nb).enumerate() {
+                row_blocks[b] = row(g, r);
             }
         }
     }

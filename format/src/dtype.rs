@@ -11,8 +11,8 @@ use half::{bf16, f16};
 
 use crate::block_type::BlockKind;
 use crate::blocks::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
-use crate::iq4::{BlockIQ4NL, BlockIQ4NLx16, BlockIQ4XS};
-use crate::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K};
+use crate::iq4::{BlockIQ4NL, BlockIQ4NLx16, BlockIQ4XS, BlockIQ4XSx16};
+use crate::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, QK_K};
 use crate::q5::{BlockQ5_0, BlockQ5_1};
 
 /// A tensor element type. Variants keep GGML's names (`Q4_K`, not `Q4K`) so that they read
@@ -63,11 +63,15 @@ pub enum DType {
     /// [`DType::Q4_0x16`]): GGML's blocks and indices, for the one-token product. Only for
     /// matrices whose row count is a multiple of 16. Since format 1.6.
     IQ4_NLx16,
+    /// IQ4_XS with sixteen rows interleaved ([`BlockIQ4XSx16`]): GGML's super-blocks, scales
+    /// and indices, for the one-token product. Only for matrices whose row count is a multiple
+    /// of 16. Since format 1.7.
+    IQ4_XSx16,
 }
 
 impl DType {
     /// Every dtype, in id order.
-    pub const ALL: [DType; 16] = [
+    pub const ALL: [DType; 17] = [
         DType::F32,
         DType::F16,
         DType::Q4_0,
@@ -84,6 +88,7 @@ impl DType {
         DType::BF16,
         DType::Q4_0x16,
         DType::IQ4_NLx16,
+        DType::IQ4_XSx16,
     ];
 
     /// The on-disk id (GGML's `ggml_type` number).
@@ -105,6 +110,7 @@ impl DType {
             DType::BF16 => 30,
             DType::Q4_0x16 => 1002,
             DType::IQ4_NLx16 => 1020,
+            DType::IQ4_XSx16 => 1023,
         }
     }
 
@@ -127,6 +133,7 @@ impl DType {
             30 => Some(DType::BF16),
             1002 => Some(DType::Q4_0x16),
             1020 => Some(DType::IQ4_NLx16),
+            1023 => Some(DType::IQ4_XSx16),
             _ => None,
         }
     }
@@ -150,6 +157,7 @@ impl DType {
             DType::IQ4_NL => "iq4_nl",
             DType::IQ4_XS => "iq4_xs",
             DType::IQ4_NLx16 => "iq4_nlx16",
+            DType::IQ4_XSx16 => "iq4_xsx16",
         }
     }
 
@@ -180,6 +188,7 @@ impl DType {
         const IQ4_NL: BlockKind = BlockKind::of::<BlockIQ4NL>();
         const IQ4_XS: BlockKind = BlockKind::of::<BlockIQ4XS>();
         const IQ4_NLX16: BlockKind = BlockKind::of::<BlockIQ4NLx16>();
+        const IQ4_XSX16: BlockKind = BlockKind::of::<BlockIQ4XSx16>();
         match self {
             DType::F32 => &F32,
             DType::F16 => &F16,
@@ -197,6 +206,7 @@ impl DType {
             DType::IQ4_NL => &IQ4_NL,
             DType::IQ4_XS => &IQ4_XS,
             DType::IQ4_NLx16 => &IQ4_NLX16,
+            DType::IQ4_XSx16 => &IQ4_XSX16,
         }
     }
 
@@ -206,34 +216,39 @@ impl DType {
         self.block().weights
     }
 
-    /// The dtype whose values this one stores: [`DType::Q4_0`] for [`DType::Q4_0x16`] and
-    /// [`DType::IQ4_NL`] for [`DType::IQ4_NLx16`] (the same blocks in another order), the
-    /// dtype itself otherwise. Quantization policies, tolerances and reports speak of this one.
+    /// The dtype whose values this one stores: [`DType::Q4_0`] for [`DType::Q4_0x16`],
+    /// [`DType::IQ4_NL`] for [`DType::IQ4_NLx16`] and [`DType::IQ4_XS`] for
+    /// [`DType::IQ4_XSx16`] (the same blocks in another order), the dtype itself otherwise. Quantization policies, tolerances and reports speak of this one.
     pub const fn logical(self) -> DType {
         match self {
             DType::Q4_0x16 => DType::Q4_0,
             DType::IQ4_NLx16 => DType::IQ4_NL,
+            DType::IQ4_XSx16 => DType::IQ4_XS,
             d => d,
         }
     }
 
     /// The sixteen-row interleaved layout of this dtype's blocks, if Kiln has one (Q4_0 and
-    /// IQ4_NL, whose blocks share one layout).
+    /// IQ4_NL, whose blocks share one layout, and IQ4_XS).
     pub const fn interleaved(self) -> Option<DType> {
         match self {
             DType::Q4_0 => Some(DType::Q4_0x16),
             DType::IQ4_NL => Some(DType::IQ4_NLx16),
+            DType::IQ4_XS => Some(DType::IQ4_XSx16),
             _ => None,
         }
     }
 
-    /// How a writer stores a tensor of `shape` whose values are of dtype `self`: Q4_0 and
-    /// IQ4_NL matrices with a multiple of 16 rows as [`DType::Q4_0x16`] and
-    /// [`DType::IQ4_NLx16`], everything else as itself.
+    /// How a writer stores a tensor of `shape` whose values are of dtype `self`: Q4_0, IQ4_NL
+    /// and IQ4_XS matrices with a multiple of 16 rows (and whole blocks a row) as
+    /// [`DType::Q4_0x16`], [`DType::IQ4_NLx16`] and [`DType::IQ4_XSx16`], everything else as
+    /// itself.
     pub fn storage_for(self, shape: &[u64]) -> DType {
         match (self.interleaved(), shape) {
             (Some(x), &[rows, cols])
-                if rows > 0 && rows % GROUP_ROWS as u64 == 0 && cols % QK as u64 == 0 =>
+                if rows > 0
+                    && rows % GROUP_ROWS as u64 == 0
+                    && cols % self.block_len() as u64 == 0 =>
             {
                 x
             }
@@ -259,6 +274,13 @@ impl DType {
                 crate::blocks::interleave_q4_0_bytes(bytes, cols / QK, &mut out);
                 out.into()
             }
+            DType::IQ4_XSx16 => {
+                let blocks: Vec<BlockIQ4XS> = bytemuck::pod_collect_to_vec(bytes);
+                let groups = crate::iq4::interleave_iq4_xs(&blocks, cols / QK_K);
+                bytemuck::cast_slice::<BlockIQ4XSx16, u8>(&groups)
+                    .to_vec()
+                    .into()
+            }
             _ => bytes.into(),
         }
     }
@@ -271,6 +293,13 @@ impl DType {
                 let groups: Vec<BlockQ4_0x16> = bytemuck::pod_collect_to_vec(bytes);
                 let rows = crate::blocks::deinterleave_q4_0x16(&groups, (cols / QK).max(1));
                 bytemuck::cast_slice::<BlockQ4_0, u8>(&rows).to_vec().into()
+            }
+            DType::IQ4_XSx16 => {
+                let groups: Vec<BlockIQ4XSx16> = bytemuck::pod_collect_to_vec(bytes);
+                let rows = crate::iq4::deinterleave_iq4_xsx16(&groups, (cols / QK_K).max(1));
+                bytemuck::cast_slice::<BlockIQ4XS, u8>(&rows)
+                    .to_vec()
+                    .into()
             }
             _ => bytes.into(),
         }
@@ -313,11 +342,13 @@ impl DType {
         }
         let interleaved = self.rows_per_unit() > 1;
         if interleaved {
+            // The plain dtype's block length: the columns a row's block spans.
+            let row_block = self.logical().block_len() as u64;
             let ok = matches!(shape, &[rows, cols]
-                if rows % GROUP_ROWS as u64 == 0 && cols % QK as u64 == 0);
+                if rows % GROUP_ROWS as u64 == 0 && cols % row_block == 0);
             if !ok {
                 return Err(format!(
-                    "{} needs a matrix of a multiple of {GROUP_ROWS} rows and of {QK} \
+                    "{} needs a matrix of a multiple of {GROUP_ROWS} rows and of {row_block} \
                      columns, shape is {shape:?}",
                     self.name()
                 ));
@@ -388,6 +419,11 @@ mod tests {
         assert_eq!(DType::IQ4_NLx16.bits_per_weight(), 4.5);
         assert!(DType::IQ4_NLx16.byte_len(&[8, 64]).is_err());
         assert!(DType::IQ4_NLx16.byte_len(&[512]).is_err());
+        assert_eq!(DType::IQ4_XSx16.byte_len(&[32, 512]), Ok(64 * 136));
+        assert_eq!(DType::IQ4_XSx16.bits_per_weight(), 4.25);
+        assert!(DType::IQ4_XSx16.byte_len(&[8, 512]).is_err());
+        assert!(DType::IQ4_XSx16.byte_len(&[16, 288]).is_err());
+        assert!(DType::IQ4_XSx16.byte_len(&[4096]).is_err());
         assert_eq!(DType::Q4_K.byte_len(&[2, 512]), Ok(4 * 144));
         assert_eq!(DType::Q5_K.bits_per_weight(), 5.5);
         assert_eq!(DType::Q6_K.bits_per_weight(), 6.5625);
@@ -418,6 +454,11 @@ mod tests {
         assert_eq!(DType::IQ4_NL.storage_for(&[4096]), DType::IQ4_NL);
         assert_eq!(DType::IQ4_NLx16.logical(), DType::IQ4_NL);
         assert_eq!(DType::IQ4_NLx16.id(), 1020);
+        assert_eq!(DType::IQ4_XS.storage_for(&[48, 512]), DType::IQ4_XSx16);
+        assert_eq!(DType::IQ4_XS.storage_for(&[40, 512]), DType::IQ4_XS);
+        assert_eq!(DType::IQ4_XS.storage_for(&[48, 4096]), DType::IQ4_XSx16);
+        assert_eq!(DType::IQ4_XSx16.logical(), DType::IQ4_XS);
+        assert_eq!(DType::IQ4_XSx16.id(), 1023);
         assert_eq!(DType::Q5_0.interleaved(), None);
     }
 
@@ -434,6 +475,21 @@ mod tests {
             assert_eq!(x.from_storage(cols, &stored).as_ref(), blocks.as_slice());
             assert_eq!(x.rows_per_unit(), crate::blocks::GROUP_ROWS);
         }
+        let k_cols = 2 * QK_K;
+        let super_blocks: Vec<u8> = (0..rows * k_cols / QK_K * 136)
+            .map(|i| (i * 37 % 253) as u8)
+            .collect();
+        {
+            let x = DType::IQ4_XSx16;
+            let stored = x.to_storage(k_cols, &super_blocks);
+            assert_eq!(stored.len(), super_blocks.len());
+            assert_ne!(stored.as_ref(), super_blocks.as_slice());
+            assert_eq!(
+                x.from_storage(k_cols, &stored).as_ref(),
+                super_blocks.as_slice()
+            );
+            assert_eq!(x.rows_per_unit(), crate::blocks::GROUP_ROWS);
+        }
         for d in [
             DType::F32,
             DType::F16,
@@ -441,6 +497,7 @@ mod tests {
             DType::Q8_0,
             DType::Q4_0,
             DType::IQ4_NL,
+            DType::IQ4_XS,
         ] {
             assert!(matches!(
                 d.to_storage(cols, &blocks),

@@ -106,6 +106,76 @@ pub struct BlockIQ4XS {
 
 const _: () = assert!(std::mem::size_of::<BlockIQ4XS>() == 136);
 
+/// Super-block `b` of sixteen consecutive rows of an IQ4_XS matrix, interleaved (2176 bytes,
+/// the size of the sixteen super-blocks it holds): the rows' scales field by field, then each
+/// 32-weight sub-block's indices in [`BlockQ4_0x16`]'s order.
+///
+/// Why: as for IQ4_NL ([`BlockIQ4NLx16`]). A one-token product over plain IQ4_XS rows reads
+/// sixteen row streams a super-block at a time and reduces every row's sums across a vector;
+/// here a 32-bit lane is a row, one load gives four indices of eight rows, and a sub-block's
+/// sixteen 6-bit scales unpack in two vectors. Every field is GGML's, byte for byte, only in
+/// another order.
+#[derive(Debug, Clone, Copy, PartialEq, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockIQ4XSx16 {
+    /// Row `r`'s super-block scale.
+    pub d: [f16; GROUP_ROWS],
+    /// Row `r`'s `scales_h`.
+    pub scales_h: [u16; GROUP_ROWS],
+    /// Row `r`'s `scales_l`.
+    pub scales_l: [[u8; QK_K / 64]; GROUP_ROWS],
+    /// Sub-block `s`'s indices of the sixteen rows, interleaved four bytes at a time (as
+    /// [`BlockQ4_0x16::qs`]).
+    pub qs: [[u8; GROUP_ROWS * QK / 2]; QK_K / QK],
+}
+
+const _: () = assert!(std::mem::size_of::<BlockIQ4XSx16>() == GROUP_ROWS * 136);
+const _: () = assert!(std::mem::align_of::<BlockIQ4XSx16>() == 2);
+
+impl BlockIQ4XSx16 {
+    /// Interleave one super-block of each of sixteen rows.
+    pub fn from_rows(rows: &[BlockIQ4XS; GROUP_ROWS]) -> BlockIQ4XSx16 {
+        BlockIQ4XSx16 {
+            d: std::array::from_fn(|r| rows[r].d),
+            scales_h: std::array::from_fn(|r| rows[r].scales_h),
+            scales_l: std::array::from_fn(|r| rows[r].scales_l),
+            qs: std::array::from_fn(|s| {
+                crate::blocks::interleave_nibbles(&std::array::from_fn(|r| {
+                    rows[r].qs[16 * s..16 * s + 16]
+                        .try_into()
+                        .expect("16 bytes")
+                }))
+            }),
+        }
+    }
+
+    /// Row `r`'s super-block.
+    pub fn row(&self, r: usize) -> BlockIQ4XS {
+        let mut qs = [0u8; QK_K / 2];
+        for (s, sub) in self.qs.iter().enumerate() {
+            qs[16 * s..16 * s + 16].copy_from_slice(&crate::blocks::row_nibbles(sub, r));
+        }
+        BlockIQ4XS {
+            d: self.d[r],
+            scales_h: self.scales_h[r],
+            scales_l: self.scales_l[r],
+            qs,
+        }
+    }
+}
+
+/// Interleave a row-major IQ4_XS matrix of `blocks.len() / nb` rows (a multiple of 16) and
+/// `nb` super-blocks per row: group `g·nb + b` is super-block `b` of rows `16g..16g + 16`.
+pub fn interleave_iq4_xs(blocks: &[BlockIQ4XS], nb: usize) -> Vec<BlockIQ4XSx16> {
+    crate::blocks::interleave_groups(blocks, nb, BlockIQ4XSx16::from_rows)
+}
+
+/// The row-major IQ4_XS super-blocks of an interleaved matrix with `nb` super-blocks per row
+/// (the inverse of [`interleave_iq4_xs`]).
+pub fn deinterleave_iq4_xsx16(groups: &[BlockIQ4XSx16], nb: usize) -> Vec<BlockIQ4XS> {
+    crate::blocks::deinterleave_groups(groups, nb, BlockIQ4XSx16::row)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Quantizers: GGML's `quantize_row_iq4_nl_impl`, bit for bit.
 //
@@ -415,6 +485,43 @@ pub fn dequantize_row_iq4_xs(blocks: &[BlockIQ4XS], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `iq4_xsx16` bytes are docs/FORMAT.md's: each field of the sixteen super-blocks
+    /// together, then sub-block `s`'s indices with bytes `4i..4i + 4` of row `r` at
+    /// `64i + 4r`; and interleaving a matrix and back gives its super-blocks.
+    #[test]
+    fn iq4_xsx16_bytes_are_the_documented_layout() {
+        let nb = 2;
+        let rows: Vec<BlockIQ4XS> = (0..GROUP_ROWS * nb)
+            .map(|k| {
+                let mut b = BlockIQ4XS::zeroed();
+                b.d = f16::from_f32(k as f32);
+                b.scales_h = 1000 + k as u16;
+                b.scales_l = std::array::from_fn(|j| (10 * k + j) as u8);
+                b.qs = std::array::from_fn(|j| (k * 7 + j * 3) as u8);
+                b
+            })
+            .collect();
+        let groups = interleave_iq4_xs(&rows, nb);
+        assert_eq!(groups.len(), nb);
+        for (b, g) in groups.iter().enumerate() {
+            let bytes: &[u8] = bytemuck::bytes_of(g);
+            for r in 0..GROUP_ROWS {
+                let s_r = &rows[r * nb + b];
+                assert_eq!(&bytes[2 * r..2 * r + 2], &s_r.d.to_le_bytes());
+                assert_eq!(&bytes[32 + 2 * r..34 + 2 * r], &s_r.scales_h.to_le_bytes());
+                assert_eq!(&bytes[64 + 4 * r..68 + 4 * r], &s_r.scales_l);
+                for s in 0..8 {
+                    for i in 0..4 {
+                        let at = 128 + 256 * s + 64 * i + 4 * r;
+                        let from = 16 * s + 4 * i;
+                        assert_eq!(&bytes[at..at + 4], &s_r.qs[from..from + 4]);
+                    }
+                }
+            }
+        }
+        assert_eq!(deinterleave_iq4_xsx16(&groups, nb), rows);
+    }
 
     fn ramp(n: usize) -> Vec<f32> {
         (0..n).map(|i| (i as f32 * 0.37).sin()).collect()

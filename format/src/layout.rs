@@ -21,8 +21,9 @@ pub const FORMAT_MAJOR: u16 = 1;
 /// 1.1 added the `q4_0x16` dtype; 1.2 added `q5_0`, `q5_1`, `q4_k`, `q5_k` and `q6_k`; 1.3
 /// added the files section (packed metadata fields, [`crate::packed`]); 1.4 added `q2_k`,
 /// `q3_k`, `iq4_nl` and `iq4_xs`; 1.5 added an embedding model's dense layers (the
-/// `embedding.dense` metadata field and the `dense.K.*` tensors); 1.6 added `iq4_nlx16`.
-pub const FORMAT_MINOR: u16 = 6;
+/// `embedding.dense` metadata field and the `dense.K.*` tensors); 1.6 added `iq4_nlx16`; 1.7
+/// added `iq4_xsx16`.
+pub const FORMAT_MINOR: u16 = 7;
 
 /// The minor version that introduced dense layers: a file holding a `dense.K.*` tensor says
 /// at least this.
@@ -41,6 +42,7 @@ pub const fn minor_of(dtype: crate::DType) -> u16 {
         DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K => 2,
         DType::Q2_K | DType::Q3_K | DType::IQ4_NL | DType::IQ4_XS => 4,
         DType::IQ4_NLx16 => 6,
+        DType::IQ4_XSx16 => 7,
     }
 }
 

@@ -59,7 +59,7 @@ pub use error::{FormatError, Result};
 pub use exit::{install_interrupt_handler, ExitStatus};
 pub use family::{FamilySpec, FAMILIES};
 pub use input::{open_regular, read_bounded, read_text_bounded};
-pub use iq4::{BlockIQ4NL, BlockIQ4NLx16, BlockIQ4XS};
+pub use iq4::{BlockIQ4NL, BlockIQ4NLx16, BlockIQ4XS, BlockIQ4XSx16};
 pub use kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 pub use metadata::{
     Architecture, AttentionMask, DenseActivation, DenseLayer, EmbeddingSpec, FamilyOptions,

@@ -42,7 +42,10 @@ fn arb_tensor() -> impl Strategy<Value = (DType, Vec<u64>, u64)> {
         .prop_map(|(dtype, mut shape, seed)| {
             if dtype.rows_per_unit() > 1 {
                 // A matrix of whole sixteen-row groups.
-                shape = vec![16 * shape[0], 32 * shape.last().unwrap()];
+                shape = vec![
+                    16 * shape[0],
+                    dtype.logical().block_len() as u64 * shape.last().unwrap(),
+                ];
             } else if dtype.is_quantized() {
                 // Whole blocks a row: 32 weights, 256 for the K-quants.
                 *shape.last_mut().unwrap() *= dtype.block_len() as u64;
@@ -77,7 +80,7 @@ proptest! {
         w.finish().unwrap();
         let f = KilnFile::open(&path).unwrap();
         // 1.1 added q4_0x16, 1.2 the Q5 and K-quant types, 1.4 Q2_K, Q3_K and the IQ4 types,
-        // 1.6 iq4_nlx16; a file is written with the lowest.
+        // 1.6 iq4_nlx16, 1.7 iq4_xsx16; a file is written with the lowest.
         let minor = tensors
             .iter()
             .map(|(d, _, _)| match d {
@@ -85,6 +88,7 @@ proptest! {
                 DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K => 2,
                 DType::Q2_K | DType::Q3_K | DType::IQ4_NL | DType::IQ4_XS => 4,
                 DType::IQ4_NLx16 => 6,
+                DType::IQ4_XSx16 => 7,
                 _ => 0,
             })
             .max()

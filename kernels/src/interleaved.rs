@@ -23,6 +23,12 @@
 //! So a token's result is the same alone, in any batch, and on the scalar tier, and an
 //! `iq4_nlx16` matrix gives exactly what the same blocks stored as plain `iq4_nl` give.
 //!
+//! IQ4_XS matrices stored the same way ([`kiln_format::BlockIQ4XSx16`], `iq4_xsx16`: a group is
+//! sixteen rows' 256-weight super-blocks, each 32-weight sub-block's indices in this byte order)
+//! have a kernel of their own over Q8_K activations ([`Group`]`<BlockIQ4XSx16, BlockQ8K>`, run
+//! from [`crate::matmul`]'s K-quant products); every other path turns a chunk back into plain
+//! rows for the K-quant lanes kernel or the IQ4_XS tiles.
+//!
 //! Batches that take the lanes kernels unpack each row straight from the interleaved bytes
 //! ([`unpack_interleaved_row`], what the lanes kernel does to a plain row anyway). Tiers
 //! without a kernel for the layout turn each sixteen-row chunk back into plain rows
@@ -115,7 +121,9 @@ pub(crate) fn prepare_group_x(x: &[BlockQ8_0], out: &mut [GroupX]) {
 /// `out.len()` tokens' prepared rows (`x`: token after token, `nb` blocks each), writing token
 /// `t`'s sum of row `r` to `out[t][r]`. `out.len()` runs from 1 to the kernel's
 /// [`Group::tokens`]; each token's sums are the same bits whatever tokens share the call.
-pub(crate) type GroupFn = fn(&[BlockQ4_0x16], &[GroupX], &mut [[f32; GROUP_ROWS]]);
+/// `W` is the layout's group, `X` what a token's block is prepared as ([`GroupX`] for the
+/// 32-weight blocks, Q8_K itself for IQ4_XS's super-blocks).
+pub(crate) type GroupFn<W, X> = fn(&[W], &[X], &mut [[f32; GROUP_ROWS]]);
 
 /// The most tokens any tier's interleaved kernel takes per call.
 pub(crate) const GROUP_TOKENS_MAX: usize = 8;
@@ -123,8 +131,8 @@ pub(crate) const GROUP_TOKENS_MAX: usize = 8;
 /// A tier's interleaved kernel and the most tokens it takes per call (as many as keep their
 /// accumulators and the unpacked weights in registers).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Group {
-    pub(crate) kernel: GroupFn,
+pub(crate) struct Group<W = BlockQ4_0x16, X = GroupX> {
+    pub(crate) kernel: GroupFn<W, X>,
     pub(crate) tokens: usize,
 }
 
@@ -246,12 +254,39 @@ mod tests {
         }
     }
 
+    /// Checks that `n` tokens through the interleaved matrix `mi` at tier `k` get exactly what
+    /// they get through the same blocks stored plainly (`mp`); returns the interleaved path.
+    fn same_as_plain(
+        k: &Kernels,
+        mp: &crate::Matrix,
+        mi: &crate::Matrix,
+        n: usize,
+        pool: &crate::Pool,
+    ) -> crate::Path {
+        let (rows, cols) = (mi.rows, mi.cols);
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 613 % 401) as f32 - 200.0) / 53.0)
+            .collect();
+        let path = crate::plan(k, mi, n);
+        let (mut want, mut got) = (vec![0f32; n * rows], vec![f32::NAN; n * rows]);
+        k.matmul(mp, &x, n, &mut want, pool);
+        k.matmul(mi, &x, n, &mut got, pool);
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{:?} n={n} ({path}): interleaved rows differ from the plain rows",
+            k.isa()
+        );
+        path
+    }
+
     /// Interleaved IQ4_NL through the paths a tier without its interleaved kernel takes: the
     /// lanes kernel from 48 tokens (what the AVX-512 tier's prompts take) and the plain tiles
     /// on de-interleaved chunks below; each gives exactly what the plain rows give.
     #[test]
     fn interleaved_iq4_nl_without_its_kernel_gives_the_plain_rows_bits() {
-        use crate::{plan, Matrix, Path, Pool, WeightData};
+        use crate::{Matrix, Path, Pool, WeightData};
         let (rows, cols) = (48, 7 * QK);
         let v: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 7919 % 1009) as f32 - 504.0) / 97.0)
@@ -271,23 +306,11 @@ mod tests {
                 ..k.clone()
             };
             for n in [1, 5, 50] {
-                let x: Vec<f32> = (0..n * cols)
-                    .map(|i| ((i * 613 % 401) as f32 - 200.0) / 53.0)
-                    .collect();
-                let path = plan(&k, &mi, n);
+                let path = same_as_plain(&k, &mp, &mi, n, &pool);
                 lanes_seen |= path == Path::Lanes;
                 assert!(
                     matches!(path, Path::Lanes | Path::Deinterleaved { .. }),
                     "{isa:?} n={n}: {path}"
-                );
-                let (mut want, mut got) = (vec![0f32; n * rows], vec![f32::NAN; n * rows]);
-                k.matmul(&mp, &x, n, &mut want, &pool);
-                k.matmul(&mi, &x, n, &mut got, &pool);
-                assert!(
-                    got.iter()
-                        .zip(&want)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{isa:?} n={n} ({path}): interleaved rows differ from the plain rows"
                 );
             }
         }
@@ -297,6 +320,53 @@ mod tests {
             .into_iter()
             .any(|i| crate::kernels(i).is_some_and(|k| k.lanes.is_some()));
         assert_eq!(lanes_seen, has_lanes);
+    }
+
+    /// Interleaved IQ4_XS at every tier, with and without its interleaved kernel: the kernel
+    /// (decode, short batches), the K-quant lanes kernel on de-interleaved chunks (prompts at
+    /// AVX-512, and wherever the kernel is missing) and the plain tiles on de-interleaved
+    /// chunks; each gives exactly what the plain rows give.
+    #[test]
+    fn interleaved_iq4_xs_gives_the_plain_rows_bits_on_every_path() {
+        use crate::{Matrix, Path, Pool, WeightData};
+        use kiln_format::iq4::{interleave_iq4_xs, quantize_row_iq4_xs_ref};
+        let (rows, cols) = (48, 9 * kiln_format::QK_K);
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919 % 1009) as f32 - 504.0) / 97.0)
+            .collect();
+        let plain = quantize_row_iq4_xs_ref(&v).unwrap();
+        let x16 = interleave_iq4_xs(&plain, cols / kiln_format::QK_K);
+        let mp = Matrix::new(rows, cols, WeightData::IQ4_XS(&plain)).unwrap();
+        let mi = Matrix::new(rows, cols, WeightData::IQ4_XSx16(&x16)).unwrap();
+        let pool = Pool::new(2).unwrap();
+        let mut seen = Vec::new();
+        for isa in crate::isa::tested_isas() {
+            let Some(k) = crate::kernels(isa) else {
+                continue;
+            };
+            let without = Kernels {
+                group_iq4_xsx16: None,
+                ..k.clone()
+            };
+            for k in [k, &without] {
+                for n in [1, 3, 5, 40] {
+                    let path = same_as_plain(k, &mp, &mi, n, &pool);
+                    seen.push(std::mem::discriminant(&path));
+                }
+            }
+        }
+        // The de-interleaved tiles are taken at every tier without the kernel (scalar at
+        // least); the interleaved kernel and the K-quant lanes wherever x86 is tested.
+        let had = |p: Path| seen.contains(&std::mem::discriminant(&p));
+        assert!(had(Path::Deinterleaved {
+            tokens: 1,
+            wide: false
+        }));
+        let x86 = crate::isa::tested_isas()
+            .into_iter()
+            .any(|i| crate::kernels(i).is_some_and(|k| k.group_iq4_xsx16.is_some()));
+        assert_eq!(had(Path::Interleaved { tokens: 1 }), x86);
+        assert_eq!(had(Path::KLanes), x86);
     }
 
     #[test]
@@ -385,6 +455,87 @@ mod tests {
                                     want[t0 + t][r].to_bits(),
                                     "{:?} {:?}, {} per call, token {}, row {}: {} vs {}",
                                     codes, isa, tokens, t0 + t, r, got[r], want[t0 + t][r]
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
+        /// Every tier's interleaved IQ4_XS kernel gives the scalar reference's bits for every
+        /// row and token, one token per call to the kernel's most: sub-block scales of every
+        /// value GGML's rule gives, rows and tokens of very different scales, Q8_K codes of
+        /// −128, and up to eleven super-blocks, so the eight accumulators wrap.
+        #[test]
+        fn interleaved_iq4_xs_kernel_equals_reference_bits(
+            nb in 1usize..12,
+            seed in prop::collection::vec(-8.0f32..8.0, 16 * 256),
+            acts in prop::collection::vec(-4.0f32..4.0, GROUP_TOKENS_MAX * 256),
+            row_scale in prop::collection::vec(
+                prop::sample::select(vec![0.0f32, 1e-3, 1.0, 50.0]), 16),
+            tok_scale in prop::collection::vec(
+                prop::sample::select(vec![0.0f32, 1e-2, 1.0, 30.0, -30.0]), GROUP_TOKENS_MAX),
+        ) {
+            use kiln_format::iq4::{interleave_iq4_xs, quantize_row_iq4_xs_ref};
+            use kiln_format::kquants::quantize_block_q8_k_ref;
+            use kiln_format::{BlockQ8K, QK_K};
+            let n = nb * QK_K;
+            // Each super-block of a row a different stretch of the seed, and a different size
+            // in each super-block (so the sub-block scales spread).
+            let seed = &seed;
+            let rows: Vec<f32> = (0..GROUP_ROWS)
+                .flat_map(|r| {
+                    let k = row_scale[r];
+                    (0..n).map(move |j| {
+                        let b = j / QK_K;
+                        seed[(r * 97 + b * 31 + j) % seed.len()] * k * (1.0 + (b % 4) as f32)
+                    })
+                })
+                .collect();
+            let xs16 = interleave_iq4_xs(&quantize_row_iq4_xs_ref(&rows).unwrap(), nb);
+            let mut xq: Vec<BlockQ8K> = (0..GROUP_TOKENS_MAX)
+                .flat_map(|t| {
+                    let v: Vec<f32> = (0..n)
+                        .map(|j| acts[(t * 131 + j) % acts.len()] * tok_scale[t])
+                        .collect();
+                    v.chunks_exact(QK_K)
+                        .map(|c| quantize_block_q8_k_ref(c.try_into().unwrap()))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            // GGML's rule never gives −128 (its scale maps the largest magnitude to ±127), but
+            // a Q8_K block may hold it; every eleventh code of the odd tokens is set to it.
+            for (i, b) in xq.iter_mut().enumerate() {
+                if (i / nb) % 2 == 1 {
+                    b.qs.iter_mut().step_by(11).for_each(|q| *q = -128);
+                }
+            }
+            let want: Vec<[f32; GROUP_ROWS]> = xq
+                .chunks_exact(nb)
+                .map(|x| {
+                    let mut o = [f32::NAN; GROUP_ROWS];
+                    crate::reference::matvec_iq4_xsx16_ref(&xs16, x, &mut o);
+                    o
+                })
+                .collect();
+            for isa in crate::isa::tested_isas() {
+                let Some(group) = crate::kernels(isa).and_then(|k| k.group_iq4_xsx16) else {
+                    continue;
+                };
+                prop_assert!((1..=GROUP_TOKENS_MAX).contains(&group.tokens));
+                for tokens in 1..=group.tokens {
+                    for t0 in (0..GROUP_TOKENS_MAX).step_by(tokens) {
+                        let k = tokens.min(GROUP_TOKENS_MAX - t0);
+                        let mut got = vec![[f32::NAN; GROUP_ROWS]; k];
+                        (group.kernel)(&xs16, &xq[t0 * nb..(t0 + k) * nb], &mut got);
+                        for (t, got) in got.iter().enumerate() {
+                            for r in 0..GROUP_ROWS {
+                                prop_assert_eq!(
+                                    got[r].to_bits(),
+                                    want[t0 + t][r].to_bits(),
+                                    "{:?}, {} per call, token {}, row {}: {} vs {}",
+                                    isa, tokens, t0 + t, r, got[r], want[t0 + t][r]
                                 );
                             }
                         }

@@ -23,7 +23,9 @@ use std::cell::RefCell;
 use kiln_format::{BlockIQ4NL, BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 
 use crate::dispatch::active;
-use crate::interleaved::{deinterleave_chunk, prepare_group_x, Codes, GroupX, GROUP_TOKENS_MAX};
+use crate::interleaved::{
+    deinterleave_chunk, prepare_group_x, Codes, Group, GroupX, GROUP_TOKENS_MAX,
+};
 use crate::lanes::{
     prepare_float_tile, prepare_group, unpack_row, FloatAcc, FloatLanesFn, LaneBlock, LaneWeight,
     LanesAcc, LanesFn, FLOAT_ROWS, FLOAT_TILE, LANES,
@@ -236,6 +238,10 @@ impl Kernels {
                     .collect();
                 self.run_interleaved(&ws, Codes::IQ4_NL, x, n, outs, pool, path)
             }
+            WeightData::IQ4_XSx16(_) => {
+                let ws = all_as!(IQ4_XSx16);
+                self.run_iq4_xsx16(&ws, x, n, outs, pool, path)
+            }
             WeightData::Q5_0(_) => {
                 let tiles = (self.kq.q5_0, None);
                 self.run_quantized(&all_as!(Q5_0), x, n, outs, pool, tiles, path)
@@ -307,18 +313,7 @@ impl Kernels {
                     per_token(pool, gx, nb, |t, o| {
                         prepare_group_x(&xq[t * nb..(t + 1) * nb], o)
                     });
-                    run_chunks(ws, n_tokens, outs, pool, ROW_CHUNK, |w, r0, _, outs| {
-                        let chunk = &w[r0 / GROUP_ROWS * nb..][..nb];
-                        let mut sums = [[0f32; GROUP_ROWS]; GROUP_TOKENS_MAX];
-                        for (c, outs) in outs.chunks_mut(tokens).enumerate() {
-                            let t0 = c * tokens;
-                            let sums = &mut sums[..outs.len()];
-                            (group.kernel)(chunk, &gx[t0 * nb..(t0 + outs.len()) * nb], sums);
-                            for (o, s) in outs.iter_mut().zip(sums.iter()) {
-                                o.copy_from_slice(s);
-                            }
-                        }
-                    })
+                    run_groups(ws, group, tokens, gx, nb, n_tokens, outs, pool)
                 });
             }
             if path == Path::Lanes {
@@ -540,6 +535,34 @@ thread_local! {
 /// `f` with the calling thread's reused Q8_0 activation buffer.
 pub(crate) fn with_q8_0_act<R>(f: impl FnOnce(&mut Vec<BlockQ8_0>) -> R) -> R {
     ACT_Q8_0.with_borrow_mut(f)
+}
+
+/// Interleaved matrices (`ws`, `nb` groups a sixteen-row chunk) through a tier's interleaved
+/// kernel, `tokens` tokens a call: each chunk against every token's prepared row (`x`, `nb`
+/// blocks a token).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_groups<W: Sync, X: Sync>(
+    ws: &[(&[W], usize)],
+    group: Group<W, X>,
+    tokens: usize,
+    x: &[X],
+    nb: usize,
+    n_tokens: usize,
+    outs: &mut [&mut [f32]],
+    pool: &Pool,
+) {
+    run_chunks(ws, n_tokens, outs, pool, ROW_CHUNK, |w, r0, _, outs| {
+        let chunk = &w[r0 / GROUP_ROWS * nb..][..nb];
+        let mut sums = [[0f32; GROUP_ROWS]; GROUP_TOKENS_MAX];
+        for (c, outs) in outs.chunks_mut(tokens).enumerate() {
+            let t0 = c * tokens;
+            let sums = &mut sums[..outs.len()];
+            (group.kernel)(chunk, &x[t0 * nb..(t0 + outs.len()) * nb], sums);
+            for (o, s) in outs.iter_mut().zip(sums.iter()) {
+                o.copy_from_slice(s);
+            }
+        }
+    })
 }
 
 /// Split every matrix's output into row chunks and run `tile` over all of them as one job.

@@ -2,8 +2,8 @@
 
 use half::{bf16, f16};
 use kiln_format::{
-    BlockIQ4NL, BlockIQ4NLx16, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_0x16,
-    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, DType, GROUP_ROWS, QK,
+    BlockIQ4NL, BlockIQ4NLx16, BlockIQ4XS, BlockIQ4XSx16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0,
+    BlockQ4_0x16, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, DType, GROUP_ROWS, QK,
 };
 
 use crate::error::KernelError;
@@ -45,6 +45,9 @@ pub enum WeightData<'a> {
     IQ4_XS(&'a [BlockIQ4XS]),
     /// The same IQ4_NL blocks sixteen rows interleaved, grouped as [`WeightData::Q4_0x16`].
     IQ4_NLx16(&'a [BlockIQ4NLx16]),
+    /// The same IQ4_XS super-blocks sixteen rows interleaved: `rows / 16 × cols / 256` groups,
+    /// group `g·(cols/256) + b` holding super-block `b` of rows `16g..16g + 16`.
+    IQ4_XSx16(&'a [BlockIQ4XSx16]),
 }
 
 impl WeightData<'_> {
@@ -67,6 +70,7 @@ impl WeightData<'_> {
             WeightData::IQ4_NL(_) => DType::IQ4_NL,
             WeightData::IQ4_XS(_) => DType::IQ4_XS,
             WeightData::IQ4_NLx16(_) => DType::IQ4_NLx16,
+            WeightData::IQ4_XSx16(_) => DType::IQ4_XSx16,
         }
     }
 
@@ -94,11 +98,12 @@ impl WeightData<'_> {
             WeightData::IQ4_NL(d) => std::mem::size_of_val(*d),
             WeightData::IQ4_XS(d) => std::mem::size_of_val(*d),
             WeightData::IQ4_NLx16(d) => std::mem::size_of_val(*d),
+            WeightData::IQ4_XSx16(d) => std::mem::size_of_val(*d),
         }
     }
 
     /// Weights per block of one row (1 for float encodings; 32 for `q4_0x16` and
-    /// `iq4_nlx16`, whose storage unit spans sixteen rows' blocks).
+    /// `iq4_nlx16` and 256 for `iq4_xsx16`, whose storage units span sixteen rows' blocks).
     pub fn block_len(&self) -> usize {
         let kind = self.dtype().block();
         kind.weights / kind.rows
@@ -166,13 +171,21 @@ impl<'a> Matrix<'a> {
             | WeightData::Q2_K(_)
             | WeightData::Q3_K(_)
             | WeightData::IQ4_NL(_)
-            | WeightData::IQ4_XS(_) => {
+            | WeightData::IQ4_XS(_)
+            | WeightData::IQ4_XSx16(_) => {
                 let block = data.block_len();
                 if !cols.is_multiple_of(block) {
                     return Err(KernelError::ColsNotBlockLenMultiple {
                         dtype: data.dtype_name(),
                         cols,
                         block,
+                    });
+                }
+                if data.dtype().rows_per_unit() > 1 && !rows.is_multiple_of(GROUP_ROWS) {
+                    return Err(KernelError::RowsNotGroupMultiple {
+                        dtype: data.dtype_name(),
+                        plain: data.dtype().logical().name(),
+                        rows,
                     });
                 }
                 let found = match data {
@@ -185,6 +198,8 @@ impl<'a> Matrix<'a> {
                     WeightData::Q3_K(d) => d.len(),
                     WeightData::IQ4_NL(d) => d.len(),
                     WeightData::IQ4_XS(d) => d.len(),
+                    // Counted in super-blocks: each group holds sixteen.
+                    WeightData::IQ4_XSx16(d) => d.len() * GROUP_ROWS,
                     _ => unreachable!("matched above"),
                 };
                 (found, elems / block, "blocks")

@@ -14,6 +14,7 @@
 //! | Q2_K, IQ4_XS | [`Path::KLanes`] from [`Q2_K_LANES_MIN_TOKENS`], [`IQ4_XS_LANES_MIN_TOKENS`], else [`Path::Tiles`] over Q8_K |
 //! | Q4_0x16 | [`Path::Interleaved`] below [`INTERLEAVED_LANES_MIN_TOKENS`], else [`Path::Lanes`]; on tiers without the interleaved kernel [`Path::Lanes`] from [`LANES_MIN_TOKENS`], else [`Path::Deinterleaved`] |
 //! | IQ4_NLx16 | [`Path::Interleaved`] at AVX2; elsewhere [`Path::Lanes`] from [`IQ4_NL_LANES_MIN_TOKENS`] (joint batches and texts only), else [`Path::Interleaved`], else (tiers without the kernel) [`Path::Deinterleaved`] |
+//! | IQ4_XSx16 | [`Path::Interleaved`] at AVX2; elsewhere [`Path::KLanes`] from [`IQ4_XS_LANES_MIN_TOKENS`], else [`Path::Interleaved`], else (tiers without the kernel) [`Path::Deinterleaved`] over Q8_K |
 //!
 //! With [`Batching::Texts`] the thresholds fall away: every lanes path the tier has is taken at
 //! every batch size (and interleaved Q4_0 goes as with [`Batching::Independent`]).
@@ -276,6 +277,26 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
                 }
             }
         }
+        WeightData::IQ4_XSx16(_) => {
+            if cols / QK_K == 0 {
+                return Path::Empty;
+            }
+            // Every path gives the reference's bits (exact super-block sums, eight
+            // accumulators), so only speed decides, whatever the batching.
+            let klanes_from = interleaved_iq4_xs_klanes_from(k);
+            if k.klanes.is_some() && klanes_from.is_some_and(|m| texts || n_tokens >= m) {
+                return Path::KLanes;
+            }
+            match k.group_iq4_xsx16 {
+                Some(g) => Path::Interleaved {
+                    tokens: n_tokens.min(g.tokens),
+                },
+                None => {
+                    let (tokens, wide) = tile_shape(&k.kq.iq4_xs, n_tokens, cols);
+                    Path::Deinterleaved { tokens, wide }
+                }
+            }
+        }
         WeightData::IQ4_NLx16(_) => {
             if nb == 0 {
                 return Path::Empty;
@@ -314,6 +335,23 @@ fn interleaved_iq4_nl_lanes_from(k: &Kernels) -> Option<usize> {
     match (k.group_iq4_nlx16, k.isa()) {
         (Some(_), crate::Isa::Avx2) => None,
         _ => Some(IQ4_NL_LANES_MIN_TOKENS),
+    }
+}
+
+/// From how many tokens interleaved IQ4_XS (`iq4_xsx16`) takes the K-quant lanes kernel at
+/// tier `k`, if ever.
+///
+/// - Never at AVX2, whose interleaved kernel is as fast or faster at every prompt length
+///   measured: the 1B shape, two threads, tok/s, the interleaved kernel against the lanes
+///   kernel, rounds alternated: pp128 68.9, 78.6, 80.8 against 76.3, 72.7, 68.3; pp512
+///   83.8, 76.1 against 71.0, 75.2.
+/// - From [`IQ4_XS_LANES_MIN_TOKENS`] elsewhere, as for plain rows: at AVX-512 the lanes
+///   kernel multiplies with `vpdpbusd` while the interleaved kernel is AVX2's; without an
+///   interleaved kernel the alternative is the plain tiles.
+fn interleaved_iq4_xs_klanes_from(k: &Kernels) -> Option<usize> {
+    match (k.group_iq4_xsx16, k.isa()) {
+        (Some(_), crate::Isa::Avx2) => None,
+        _ => Some(IQ4_XS_LANES_MIN_TOKENS),
     }
 }
 

@@ -11,8 +11,8 @@
 
 use half::{bf16, f16};
 use kiln_format::{
-    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0,
-    BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, DType, QK,
+    BlockIQ4NL, BlockIQ4XS, BlockIQ4XSx16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ5K,
+    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, DType, QK,
 };
 
 use crate::interleaved::Group;
@@ -81,6 +81,9 @@ pub struct Kernels {
     /// The same for sixteen interleaved IQ4_NL rows (other tiers turn each chunk back into
     /// plain rows for their IQ4_NL tiles).
     pub(crate) group_iq4_nlx16: Option<Group>,
+    /// The same for sixteen interleaved IQ4_XS rows, against Q8_K activations (other tiers
+    /// turn each chunk back into plain rows for their IQ4_XS tiles or K-quant lanes kernel).
+    pub(crate) group_iq4_xsx16: Option<Group<BlockIQ4XSx16, BlockQ8K>>,
     /// The Q5_0, Q5_1 and K-quant tiles (see [`crate::kquant`]).
     pub(crate) kq: KTiles,
 }
@@ -142,6 +145,7 @@ pub(crate) const SCALAR_TABLE: Kernels = Kernels {
     float_lanes: None,
     group_q4_0x16: None,
     group_iq4_nlx16: None,
+    group_iq4_xsx16: None,
     kq: SCALAR_TILES,
 };
 

@@ -9,13 +9,15 @@
 //! activations random floats quantized by the reference's rules.
 
 use half::f16;
-use kiln_format::iq4::{dequantize_row_iq4_nl, dequantize_row_iq4_xs, interleave_iq4_nl};
+use kiln_format::iq4::{
+    dequantize_row_iq4_nl, dequantize_row_iq4_xs, interleave_iq4_nl, interleave_iq4_xs,
+};
 use kiln_format::kquants::{
     dequantize_row_q2_k, dequantize_row_q3_k, dequantize_row_q4_k, dequantize_row_q5_k,
     dequantize_row_q6_k,
 };
 use kiln_format::q5::{dequantize_row_q5_0, dequantize_row_q5_1};
-use kiln_format::{BlockIQ4NLx16, GROUP_ROWS};
+use kiln_format::{BlockIQ4NLx16, BlockIQ4XSx16, GROUP_ROWS};
 use kiln_kernels::reference as r;
 use kiln_kernels::{
     kernels, plan, tested_isas, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K,
@@ -592,6 +594,8 @@ enum Owned {
     IQ4XS(Vec<BlockIQ4XS>),
     /// Interleaved IQ4_NL, with its plain rows (the reference's).
     IQ4NLx16(Vec<BlockIQ4NLx16>, Vec<BlockIQ4NL>),
+    /// Interleaved IQ4_XS, with its plain rows (the reference's).
+    IQ4XSx16(Vec<BlockIQ4XSx16>, Vec<BlockIQ4XS>),
 }
 
 impl Owned {
@@ -611,6 +615,8 @@ impl Owned {
         if rows.is_multiple_of(GROUP_ROWS) {
             let b = iq4_nl_blocks(g, n32);
             all.push(Owned::IQ4NLx16(interleave_iq4_nl(&b, cols / QK), b));
+            let b = iq4_xs_blocks(g, nk);
+            all.push(Owned::IQ4XSx16(interleave_iq4_xs(&b, cols / QK_K), b));
         }
         all
     }
@@ -627,6 +633,7 @@ impl Owned {
             Owned::IQ4NL(b) => WeightData::IQ4_NL(b),
             Owned::IQ4XS(b) => WeightData::IQ4_XS(b),
             Owned::IQ4NLx16(b, _) => WeightData::IQ4_NLx16(b),
+            Owned::IQ4XSx16(b, _) => WeightData::IQ4_XSx16(b),
         }
     }
 
@@ -648,7 +655,9 @@ impl Owned {
             Owned::IQ4NL(b) | Owned::IQ4NLx16(_, b) => {
                 r::dot_iq4_nl_q8_0_ref(&b[r * n32..(r + 1) * n32], &q8_0_act(x))
             }
-            Owned::IQ4XS(b) => r::dot_iq4_xs_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x)),
+            Owned::IQ4XS(b) | Owned::IQ4XSx16(_, b) => {
+                r::dot_iq4_xs_q8_k_ref(&b[r * nk..(r + 1) * nk], &q8_k_act(x))
+            }
         }
     }
 }

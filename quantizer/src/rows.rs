@@ -105,8 +105,9 @@ pub fn convert_rows(
             out.reserve(x.len() / QK * dtype.block_bytes());
             quantize_rows(x, cols, dtype, method, importance, out, stats)?;
         }
-        DType::Q4_0x16 | DType::IQ4_NLx16 => {
-            assert_eq!(cols % QK, 0, "block rows must be a multiple of {QK}");
+        DType::Q4_0x16 | DType::IQ4_NLx16 | DType::IQ4_XSx16 => {
+            let block = dtype.logical().block_len();
+            assert_eq!(cols % block, 0, "block rows must be a multiple of {block}");
             assert!(
                 (x.len() / cols).is_multiple_of(GROUP_ROWS),
                 "{dtype} rows must be whole groups of {GROUP_ROWS}"
@@ -114,7 +115,7 @@ pub fn convert_rows(
             // Row-major first, then rearranged: the blocks are exactly the plain type's, and
             // nothing reaches `out` when a block fails.
             let logical = dtype.logical();
-            let mut plain = Vec::with_capacity(x.len() / QK * logical.block_bytes());
+            let mut plain = Vec::with_capacity(x.len() / block * logical.block_bytes());
             convert_rows(x, cols, logical, method, importance, &mut plain, stats)?;
             out.extend_from_slice(&dtype.to_storage(cols, &plain));
         }
@@ -370,44 +371,39 @@ mod tests {
         ));
     }
 
-    /// iq4_nlx16 is IQ4_NL's blocks and statistics, rearranged, with or without importance.
+    /// iq4_nlx16 and iq4_xsx16 are IQ4_NL's and IQ4_XS's blocks and statistics, rearranged,
+    /// with or without importance.
     #[test]
-    fn iq4_nlx16_is_iq4_nl_interleaved() {
-        let (rows, cols) = (32, 96);
-        let x: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
-            .collect();
-        let imp: Vec<f32> = (0..cols).map(|c| 1.0 + (c % 7) as f32).collect();
-        for (method, importance) in [
-            (Method::Reference, None),
-            (Method::Search, Some(imp.as_slice())),
-        ] {
-            let (mut plain, mut inter) = (Vec::new(), Vec::new());
-            let (mut sp, mut si) = (ErrorStats::default(), ErrorStats::default());
-            convert_rows(
-                &x,
-                cols,
-                DType::IQ4_NL,
-                method,
-                importance,
-                &mut plain,
-                &mut sp,
-            )
-            .unwrap();
-            convert_rows(
-                &x,
-                cols,
-                DType::IQ4_NLx16,
-                method,
-                importance,
-                &mut inter,
-                &mut si,
-            )
-            .unwrap();
-            let mut want = Vec::new();
-            kiln_format::blocks::interleave_q4_0_bytes(&plain, cols / QK, &mut want);
-            assert_eq!(inter, want, "{method}");
-            assert_eq!(si, sp, "{method}");
+    fn iq4_layouts_are_the_plain_blocks_interleaved() {
+        for (x16, cols) in [(DType::IQ4_NLx16, 96), (DType::IQ4_XSx16, 512)] {
+            let plain_dtype = x16.logical();
+            let rows = 32;
+            let x: Vec<f32> = (0..rows * cols)
+                .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
+                .collect();
+            let imp: Vec<f32> = (0..cols).map(|c| 1.0 + (c % 7) as f32).collect();
+            for (method, importance) in [
+                (Method::Reference, None),
+                (Method::Search, Some(imp.as_slice())),
+            ] {
+                let (mut plain, mut inter) = (Vec::new(), Vec::new());
+                let (mut sp, mut si) = (ErrorStats::default(), ErrorStats::default());
+                convert_rows(
+                    &x,
+                    cols,
+                    plain_dtype,
+                    method,
+                    importance,
+                    &mut plain,
+                    &mut sp,
+                )
+                .unwrap();
+                convert_rows(&x, cols, x16, method, importance, &mut inter, &mut si).unwrap();
+                assert_eq!(inter.len(), plain.len(), "{x16} {method}");
+                assert_ne!(inter, plain, "{x16} {method}");
+                assert_eq!(x16.from_storage(cols, &inter).as_ref(), plain.as_slice());
+                assert_eq!(si, sp, "{x16} {method}");
+            }
         }
     }
 

@@ -9,7 +9,7 @@ use std::borrow::Cow;
 
 use kiln_format::{
     DType, KilnFile, MlpKind, NormKind, NormPlace, NormStyle, Positions, Role, TensorName,
-    GROUP_ROWS, QK,
+    GROUP_ROWS, QK, QK_K,
 };
 use kiln_kernels::{layernorm, rmsnorm, Matrix, WeightData};
 
@@ -262,6 +262,7 @@ fn matrix<'a>(file: &'a KilnFile, name: TensorName) -> Result<Matrix<'a>> {
         DType::IQ4_NL => WeightData::IQ4_NL(view.as_blocks()?),
         DType::IQ4_XS => WeightData::IQ4_XS(view.as_blocks()?),
         DType::IQ4_NLx16 => WeightData::IQ4_NLx16(view.as_blocks()?),
+        DType::IQ4_XSx16 => WeightData::IQ4_XSx16(view.as_blocks()?),
     };
     Matrix::new(rows, cols, data).map_err(|source| RunnerError::Kernel {
         file: file.label().to_string(),
@@ -357,6 +358,15 @@ pub fn dequantize_row(m: &Matrix<'_>, row: usize, out: &mut [f32]) {
             for (g, o) in groups.iter().zip(out.chunks_exact_mut(QK)) {
                 let block = g.row(row % GROUP_ROWS);
                 kiln_format::iq4::dequantize_row_iq4_nl(std::slice::from_ref(&block), o);
+            }
+        }
+        WeightData::IQ4_XSx16(d) => {
+            // As for Q4_0x16, a super-block at a time.
+            let nb = cols / QK_K;
+            let groups = &d[row / GROUP_ROWS * nb..][..nb];
+            for (g, o) in groups.iter().zip(out.chunks_exact_mut(QK_K)) {
+                let block = g.row(row % GROUP_ROWS);
+                kiln_format::iq4::dequantize_row_iq4_xs(std::slice::from_ref(&block), o);
             }
         }
     }

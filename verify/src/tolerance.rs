@@ -48,7 +48,8 @@ impl WeightClass {
             | DType::Q6_K
             | DType::IQ4_NL
             | DType::IQ4_NLx16
-            | DType::IQ4_XS => WeightClass::Q4_0,
+            | DType::IQ4_XS
+            | DType::IQ4_XSx16 => WeightClass::Q4_0,
             DType::Q3_K | DType::Q2_K => WeightClass::Low,
         }
     }

@@ -1,12 +1,15 @@
 //! The products of Q5_1 rows (tiles over Q8_0 activations) and of K-quant and IQ4_XS rows
 //! (tiles or the K-quant lanes kernel over Q8_K activations; see [`crate::klanes`] for the
-//! layouts).
+//! layouts), plain or, for IQ4_XS, sixteen rows interleaved (the interleaved kernel).
 
 use std::cell::RefCell;
 
-use kiln_format::{BlockQ8K, BlockQ8_0, QK, QK_K};
+use kiln_format::{BlockIQ4XS, BlockIQ4XSx16, BlockQ8K, BlockQ8_0, GROUP_ROWS, QK, QK_K};
 
-use super::{per_token, run_chunks, run_tiles, with_q8_0_act, LANES_ROW_CHUNK};
+use super::{
+    per_token, run_chunks, run_groups, run_tiles, tiles_chunk, with_q8_0_act, LANES_ROW_CHUNK,
+    ROW_CHUNK,
+};
 use crate::klanes::{prepare_kgroup, KLaneBlock, KLaneRow, KLaneWeight, KLanesFn};
 use crate::lanes::{LanesAcc, LANES};
 use crate::plan::Path;
@@ -67,6 +70,61 @@ impl Kernels {
         })
     }
 
+    /// Sixteen-row interleaved IQ4_XS (see [`crate::interleaved`]) along `path`, the
+    /// activations quantized to Q8_K once: through the tier's interleaved kernel, a few
+    /// tokens per call ([`Path::Interleaved`]); or with each chunk turned back into plain rows
+    /// in a per-thread buffer, through the K-quant lanes kernel ([`Path::KLanes`]) or the
+    /// tier's IQ4_XS tiles ([`Path::Deinterleaved`]). All give the reference's bits.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_iq4_xsx16(
+        &self,
+        ws: &[(&[BlockIQ4XSx16], usize)],
+        x: &[f32],
+        n_tokens: usize,
+        outs: &mut [&mut [f32]],
+        pool: &Pool,
+        path: Path,
+    ) {
+        if path == Path::Empty {
+            outs.iter_mut().for_each(|o| o.fill(0.0));
+            return;
+        }
+        self.with_q8_k_act(x, n_tokens, pool, |xq, nb| match path {
+            Path::Interleaved { tokens } => {
+                let group = self.group_iq4_xsx16.expect("planned for the tier's kernel");
+                run_groups(ws, group, tokens, xq, nb, n_tokens, outs, pool)
+            }
+            Path::KLanes => {
+                let kernel = self.klanes.expect("planned for the tier's kernel");
+                with_klanes_act(xq, nb, n_tokens, pool, |xl| {
+                    run_chunks(
+                        ws,
+                        n_tokens,
+                        outs,
+                        pool,
+                        LANES_ROW_CHUNK,
+                        |w, r0, r1, outs| {
+                            with_plain_iq4_xs(
+                                &w[r0 / GROUP_ROWS * nb..r1 / GROUP_ROWS * nb],
+                                nb,
+                                |p| klanes_chunk(p, nb, r1 - r0, xl, n_tokens, outs, kernel),
+                            )
+                        },
+                    )
+                })
+            }
+            Path::Deinterleaved { .. } => {
+                let tile = &self.kq.iq4_xs;
+                run_chunks(ws, n_tokens, outs, pool, ROW_CHUNK, |w, r0, _, outs| {
+                    with_plain_iq4_xs(&w[r0 / GROUP_ROWS * nb..][..nb], nb, |p| {
+                        tiles_chunk(p, nb, 0, GROUP_ROWS, xq, nb, n_tokens, outs, tile)
+                    })
+                })
+            }
+            _ => unreachable!("interleaved iq4_xs planned as {path}"),
+        })
+    }
+
     /// `f` over every token's activations quantized to Q8_K (`nb` blocks each), in the calling
     /// thread's reused buffer.
     fn with_q8_k_act<R>(
@@ -95,6 +153,8 @@ impl Kernels {
 thread_local! {
     /// The calling thread's Q8_K activations transposed for the K-quant lanes kernel.
     static ACT_KLANES: RefCell<Vec<KLaneBlock>> = const { RefCell::new(Vec::new()) };
+    /// A worker's chunk of interleaved IQ4_XS turned back into plain rows.
+    static PLAIN_IQ4_XS: RefCell<Vec<BlockIQ4XS>> = const { RefCell::new(Vec::new()) };
     /// A worker's unpacked super-block of a chunk's rows, and its running sums:
     /// `acc[(lane·pairs + p)·row_tiles + rt]` for accumulator `lane` (super-blocks `b` with
     /// `b % 8 == lane`), pair of token groups `p` and four-row tile `rt`.
@@ -114,14 +174,7 @@ fn run_klanes<W: KLaneWeight + Sync>(
     pool: &Pool,
     kernel: KLanesFn,
 ) {
-    ACT_KLANES.with_borrow_mut(|xl| {
-        xl.clear();
-        xl.resize(n_tokens.div_ceil(LANES) * nb, KLaneBlock::ZERO);
-        per_token(pool, xl, nb, |g, o| {
-            let t1 = n_tokens.min((g + 1) * LANES);
-            prepare_kgroup(&xq[g * LANES * nb..t1 * nb], nb, o)
-        });
-        let xl = &*xl;
+    with_klanes_act(xq, nb, n_tokens, pool, |xl| {
         run_chunks(
             ws,
             n_tokens,
@@ -140,6 +193,49 @@ fn run_klanes<W: KLaneWeight + Sync>(
                 )
             },
         );
+    })
+}
+
+/// `f` over every token's Q8_K row (`xq`, `nb` super-blocks each) transposed for the K-quant
+/// lanes kernel, in the calling thread's reused buffer.
+fn with_klanes_act<R>(
+    xq: &[BlockQ8K],
+    nb: usize,
+    n_tokens: usize,
+    pool: &Pool,
+    f: impl FnOnce(&[KLaneBlock]) -> R,
+) -> R {
+    ACT_KLANES.with_borrow_mut(|xl| {
+        xl.clear();
+        xl.resize(n_tokens.div_ceil(LANES) * nb, KLaneBlock::ZERO);
+        per_token(pool, xl, nb, |g, o| {
+            let t1 = n_tokens.min((g + 1) * LANES);
+            prepare_kgroup(&xq[g * LANES * nb..t1 * nb], nb, o)
+        });
+        f(xl)
+    })
+}
+
+/// `f` over the plain rows of interleaved IQ4_XS groups (`groups`: whole sixteen-row chunks,
+/// `nb` super-blocks a row), turned back in the calling worker's reused buffer: a copy of the
+/// chunk, paid once per product for all its tokens.
+fn with_plain_iq4_xs<R>(
+    groups: &[BlockIQ4XSx16],
+    nb: usize,
+    f: impl FnOnce(&[BlockIQ4XS]) -> R,
+) -> R {
+    PLAIN_IQ4_XS.with_borrow_mut(|plain| {
+        plain.clear();
+        plain.resize(groups.len() * GROUP_ROWS, bytemuck::Zeroable::zeroed());
+        for (c, chunk) in groups.chunks_exact(nb).enumerate() {
+            let rows = &mut plain[c * GROUP_ROWS * nb..(c + 1) * GROUP_ROWS * nb];
+            for (b, g) in chunk.iter().enumerate() {
+                for (r, row) in rows.chunks_exact_mut(nb).enumerate() {
+                    row[b] = g.row(r);
+                }
+            }
+        }
+        f(plain)
     })
 }
 

@@ -15,8 +15,9 @@ use kiln_format::kquants::{
 };
 use kiln_format::q5::q5_codes;
 use kiln_format::{
-    BlockIQ4NL, BlockIQ4NLx16, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_0x16,
-    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, DType, GROUP_ROWS, QK, QK_K,
+    BlockIQ4NL, BlockIQ4NLx16, BlockIQ4XS, BlockIQ4XSx16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0,
+    BlockQ4_0x16, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, DType, GROUP_ROWS,
+    QK, QK_K,
 };
 
 use crate::stats::ErrorStats;
@@ -163,6 +164,17 @@ pub fn matvec_iq4_nlx16_ref(w: &[BlockIQ4NLx16], x: &[BlockQ8_0], out: &mut [f32
     for (r, o) in out.iter_mut().enumerate() {
         let row: Vec<BlockIQ4NL> = w.iter().map(|g| g.row(r)).collect();
         *o = dot_iq4_nl_q8_0_ref(&row, x);
+    }
+}
+
+/// Sixteen interleaved IQ4_XS rows (`w`: one chunk's groups) · Q8_K activations: `out[r]` is
+/// [`dot_iq4_xs_q8_k_ref`] of row `r` (the plain rows' bits), which the interleaved kernels
+/// reproduce bit for bit.
+pub fn matvec_iq4_xsx16_ref(w: &[BlockIQ4XSx16], x: &[BlockQ8K], out: &mut [f32; GROUP_ROWS]) {
+    assert_eq!(w.len(), x.len(), "matvec_iq4_xsx16: block count mismatch");
+    for (r, o) in out.iter_mut().enumerate() {
+        let row: Vec<BlockIQ4XS> = w.iter().map(|g| g.row(r)).collect();
+        *o = dot_iq4_xs_q8_k_ref(&row, x);
     }
 }
 

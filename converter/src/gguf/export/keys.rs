@@ -47,7 +47,7 @@ pub(super) fn file_type(matrix_bytes: &BTreeMap<DType, u64>) -> u32 {
         DType::Q2_K => 10,
         DType::Q3_K => 12,
         DType::IQ4_NL | DType::IQ4_NLx16 => 25,
-        DType::IQ4_XS => 30,
+        DType::IQ4_XS | DType::IQ4_XSx16 => 30,
         DType::BF16 => 32,
     }
 }

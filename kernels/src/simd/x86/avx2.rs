@@ -7,7 +7,7 @@ use kiln_format::{BlockQ4_0, BlockQ8_0};
 
 use super::float::{self, F32Simd, Weight};
 use super::quant::{self, hsum256, QBlock, QDot};
-use super::{avx2_group, avx2_group_iq4};
+use super::{avx2_group, avx2_group_iq4, avx2_group_iq4xs};
 use crate::isa::Isa;
 use crate::table::{Kernels, SCALAR_TABLE};
 use crate::tile::{Tile, TILE_ROWS, WIDE_ROWS};
@@ -572,6 +572,12 @@ pub(crate) fn table() -> &'static Kernels {
     TABLE.get_or_init(|| Kernels {
         group_q4_0x16: Some(super::group_kernel!("avx2,fma,f16c", avx2_group)),
         group_iq4_nlx16: Some(super::group_kernel!("avx2,fma,f16c", avx2_group_iq4)),
+        group_iq4_xsx16: Some(super::group_kernel!(
+            "avx2,fma,f16c",
+            avx2_group_iq4xs,
+            kiln_format::BlockIQ4XSx16,
+            kiln_format::BlockQ8K
+        )),
         lanes: Some(lanes_tile),
         klanes: Some(klanes_tile),
         quantize_row_q8_k_act,

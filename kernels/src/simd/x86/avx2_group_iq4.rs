@@ -106,16 +106,33 @@ unsafe fn matvec_hinted<const T: usize, const H: i32>(
                 }
             }
         }
-        let mut out = [[0.0f32; GROUP_ROWS]; T];
-        for (t, o) in out.iter_mut().enumerate() {
-            for (h, half) in o.chunks_exact_mut(8).enumerate() {
-                let a = |k: usize| acc[k][t][h];
+        sum_accumulators(&acc)
+    }
+}
+
+/// Each token's sixteen row sums from its eight accumulators (`acc[k][t][h]`: terms of blocks
+/// `b ≡ k (mod 8)`, rows `8h..8h + 8`), added in [`crate::reference::sum_lanes8`]'s order lane
+/// by lane: the end of every interleaved kernel whose reference keeps eight accumulators.
+///
+/// # Safety
+/// AVX is enabled.
+#[inline(always)]
+pub(super) unsafe fn sum_accumulators<const T: usize>(
+    acc: &[[[__m256; 2]; T]; BLOCK_LANES],
+) -> [[f32; GROUP_ROWS]; T] {
+    let mut out = [[0.0f32; GROUP_ROWS]; T];
+    for (t, o) in out.iter_mut().enumerate() {
+        for (h, half) in o.chunks_exact_mut(8).enumerate() {
+            let a = |k: usize| acc[k][t][h];
+            // SAFETY: register adds and a store of eight floats into `half` (eight long);
+            // AVX enabled (caller contract).
+            unsafe {
                 // `sum_lanes8`: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
                 let even = _mm256_add_ps(_mm256_add_ps(a(0), a(4)), _mm256_add_ps(a(2), a(6)));
                 let odd = _mm256_add_ps(_mm256_add_ps(a(1), a(5)), _mm256_add_ps(a(3), a(7)));
                 _mm256_storeu_ps(half.as_mut_ptr(), _mm256_add_ps(even, odd));
             }
         }
-        out
     }
+    out
 }

@@ -34,6 +34,7 @@ pub(crate) mod avx2;
 pub(crate) mod avx2_convert;
 pub(crate) mod avx2_group;
 pub(crate) mod avx2_group_iq4;
+pub(crate) mod avx2_group_iq4xs;
 pub(crate) mod avx2_klanes;
 pub(crate) mod avx2_lanes;
 pub(crate) mod avx2_rows;
@@ -51,13 +52,22 @@ pub(crate) mod quant;
 
 /// A tier's [`crate::interleaved::Group`] from module `$m`'s `matvec::<T>` and `TOKENS`, run
 /// with target features `$features`: the safe entry point checks the lengths and picks the
-/// instance for the call's token count.
+/// instance for the call's token count. `$w` and `$x` are the groups and the prepared
+/// activation blocks (the 32-weight layouts' by default).
 macro_rules! group_kernel {
-    ($features:literal, $m:ident) => {{
-        use kiln_format::{BlockQ4_0x16, GROUP_ROWS};
-        use $crate::interleaved::{Group, GroupX};
+    ($features:literal, $m:ident) => {
+        super::group_kernel!(
+            $features,
+            $m,
+            kiln_format::BlockQ4_0x16,
+            $crate::interleaved::GroupX
+        )
+    };
+    ($features:literal, $m:ident, $w:ty, $x:ty) => {{
+        use kiln_format::GROUP_ROWS;
+        use $crate::interleaved::Group;
 
-        fn kernel(w: &[BlockQ4_0x16], x: &[GroupX], out: &mut [[f32; GROUP_ROWS]]) {
+        fn kernel(w: &[$w], x: &[$x], out: &mut [[f32; GROUP_ROWS]]) {
             let n = out.len();
             assert!(
                 (1..=$m::TOKENS).contains(&n),
@@ -66,11 +76,7 @@ macro_rules! group_kernel {
             assert_eq!(x.len(), n * w.len(), "group kernel: block count mismatch");
 
             #[target_feature(enable = $features)]
-            unsafe fn run<const T: usize>(
-                w: &[BlockQ4_0x16],
-                x: &[GroupX],
-                out: &mut [[f32; GROUP_ROWS]],
-            ) {
+            unsafe fn run<const T: usize>(w: &[$w], x: &[$x], out: &mut [[f32; GROUP_ROWS]]) {
                 // SAFETY: features enabled by this function's attribute; x.len() == T·w.len()
                 // checked by the caller.
                 out.copy_from_slice(&unsafe { $m::matvec::<T>(w, x) });
@@ -94,7 +100,7 @@ macro_rules! group_kernel {
         }
 
         const _: () = assert!($m::TOKENS <= $crate::interleaved::GROUP_TOKENS_MAX);
-        Group {
+        Group::<$w, $x> {
             kernel,
             tokens: $m::TOKENS,
         }
