@@ -567,17 +567,29 @@ fn quantize_row_q8_k_act(x: &[f32], out: &mut [kiln_format::BlockQ8K]) {
 }
 
 /// This tier's table; [`crate::kernels`] only calls it when the CPU supports the tier.
+/// The AVX2 kernel for interleaved IQ4_NL rows, which the AVX-512 tier runs too (it has none
+/// of its own for the layout yet: one would take offset grid codes into `vpdpbusd`).
+pub(crate) fn group_iq4_nlx16() -> crate::interleaved::Group {
+    super::group_kernel!("avx2,fma,f16c", avx2_group_iq4)
+}
+
+/// The same for interleaved IQ4_XS rows against Q8_K activations.
+pub(crate) fn group_iq4_xsx16(
+) -> crate::interleaved::Group<kiln_format::BlockIQ4XSx16, kiln_format::BlockQ8K> {
+    super::group_kernel!(
+        "avx2,fma,f16c",
+        avx2_group_iq4xs,
+        kiln_format::BlockIQ4XSx16,
+        kiln_format::BlockQ8K
+    )
+}
+
 pub(crate) fn table() -> &'static Kernels {
     static TABLE: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| Kernels {
         group_q4_0x16: Some(super::group_kernel!("avx2,fma,f16c", avx2_group)),
-        group_iq4_nlx16: Some(super::group_kernel!("avx2,fma,f16c", avx2_group_iq4)),
-        group_iq4_xsx16: Some(super::group_kernel!(
-            "avx2,fma,f16c",
-            avx2_group_iq4xs,
-            kiln_format::BlockIQ4XSx16,
-            kiln_format::BlockQ8K
-        )),
+        group_iq4_nlx16: Some(group_iq4_nlx16()),
+        group_iq4_xsx16: Some(group_iq4_xsx16()),
         lanes: Some(lanes_tile),
         klanes: Some(klanes_tile),
         quantize_row_q8_k_act,

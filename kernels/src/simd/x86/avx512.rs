@@ -12,11 +12,11 @@ use half::{bf16, f16};
 use kiln_format::{BlockQ4_0, BlockQ8_0};
 
 use super::avx2::isa_entry_points;
+use super::avx512_group;
 use super::avx512_lanes;
 use super::avx512_pair::{self, PairBlock, PairSource};
 use super::float::{self, F32Simd, Weight};
 use super::quant::{self, QBlock, QDot};
-use super::{avx2_group_iq4, avx2_group_iq4xs, avx512_group};
 use crate::isa::Isa;
 use crate::lanes::{LaneBlock, LanesAcc};
 use crate::table::{Kernels, SCALAR_TABLE};
@@ -386,16 +386,10 @@ pub(crate) fn table() -> &'static Kernels {
             "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
             avx512_group
         )),
-        // AVX2's kernel: this tier has none of its own for the layout yet (one would take
-        // offset grid codes into `vpdpbusd`).
-        group_iq4_nlx16: Some(super::group_kernel!("avx2,fma,f16c", avx2_group_iq4)),
-        // The same for IQ4_XS, for decode (prompts take this tier's K-quant lanes kernel).
-        group_iq4_xsx16: Some(super::group_kernel!(
-            "avx2,fma,f16c",
-            avx2_group_iq4xs,
-            kiln_format::BlockIQ4XSx16,
-            kiln_format::BlockQ8K
-        )),
+        // AVX2's kernels: this tier has none of its own for the IQ4 layouts yet (prompts of
+        // IQ4_XS take this tier's K-quant lanes kernel).
+        group_iq4_nlx16: Some(super::avx2::group_iq4_nlx16()),
+        group_iq4_xsx16: Some(super::avx2::group_iq4_xsx16()),
         kq: super::kquant::AVX512_TILES,
         ..table_for(Isa::Avx512)
     })
