@@ -33,6 +33,8 @@ use crate::lanes::{
 use crate::matrix::{Matrix, WeightData};
 use crate::plan::{plan_for, Batching, Path};
 use crate::pool::Pool;
+#[cfg(target_arch = "x86_64")]
+use crate::simd::x86::float::transpose4;
 use crate::table::Kernels;
 use crate::tile::{Prepared, PreparedPair, Tile, TILE_ROWS, WIDE_ROWS};
 
@@ -704,6 +706,19 @@ fn prefetch_next<T>(blocks: &[T]) {
     let _ = blocks;
 }
 
+/// Ask for the cache lines of `out`, about to be written.
+#[inline(always)]
+fn prefetch_write(out: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    crate::simd::x86::float::prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T0 }, f32>(
+        out.as_ptr(),
+        0,
+        std::mem::size_of_val(out),
+    );
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = out;
+}
+
 /// The `rows` rows of a chunk, row `i`'s blocks `b0..b0 + dw.len()` unpacked by
 /// `unpack(i, b0, codes, dw)`, against every token group of `xl` (`nb` blocks each) through
 /// the lanes `kernel`.
@@ -761,23 +776,41 @@ fn lanes_chunk(
         // Transposed into the outputs a row tile at a time (loops, not index arithmetic per
         // element: at 2048 columns this copy is a sixth of the kernel's own work).
         for (p, acc) in acc.chunks_exact(row_tiles).enumerate() {
-            for g in 0..2 {
-                let t0 = (2 * p + g) * LANES;
-                let t1 = n_tokens.min(t0 + LANES);
-                if t0 >= t1 {
-                    break;
-                }
-                transpose_sums(acc, g, &mut outs[t0..t1]);
-            }
+            write_pair(acc, p, n_tokens, outs);
         }
     })
 }
 
+/// Pair `p`'s finished sums (`acc`, every row tile) into its tokens' outputs, transposed.
+#[inline(always)]
+fn write_pair(acc: &[LanesAcc], p: usize, n_tokens: usize, outs: &mut [&mut [f32]]) {
+    for g in 0..2 {
+        let t0 = (2 * p + g) * LANES;
+        let t1 = n_tokens.min(t0 + LANES);
+        if t0 >= t1 {
+            break;
+        }
+        // The next group's output rows, asked for while this group's are written.
+        for o in outs.iter().skip(t1).take(LANES) {
+            prefetch_write(o);
+        }
+        transpose_sums(acc, g, &mut outs[t0..t1]);
+    }
+}
+
+/// `o[i][r] = m[r][i]`, four rows by four tokens.
+#[cfg(not(target_arch = "x86_64"))]
+#[inline(always)]
+fn transpose4(m: [&[f32; 4]; 4], o: [&mut [f32; 4]; 4]) {
+    for (i, o) in o.into_iter().enumerate() {
+        *o = std::array::from_fn(|r| m[r][i]);
+    }
+}
+
 /// Token `l` of `outs` gets group `g`'s sums of every row tile of `acc` (`acc[rt][r][g][l]` is
 /// row `rt·TILE_ROWS + r`). Four tokens at a time the four rows of a tile go as one 4 × 4
-/// transpose (LLVM makes it shuffles, where a float a time was a load and a store each: a
-/// twentieth of a MiniLM embedding's time); a short last tile or token quad goes a float at a
-/// time.
+/// transpose ([`transpose4`]: shuffles and four stores, where a float a time was a load and a
+/// store each); a short last tile or token quad goes a float at a time.
 #[inline(always)]
 fn transpose_sums(acc: &[LanesAcc], g: usize, outs: &mut [&mut [f32]]) {
     let mut quads = outs.chunks_exact_mut(4);
@@ -796,15 +829,12 @@ fn transpose_sums(acc: &[LanesAcc], g: usize, outs: &mut [&mut [f32]]) {
                 }
                 break;
             }
-            let m: [[f32; 4]; TILE_ROWS] =
+            let m: [&[f32; 4]; TILE_ROWS] =
                 std::array::from_fn(|r| a[r][g][l..l + 4].try_into().expect("4 lanes"));
-            for (i, o) in [&mut **o0, &mut **o1, &mut **o2, &mut **o3]
-                .into_iter()
-                .enumerate()
-            {
-                o[base..base + TILE_ROWS]
-                    .copy_from_slice(&std::array::from_fn::<f32, TILE_ROWS, _>(|r| m[r][i]));
-            }
+            let o = [&mut **o0, &mut **o1, &mut **o2, &mut **o3].map(|o| {
+                <&mut [f32; 4]>::try_from(&mut o[base..base + TILE_ROWS]).expect("4 rows")
+            });
+            transpose4(m, o);
         }
         l += 4;
     }

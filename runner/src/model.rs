@@ -436,7 +436,7 @@ impl<'m> Compute<'m> {
             let pool = &*self.pool;
             pool.install(|| matmul_many_for(&[w], &x, n, &mut [&mut y], pool, Batching::Texts));
             if let Some(b) = bias {
-                add_rows(&mut y, b);
+                add_rows(pool, &mut y, b);
             }
             if spec.activation == kiln_format::DenseActivation::Tanh {
                 y.iter_mut().for_each(|v| *v = v.tanh());
@@ -559,7 +559,7 @@ impl<'m> Compute<'m> {
         }
         // BERT: embeddings = self.LayerNorm(embeddings)
         if let Some(norm) = &w.embed_norm {
-            norm_rows_inplace_with(&mut s.x, norm, eps, h);
+            norm_rows_inplace_with(pool, &mut s.x, norm, eps, h);
         }
         emit_edit(&mut observer, arch, Activation::Embed, &mut s.x, h);
         let post_norm = c.norm_place == NormPlace::Post;
@@ -581,9 +581,9 @@ impl<'m> Compute<'m> {
         for (l, lw) in w.layers.iter().enumerate() {
             // hidden_states = self.input_layernorm(hidden_states)  (BERT: no norm before)
             if post_norm {
-                s.xn.copy_from_slice(&s.x);
+                copy_rows(pool, &s.x, &mut s.xn, h);
             } else {
-                norm_rows(&s.x, &lw.attn_norm, eps, &mut s.xn, h);
+                norm_rows(pool, &s.x, &lw.attn_norm, eps, &mut s.xn, h);
                 emit(&mut observer, arch, Activation::AttnNorm(l), &s.xn, h);
             }
 
@@ -597,17 +597,17 @@ impl<'m> Compute<'m> {
                 batching,
             );
             if let Some([bq, bk, bv]) = &lw.qkv_bias {
-                add_rows(&mut s.q, bq);
-                add_rows(&mut s.k, bk);
-                add_rows(&mut s.v, bv);
+                add_rows(pool, &mut s.q, bq);
+                add_rows(pool, &mut s.k, bk);
+                add_rows(pool, &mut s.v, bv);
             }
             emit_edit(&mut observer, arch, Activation::Q(l), &mut s.q, qd);
             emit_edit(&mut observer, arch, Activation::K(l), &mut s.k, kvd);
             emit_edit(&mut observer, arch, Activation::V(l), &mut s.v, kvd);
             // q = self.q_norm(q.view(hidden_shape)); k = self.k_norm(...)  (per head)
             if let Some([qn, kn]) = &lw.qk_norm {
-                norm_rows_inplace(&mut s.q, qn, eps, hd);
-                norm_rows_inplace(&mut s.k, kn, eps, hd);
+                norm_rows_inplace(pool, &mut s.q, qn, eps, hd);
+                norm_rows_inplace(pool, &mut s.k, kn, eps, hd);
                 emit(&mut observer, arch, Activation::QNorm(l), &s.q, qd);
                 emit(&mut observer, arch, Activation::KNorm(l), &s.k, kvd);
             }
@@ -686,25 +686,25 @@ impl<'m> Compute<'m> {
             emit(&mut observer, arch, Activation::AttnOut(l), &s.att, qd);
             matmul_many_for(&[&lw.o], &s.att, n, &mut [&mut s.proj], pool, batching);
             if let Some(b) = &lw.o_bias {
-                add_rows(&mut s.proj, b);
+                add_rows(pool, &mut s.proj, b);
             }
             emit_edit(&mut observer, arch, Activation::O(l), &mut s.proj, h);
             // Gemma: hidden_states = self.post_attention_layernorm(hidden_states)
             if let Some(post) = &lw.attn_post_norm {
-                norm_rows_inplace(&mut s.proj, post, eps, h);
+                norm_rows_inplace(pool, &mut s.proj, post, eps, h);
                 emit(&mut observer, arch, Activation::AttnPostNorm(l), &s.proj, h);
             }
             // hidden_states = residual + hidden_states
-            axpy(1.0, &s.proj, &mut s.x);
+            add_residual(pool, &s.proj, &mut s.x, h);
             // BERT: hidden_states = self.LayerNorm(hidden_states + input_tensor)
             if post_norm {
-                norm_rows_inplace_with(&mut s.x, &lw.attn_norm, eps, h);
+                norm_rows_inplace_with(pool, &mut s.x, &lw.attn_norm, eps, h);
                 emit(&mut observer, arch, Activation::AttnNorm(l), &s.x, h);
-                s.xn.copy_from_slice(&s.x);
+                copy_rows(pool, &s.x, &mut s.xn, h);
             } else {
                 // hidden_states = self.post_attention_layernorm(hidden_states)
                 //   (Gemma: self.pre_feedforward_layernorm)
-                norm_rows(&s.x, &lw.mlp_norm, eps, &mut s.xn, h);
+                norm_rows(pool, &s.x, &lw.mlp_norm, eps, &mut s.xn, h);
                 let mlp_norm = if c.post_norms {
                     Activation::PreFfnNorm(l)
                 } else {
@@ -728,7 +728,7 @@ impl<'m> Compute<'m> {
                 None => matmul_many_for(&[&lw.up], &s.xn, n, &mut [&mut s.up], pool, batching),
             }
             if let Some(b) = &lw.up_bias {
-                add_rows(&mut s.up, b);
+                add_rows(pool, &mut s.up, b);
             }
             emit_edit(&mut observer, arch, Activation::Up(l), &mut s.up, ff);
             // Element-wise, so over the pool for a prompt (one token: microseconds, kept here).
@@ -753,19 +753,19 @@ impl<'m> Compute<'m> {
             emit(&mut observer, arch, Activation::DownIn(l), &s.act, ff);
             matmul_many_for(&[&lw.down], &s.act, n, &mut [&mut s.proj], pool, batching);
             if let Some(b) = &lw.down_bias {
-                add_rows(&mut s.proj, b);
+                add_rows(pool, &mut s.proj, b);
             }
             emit_edit(&mut observer, arch, Activation::Mlp(l), &mut s.proj, h);
             // Gemma: hidden_states = self.post_feedforward_layernorm(hidden_states)
             if let Some(post) = &lw.mlp_post_norm {
-                norm_rows_inplace(&mut s.proj, post, eps, h);
+                norm_rows_inplace(pool, &mut s.proj, post, eps, h);
                 emit(&mut observer, arch, Activation::PostFfnNorm(l), &s.proj, h);
             }
             // hidden_states = residual + hidden_states
-            axpy(1.0, &s.proj, &mut s.x);
+            add_residual(pool, &s.proj, &mut s.x, h);
             // BERT: layer_output = self.LayerNorm(hidden_states + attention_output)
             if post_norm {
-                norm_rows_inplace_with(&mut s.x, &lw.mlp_norm, eps, h);
+                norm_rows_inplace_with(pool, &mut s.x, &lw.mlp_norm, eps, h);
             }
             emit(&mut observer, arch, Activation::Layer(l), &s.x, h);
         }
@@ -795,7 +795,7 @@ impl<'m> Compute<'m> {
         if which == Logits::States {
             return Ok(match &w.final_norm {
                 Some(norm) => {
-                    norm_rows(&s.x, norm, eps, &mut s.xn, h);
+                    norm_rows(pool, &s.x, norm, eps, &mut s.xn, h);
                     emit(&mut observer, arch, Activation::FinalNorm, &s.xn, h);
                     &s.xn
                 }
@@ -813,7 +813,7 @@ impl<'m> Compute<'m> {
             });
         };
         if all {
-            norm_rows(&s.x, final_norm, eps, &mut s.xn, h);
+            norm_rows(pool, &s.x, final_norm, eps, &mut s.xn, h);
             emit(&mut observer, arch, Activation::FinalNorm, &s.xn, h);
         } else {
             for (i, &r) in picked.iter().enumerate() {
@@ -963,37 +963,76 @@ impl<'m> Session<'m> {
     }
 }
 
-/// RMSNorm of each `width`-wide row of `x` into `out`.
-fn norm_rows(x: &[f32], norm: &Norm<'_>, eps: f32, out: &mut [f32], width: usize) {
-    for (xr, or) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
-        norm.apply(xr, eps, or);
-    }
+/// Values per piece when a prompt's row-wise steps (norms, bias and residual adds, copies) go
+/// over the pool: 32 KiB, whole rows.
+///
+/// Why over the pool at all: these steps are cheap per row, but a batch of 2048 tokens makes
+/// each one megabytes, and run on the calling thread alone they left the other threads
+/// spinning, about a tenth of an encoder's time (BERT's post-norm layer has eleven of them).
+/// Each row's arithmetic is the same wherever it runs, so the bits do not change.
+const PIECE_VALUES: usize = 8192;
+
+/// `f(first_row, rows)` over `x`'s `width`-wide rows, in pieces of whole rows spread over
+/// `pool` (one piece, on the caller, for a short batch).
+fn each_rows(pool: &Pool, x: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let rows = (PIECE_VALUES / width).max(1);
+    pool.for_each_chunk(x, rows * width, |i, piece| f(i * rows, piece));
+}
+
+/// `norm` of each `width`-wide row of `x` into `out`.
+fn norm_rows(pool: &Pool, x: &[f32], norm: &Norm<'_>, eps: f32, out: &mut [f32], width: usize) {
+    each_rows(pool, out, width, |r0, out| {
+        let x = &x[r0 * width..];
+        for (xr, or) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
+            norm.apply(xr, eps, or);
+        }
+    });
 }
 
 /// A block's norm of each `width`-wide row of `x`, in place (a post-norm model's residual).
-fn norm_rows_inplace_with(x: &mut [f32], norm: &Norm<'_>, eps: f32, width: usize) {
-    let mut row = vec![0.0f32; width];
-    for xr in x.chunks_exact_mut(width) {
-        row.copy_from_slice(xr);
-        norm.apply(&row, eps, xr);
-    }
+/// A row is copied out first, since the kernel reads its input while writing its output.
+fn norm_rows_inplace_with(pool: &Pool, x: &mut [f32], norm: &Norm<'_>, eps: f32, width: usize) {
+    each_rows(pool, x, width, |_, x| {
+        let mut row = vec![0.0f32; width];
+        for xr in x.chunks_exact_mut(width) {
+            row.copy_from_slice(xr);
+            norm.apply(&row, eps, xr);
+        }
+    });
 }
 
-/// RMSNorm of each `width`-wide row of `x` in place (per head for q/k norms). A row is
-/// copied out first, since the kernel reads its input while writing its output.
-fn norm_rows_inplace(x: &mut [f32], weight: &[f32], eps: f32, width: usize) {
-    let mut row = vec![0.0f32; width];
-    for xr in x.chunks_exact_mut(width) {
-        row.copy_from_slice(xr);
-        rmsnorm(&row, weight, eps, xr);
-    }
+/// RMSNorm of each `width`-wide row of `x` in place (per head for q/k norms).
+fn norm_rows_inplace(pool: &Pool, x: &mut [f32], weight: &[f32], eps: f32, width: usize) {
+    each_rows(pool, x, width, |_, x| {
+        let mut row = vec![0.0f32; width];
+        for xr in x.chunks_exact_mut(width) {
+            row.copy_from_slice(xr);
+            rmsnorm(&row, weight, eps, xr);
+        }
+    });
 }
 
 /// Add `bias` to every row of `x`.
-fn add_rows(x: &mut [f32], bias: &[f32]) {
-    for row in x.chunks_exact_mut(bias.len()) {
-        axpy(1.0, bias, row);
-    }
+fn add_rows(pool: &Pool, x: &mut [f32], bias: &[f32]) {
+    each_rows(pool, x, bias.len(), |_, x| {
+        for row in x.chunks_exact_mut(bias.len()) {
+            axpy(1.0, bias, row);
+        }
+    });
+}
+
+/// `x += y` (the residual), rows of `width` spread over `pool`.
+fn add_residual(pool: &Pool, y: &[f32], x: &mut [f32], width: usize) {
+    each_rows(pool, x, width, |r0, x| {
+        axpy(1.0, &y[r0 * width..][..x.len()], x)
+    });
+}
+
+/// `dst = src`, rows of `width` spread over `pool`.
+fn copy_rows(pool: &Pool, src: &[f32], dst: &mut [f32], width: usize) {
+    each_rows(pool, dst, width, |r0, d| {
+        d.copy_from_slice(&src[r0 * width..][..d.len()])
+    });
 }
 
 /// Models for the crate's unit tests.
