@@ -11,9 +11,12 @@ report gives each engine's median and Kiln's ratio to each peer.
 sentence-transformers runs in a child Python (--st-python: an interpreter with
 sentence-transformers and torch installed) with `torch.set_num_threads(T)`, batch size 32
 (its default), on the model directory (--st-model). llama-embedding runs on a GGUF of the same
-weights (--gguf, e.g. `kiln-convert export-gguf`), with `-t T`, its batch as large as the
-longest text, texts joined by a separator; llama.cpp does not truncate, so texts stay below
-the model's 256-token limit here.
+weights (--gguf, e.g. `kiln-convert export-gguf`), with `-t T`, texts joined by a separator,
+and a context, batch and micro-batch of 512 tokens: each batch holds whole texts, and a
+non-causal model's attention spans its whole micro-batch, so larger ones cost llama.cpp time
+and memory (8192 ran at a third of the speed with eight times the memory). llama.cpp does not
+truncate: the 9 of the 1,000 texts longer than all-MiniLM-L6-v2's 256-token limit (the longest
+287 tokens) run whole there, a little more work than the other engines do.
 
 Not run in CI: numbers depend on the machine.
 
@@ -119,7 +122,7 @@ def main():
             lib = {**os.environ, "LD_LIBRARY_PATH": a.llama}
             cmd = [os.path.join(a.llama, "llama-embedding"), "-m", a.gguf, "-f", os.path.join(tmp, "joined.txt"),
                    "--embd-separator", sep, "--embd-output-format", "array", "-t", str(a.threads),
-                   "-c", "8192", "-b", "8192", "-ub", "8192"]
+                   "-c", "512", "-b", "512", "-ub", "512"]
             with open(os.path.join(tmp, "joined.txt"), "w", encoding="utf-8") as f:
                 f.write(sep.join(texts))
             wall, rss, out, err = run_measured(cmd, env=lib)

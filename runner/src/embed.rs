@@ -24,7 +24,7 @@ pub struct EmbedOptions {
     /// Cut inputs to this many tokens (special tokens included) instead of the model's
     /// `max_seq_length`; at most its trained context.
     pub truncate: Option<usize>,
-    /// Tokens per forward pass (0: 2048). A text longer than it runs alone.
+    /// Tokens per forward pass (0: [`DEFAULT_BATCH_TOKENS`]). A text longer than it runs alone.
     pub batch_tokens: usize,
 }
 
@@ -55,8 +55,13 @@ pub struct Embedder<'m> {
 /// KV cache) for the pass, so a huge `--batch-tokens` over many short texts stays bounded.
 pub const MAX_TEXTS_PER_PASS: usize = 256;
 
-/// Tokens per forward pass when [`EmbedOptions::batch_tokens`] is 0.
-pub const DEFAULT_BATCH_TOKENS: usize = 2048;
+/// Tokens per forward pass when [`EmbedOptions::batch_tokens`] is 0. Memory grows with the
+/// pass (every text of it holds its keys and values for every layer, and the activations are
+/// the pass's), speed hardly does: a pass of 512 tokens already holds a few dozen groups of
+/// sixteen tokens for the lanes kernels, and every weight matrix of a small encoder stays in
+/// cache between them. all-MiniLM-L6-v2 Q4_0 over 1,000 mixed texts, 2 threads: 119 texts/s
+/// and 107 MB at 512 tokens, 120 texts/s and 258 MB at 2048.
+pub const DEFAULT_BATCH_TOKENS: usize = 512;
 
 impl<'m> Embedder<'m> {
     /// An embedder for `model` on `threads` threads. Refuses a model that is not an embedding
