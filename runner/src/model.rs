@@ -989,27 +989,26 @@ fn norm_rows(pool: &Pool, x: &[f32], norm: &Norm<'_>, eps: f32, out: &mut [f32],
     });
 }
 
-/// A block's norm of each `width`-wide row of `x`, in place (a post-norm model's residual).
-/// A row is copied out first, since the kernel reads its input while writing its output.
-fn norm_rows_inplace_with(pool: &Pool, x: &mut [f32], norm: &Norm<'_>, eps: f32, width: usize) {
+/// `f(row, out)` for each `width`-wide row of `x`, in place: a row is copied out first, since
+/// the norm kernels read their input while writing their output.
+fn rows_inplace(pool: &Pool, x: &mut [f32], width: usize, f: impl Fn(&[f32], &mut [f32]) + Sync) {
     each_rows(pool, x, width, |_, x| {
         let mut row = vec![0.0f32; width];
         for xr in x.chunks_exact_mut(width) {
             row.copy_from_slice(xr);
-            norm.apply(&row, eps, xr);
+            f(&row, xr);
         }
     });
 }
 
+/// A block's norm of each `width`-wide row of `x`, in place (a post-norm model's residual).
+fn norm_rows_inplace_with(pool: &Pool, x: &mut [f32], norm: &Norm<'_>, eps: f32, width: usize) {
+    rows_inplace(pool, x, width, |row, out| norm.apply(row, eps, out));
+}
+
 /// RMSNorm of each `width`-wide row of `x` in place (per head for q/k norms).
 fn norm_rows_inplace(pool: &Pool, x: &mut [f32], weight: &[f32], eps: f32, width: usize) {
-    each_rows(pool, x, width, |_, x| {
-        let mut row = vec![0.0f32; width];
-        for xr in x.chunks_exact_mut(width) {
-            row.copy_from_slice(xr);
-            rmsnorm(&row, weight, eps, xr);
-        }
-    });
+    rows_inplace(pool, x, width, |row, out| rmsnorm(row, weight, eps, out));
 }
 
 /// Add `bias` to every row of `x`.
