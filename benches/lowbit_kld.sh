@@ -3,20 +3,24 @@
 # `kiln-quantize --to MIX --calibrate` against `llama-quantize --imatrix … MIX` (the same tensor
 # types and size), both measured inside llama.cpp (`llama-perplexity --kl-divergence` against the
 # F32 GGUF) on two texts neither calibration saw: fixtures/text/gpl-3.txt (legal prose) and
-# fixtures/text/ulysses-1.txt (literary prose). Both calibrate on fixtures/text/calibration.txt
-# (12 288 tokens, 24 windows of 512: `llama-imatrix -c 512 --chunks 24`).
+# fixtures/text/ulysses-1.txt (literary prose). Both calibrate on the same text, CAL (default
+# fixtures/text/calibration.txt; 12 288 tokens, 24 windows of 512: `llama-imatrix -c 512
+# --chunks 24`).
 #
-#   LLAMA_CPP_BIN=/path/to/llama.cpp/build/bin benches/lowbit_kld.sh [MIX:LLAMA_TYPE ...]
+#   LLAMA_CPP_BIN=/path/to/llama.cpp/build/bin [CAL=TEXT] benches/lowbit_kld.sh [MIX:LLAMA_TYPE ...]
 #
 # Needs target/models/smollm2-bf16 (ci/smollm2.sh) and release binaries. Prints one line per
-# (mix, text) and leaves everything in target/lowbit-kld/ (summary.txt).
+# (mix, text) and leaves everything in target/lowbit-kld/ (target/lowbit-kld-NAME/ for another
+# CAL, NAME its file name without .txt), summary.txt included.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 ll="${LLAMA_CPP_BIN:?set LLAMA_CPP_BIN to the build/bin directory of llama.cpp}"
 export LD_LIBRARY_PATH="$ll${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 bin=target/release
+cal="${CAL:-fixtures/text/calibration.txt}"
 out=target/lowbit-kld
+[ "$(basename "$cal")" = calibration.txt ] || out="target/lowbit-kld-$(basename "$cal" .txt)"
 threads=2
 mkdir -p "$out"
 mixes=("$@")
@@ -24,7 +28,6 @@ if [ ${#mixes[@]} -eq 0 ]; then
     mixes=(q2_k_mix:Q2_K q3_k_s:Q3_K_S q3_k_m:Q3_K_M q3_k_l:Q3_K_L iq4_xs_mix:IQ4_XS
            iq4_nl_mix:IQ4_NL q4_k_s:Q4_K_S)
 fi
-cal=fixtures/text/calibration.txt
 texts=(fixtures/text/gpl-3.txt fixtures/text/ulysses-1.txt)
 
 [ -f "$out/f32.kiln" ] || "$bin/kiln-convert" hf target/models/smollm2-bf16 -o "$out/f32.kiln" --dtype f32 --force
@@ -56,14 +59,17 @@ summary="$out/summary.txt"
 : > "$summary"
 for pair in "${mixes[@]}"; do
     mix="${pair%%:*}" type="${pair##*:}"
-    "$ll/llama-quantize" --imatrix "$out/imatrix.gguf" "$out/f32.gguf" "$out/ll-$mix.gguf" "$type" \
-        "$threads" > "$out/ll-$mix.quantize.log" 2>&1
+    # llama.cpp's file and its measurements are made once per output directory (delete them
+    # to remake them); Kiln's are remade on every run.
+    [ -f "$out/ll-$mix.gguf" ] || "$ll/llama-quantize" --imatrix "$out/imatrix.gguf" "$out/f32.gguf" \
+        "$out/ll-$mix.gguf" "$type" "$threads" > "$out/ll-$mix.quantize.log" 2>&1
     "$bin/kiln-quantize" "$out/f32.kiln" "$out/k-$mix.kiln" --to "$mix" \
         --importance "$out/importance.safetensors" --threads "$threads" --force > /dev/null
     "$bin/kiln-convert" export-gguf "$out/k-$mix.kiln" -o "$out/k-$mix.gguf" --force > /dev/null
     for text in "${texts[@]}"; do
         name="$(basename "$text" .txt)"
-        l="$(kld "$out/ll-$mix.gguf" "$name")"
+        [ -f "$out/ll-$mix-$name.result" ] || kld "$out/ll-$mix.gguf" "$name" > "$out/ll-$mix-$name.result"
+        l="$(cat "$out/ll-$mix-$name.result")"
         k="$(kld "$out/k-$mix.gguf" "$name")"
         printf '%-11s %-10s bytes %s/%s | llama.cpp imatrix: %s | Kiln calibrated: %s\n' "$mix" "$name" \
             "$(stat -c %s "$out/ll-$mix.gguf")" "$(stat -c %s "$out/k-$mix.gguf")" "$l" "$k" | tee -a "$summary"

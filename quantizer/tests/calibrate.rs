@@ -296,10 +296,11 @@ fn too_little_text_is_a_clear_error() {
     assert!(e.to_string().contains("too little text"), "{e}");
 }
 
-/// `--to auto`: the plan fits the budget, the file is what the plan chose and fits too, its
-/// summed output error (recomputed here from what a reader decodes, through the calibration's
-/// second moments) is at most that of the uniform type of the same size, a looser budget buys
-/// less error, and a budget below the smallest file is refused with that size.
+/// `--to auto`: the plan fits the budget, the file is what the plan chose and fits too (each
+/// matrix's output error recomputed here from what a reader decodes, through the
+/// calibration's second moments), its summed KL-weighed error is at most that of the uniform
+/// type of the same size, a looser budget buys less error, and a budget below the smallest
+/// file is refused with that size.
 #[test]
 fn size_budget_fits_and_spends_bytes_where_the_kl_divergence_is() {
     let dir = tempfile::tempdir().unwrap();
@@ -342,6 +343,9 @@ fn size_budget_fits_and_spends_bytes_where_the_kl_divergence_is() {
     let (uniform, uq) = quantize(Policy::new(DType::Q5_0, vec![]).unwrap(), "q5_0.kiln");
     let mut errors = Vec::new();
     let mut gains = BTreeMap::new();
+    // Each planned matrix's error as Q5_0 (the embedding's included: it is no calibration
+    // site, so only the plan's probe weighs it).
+    let mut q5_0 = BTreeMap::new();
     for bpw in [uniform.bits_per_weight_out, 7.0] {
         let auto = Policy::auto(vec![]).with_importance(true);
         let plan = budget::plan(
@@ -368,6 +372,8 @@ fn size_budget_fits_and_spends_bytes_where_the_kl_divergence_is() {
             let g = c.gain.unwrap();
             assert!(g.is_finite() && g > 0.0, "{}: gain {g}", c.tensor);
             gains.insert(c.tensor.clone(), g);
+            let as_q5_0 = c.candidates.iter().find(|k| k.dtype == DType::Q5_0);
+            q5_0.insert(c.tensor.clone(), as_q5_0.expect("a Q5_0 candidate").error);
         }
         let file_errors = output_error(&q);
         // The plan's own errors (over the matrices calibration fed) are what the file holds.
@@ -384,13 +390,18 @@ fn size_budget_fits_and_spends_bytes_where_the_kl_divergence_is() {
                 c.tensor
             );
         }
-        let weighed =
-            |errs: &BTreeMap<String, f64>| -> f64 { errs.iter().map(|(n, e)| e * gains[n]).sum() };
-        errors.push(weighed(&file_errors));
+        errors.push(plan.total_error());
         assert_runs(&q);
     }
-    let uniform_errors = output_error(&uq);
-    let e_uniform: f64 = uniform_errors.iter().map(|(n, e)| e * gains[n]).sum();
+    // The uniform file holds the errors the plan measured for Q5_0.
+    for (name, e) in output_error(&uq) {
+        let (e, planned) = (e * gains[&name], q5_0[&name]);
+        assert!(
+            (e - planned).abs() <= 1e-3 * e,
+            "{name}: file {e} vs plan {planned}"
+        );
+    }
+    let e_uniform: f64 = q5_0.values().sum();
     assert!(
         errors[0] <= e_uniform,
         "{} vs uniform q5_0 {e_uniform}",
