@@ -2,20 +2,28 @@
 # `kiln-quantize --to auto` at several sizes: each budget's file measured by KL-divergence
 # against F32 inside Kiln (`kiln-verify perplexity --kl-base`) on the two texts the calibration
 # never saw (fixtures/text/gpl-3.txt, legal prose; fixtures/text/ulysses-1.txt, literary
-# prose), calibrated on fixtures/text/calibration.txt like benches/lowbit_kld.sh, so the rows
-# sit beside that script's llama.cpp files of the same size.
+# prose), calibrated on CAL (default fixtures/text/calibration.txt) like benches/lowbit_kld.sh,
+# so the rows sit beside that script's llama.cpp files of the same size.
 #
-#   benches/auto_kld.sh [BUDGET ...]      BUDGET: bpw:B or bytes:N
+#   [CAL=TEXT] [MODEL=smollm2|gemma3] [CHUNKS=N] benches/auto_kld.sh [BUDGET ...]
+#                                           BUDGET: bpw:B or bytes:N
 #
-# Needs target/models/smollm2-bf16 (ci/smollm2.sh) and release binaries. Each file is also
+# MODEL, CHUNKS and CAL as in benches/lowbit_kld.sh; needs release binaries. Each file is also
 # exported to GGUF (`kiln-convert export-gguf`), whose size is the one printed, so the rows
 # compare with llama.cpp's files by size. Prints one line per (budget, text) and leaves
-# everything in target/auto-kld/ (summary.txt, the input of benches/kld_chart.py).
+# everything in target/auto-kld/ (target/auto-kld-gemma3/ for Gemma, and -NAME appended for
+# another CAL; summary.txt, the input of benches/kld_chart.py).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bin=target/release
+model="${MODEL:-smollm2}"
+cal="${CAL:-fixtures/text/calibration.txt}"
+chunks=()
+[ -z "${CHUNKS:-}" ] || chunks=(--chunks "$CHUNKS")
 out=target/auto-kld
+[ "$model" = smollm2 ] || out="$out-$model"
+[ "$(basename "$cal")" = calibration.txt ] || out="$out-$(basename "$cal" .txt)"
 threads=2
 mkdir -p "$out"
 budgets=("$@")
@@ -26,17 +34,16 @@ if [ ${#budgets[@]} -eq 0 ]; then
     # its .kiln (the tokenizer's vocabulary as GGUF arrays), which --max-bytes bounds.
     budgets=(bpw:4.5 bytes:87040000 bytes:90540000 bytes:96340000 bytes:104340000)
 fi
-cal=fixtures/text/calibration.txt
 texts=(fixtures/text/gpl-3.txt fixtures/text/ulysses-1.txt)
 
-[ -f "$out/f32.kiln" ] || "$bin/kiln-convert" hf target/models/smollm2-bf16 -o "$out/f32.kiln" --dtype f32 --force
+benches/f32_model.sh "$model" "$out/f32.kiln"
 [ -f "$out/importance.safetensors" ] || "$bin/kiln-quantize" "$out/f32.kiln" "$out/cal-q4_k_m.kiln" \
     --to q4_k_m --calibrate "$cal" --save-importance "$out/importance.safetensors" --threads "$threads" \
     --force > /dev/null
 for text in "${texts[@]}"; do
     name="$(basename "$text" .txt)"
     [ -f "$out/base-$name.safetensors" ] || "$bin/kiln-verify" perplexity "$out/f32.kiln" --text "$text" -c 512 \
-        -t "$threads" --save-logits "$out/base-$name.safetensors" > "$out/base-$name.log" 2>&1
+        "${chunks[@]}" -t "$threads" --save-logits "$out/base-$name.safetensors" > "$out/base-$name.log" 2>&1
 done
 
 summary="$out/summary.txt"
@@ -60,8 +67,8 @@ for b in "${budgets[@]}"; do
     for text in "${texts[@]}"; do
         name="$(basename "$text" .txt)"
         log="$out/auto-$kind-$value-$name.log"
-        "$bin/kiln-verify" perplexity "$file" --text "$text" -c 512 -t "$threads" \
-            --kl-base "$out/base-$name.safetensors" > "$log" 2>&1
+        "$bin/kiln-verify" perplexity "$file" --text "$text" -c 512 \
+            "${chunks[@]}" -t "$threads" --kl-base "$out/base-$name.safetensors" > "$log" 2>&1
         line="$(printf '%-16s %10d gguf-bytes  %-10s %s' "$b" "$size" "$name" "$(grep -i 'kl' "$log" | tail -1)")"
         echo "$line" | tee -a "$summary"
     done

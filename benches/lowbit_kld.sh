@@ -7,11 +7,15 @@
 # fixtures/text/calibration.txt; 12 288 tokens, 24 windows of 512: `llama-imatrix -c 512
 # --chunks 24`).
 #
-#   LLAMA_CPP_BIN=/path/to/llama.cpp/build/bin [CAL=TEXT] benches/lowbit_kld.sh [MIX:LLAMA_TYPE ...]
+#   LLAMA_CPP_BIN=/path/to/llama.cpp/build/bin [CAL=TEXT] [MODEL=smollm2|gemma3] [CHUNKS=N] \
+#       benches/lowbit_kld.sh [MIX:LLAMA_TYPE ...]
 #
-# Needs target/models/smollm2-bf16 (ci/smollm2.sh) and release binaries. Prints one line per
-# (mix, text) and leaves everything in target/lowbit-kld/ (target/lowbit-kld-NAME/ for another
-# CAL, NAME its file name without .txt), summary.txt included.
+# MODEL is smollm2 (the default; needs target/models/smollm2-bf16, from ci/smollm2.sh) or gemma3
+# (Gemma 3 270M dequantized from its Q4_K_M GGUF; benches/f32_model.sh). CHUNKS=N measures the
+# first N windows of 512 of each text (default: all).
+# Needs release binaries. Prints one line per (mix, text) and leaves everything in
+# target/lowbit-kld/ (target/lowbit-kld-gemma3/ for Gemma, and -NAME appended for another CAL,
+# NAME its file name without .txt), summary.txt included.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -19,8 +23,12 @@ ll="${LLAMA_CPP_BIN:?set LLAMA_CPP_BIN to the build/bin directory of llama.cpp}"
 export LD_LIBRARY_PATH="$ll${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 bin=target/release
 cal="${CAL:-fixtures/text/calibration.txt}"
+model="${MODEL:-smollm2}"
+chunks=()
+[ -z "${CHUNKS:-}" ] || chunks=(--chunks "$CHUNKS")
 out=target/lowbit-kld
-[ "$(basename "$cal")" = calibration.txt ] || out="target/lowbit-kld-$(basename "$cal" .txt)"
+[ "$model" = smollm2 ] || out="$out-$model"
+[ "$(basename "$cal")" = calibration.txt ] || out="$out-$(basename "$cal" .txt)"
 threads=2
 mkdir -p "$out"
 mixes=("$@")
@@ -30,7 +38,7 @@ if [ ${#mixes[@]} -eq 0 ]; then
 fi
 texts=(fixtures/text/gpl-3.txt fixtures/text/ulysses-1.txt)
 
-[ -f "$out/f32.kiln" ] || "$bin/kiln-convert" hf target/models/smollm2-bf16 -o "$out/f32.kiln" --dtype f32 --force
+benches/f32_model.sh "$model" "$out/f32.kiln"
 [ -f "$out/f32.gguf" ] || "$bin/kiln-convert" export-gguf "$out/f32.kiln" -o "$out/f32.gguf" --force
 [ -f "$out/imatrix.gguf" ] || "$ll/llama-imatrix" -m "$out/f32.gguf" -f "$cal" -c 512 --chunks 24 \
     -t "$threads" -o "$out/imatrix.gguf" > "$out/imatrix.log" 2>&1
@@ -41,7 +49,7 @@ texts=(fixtures/text/gpl-3.txt fixtures/text/ulysses-1.txt)
 for text in "${texts[@]}"; do
     name="$(basename "$text" .txt)"
     [ -f "$out/base-$name.kld" ] || "$ll/llama-perplexity" -m "$out/f32.gguf" -f "$text" -c 512 \
-        -t "$threads" --kl-divergence-base "$out/base-$name.kld" > "$out/base-$name.log" 2>&1
+        "${chunks[@]}" -t "$threads" --kl-divergence-base "$out/base-$name.kld" > "$out/base-$name.log" 2>&1
 done
 
 kld() {  # kld GGUF TEXT-NAME: "ppl KLD same-top" as llama-perplexity reports them

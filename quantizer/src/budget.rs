@@ -132,7 +132,8 @@ impl Choice {
         } else {
             "output error"
         };
-        let mut s = format!("auto: {what} {:.3e}", c.error);
+        // Errors are never negative, but an exact candidate's empty sum is -0.0.
+        let mut s = format!("auto: {what} {:.3e}", c.error.abs());
         match self.candidates.get(self.chosen + 1) {
             Some(n) => {
                 let _ = std::fmt::Write::write_fmt(
@@ -140,7 +141,7 @@ impl Choice {
                     format_args!(
                         "; {} would give {:.3e} for {} more bytes",
                         n.dtype.name(),
-                        n.error,
+                        n.error.abs(),
                         n.bytes - c.bytes
                     ),
                 );
@@ -825,6 +826,29 @@ mod tests {
         assert!(p.choices[1]
             .reason()
             .contains("the most accurate candidate"));
+    }
+
+    #[test]
+    fn an_exact_candidate_reads_zero() {
+        // An exact rounding's error is an empty sum, which is -0.0.
+        let exact = Weight::Full(&[1.0f32]).output_error(&[1.0], &[1.0], 1);
+        let c = Choice {
+            tensor: "m".into(),
+            candidates: vec![cand(DType::Q4_0, 18, 0.5), cand(DType::Q8_0, 34, exact)],
+            chosen: 0,
+            gain: Some(1.0),
+        };
+        assert!(
+            c.reason().contains("q8_0 would give 0.000e0"),
+            "{}",
+            c.reason()
+        );
+        let c = Choice { chosen: 1, ..c };
+        assert!(
+            c.reason().starts_with("auto: KL-divergence 0.000e0"),
+            "{}",
+            c.reason()
+        );
     }
 
     #[test]

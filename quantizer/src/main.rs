@@ -76,18 +76,16 @@ struct Args {
     /// Save the importance measured by --calibrate, to reuse with --importance.
     #[arg(long, value_name = "FILE", requires = "calibrate")]
     save_importance: Option<PathBuf>,
-    /// Per-tensor override, PATTERN=DTYPE (f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q2_k, q3_k,
-    /// q4_k, q5_k, q6_k, iq4_nl, iq4_xs or copy); `*` matches
-    /// any run of characters; the last matching flag wins. Example: --keep lm_head.weight=q8_0
     /// With `--to auto`: bits of tensor data per weight over all tensors (as the report and
     /// llama.cpp's BPW count them), e.g. 4.5
     #[arg(long, value_name = "B", conflicts_with = "max_bytes")]
     bpw: Option<f64>,
-
     /// With `--to auto`: the largest output file, in bytes (metadata and index included)
     #[arg(long, value_name = "N")]
     max_bytes: Option<u64>,
-
+    /// Per-tensor override, PATTERN=DTYPE (f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q2_k, q3_k,
+    /// q4_k, q5_k, q6_k, iq4_nl, iq4_xs or copy); `*` matches any run of characters; the last
+    /// matching flag wins. Example: --keep lm_head.weight=q8_0
     #[arg(long = "keep", value_name = "PATTERN=DTYPE")]
     keep: Vec<String>,
     /// Worker threads (default: all cores).

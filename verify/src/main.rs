@@ -51,8 +51,10 @@ enum Command {
         /// still override it.
         #[arg(long, value_name = "CLASS")]
         tolerance: Option<String>,
+        /// Worker threads (default: the machine's physical cores).
         #[arg(short, long)]
         threads: Option<usize>,
+        /// Print the results as JSON on stdout instead of a table.
         #[arg(long)]
         json: bool,
         /// Also write the results as JUnit XML (one test case per activation site).
@@ -65,6 +67,7 @@ enum Command {
     /// Verify every checksum, and that every value is finite.
     Integrity {
         model: PathBuf,
+        /// Print the results as JSON on stdout.
         #[arg(long)]
         json: bool,
         /// Also write the results as JUnit XML (one test case per tensor).
@@ -75,6 +78,7 @@ enum Command {
     Diff {
         a: PathBuf,
         b: PathBuf,
+        /// Print the results as JSON on stdout instead of a table.
         #[arg(long)]
         json: bool,
         /// Also write the results as JUnit XML (one test case per tensor).
@@ -116,8 +120,10 @@ enum Command {
         /// figures measure the weights), or f16 / q8_0 as `kiln-run --cache-type` runs them.
         #[arg(long = "cache-type", default_value_t = CacheType::F32)]
         cache_type: CacheType,
+        /// Worker threads (default: the machine's physical cores).
         #[arg(short, long)]
         threads: Option<usize>,
+        /// Print the results as JSON on stdout.
         #[arg(long)]
         json: bool,
         /// Also write the results as JUnit XML (one test case per chunk and per gate).
@@ -508,6 +514,32 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("error: {e}");
             ExitStatus::Error.into()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every flag of every subcommand has its own line in `--help` (clap's built-in `--help`
+    /// and `--version` aside).
+    #[test]
+    fn every_flag_is_described() {
+        let cli = Cli::command();
+        for sub in cli.get_subcommands() {
+            for arg in sub.get_arguments() {
+                let Some(long) = arg.get_long() else { continue };
+                if matches!(long, "help" | "version") {
+                    continue;
+                }
+                assert!(
+                    arg.get_help().is_some(),
+                    "kiln-verify {} --{long} has no description",
+                    sub.get_name()
+                );
+            }
         }
     }
 }
