@@ -391,3 +391,36 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Args;
+    use clap::CommandFactory;
+
+    /// Every flag has its own line in `--help` (clap's built-in `--help` and `--version`
+    /// aside), and the budget and override flags say what they are.
+    #[test]
+    fn help_describes_every_flag() {
+        let cmd = Args::command();
+        let help = |long: &str| {
+            cmd.get_arguments()
+                .find(|a| a.get_long() == Some(long))
+                .and_then(|a| a.get_help())
+                .map(|h| h.to_string())
+        };
+        for arg in cmd.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if !matches!(long, "help" | "version") {
+                assert!(help(long).is_some(), "--{long} has no description");
+            }
+        }
+        for (long, words) in [
+            ("bpw", "bits of tensor data per weight"),
+            ("max-bytes", "largest output file"),
+            ("keep", "Per-tensor override"),
+        ] {
+            let text = help(long).unwrap_or_default();
+            assert!(text.contains(words), "--{long}: {text:?}");
+        }
+    }
+}

@@ -289,37 +289,3 @@ fn size_budget_flags_are_checked() {
     );
     assert!(!dir.path().join("out.kiln").exists());
 }
-
-/// `--help` gives every flag its own description: each option line is followed by its text,
-/// and the budget and override flags say what they are.
-#[test]
-fn help_describes_every_flag() {
-    let dir = tempfile::tempdir().unwrap();
-    let o = kq(&["--help"], dir.path());
-    assert!(o.status.success(), "{}", stderr(&o));
-    let help = String::from_utf8(o.stdout).unwrap();
-    let lines: Vec<&str> = help.lines().collect();
-    let mut described = std::collections::HashMap::new();
-    for (i, line) in lines.iter().enumerate() {
-        let t = line.trim_start();
-        if !line.starts_with("  ") || !t.starts_with('-') {
-            continue;
-        }
-        let flag = t
-            .split([' ', ','])
-            .find(|w| w.starts_with("--"))
-            .unwrap_or(t)
-            .to_string();
-        let text = lines.get(i + 1).map_or("", |l| l.trim());
-        assert!(!text.is_empty(), "{flag} has no description:\n{help}");
-        described.insert(flag, text.to_string());
-    }
-    for (flag, words) in [
-        ("--bpw", "bits of tensor data per weight"),
-        ("--max-bytes", "largest output file"),
-        ("--keep", "Per-tensor override"),
-    ] {
-        let text = described.get(flag).map_or("", String::as_str);
-        assert!(text.contains(words), "{flag}: {text:?}");
-    }
-}
