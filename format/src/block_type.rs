@@ -163,6 +163,21 @@ pub struct Codes<B> {
     pub grids: fn(block: &B, out: &mut Vec<CodeGrid>),
     /// Replace `block`'s codes by `codes` (one per weight, each within its grid's `max`).
     pub set: fn(block: &mut B, codes: &[u8]),
+    /// How to store chosen scales, for types whose grids have no shift and whose scales can be
+    /// set apart from the rule that fits them (see [`ScaleSetter`]).
+    pub scales: Option<ScaleSetter<B>>,
+}
+
+/// Storing a block's scales as near to chosen values as its layout allows: what a caller that
+/// fits the scales for fixed codes (least squares through second moments) needs.
+#[derive(Debug, Clone, Copy)]
+pub struct ScaleSetter<B> {
+    /// Consecutive weights that share one scale.
+    pub group: usize,
+    /// Encode `scales` (one per group, in weight order: the `scale` their grids should have)
+    /// in `block`; the codes are kept. The grids read back afterwards hold the stored values,
+    /// which differ from those asked for by the layout's rounding.
+    pub set: fn(block: &mut B, scales: &[f32]),
 }
 
 /// An importance-weighted quantizer of one row (values, one weight per value) to blocks `B`.
@@ -225,6 +240,7 @@ pub struct BlockKind {
     dequantize: DequantizeBytes,
     code_grids: Option<GridsBytes>,
     set_codes: Option<SetCodesBytes>,
+    set_scales: Option<(usize, SetScalesBytes)>,
 }
 
 // The table's functions, over bytes (see the methods of the same names).
@@ -233,6 +249,7 @@ type WeightedBytes = fn(&[f32], &[f32], &mut Vec<u8>) -> Result<()>;
 type DequantizeBytes = fn(&[u8], usize, &mut [f32]);
 type GridsBytes = fn(&[u8], &mut Vec<CodeGrid>);
 type SetCodesBytes = fn(&mut [u8], &[u8]);
+type SetScalesBytes = fn(&mut [u8], &[f32]);
 
 impl BlockKind {
     /// The row of block type `T`.
@@ -258,6 +275,12 @@ impl BlockKind {
                 Some(_) => Some(set_codes_bytes::<T>),
                 None => None,
             },
+            set_scales: match T::CODES {
+                Some(Codes {
+                    scales: Some(s), ..
+                }) => Some((s.group, set_scales_bytes::<T>)),
+                _ => None,
+            },
         }
     }
 
@@ -276,6 +299,18 @@ impl BlockKind {
     /// type has no [`BlockType::CODES`].
     pub fn set_codes(&self, bytes: &mut [u8], codes: &[u8]) -> Option<()> {
         self.set_codes.map(|s| s(bytes, codes))
+    }
+
+    /// Weights per scale that [`BlockKind::set_scales`] takes, for types whose scales can be
+    /// stored apart from their fitting ([`Codes::scales`]).
+    pub fn scale_group(&self) -> Option<usize> {
+        self.set_scales.map(|(g, _)| g)
+    }
+
+    /// Store `scales` (one per [`BlockKind::scale_group`] weights of `bytes`, whole units) as
+    /// near as the layout allows, keeping the codes; `None` if the type cannot.
+    pub fn set_scales(&self, bytes: &mut [u8], scales: &[f32]) -> Option<()> {
+        self.set_scales.map(|(_, s)| s(bytes, scales))
     }
 
     /// Quantize whole rows of `cols` values by GGML's reference rule, appending the units'
@@ -404,6 +439,19 @@ fn set_codes_bytes<T: BlockType>(bytes: &mut [u8], codes: &[u8]) {
     bytes.copy_from_slice(bytemuck::cast_slice(&units));
 }
 
+fn set_scales_bytes<T: BlockType>(bytes: &mut [u8], scales: &[f32]) {
+    let s = T::CODES
+        .and_then(|c| c.scales)
+        .expect("only in rows of types with scale setters");
+    let mut units = bytemuck::pod_collect_to_vec::<u8, T>(bytes);
+    let per_unit = T::WEIGHTS / s.group;
+    assert_eq!(scales.len(), units.len() * per_unit, "one scale per group");
+    for (b, sc) in units.iter_mut().zip(scales.chunks_exact(per_unit)) {
+        (s.set)(b, sc);
+    }
+    bytes.copy_from_slice(bytemuck::cast_slice(&units));
+}
+
 /// Rows of `cols` values of whole `block`-weight blocks, or the error the reference
 /// quantizers give.
 fn check_rows(x: &[f32], block: usize) -> Result<()> {
@@ -502,6 +550,7 @@ const Q5_0_CODES: Codes<BlockQ5_0> = Codes {
         out.extend([g; QK]);
     },
     set: |b, q| (b.qh, b.qs) = q5::pack_q5_codes(q.try_into().expect("a block's codes")),
+    scales: None,
 };
 
 /// Q5_1: `q·d + m`, codes 0..=31.
@@ -511,6 +560,7 @@ const Q5_1_CODES: Codes<BlockQ5_1> = Codes {
         out.extend([g; QK]);
     },
     set: |b, q| (b.qh, b.qs) = q5::pack_q5_codes(q.try_into().expect("a block's codes")),
+    scales: None,
 };
 
 /// Q4_K and Q5_K: `(d·sc)·q − dmin·m` per 32-weight sub-block, codes 0..=`max`.
@@ -536,6 +586,7 @@ fn k_sub_block_grids(
 const Q4_K_CODES: Codes<BlockQ4K> = Codes {
     grids: |b, out| k_sub_block_grids(b.d, b.dmin, &b.scales, 15, out),
     set: |b, q| b.qs = kquants::pack_q4_k_codes(q.try_into().expect("a super-block's codes")),
+    scales: None,
 };
 
 const Q5_K_CODES: Codes<BlockQ5K> = Codes {
@@ -543,6 +594,7 @@ const Q5_K_CODES: Codes<BlockQ5K> = Codes {
     set: |b, q| {
         (b.qh, b.qs) = kquants::pack_q5_k_codes(q.try_into().expect("a super-block's codes"))
     },
+    scales: None,
 };
 
 /// Q6_K: `(d·sc)·(q − 32)` per 16-weight sub-block, codes 0..=63.
@@ -556,6 +608,7 @@ const Q6_K_CODES: Codes<BlockQ6K> = Codes {
     set: |b, q| {
         (b.ql, b.qh) = kquants::pack_q6_k_codes(q.try_into().expect("a super-block's codes"))
     },
+    scales: None,
 };
 
 /// Q2_K: `(d·sc)·q − dmin·m` per 16-weight sub-block (4-bit `sc` and `m`), codes 0..=3.
@@ -572,6 +625,7 @@ const Q2_K_CODES: Codes<BlockQ2K> = Codes {
         }
     },
     set: |b, q| b.qs = kquants::pack_q2_k_codes(q.try_into().expect("a super-block's codes")),
+    scales: None,
 };
 
 /// Q3_K: `(d·sc)·(q − 4)` per 16-weight sub-block (`sc` signed, 6 bits), codes 0..=7.
@@ -585,12 +639,17 @@ const Q3_K_CODES: Codes<BlockQ3K> = Codes {
     set: |b, q| {
         (b.hmask, b.qs) = kquants::pack_q3_k_codes(q.try_into().expect("a super-block's codes"))
     },
+    scales: None,
 };
 
 /// IQ4_NL: `d·grid[q]` on GGML's 16-level non-linear grid, codes 0..=15.
 const IQ4_NL_CODES: Codes<BlockIQ4NL> = Codes {
     grids: |b, out| out.extend([iq4_grid(b.d.to_f32()); QK]),
     set: |b, q| b.qs = iq4::pack_iq4_nl_codes(q.try_into().expect("a block's codes")),
+    scales: Some(ScaleSetter {
+        group: QK,
+        set: |b, s| b.d = f16::from_f32(s[0]),
+    }),
 };
 
 /// IQ4_XS: `(d·(ls − 32))·grid[q]` per 32-weight sub-block, codes 0..=15.
@@ -602,6 +661,10 @@ const IQ4_XS_CODES: Codes<BlockIQ4XS> = Codes {
         }
     },
     set: |b, q| b.qs = iq4::pack_iq4_xs_codes(q.try_into().expect("a super-block's codes")),
+    scales: Some(ScaleSetter {
+        group: 32,
+        set: |b, s| iq4::set_iq4_xs_scales(b, s.try_into().expect("a super-block's scales")),
+    }),
 };
 
 fn iq4_grid(scale: f32) -> CodeGrid {
@@ -911,6 +974,77 @@ mod tests {
             for (j, (g, &q)) in grids.iter().zip(&codes).enumerate() {
                 assert_eq!(g.value(i32::from(q)), y[j], "{d} weight {j}");
             }
+        }
+    }
+
+    /// For the types whose scales can be stored apart from their fitting: storing the scales
+    /// the grids read back changes no byte; storing others keeps the codes and gives grids
+    /// with those scales, up to the layout's rounding (f16 for IQ4_NL, 6-bit multiples of an
+    /// f16 super-block scale for IQ4_XS, whose largest scale is kept to f16's precision).
+    #[test]
+    fn scale_setters_keep_the_codes_and_store_the_scales() {
+        let x = values();
+        let w = vec![1.0f32; COLS];
+        let setters: Vec<DType> = DType::ALL
+            .into_iter()
+            .filter(|d| d.block().scale_group().is_some())
+            .collect();
+        assert_eq!(setters, [DType::IQ4_NL, DType::IQ4_XS]);
+        for d in setters {
+            let k = d.block();
+            let group = k.scale_group().unwrap();
+            let mut bytes = Vec::new();
+            k.quantize_weighted(&x[..COLS], &w, &mut bytes)
+                .unwrap()
+                .unwrap();
+            let mut grids = Vec::new();
+            k.code_grids(&bytes, &mut grids).unwrap();
+            let scales: Vec<f32> = grids.iter().step_by(group).map(|g| g.scale).collect();
+            let mut same = bytes.clone();
+            k.set_scales(&mut same, &scales).unwrap();
+            assert_eq!(same, bytes, "{d}: the stored scales again");
+
+            // New scales: each group's scaled by its own factor, one of them negated.
+            let wanted: Vec<f32> = scales
+                .iter()
+                .enumerate()
+                .map(|(i, &s)| s * (0.7 + 0.05 * (i % 9) as f32) * if i == 3 { -1.0 } else { 1.0 })
+                .collect();
+            let mut set = bytes.clone();
+            k.set_scales(&mut set, &wanted).unwrap();
+            let mut new_grids = Vec::new();
+            k.code_grids(&set, &mut new_grids).unwrap();
+            let unit_groups = k.weights / group;
+            for (i, (&want, g)) in wanted
+                .iter()
+                .zip(new_grids.iter().step_by(group))
+                .enumerate()
+            {
+                let unit = &wanted[i / unit_groups * unit_groups..][..unit_groups];
+                let largest = unit.iter().fold(0f32, |m, s| m.max(s.abs()));
+                // Within half a step of the layout's grid of scales.
+                let step = if unit_groups == 1 {
+                    want.abs() / 1024.0
+                } else {
+                    largest / 32.0
+                };
+                assert!(
+                    (g.scale - want).abs() <= step * 0.5 + largest / 1024.0,
+                    "{d} group {i}: {} for {want}",
+                    g.scale
+                );
+            }
+            let (mut old_codes, mut new_codes) = (vec![0u8; COLS], vec![0u8; COLS]);
+            let mut y = vec![0f32; COLS];
+            k.dequantize(&bytes, COLS, &mut y);
+            for (j, g) in grids.iter().enumerate() {
+                old_codes[j] = g.nearest(y[j]).0;
+            }
+            k.dequantize(&set, COLS, &mut y);
+            for (j, g) in new_grids.iter().enumerate() {
+                new_codes[j] = g.nearest(y[j]).0;
+            }
+            assert_eq!(new_codes, old_codes, "{d}: the codes are kept");
         }
     }
 

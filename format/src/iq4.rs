@@ -334,24 +334,49 @@ fn quantize_block_iq4_xs(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> BlockIQ4X
             max_scale = d;
         }
     }
+    let mut b = BlockIQ4XS::zeroed();
+    let (d, ls) = encode_iq4_xs_scales(max_scale, &scales);
+    store_iq4_xs_scales(&mut b, d, &ls);
+    for (ib, xb) in x.chunks_exact(32).enumerate() {
+        // Codes from the f32 super-block scale times the integer sub-block scale.
+        let dl = d * ls[ib] as f32;
+        let idl = if dl != 0.0 { 1.0 / dl } else { 0.0 };
+        let codes: [u8; 32] = std::array::from_fn(|j| best_index(idl * xb[j]));
+        b.qs[16 * ib..16 * ib + 16].copy_from_slice(&pack32(&codes));
+    }
+    b
+}
+
+/// GGML's encoding of eight sub-block scales: the super-block scale (as f32, before its f16
+/// rounding) and each sub-block's `ls − 32`. `max_scale` is the scale of largest magnitude.
+fn encode_iq4_xs_scales(max_scale: f32, scales: &[f32; QK_K / 32]) -> (f32, [i32; QK_K / 32]) {
     // The largest-magnitude sub-block scale maps to ls − 32 = −32 (the sign flip gains the
     // 6-bit range's extra negative step); an all-zero super-block stores d = −0.
     let d = -max_scale / 32.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    let mut b = BlockIQ4XS::zeroed();
+    (d, scales.map(|s| nearest_int(id * s).clamp(-32, 31)))
+}
+
+fn store_iq4_xs_scales(b: &mut BlockIQ4XS, d: f32, l: &[i32; QK_K / 32]) {
     b.d = f16::from_f32(d);
-    for (ib, xb) in x.chunks_exact(32).enumerate() {
-        let l = nearest_int(id * scales[ib]).clamp(-32, 31);
-        // Codes from the f32 super-block scale times the integer sub-block scale.
-        let dl = d * l as f32;
-        let idl = if dl != 0.0 { 1.0 / dl } else { 0.0 };
-        let codes: [u8; 32] = std::array::from_fn(|j| best_index(idl * xb[j]));
-        b.qs[16 * ib..16 * ib + 16].copy_from_slice(&pack32(&codes));
+    (b.scales_h, b.scales_l) = (0, [0; QK_K / 64]);
+    for (ib, &l) in l.iter().enumerate() {
         let ls = (l + 32) as u8;
         b.scales_l[ib / 2] |= (ls & 15) << (4 * (ib % 2));
         b.scales_h |= u16::from(ls >> 4) << (2 * ib);
     }
-    b
+}
+
+/// Store eight sub-block scales (the products `d·(ls − 32)` the grids should have) by GGML's
+/// encoding, keeping the codes: the one of largest magnitude is stored as `−32·d`, the others
+/// rounded to the nearest multiple of `d`.
+pub fn set_iq4_xs_scales(b: &mut BlockIQ4XS, scales: &[f32; QK_K / 32]) {
+    let max_scale = scales
+        .iter()
+        .copied()
+        .fold(0.0f32, |m, s| if s.abs() > m.abs() { s } else { m });
+    let (d, ls) = encode_iq4_xs_scales(max_scale, scales);
+    store_iq4_xs_scales(b, d, &ls);
 }
 
 fn check_row(x: &[f32], block: usize) -> Result<()> {

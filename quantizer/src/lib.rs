@@ -33,6 +33,7 @@ pub mod importance;
 pub mod method;
 pub mod pipeline;
 pub mod policy;
+pub mod refit;
 pub mod report;
 pub mod rows;
 pub mod sensitivity;

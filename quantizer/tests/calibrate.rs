@@ -222,17 +222,18 @@ fn calibrated_quantization_runs_end_to_end_and_is_recorded() {
     }
 }
 
-/// Compensated rounding inside the Q5 layouts (the tiny model's 64-column rows are too short
-/// for K-quant super-blocks; `gptq.rs` tests those): the file verifies, the report's error is
+/// Compensated rounding inside the Q5 and IQ4_NL layouts (IQ4_NL's scales then refitted; the
+/// tiny model's 64-column rows are too short for K-quant and IQ4_XS super-blocks; `gptq.rs`
+/// and `refit.rs` test those): the file verifies, the report's error is
 /// what a reader decodes, the weights stay within twice the weighted rule's error (the
 /// compensation trades weight error for output error), and the runner runs it.
 #[test]
-fn compensated_rounding_in_q5_layouts_end_to_end() {
+fn compensated_rounding_in_q5_and_iq4_nl_layouts_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let path = convert("qwen2-bias-f32", dir.path());
     let file = KilnFile::open(&path).unwrap();
     let imp = calibrate(&file, &corpus(), &options(true), &NoProgress).unwrap();
-    for dtype in [DType::Q5_0, DType::Q5_1] {
+    for dtype in [DType::Q5_0, DType::Q5_1, DType::IQ4_NL] {
         let mut rmse = Vec::new();
         for method in [Method::Search, Method::Gptq] {
             let out = dir.path().join(format!("{dtype}-{method}.kiln"));
