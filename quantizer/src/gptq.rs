@@ -374,7 +374,8 @@ fn quantize_row(row: &mut [f32], dtype: DType, f: &Factor, out: &mut [u8], deq: 
 /// offset, `level(q)` either `q + o` or, for IQ4_NL/IQ4_XS, GGML's 16 non-linear levels),
 /// exactly as the type's dequantizer computes them; the compensated rounding then
 /// picks the codes, and the blocks are written back with them. The scales are what GGML's
-/// weighted rule gives; only the codes differ from its output.
+/// weighted rule gives, except in the types whose layouts can store new ones (IQ4_NL,
+/// IQ4_XS): there [`crate::refit`] then fits them to the chosen codes.
 mod grid {
     use super::{round_compensated, Factor};
     use kiln_format::BlockKind;
