@@ -120,7 +120,7 @@ fn store(kind: &BlockKind, blocks: &[u8], scales: &[f64], group: usize) -> (Vec<
     let s: Vec<f32> = scales.iter().map(|&v| v as f32).collect();
     kind.set_scales(&mut out, &s)
         .expect("a type with scale setters");
-    let mut grids = Vec::with_capacity(blocks.len());
+    let mut grids = Vec::with_capacity(blocks.len() / kind.bytes * kind.weights);
     kind.code_grids(&out, &mut grids)
         .expect("a type with scale setters has code grids");
     let held = group_scales(&grids, group);
