@@ -132,7 +132,9 @@ impl CodeGrid {
             let t = (w - self.shift) / self.scale;
             match self.levels {
                 Some(l) => nearest_level(l, t),
-                None => t.round() as i32 - self.offset,
+                // Saturating: a value far off the grid (`t` past the `i32` range) takes the
+                // end code it is nearest, as the clamp below gives every other.
+                None => (t.round() as i32).saturating_sub(self.offset),
             }
         }
         .clamp(0, self.max);
@@ -206,8 +208,9 @@ pub trait BlockType: Pod {
     /// matrix: one non-negative weight per value), where the format crate has one.
     const WEIGHTED: Option<WeightedRow<Self>> = None;
     /// The weights' grids and how to set the codes, for types whose every weight decodes as
-    /// `level(q)·scale + shift` on a grid fixed by the block's scales (see [`CodeGrid`]) and
-    /// that have a [`BlockType::WEIGHTED`] rule to fit the scales.
+    /// `level(q)·scale + shift` on a grid fixed by the block's scales (see [`CodeGrid`]): what
+    /// a quantizer that fits the scales first (by [`BlockType::WEIGHTED`], or for Q8_0 and
+    /// Q4_0 by a search of its own) needs to choose the codes apart from them.
     const CODES: Option<Codes<Self>> = None;
 
     /// Quantize whole rows of `cols` values by GGML's reference rule (`quantize_row_*_ref`,
@@ -543,6 +546,25 @@ macro_rules! ggml_block {
     };
 }
 
+/// Q8_0: `q·d` for the signed 8-bit `q`, as codes `q + 128` in 0..=255.
+const Q8_0_CODES: Codes<BlockQ8_0> = Codes {
+    grids: |b, out| out.extend([CodeGrid::uniform(b.d.to_f32(), 0.0, -128, 255); QK]),
+    set: |b, q| {
+        for (s, &c) in b.qs.iter_mut().zip(q) {
+            *s = (i32::from(c) - 128) as i8;
+        }
+    },
+    scales: None,
+};
+
+/// Q4_0: `(q − 8)·d`, codes 0..=15, packed as IQ4_NL's indices (weight `j` in the low
+/// nibble of byte `j`, weight `j + 16` in its high nibble).
+const Q4_0_CODES: Codes<BlockQ4_0> = Codes {
+    grids: |b, out| out.extend([CodeGrid::uniform(b.d.to_f32(), 0.0, -8, 15); QK]),
+    set: |b, q| b.qs = iq4::pack_iq4_nl_codes(q.try_into().expect("a block's codes")),
+    scales: None,
+};
+
 /// Q5_0: `(q − 16)·d`, codes 0..=31.
 const Q5_0_CODES: Codes<BlockQ5_0> = Codes {
     grids: |b, out| {
@@ -683,9 +705,11 @@ const SCALE_AND_MIN: Scales = Scales {
 };
 
 ggml_block!(BlockQ8_0, Q8_0, QK, 8, Scales::one(ScaleFloat::F16, 0),
-    blocks::quantize_row_q8_0_ref, blocks::dequantize_row_q8_0, weighted: None, codes: None);
+    blocks::quantize_row_q8_0_ref, blocks::dequantize_row_q8_0,
+    weighted: None, codes: Some(Q8_0_CODES));
 ggml_block!(BlockQ4_0, Q4_0, QK, 2, Scales::one(ScaleFloat::F16, 0),
-    blocks::quantize_row_q4_0_ref, blocks::dequantize_row_q4_0, weighted: None, codes: None);
+    blocks::quantize_row_q4_0_ref, blocks::dequantize_row_q4_0,
+    weighted: None, codes: Some(Q4_0_CODES));
 ggml_block!(BlockQ5_0, Q5_0, QK, 6, Scales::one(ScaleFloat::F16, 0),
     q5::quantize_row_q5_0_ref, q5::dequantize_row_q5_0,
     weighted: Some(q5::quantize_row_q5_0_weighted), codes: Some(Q5_0_CODES));
@@ -957,9 +981,11 @@ mod tests {
         {
             let k = d.block();
             let mut bytes = Vec::new();
-            k.quantize_weighted(&x[..COLS], &w, &mut bytes)
-                .expect("types with code grids have a weighted rule")
-                .unwrap();
+            match k.quantize_weighted(&x[..COLS], &w, &mut bytes) {
+                Some(r) => r.unwrap(),
+                // Q8_0 and Q4_0: GGML has no weighted rule for them.
+                None => k.quantize_ref(&x[..COLS], COLS, &mut bytes).unwrap(),
+            }
             let mut grids = Vec::new();
             k.code_grids(&bytes, &mut grids).unwrap();
             assert_eq!(grids.len(), COLS, "{d}");
@@ -1057,6 +1083,10 @@ mod tests {
         assert_eq!(u.nearest(1.74), (5, 1.5));
         assert_eq!(u.nearest(100.0), (7, 2.5));
         assert_eq!(u.nearest(-100.0), (0, -1.0));
+        // Far past the `i32` range (a tiny scale): the end codes, not a wrapped offset.
+        let tiny = CodeGrid::uniform(1e-30, 0.0, -128, 255);
+        assert_eq!(tiny.nearest(1e10), (255, tiny.value(255)));
+        assert_eq!(tiny.nearest(-1e10), (0, tiny.value(0)));
         assert_eq!(
             CodeGrid::uniform(0.0, 0.25, -16, 31).nearest(3.0),
             (16, 0.25)

@@ -38,7 +38,6 @@
 use kiln_format::{BlockIQ4NL, BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 
 use crate::lanes::LaneWeight;
-use crate::table::Kernels;
 
 /// What the nibbles of an interleaved group index: Q4_0's codes `q + 8`, or IQ4_NL's grid.
 /// Everything that only moves bytes (the groups, unpacking a row, de-interleaving) is shared;
@@ -53,14 +52,6 @@ pub(crate) enum Codes {
 }
 
 impl Codes {
-    /// The tier's interleaved kernel for these codes, if it has one.
-    pub(crate) fn group(self, k: &Kernels) -> Option<Group> {
-        match self {
-            Codes::Q4_0 => k.group_q4_0x16,
-            Codes::IQ4_NL => k.group_iq4_nlx16,
-        }
-    }
-
     /// The unsigned offset of the codes the lanes kernel takes ([`LaneWeight::OFFSET`]).
     pub(crate) fn lanes_offset(self) -> i32 {
         match self {
@@ -210,6 +201,7 @@ pub(crate) fn unpack_interleaved_iq4_row(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::table::Kernels;
     use kiln_format::blocks::{interleave_q4_0, quantize_row_q4_0_ref, quantize_row_q8_0_ref};
     use kiln_format::iq4::{interleave_iq4_nl, quantize_row_iq4_nl_ref};
     use proptest::prelude::*;
@@ -421,7 +413,7 @@ mod tests {
                 .into_iter()
                 .flat_map(|c| crate::isa::tested_isas().into_iter().map(move |i| (c, i)))
             {
-                let Some(group) = crate::kernels(isa).and_then(|k| codes.group(k)) else {
+                let Some(group) = crate::kernels(isa).and_then(|k| k.interleaved_group(codes)) else {
                     continue;
                 };
                 let groups: &[BlockQ4_0x16] = match codes {

@@ -46,12 +46,11 @@
 //! `vpdpbusd` count for Q4_K, a quarter for Q6_K) and eight accumulators per (row, token)
 //! kept in memory.
 
+use kiln_format::iq4::iq4_xs_scale;
 use kiln_format::kquants::{
     q2_k_codes, q3_k_codes, q3_k_scales, q5_k_codes, q6_k_codes, K_SCALE_SIZE,
 };
 use kiln_format::{BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
-
-use crate::reference::iq4_xs_scale;
 
 use crate::lanes::{LanesAcc, LANES};
 use crate::tile::TILE_ROWS;

@@ -15,8 +15,9 @@
 //!   ([`dot_q8_0_q8_0`], [`dot_q4_0_q8_0`], [`dot_f16_f32`], [`dot_bf16_f32`]) cover the rest of
 //!   a forward pass.
 //! - The weight-conversion kernels serve the quantizer: [`decode_bf16`], and
-//!   [`quantize_blocks`] (GGML's reference Q8_0/Q4_0 rule with the round trip's [`ErrorStats`]
-//!   computed in the same pass, the same bits in every tier).
+//!   [`quantize_blocks`] (GGML's reference rule for any block type of one row, with the round
+//!   trip's [`ErrorStats`]: Q8_0 and Q4_0 in one fused pass, the same bits in every tier; the
+//!   other types by their rows of the format's block-type table).
 //! - [`isa`] is the instruction-set tier in use: the best the CPU has ([`Isa::Avx512`],
 //!   [`Isa::Avx2`], [`Isa::Neon`], [`Isa::Scalar`]), lowered by the `KILN_ISA` environment
 //!   variable ([`ISA_ENV`]; an unknown or unsupported name is ignored with a warning). Each tier
@@ -28,12 +29,17 @@
 //!   threshold of that choice is there, and [`matmul`], [`scores`], the tests and
 //!   `kiln-run bench --verbose` all ask it.
 //!
-//! Module map, in layers: a module imports only from layers below its own (unit tests
-//! excepted: they reach every tier through `dispatch`).
+//! Module map, in layers: a module imports from its own layer and those below, never from
+//! a layer above or through the crate root, and the imports form no circle (unit tests
+//! excepted: they reach every tier through `dispatch`). `tests/layers.rs` holds the code to
+//! this map.
 //!
 //! 1. Leaves: `isa` (tiers and their detection), `error`, `stats` ([`ErrorStats`], whose order
 //!    of additions the quantization kernels share), `stream` (prefetch distances), `pool`,
-//!    `matrix`, `shape` (the argument checks every tier's entry points share).
+//!    `matrix` ([`WeightData`], [`Matrix`]), `shape` (the argument checks every tier's entry
+//!    points share), `encoder` (LayerNorm, portable code with no tiers), and
+//!    `simd::x86::iq4` (IQ4 indices unpacked with `pshufb` behind its own feature check, not
+//!    a tier: what the lanes layouts unpack IQ4 rows with).
 //! 2. Operand layouts and kernel types: `tile` ([`TILE_ROWS`], the tile kernel types),
 //!    `lanes` (tokens in lanes for block and float weights), `klanes` (the same for K-quants),
 //!    `interleaved` (sixteen-row Q4_0).
@@ -157,7 +163,7 @@ pub fn decode_bf16(bytes: &[u8], out: &mut [f32]) {
     active().decode_bf16(bytes, out)
 }
 
-/// Quantize weights (whole 32-value blocks) to Q8_0 or Q4_0 with GGML's reference rule and
+/// Quantize weights (whole blocks) to a block type of one row with GGML's reference rule and
 /// accumulate their round-trip error; see [`Kernels::quantize_blocks`].
 pub fn quantize_blocks(
     dtype: kiln_format::DType,

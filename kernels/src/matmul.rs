@@ -31,7 +31,7 @@ use crate::lanes::{
     LanesAcc, LanesFn, FLOAT_ROWS, FLOAT_TILE, LANES,
 };
 use crate::matrix::{Matrix, WeightData};
-use crate::plan::{plan_for, Batching, Path};
+use crate::plan::{plan_for, Batching, Operand, Path};
 use crate::pool::Pool;
 #[cfg(target_arch = "x86_64")]
 use crate::simd::x86::float::transpose4;
@@ -194,7 +194,23 @@ impl Kernels {
             }
             return;
         }
-        /// Every matrix's elements as the encoding `$v` (all are, checked above).
+        let path = plan_for(self, first, n_tokens, batching);
+        self.run_encoding(ws, x, n_tokens, outs, pool, path)
+    }
+
+    /// Matrices of one encoding (`ws`, all as `ws[0]`, checked by the caller) along `path`:
+    /// each encoding's family of products with its kernels from this table, one line an
+    /// encoding.
+    fn run_encoding(
+        &self,
+        ws: &[&Matrix],
+        x: &[f32],
+        n: usize,
+        outs: &mut [&mut [f32]],
+        pool: &Pool,
+        path: Path,
+    ) {
+        /// Every matrix's elements as the encoding `$v`.
         macro_rules! all_as {
             ($v:ident) => {
                 ws.iter()
@@ -205,80 +221,40 @@ impl Kernels {
                     .collect::<Vec<_>>()
             };
         }
-        let n = n_tokens;
-        let path = plan_for(self, first, n, batching);
-        match first.data {
-            WeightData::F32(_) => {
-                let tile = self.tile_f32;
-                self.run_float(&all_as!(F32), x, n, outs, pool, tile, path)
+        /// Encoding `$v` through the family product `$run` with this table's kernels `$k`.
+        macro_rules! run {
+            ($v:ident, $run:ident, $k:expr) => {
+                self.$run(&all_as!($v), x, n, outs, pool, $k, path)
+            };
+        }
+        match ws[0].data {
+            WeightData::F32(_) => run!(F32, run_float, self.tile_f32),
+            WeightData::F16(_) => run!(F16, run_float, self.tile_f16),
+            WeightData::BF16(_) => run!(BF16, run_float, self.tile_bf16),
+            WeightData::Q8_0(_) => run!(Q8_0, run_quantized, (self.tile_q8_0, self.prepared_q8_0)),
+            WeightData::Q4_0(_) => run!(Q4_0, run_quantized, (self.tile_q4_0, self.prepared_q4_0)),
+            WeightData::Q5_0(_) => run!(Q5_0, run_quantized, (self.kq.q5_0, None)),
+            WeightData::IQ4_NL(_) => run!(IQ4_NL, run_quantized, (self.kq.iq4_nl, None)),
+            WeightData::Q4_K(_) => run!(Q4_K, run_q8_k_tiles, self.kq.q4_k),
+            WeightData::Q5_K(_) => run!(Q5_K, run_q8_k_tiles, self.kq.q5_k),
+            WeightData::Q6_K(_) => run!(Q6_K, run_q8_k_tiles, self.kq.q6_k),
+            WeightData::Q2_K(_) => run!(Q2_K, run_q8_k_tiles, self.kq.q2_k),
+            WeightData::Q3_K(_) => run!(Q3_K, run_q8_k_tiles, self.kq.q3_k),
+            WeightData::IQ4_XS(_) => run!(IQ4_XS, run_q8_k_tiles, self.kq.iq4_xs),
+            WeightData::Q5_1(_) => {
+                self.run_q8_0_tiles(&all_as!(Q5_1), x, n, outs, pool, self.kq.q5_1)
             }
-            WeightData::F16(_) => {
-                let tile = self.tile_f16;
-                self.run_float(&all_as!(F16), x, n, outs, pool, tile, path)
-            }
-            WeightData::BF16(_) => {
-                let tile = self.tile_bf16;
-                self.run_float(&all_as!(BF16), x, n, outs, pool, tile, path)
-            }
-            WeightData::Q8_0(_) => {
-                let tiles = (self.tile_q8_0, self.prepared_q8_0);
-                self.run_quantized(&all_as!(Q8_0), x, n, outs, pool, tiles, path)
-            }
-            WeightData::Q4_0(_) => {
-                let tiles = (self.tile_q4_0, self.prepared_q4_0);
-                self.run_quantized(&all_as!(Q4_0), x, n, outs, pool, tiles, path)
-            }
-            WeightData::Q4_0x16(_) => {
-                let ws = all_as!(Q4_0x16);
-                self.run_interleaved(&ws, Codes::Q4_0, x, n, outs, pool, path)
-            }
+            WeightData::Q4_0x16(_) => run!(Q4_0x16, run_interleaved, Codes::Q4_0),
             WeightData::IQ4_NLx16(_) => {
                 // The same bytes as Q4_0 groups (one layout); `Codes` says what they index.
                 let ws: Vec<(&[BlockQ4_0x16], usize)> = all_as!(IQ4_NLx16)
                     .into_iter()
                     .map(|(d, rows)| (bytemuck::cast_slice(d), rows))
                     .collect();
-                self.run_interleaved(&ws, Codes::IQ4_NL, x, n, outs, pool, path)
+                self.run_interleaved(&ws, x, n, outs, pool, Codes::IQ4_NL, path)
             }
             WeightData::IQ4_XSx16(_) => {
-                let ws = all_as!(IQ4_XSx16);
-                self.run_iq4_xsx16(&ws, x, n, outs, pool, path)
-            }
-            WeightData::Q5_0(_) => {
-                let tiles = (self.kq.q5_0, None);
-                self.run_quantized(&all_as!(Q5_0), x, n, outs, pool, tiles, path)
-            }
-            WeightData::Q5_1(_) => {
-                let tile = self.kq.q5_1;
-                self.run_q8_0_tiles(&all_as!(Q5_1), x, n, outs, pool, tile)
-            }
-            WeightData::Q4_K(_) => {
-                let tile = self.kq.q4_k;
-                self.run_q8_k_tiles(&all_as!(Q4_K), x, n, outs, pool, tile, path)
-            }
-            WeightData::Q5_K(_) => {
-                let tile = self.kq.q5_k;
-                self.run_q8_k_tiles(&all_as!(Q5_K), x, n, outs, pool, tile, path)
-            }
-            WeightData::Q6_K(_) => {
-                let tile = self.kq.q6_k;
-                self.run_q8_k_tiles(&all_as!(Q6_K), x, n, outs, pool, tile, path)
-            }
-            WeightData::Q2_K(_) => {
-                let tile = self.kq.q2_k;
-                self.run_q8_k_tiles(&all_as!(Q2_K), x, n, outs, pool, tile, path)
-            }
-            WeightData::Q3_K(_) => {
-                let tile = self.kq.q3_k;
-                self.run_q8_k_tiles(&all_as!(Q3_K), x, n, outs, pool, tile, path)
-            }
-            WeightData::IQ4_NL(_) => {
-                let tiles = (self.kq.iq4_nl, None);
-                self.run_quantized(&all_as!(IQ4_NL), x, n, outs, pool, tiles, path)
-            }
-            WeightData::IQ4_XS(_) => {
-                let tile = self.kq.iq4_xs;
-                self.run_q8_k_tiles(&all_as!(IQ4_XS), x, n, outs, pool, tile, path)
+                self.run_iq4_xsx16(&all_as!(IQ4_XSx16), x, n, outs, pool, path)
             }
         }
     }
@@ -292,11 +268,11 @@ impl Kernels {
     fn run_interleaved(
         &self,
         ws: &[(&[BlockQ4_0x16], usize)],
-        codes: Codes,
         x: &[f32],
         n_tokens: usize,
         outs: &mut [&mut [f32]],
         pool: &Pool,
+        codes: Codes,
         path: Path,
     ) {
         let cols = x.len() / n_tokens;
@@ -308,7 +284,9 @@ impl Kernels {
         ACT_Q8_0.with_borrow_mut(|xq| {
             self.quantize_tokens(x, cols, xq, pool);
             if let Path::Interleaved { tokens } = path {
-                let group = codes.group(self).expect("planned for the tier's kernel");
+                let group = self
+                    .interleaved_group(codes)
+                    .expect("planned for the tier's kernel");
                 return ACT_GROUP.with_borrow_mut(|gx| {
                     gx.clear();
                     gx.resize(n_tokens * nb, GroupX::ZERO);
@@ -414,7 +392,7 @@ impl Kernels {
     /// Block weights along `path`, the activations quantized to Q8_0 first (once for all the
     /// matrices) into the calling thread's reused buffer: through the lanes kernel
     /// ([`Path::Lanes`]), or [`run_tiles`] over the activations prepared for the tier's pair
-    /// kernel (`tiles.1`, [`Operand::Q8_0Pairs`](crate::Operand::Q8_0Pairs)) or over plain Q8_0.
+    /// kernel (`tiles.1`, [`Operand::Q8_0Pairs`]) or over plain Q8_0.
     #[allow(clippy::too_many_arguments)]
     fn run_quantized<W: LaneWeight + Sync>(
         &self,
@@ -441,7 +419,7 @@ impl Kernels {
                 Path::Tiles { operand, .. } => operand,
                 _ => panic!("block weights planned as {path}"),
             };
-            let Some(prepared) = tiles.1.filter(|_| operand == crate::Operand::Q8_0Pairs) else {
+            let Some(prepared) = tiles.1.filter(|_| operand == Operand::Q8_0Pairs) else {
                 return run_tiles(ws, nb, xq, nb, n_tokens, outs, pool, tiles.0);
             };
             ACT_PREPARED.with_borrow_mut(|xp| {

@@ -3,75 +3,83 @@
 use half::{bf16, f16};
 use kiln_format::{
     BlockIQ4NL, BlockIQ4NLx16, BlockIQ4XS, BlockIQ4XSx16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0,
-    BlockQ4_0x16, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, DType, GROUP_ROWS, QK,
+    BlockQ4_0x16, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, BlockType, DType,
+    GROUP_ROWS, QK,
 };
 
 use crate::error::KernelError;
 
-/// The elements of a row-major weight matrix, borrowed (usually from the mmap).
-#[derive(Debug, Clone, Copy)]
-#[allow(non_camel_case_types)] // the dtype names, as `DType` spells them
-pub enum WeightData<'a> {
+/// The weight encodings, listed once: each variant borrows a slice of one block type, and the
+/// enum, [`WeightData::as_bytes`] (and so the dtype, byte length and unit count) come from
+/// this list. A variant's dtype is its block type's row of the format's table
+/// ([`BlockType::DTYPE`]), checked at compile time to be the dtype of the same name.
+macro_rules! weight_data {
+    ($($(#[$doc:meta])* $v:ident($t:ty),)*) => {
+        /// The elements of a row-major weight matrix, borrowed (usually from the mmap).
+        #[derive(Debug, Clone, Copy)]
+        #[allow(non_camel_case_types)] // the dtype names, as `DType` spells them
+        pub enum WeightData<'a> {
+            $($(#[$doc])* $v(&'a [$t]),)*
+        }
+
+        impl<'a> WeightData<'a> {
+            /// The encoding's dtype and all its units' bytes, in storage order: the view every
+            /// other question about the encoding is answered from, through the dtype's row of
+            /// the block-type table ([`DType::block`]).
+            pub fn as_bytes(&self) -> (DType, &'a [u8]) {
+                match *self {
+                    $(WeightData::$v(d) => (<$t as BlockType>::DTYPE, bytemuck::cast_slice(d)),)*
+                }
+            }
+        }
+
+        $(const _: () = assert!(matches!(<$t as BlockType>::DTYPE, DType::$v));)*
+    };
+}
+
+weight_data! {
     /// `rows × cols` f32 values.
-    F32(&'a [f32]),
+    F32(f32),
     /// `rows × cols` f16 values.
-    F16(&'a [f16]),
+    F16(f16),
     /// `rows × cols` bf16 values.
-    BF16(&'a [bf16]),
+    BF16(bf16),
     /// `rows × cols / 32` Q8_0 blocks, each row a whole number of blocks.
-    Q8_0(&'a [BlockQ8_0]),
+    Q8_0(BlockQ8_0),
     /// `rows × cols / 32` Q4_0 blocks, each row a whole number of blocks.
-    Q4_0(&'a [BlockQ4_0]),
+    Q4_0(BlockQ4_0),
     /// The same Q4_0 blocks sixteen rows interleaved: `rows / 16 × cols / 32` groups, group
     /// `g·(cols/32) + b` holding block `b` of rows `16g..16g + 16`. `rows` is a multiple of 16.
-    Q4_0x16(&'a [BlockQ4_0x16]),
+    Q4_0x16(BlockQ4_0x16),
     /// `rows × cols / 32` Q5_0 blocks, each row a whole number of blocks.
-    Q5_0(&'a [BlockQ5_0]),
+    Q5_0(BlockQ5_0),
     /// `rows × cols / 32` Q5_1 blocks, each row a whole number of blocks.
-    Q5_1(&'a [BlockQ5_1]),
+    Q5_1(BlockQ5_1),
     /// `rows × cols / 256` Q4_K super-blocks, each row a whole number of them.
-    Q4_K(&'a [BlockQ4K]),
+    Q4_K(BlockQ4K),
     /// `rows × cols / 256` Q5_K super-blocks, each row a whole number of them.
-    Q5_K(&'a [BlockQ5K]),
+    Q5_K(BlockQ5K),
     /// `rows × cols / 256` Q6_K super-blocks, each row a whole number of them.
-    Q6_K(&'a [BlockQ6K]),
+    Q6_K(BlockQ6K),
     /// `rows × cols / 256` Q2_K super-blocks, each row a whole number of them.
-    Q2_K(&'a [BlockQ2K]),
+    Q2_K(BlockQ2K),
     /// `rows × cols / 256` Q3_K super-blocks, each row a whole number of them.
-    Q3_K(&'a [BlockQ3K]),
+    Q3_K(BlockQ3K),
     /// `rows × cols / 32` IQ4_NL blocks, each row a whole number of them.
-    IQ4_NL(&'a [BlockIQ4NL]),
+    IQ4_NL(BlockIQ4NL),
     /// `rows × cols / 256` IQ4_XS super-blocks, each row a whole number of them.
-    IQ4_XS(&'a [BlockIQ4XS]),
+    IQ4_XS(BlockIQ4XS),
     /// The same IQ4_NL blocks sixteen rows interleaved, grouped as [`WeightData::Q4_0x16`].
-    IQ4_NLx16(&'a [BlockIQ4NLx16]),
+    IQ4_NLx16(BlockIQ4NLx16),
     /// The same IQ4_XS super-blocks sixteen rows interleaved: `rows / 16 × cols / 256` groups,
     /// group `g·(cols/256) + b` holding super-block `b` of rows `16g..16g + 16`.
-    IQ4_XSx16(&'a [BlockIQ4XSx16]),
+    IQ4_XSx16(BlockIQ4XSx16),
 }
 
 impl WeightData<'_> {
     /// The encoding's dtype: its row of the format's block-type table ([`DType::block`]).
     pub fn dtype(&self) -> DType {
-        match self {
-            WeightData::F32(_) => DType::F32,
-            WeightData::F16(_) => DType::F16,
-            WeightData::BF16(_) => DType::BF16,
-            WeightData::Q8_0(_) => DType::Q8_0,
-            WeightData::Q4_0(_) => DType::Q4_0,
-            WeightData::Q4_0x16(_) => DType::Q4_0x16,
-            WeightData::Q5_0(_) => DType::Q5_0,
-            WeightData::Q5_1(_) => DType::Q5_1,
-            WeightData::Q4_K(_) => DType::Q4_K,
-            WeightData::Q5_K(_) => DType::Q5_K,
-            WeightData::Q6_K(_) => DType::Q6_K,
-            WeightData::Q2_K(_) => DType::Q2_K,
-            WeightData::Q3_K(_) => DType::Q3_K,
-            WeightData::IQ4_NL(_) => DType::IQ4_NL,
-            WeightData::IQ4_XS(_) => DType::IQ4_XS,
-            WeightData::IQ4_NLx16(_) => DType::IQ4_NLx16,
-            WeightData::IQ4_XSx16(_) => DType::IQ4_XSx16,
-        }
+        self.as_bytes().0
     }
 
     /// The encoding's name, for messages.
@@ -81,25 +89,14 @@ impl WeightData<'_> {
 
     /// Bytes of weight data (what a matvec must stream from memory).
     pub fn byte_len(&self) -> usize {
-        match self {
-            WeightData::F32(d) => std::mem::size_of_val(*d),
-            WeightData::F16(d) => std::mem::size_of_val(*d),
-            WeightData::BF16(d) => std::mem::size_of_val(*d),
-            WeightData::Q8_0(d) => std::mem::size_of_val(*d),
-            WeightData::Q4_0(d) => std::mem::size_of_val(*d),
-            WeightData::Q4_0x16(d) => std::mem::size_of_val(*d),
-            WeightData::Q5_0(d) => std::mem::size_of_val(*d),
-            WeightData::Q5_1(d) => std::mem::size_of_val(*d),
-            WeightData::Q4_K(d) => std::mem::size_of_val(*d),
-            WeightData::Q5_K(d) => std::mem::size_of_val(*d),
-            WeightData::Q6_K(d) => std::mem::size_of_val(*d),
-            WeightData::Q2_K(d) => std::mem::size_of_val(*d),
-            WeightData::Q3_K(d) => std::mem::size_of_val(*d),
-            WeightData::IQ4_NL(d) => std::mem::size_of_val(*d),
-            WeightData::IQ4_XS(d) => std::mem::size_of_val(*d),
-            WeightData::IQ4_NLx16(d) => std::mem::size_of_val(*d),
-            WeightData::IQ4_XSx16(d) => std::mem::size_of_val(*d),
-        }
+        self.as_bytes().1.len()
+    }
+
+    /// Storage units held: values for the float encodings, blocks, or sixteen-row groups for
+    /// the interleaved layouts.
+    pub fn units(&self) -> usize {
+        let (dtype, bytes) = self.as_bytes();
+        bytes.len() / dtype.block_bytes()
     }
 
     /// Weights per block of one row (1 for float encodings; 32 for `q4_0x16` and
@@ -124,97 +121,60 @@ pub struct Matrix<'a> {
 }
 
 impl<'a> Matrix<'a> {
-    /// Check that `data` holds exactly `rows × cols` weights (whole 32-weight blocks per row for
-    /// Q8_0, Q4_0, Q5_0, Q5_1 and IQ4_NL; whole 256-weight super-blocks for the K-quants and
-    /// IQ4_XS).
+    /// Check that `data` holds exactly `rows × cols` weights: whole blocks per row (32 weights
+    /// for Q8_0, Q4_0, Q5_0, Q5_1 and IQ4_NL, 256 for the K-quants and IQ4_XS), and whole
+    /// sixteen-row groups for the interleaved layouts. Everything is read from the dtype's row
+    /// of the block-type table.
     pub fn new(rows: usize, cols: usize, data: WeightData<'a>) -> Result<Self, KernelError> {
         let elems = rows
             .checked_mul(cols)
             .ok_or(KernelError::ShapeOverflow { rows, cols })?;
-        let (found, expected, unit) = match data {
-            WeightData::F32(d) => (d.len(), elems, "elements"),
-            WeightData::F16(d) => (d.len(), elems, "elements"),
-            WeightData::BF16(d) => (d.len(), elems, "elements"),
-            WeightData::Q8_0(_)
-            | WeightData::Q4_0(_)
-            | WeightData::Q4_0x16(_)
-            | WeightData::IQ4_NLx16(_) => {
-                if !cols.is_multiple_of(QK) {
-                    return Err(KernelError::ColsNotBlockMultiple {
-                        dtype: data.dtype_name(),
-                        cols,
-                    });
-                }
-                let interleaved = data.dtype().rows_per_unit() > 1;
-                if interleaved && !rows.is_multiple_of(GROUP_ROWS) {
-                    return Err(KernelError::RowsNotGroupMultiple {
-                        dtype: data.dtype_name(),
-                        plain: data.dtype().logical().name(),
-                        rows,
-                    });
-                }
-                let found = match data {
-                    WeightData::Q8_0(d) => d.len(),
-                    WeightData::Q4_0(d) => d.len(),
-                    // Counted in blocks: each group holds sixteen.
-                    WeightData::Q4_0x16(d) => d.len() * GROUP_ROWS,
-                    WeightData::IQ4_NLx16(d) => d.len() * GROUP_ROWS,
-                    _ => unreachable!("matched above"),
-                };
-                (found, elems / QK, "blocks")
-            }
-            WeightData::Q5_0(_)
-            | WeightData::Q5_1(_)
-            | WeightData::Q4_K(_)
-            | WeightData::Q5_K(_)
-            | WeightData::Q6_K(_)
-            | WeightData::Q2_K(_)
-            | WeightData::Q3_K(_)
-            | WeightData::IQ4_NL(_)
-            | WeightData::IQ4_XS(_)
-            | WeightData::IQ4_XSx16(_) => {
-                let block = data.block_len();
-                if !cols.is_multiple_of(block) {
-                    return Err(KernelError::ColsNotBlockLenMultiple {
-                        dtype: data.dtype_name(),
-                        cols,
-                        block,
-                    });
-                }
-                if data.dtype().rows_per_unit() > 1 && !rows.is_multiple_of(GROUP_ROWS) {
-                    return Err(KernelError::RowsNotGroupMultiple {
-                        dtype: data.dtype_name(),
-                        plain: data.dtype().logical().name(),
-                        rows,
-                    });
-                }
-                let found = match data {
-                    WeightData::Q5_0(d) => d.len(),
-                    WeightData::Q5_1(d) => d.len(),
-                    WeightData::Q4_K(d) => d.len(),
-                    WeightData::Q5_K(d) => d.len(),
-                    WeightData::Q6_K(d) => d.len(),
-                    WeightData::Q2_K(d) => d.len(),
-                    WeightData::Q3_K(d) => d.len(),
-                    WeightData::IQ4_NL(d) => d.len(),
-                    WeightData::IQ4_XS(d) => d.len(),
-                    // Counted in super-blocks: each group holds sixteen.
-                    WeightData::IQ4_XSx16(d) => d.len() * GROUP_ROWS,
-                    _ => unreachable!("matched above"),
-                };
-                (found, elems / block, "blocks")
-            }
-        };
+        let dtype = data.dtype();
+        let kind = dtype.block();
+        let block = data.block_len();
+        if !cols.is_multiple_of(block) {
+            return Err(cols_not_whole_blocks(dtype, cols, block));
+        }
+        if !rows.is_multiple_of(kind.rows) {
+            return Err(KernelError::RowsNotGroupMultiple {
+                dtype: dtype.name(),
+                plain: dtype.logical().name(),
+                rows,
+            });
+        }
+        // Counted in one row's blocks (values for the floats): a unit spanning sixteen rows
+        // holds one block of each.
+        let found = data.units() * kind.rows;
+        let expected = elems / block;
         if found != expected {
             return Err(KernelError::LengthMismatch {
                 rows,
                 cols,
                 expected,
                 found,
-                unit,
+                unit: if block == 1 { "elements" } else { "blocks" },
             });
         }
         Ok(Matrix { rows, cols, data })
+    }
+}
+
+/// The error for `cols` columns that are not whole blocks of `block` weights of `dtype`: Q8_0
+/// and Q4_0 blocks (and the interleaved layouts of 32-weight blocks) have the message without
+/// a fallback type to suggest, the other block types the one that names GGML's fallbacks.
+fn cols_not_whole_blocks(dtype: DType, cols: usize, block: usize) -> KernelError {
+    match dtype {
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_0x16 | DType::IQ4_NLx16 => {
+            KernelError::ColsNotBlockMultiple {
+                dtype: dtype.name(),
+                cols,
+            }
+        }
+        _ => KernelError::ColsNotBlockLenMultiple {
+            dtype: dtype.name(),
+            cols,
+            block,
+        },
     }
 }
 

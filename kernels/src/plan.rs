@@ -235,15 +235,11 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
         WeightData::Q5_1(_) => tiles(&k.kq.q5_1, Operand::Q8_0, n_tokens, cols),
         WeightData::IQ4_NL(_) if lanes(IQ4_NL_LANES_MIN_TOKENS) => Path::Lanes,
         WeightData::IQ4_NL(_) => tiles(&k.kq.iq4_nl, Operand::Q8_0, n_tokens, cols),
-        WeightData::Q2_K(_)
-        | WeightData::Q3_K(_)
-        | WeightData::Q4_K(_)
-        | WeightData::Q5_K(_)
-        | WeightData::Q6_K(_)
-        | WeightData::IQ4_XS(_)
-            if k.klanes.is_some()
-                && cols / QK_K > 0
-                && (texts || n_tokens >= klanes_min_tokens(&w.data)) =>
+        // The K-quant super-block types, as the block-type table's dtypes classify them.
+        _ if w.data.dtype().is_k_quant()
+            && k.klanes.is_some()
+            && cols / QK_K > 0
+            && (texts || n_tokens >= klanes_min_tokens(&w.data)) =>
         {
             Path::KLanes
         }
@@ -253,70 +249,80 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
         WeightData::Q2_K(_) => tiles(&k.kq.q2_k, Operand::Q8_K, n_tokens, cols),
         WeightData::Q3_K(_) => tiles(&k.kq.q3_k, Operand::Q8_K, n_tokens, cols),
         WeightData::IQ4_XS(_) => tiles(&k.kq.iq4_xs, Operand::Q8_K, n_tokens, cols),
-        WeightData::Q4_0x16(_) => {
-            if nb == 0 {
-                return Path::Empty;
-            }
-            // The lanes kernel takes interleaved rows, from a larger batch where the
-            // interleaved kernel is the alternative; independent tokens take it only there
-            // (the same bits).
-            let lanes = k.lanes.is_some()
-                && (joint || k.group_q4_0x16.is_some())
-                && match k.group_q4_0x16 {
-                    Some(_) => n_tokens >= INTERLEAVED_LANES_MIN_TOKENS,
-                    None => n_tokens >= LANES_MIN_TOKENS,
-                };
-            match (lanes, k.group_q4_0x16) {
-                (true, _) => Path::Lanes,
-                (false, Some(g)) => Path::Interleaved {
-                    tokens: n_tokens.min(g.tokens),
-                },
-                (false, None) => {
-                    let (tokens, wide) = tile_shape(&k.tile_q4_0, n_tokens, cols);
-                    Path::Deinterleaved { tokens, wide }
-                }
-            }
+        WeightData::Q4_0x16(_) => plan_q4_0x16(k, n_tokens, cols, batching),
+        WeightData::IQ4_XSx16(_) => plan_iq4_xsx16(k, n_tokens, cols, batching),
+        WeightData::IQ4_NLx16(_) => plan_iq4_nlx16(k, n_tokens, cols, batching),
+    }
+}
+
+/// [`plan_for`] of interleaved Q4_0 (`q4_0x16`).
+fn plan_q4_0x16(k: &Kernels, n_tokens: usize, cols: usize, batching: Batching) -> Path {
+    if cols / QK == 0 {
+        return Path::Empty;
+    }
+    // The lanes kernel takes interleaved rows, from a larger batch where the interleaved
+    // kernel is the alternative; independent tokens take it only there (the same bits).
+    let lanes = k.lanes.is_some()
+        && (batching == Batching::Joint || k.group_q4_0x16.is_some())
+        && match k.group_q4_0x16 {
+            Some(_) => n_tokens >= INTERLEAVED_LANES_MIN_TOKENS,
+            None => n_tokens >= LANES_MIN_TOKENS,
+        };
+    match (lanes, k.group_q4_0x16) {
+        (true, _) => Path::Lanes,
+        (false, Some(g)) => Path::Interleaved {
+            tokens: n_tokens.min(g.tokens),
+        },
+        (false, None) => {
+            let (tokens, wide) = tile_shape(&k.tile_q4_0, n_tokens, cols);
+            Path::Deinterleaved { tokens, wide }
         }
-        WeightData::IQ4_XSx16(_) => {
-            if cols / QK_K == 0 {
-                return Path::Empty;
-            }
-            // Every path gives the reference's bits (exact super-block sums, eight
-            // accumulators), so only speed decides, whatever the batching.
-            let klanes_from = interleaved_iq4_xs_klanes_from(k);
-            if k.klanes.is_some() && klanes_from.is_some_and(|m| texts || n_tokens >= m) {
-                return Path::KLanes;
-            }
-            match k.group_iq4_xsx16 {
-                Some(g) => Path::Interleaved {
-                    tokens: n_tokens.min(g.tokens),
-                },
-                None => {
-                    let (tokens, wide) = tile_shape(&k.kq.iq4_xs, n_tokens, cols);
-                    Path::Deinterleaved { tokens, wide }
-                }
-            }
+    }
+}
+
+/// [`plan_for`] of interleaved IQ4_XS (`iq4_xsx16`).
+fn plan_iq4_xsx16(k: &Kernels, n_tokens: usize, cols: usize, batching: Batching) -> Path {
+    if cols / QK_K == 0 {
+        return Path::Empty;
+    }
+    // Every path gives the reference's bits (exact super-block sums, eight accumulators), so
+    // only speed decides, whatever the batching.
+    let texts = batching == Batching::Texts;
+    let klanes_from = interleaved_iq4_xs_klanes_from(k);
+    if k.klanes.is_some() && klanes_from.is_some_and(|m| texts || n_tokens >= m) {
+        return Path::KLanes;
+    }
+    match k.group_iq4_xsx16 {
+        Some(g) => Path::Interleaved {
+            tokens: n_tokens.min(g.tokens),
+        },
+        None => {
+            let (tokens, wide) = tile_shape(&k.kq.iq4_xs, n_tokens, cols);
+            Path::Deinterleaved { tokens, wide }
         }
-        WeightData::IQ4_NLx16(_) => {
-            if nb == 0 {
-                return Path::Empty;
-            }
-            // The lanes kernel's bits (blocks added in order) are not the interleaved kernel's
-            // (eight accumulators, as the plain rows' tiles), so only a prompt or whole texts
-            // take it, as for plain IQ4_NL.
-            let lanes_from = interleaved_iq4_nl_lanes_from(k);
-            if k.lanes.is_some() && lanes_from.is_some_and(|m| texts || joint && n_tokens >= m) {
-                return Path::Lanes;
-            }
-            match k.group_iq4_nlx16 {
-                Some(g) => Path::Interleaved {
-                    tokens: n_tokens.min(g.tokens),
-                },
-                None => {
-                    let (tokens, wide) = tile_shape(&k.kq.iq4_nl, n_tokens, cols);
-                    Path::Deinterleaved { tokens, wide }
-                }
-            }
+    }
+}
+
+/// [`plan_for`] of interleaved IQ4_NL (`iq4_nlx16`).
+fn plan_iq4_nlx16(k: &Kernels, n_tokens: usize, cols: usize, batching: Batching) -> Path {
+    if cols / QK == 0 {
+        return Path::Empty;
+    }
+    // The lanes kernel's bits (blocks added in order) are not the interleaved kernel's (eight
+    // accumulators, as the plain rows' tiles), so only a prompt or whole texts take it, as for
+    // plain IQ4_NL.
+    let (joint, texts) = (batching == Batching::Joint, batching == Batching::Texts);
+    let lanes_from = interleaved_iq4_nl_lanes_from(k);
+    if k.lanes.is_some() && lanes_from.is_some_and(|m| texts || joint && n_tokens >= m) {
+        return Path::Lanes;
+    }
+    match k.group_iq4_nlx16 {
+        Some(g) => Path::Interleaved {
+            tokens: n_tokens.min(g.tokens),
+        },
+        None => {
+            let (tokens, wide) = tile_shape(&k.kq.iq4_nl, n_tokens, cols);
+            Path::Deinterleaved { tokens, wide }
         }
     }
 }
@@ -333,7 +339,7 @@ pub fn plan_for(k: &Kernels, w: &Matrix, n_tokens: usize, batching: Batching) ->
 /// - Without an interleaved kernel, from the same count, against the plain tiles.
 fn interleaved_iq4_nl_lanes_from(k: &Kernels) -> Option<usize> {
     match (k.group_iq4_nlx16, k.isa()) {
-        (Some(_), crate::Isa::Avx2) => None,
+        (Some(_), crate::isa::Isa::Avx2) => None,
         _ => Some(IQ4_NL_LANES_MIN_TOKENS),
     }
 }
@@ -350,7 +356,7 @@ fn interleaved_iq4_nl_lanes_from(k: &Kernels) -> Option<usize> {
 ///   interleaved kernel the alternative is the plain tiles.
 fn interleaved_iq4_xs_klanes_from(k: &Kernels) -> Option<usize> {
     match (k.group_iq4_xsx16, k.isa()) {
-        (Some(_), crate::Isa::Avx2) => None,
+        (Some(_), crate::isa::Isa::Avx2) => None,
         _ => Some(IQ4_XS_LANES_MIN_TOKENS),
     }
 }

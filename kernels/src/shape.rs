@@ -1,7 +1,7 @@
 //! The argument checks every tier's entry points share, so the kernels behind them may read
 //! the ranges they check unchecked.
 
-use kiln_format::{DType, QK};
+use kiln_format::DType;
 
 /// Check the lengths of a [`Kernels::weighted_sum`] call: `v` and `out` are whole rows of
 /// `width` values, and every row's probabilities
@@ -36,16 +36,19 @@ pub(crate) fn weighted_sum_shape<T>(
     );
 }
 
-/// Check the arguments of a [`Kernels::quantize_blocks`] call: a block dtype it covers and
-/// whole blocks. Every tier's entry point calls this first.
+/// Check the arguments of a [`Kernels::quantize_blocks`] call: a block type of one row (its
+/// row of the block-type table says) and whole blocks. Every tier's entry point calls this
+/// first.
 pub(crate) fn quantize_blocks_shape(dtype: DType, x: &[f32]) {
+    let kind = dtype.block();
     assert!(
-        matches!(dtype, DType::Q8_0 | DType::Q4_0),
-        "quantize_blocks: {dtype} is not Q8_0 or Q4_0"
+        dtype.is_quantized() && kind.rows == 1,
+        "quantize_blocks: {dtype} is not a block type of one row"
     );
     assert!(
-        x.len().is_multiple_of(QK),
-        "quantize_blocks: {} values are not whole blocks of {QK}",
-        x.len()
+        x.len().is_multiple_of(kind.weights),
+        "quantize_blocks: {} values are not whole blocks of {}",
+        x.len(),
+        kind.weights
     );
 }

@@ -15,7 +15,7 @@ use kiln_format::{
     BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, DType, QK,
 };
 
-use crate::interleaved::Group;
+use crate::interleaved::{Codes, Group};
 use crate::isa::Isa;
 use crate::klanes::KLanesFn;
 use crate::kquant::{KTiles, SCALAR_TILES};
@@ -297,11 +297,12 @@ impl Kernels {
         (self.decode_bf16)(bytes, out)
     }
 
-    /// Quantize `x` (whole 32-value blocks) to Q8_0 or Q4_0 with GGML's reference rule,
-    /// appending the blocks to `out` and their round-trip error to `stats`: exactly
-    /// [`reference::quantize_blocks_ref`](crate::reference::quantize_blocks_ref), bytes and
-    /// statistics, in every tier. `Err(b)` when block `b`'s f16 scale overflows; `out` then
-    /// holds a partial result to discard. Panics if `dtype` is not Q8_0/Q4_0 or `x` is not
+    /// Quantize `x` (whole blocks) to `dtype`, any block type of one row, with GGML's
+    /// reference rule, appending the blocks to `out` and their round-trip error to `stats`:
+    /// exactly [`reference::quantize_blocks_ref`](crate::reference::quantize_blocks_ref),
+    /// bytes and statistics, in every tier (Q8_0 and Q4_0 through the tier's fused loop where
+    /// it has one). `Err(b)` when block `b`'s f16 scales overflow; `out` then holds a partial
+    /// result to discard. Panics if `dtype` is not a block type of one row or `x` is not
     /// whole blocks.
     pub fn quantize_blocks(
         &self,
@@ -311,6 +312,16 @@ impl Kernels {
         stats: &mut ErrorStats,
     ) -> Result<(), usize> {
         (self.quantize_blocks)(dtype, x, out, stats)
+    }
+}
+
+impl Kernels {
+    /// The tier's kernel for sixteen interleaved rows of `codes`, if it has one.
+    pub(crate) fn interleaved_group(&self, codes: Codes) -> Option<Group> {
+        match codes {
+            Codes::Q4_0 => self.group_q4_0x16,
+            Codes::IQ4_NL => self.group_iq4_nlx16,
+        }
     }
 }
 

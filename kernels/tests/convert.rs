@@ -1,6 +1,7 @@
-//! The weight-conversion kernels (bf16 decoding, GGML's reference Q8_0/Q4_0 quantization
-//! with round-trip statistics) give the reference's bits in every supported tier: bytes,
-//! statistics, and the failing block when a scale overflows.
+//! The weight-conversion kernels (bf16 decoding, GGML's reference quantization with
+//! round-trip statistics: Q8_0/Q4_0 fused, the other block types by their rows of the
+//! block-type table) give the reference's bits in every supported tier: bytes, statistics,
+//! and the failing block when a scale overflows.
 
 use kiln_format::DType;
 use kiln_kernels::reference as r;
@@ -150,8 +151,43 @@ fn quantize_blocks_reference_is_the_format_rule() {
     );
 }
 
+/// Every other block type of one row: in every tier, its row's reference rule (the bytes the
+/// format crate gives), the statistics of the values against its row's dequantizer, and the
+/// first block whose scales overflow, with the blocks before it counted.
 #[test]
-#[should_panic(expected = "not Q8_0 or Q4_0")]
+fn quantize_blocks_of_other_types_are_their_rows() {
+    let x: Vec<f32> = (0..2 * 256)
+        .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+        .collect();
+    let others = DType::ALL.into_iter().filter(|d| {
+        d.is_quantized() && d.rows_per_unit() == 1 && !matches!(d, DType::Q8_0 | DType::Q4_0)
+    });
+    for dtype in others {
+        let kind = dtype.block();
+        let mut want = Vec::new();
+        kind.quantize_ref(&x, x.len(), &mut want).unwrap();
+        let mut y = vec![0.0f32; x.len()];
+        kind.dequantize(&want, x.len(), &mut y);
+        let mut want_stats = ErrorStats::default();
+        want_stats.add(&x, &y);
+        // The second block's scales overflow f16.
+        let mut big = x.clone();
+        big[kind.weights..2 * kind.weights].fill(1e12);
+        for k in tiers() {
+            let (mut got, mut stats) = (Vec::new(), ErrorStats::default());
+            k.quantize_blocks(dtype, &x, &mut got, &mut stats).unwrap();
+            assert_eq!(got, want, "{dtype} {:?}", k.isa());
+            assert_eq!(stats, want_stats, "{dtype} {:?}", k.isa());
+            let (mut got, mut stats) = (Vec::new(), ErrorStats::default());
+            let r = k.quantize_blocks(dtype, &big, &mut got, &mut stats);
+            assert_eq!(r, Err(1), "{dtype} {:?}", k.isa());
+            assert_eq!(stats.count, kind.weights as u64, "{dtype}: block 0 counted");
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "not a block type of one row")]
 fn quantize_blocks_rejects_float_dtypes() {
     let _ = kiln_kernels::quantize_blocks(
         DType::F16,

@@ -38,18 +38,20 @@ use kiln_format::io::read_exact_at;
 use kiln_format::layout::ALIGNMENT;
 use kiln_format::values::decode_rows_f32;
 use kiln_format::{DType, KilnFile, TensorInfo};
+use kiln_kernels::ErrorStats;
 use kiln_runner::Model;
 use rayon::prelude::*;
 
 use crate::error::{QuantizeError, Result};
-use crate::gptq::{self, Factor};
+use crate::factor::{self, Factor};
+use crate::gptq;
 use crate::importance::Importance;
 use crate::method::Method;
-use crate::pipeline::{decode_values, Progress};
+use crate::pipeline::decode_values;
 use crate::policy::{Action, Policy};
+use crate::report::{bits_per_weight, Progress};
 use crate::rows::convert_rows;
 use crate::sensitivity::Probe;
-use crate::ErrorStats;
 
 /// Bits per weight of the rounding [`Probe`] measures each matrix at: the first candidate of
 /// at least this size (Q4_0, IQ4_NL or Q4_K), near the budgets people ask for, where the
@@ -180,7 +182,7 @@ impl Plan {
 
     /// Bits of tensor data per weight.
     pub fn bits_per_weight(&self) -> f64 {
-        crate::pipeline::bits_per_weight(self.total_bytes, self.elements)
+        bits_per_weight(self.total_bytes, self.elements)
     }
 
     /// How many matrices got each type, largest count first (`q4_k ×120, q6_k ×3`).
@@ -280,7 +282,7 @@ pub fn plan(
             (Some(m), Some(site)) => Some(
                 factors
                     .entry(site.clone())
-                    .or_insert_with(|| Arc::new(gptq::factor(m, cols)))
+                    .or_insert_with(|| Arc::new(factor::factor(m, cols)))
                     .clone(),
             ),
             _ => None,
@@ -408,7 +410,7 @@ fn solve(plan: &mut Plan, label: &str) -> Result<()> {
                     plan.budget,
                     plan.budget_bytes,
                     smallest + plan.fixed_bytes,
-                    crate::pipeline::bits_per_weight(smallest + plan.fixed_bytes, plan.elements)
+                    bits_per_weight(smallest + plan.fixed_bytes, plan.elements)
                 ),
             });
         }

@@ -27,8 +27,8 @@ use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 use crate::error::{QuantizeError, Result};
-use crate::importance::{CalibrationInfo, Importance};
-use crate::pipeline::Progress;
+use crate::importance::{CalibrationInfo, Importance, PROBE_TOKENS};
+use crate::report::Progress;
 
 /// Default number of calibration tokens.
 pub const DEFAULT_TOKENS: usize = 12 * 1024;
@@ -258,7 +258,7 @@ fn calibrate_tokens(
             chunks: windows.len() as u64,
             ctx: ctx as u64,
         },
-        probe: tokens[..tokens.len().min(crate::sensitivity::PROBE_TOKENS)].to_vec(),
+        probe: tokens[..tokens.len().min(PROBE_TOKENS)].to_vec(),
     })
 }
 

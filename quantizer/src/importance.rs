@@ -25,7 +25,7 @@
 //!   (the header checksum of the model it was measured on), `text_sha256`, `tokens`, `chunks`,
 //!   `ctx`, and `sites`: a JSON object mapping each matrix name to its input site; optionally
 //!   `probe_tokens`, a JSON array of the first calibration token ids (at most
-//!   [`crate::sensitivity::PROBE_TOKENS`]), which `--to auto` runs the model on to weigh each
+//!   [`PROBE_TOKENS`]), which `--to auto` runs the model on to weigh each
 //!   matrix's error in the logits ([`crate::sensitivity`]).
 //!
 //! Loading checks every field: names must be canonical, lengths must match, values must be
@@ -55,6 +55,11 @@ const MAX_FILE_BYTES: u64 = 1 << 40;
 /// far beyond any model's. Larger finite values (3e38) would overflow the quantizer's
 /// weighted sums to infinity, which then looks like a fault of the model's tensor.
 pub const MAX_MEAN_SQUARE: f32 = 1e20;
+/// Calibration tokens the probe runs (one window from an empty cache), and the most an
+/// importance file keeps: enough for the KL-divergence of one matrix's rounding to rank
+/// matrices apart by their orders of magnitude ([`crate::sensitivity`]), few enough that a
+/// forward pass per matrix is a fraction of the candidates' quantization.
+pub const PROBE_TOKENS: usize = 256;
 
 /// How the statistics were measured (recorded in the file and in the output's provenance).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -82,7 +87,7 @@ pub struct Importance {
     pub moments: BTreeMap<String, Arc<Vec<f32>>>,
     /// How it was measured.
     pub info: CalibrationInfo,
-    /// The first calibration tokens (at most [`crate::sensitivity::PROBE_TOKENS`]; empty in
+    /// The first calibration tokens (at most [`PROBE_TOKENS`]; empty in
     /// files written before they were kept).
     pub probe: Vec<u32>,
 }
@@ -196,13 +201,13 @@ impl Importance {
                 )
             })?,
         };
-        if probe.len() > crate::sensitivity::PROBE_TOKENS {
+        if probe.len() > PROBE_TOKENS {
             return Err(bad(
                 path,
                 format!(
                     "metadata `probe_tokens` holds {} ids; at most {} are kept",
                     probe.len(),
-                    crate::sensitivity::PROBE_TOKENS
+                    PROBE_TOKENS
                 ),
             ));
         }
@@ -450,10 +455,7 @@ mod tests {
             },
             "diagonal",
         );
-        rejects(
-            |i| i.probe = vec![0; crate::sensitivity::PROBE_TOKENS + 1],
-            "probe_tokens",
-        );
+        rejects(|i| i.probe = vec![0; PROBE_TOKENS + 1], "probe_tokens");
     }
 
     #[test]

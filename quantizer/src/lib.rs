@@ -7,20 +7,42 @@
 //!   Q4_K_M/Q5_K_M rules ([`policy::Mix`]), vectors to F32, rows that do not fit the blocks to
 //!   llama.cpp's fallback types; and how the output stores it ([`Decision::storage`]: a
 //!   Q4_0 matrix of whole sixteen-row groups as `q4_0x16`, the runner's one-token layout).
-//! - [`Method`] ([`method`]) turns one block of 32 values into GGML's Q8_0/Q4_0 layout: the
-//!   bit-exact GGML reference rule or a least-squares scale search, both taking optional
-//!   per-column importance weights.
+//! - [`Method`] ([`method`]) says how blocks choose their scales: GGML's bit-exact reference
+//!   rule, GGML's importance-weighted rules, or Kiln's least-squares scale search for Q8_0 and
+//!   Q4_0. Every block type is quantized through its row of the format's block-type table
+//!   ([`kiln_format::BlockKind`]) by the [`method::Rule`] a method takes for it.
 //! - [`rows::convert_rows`] converts whole rows to any dtype (`q4_0x16` for whole
-//!   sixteen-row groups; Q5_0, Q5_1, Q4_K, Q5_K and Q6_K by the format crate's bit-exact GGML
-//!   references `kiln_format::{q5, kquants}`), rejecting NaN/Inf, and
+//!   sixteen-row groups; every block type by its row's rules), rejecting NaN/Inf, and
 //!   accumulates the round-trip [`ErrorStats`] in the same pass. GGML's reference rule and bf16
 //!   decoding are the kernels crate's dispatched SIMD kernels (`kiln_kernels::quantize_blocks`,
 //!   `kiln_kernels::decode_bf16`, one `KILN_ISA` switch for every program).
-//! - [`quantize_file`] ([`pipeline`]) streams a file through them: positioned reads of chunks of
-//!   rows, rayon over tensors and chunks, the format crate's atomic checksumming `KilnWriter`,
-//!   and a provenance step recording what was done. It reports progress through the
-//!   [`Progress`] trait and returns a [`Report`] ([`report`]): per-tensor RMSE, max abs error and
-//!   SNR, and the totals.
+//! - [`gptq`] rounds calibrated matrices with error compensation through their inputs'
+//!   second moments, factored by [`factor`]; [`refit`] refits the scales of the types whose
+//!   layouts can store new ones.
+//! - [`quantize_file`] ([`pipeline`]) streams a file through them as [`QuantizeOptions`]
+//!   ([`options`]) say: positioned reads of chunks of rows, rayon over tensors and chunks, the
+//!   format crate's atomic checksumming `KilnWriter`, and a provenance step recording what was
+//!   done. It reports progress through the [`Progress`] trait and returns a [`Report`]
+//!   ([`report`]): per-tensor RMSE, max abs error and SNR, and the totals.
+//! - [`calibrate`] measures the importance statistics ([`importance`]) a run can take;
+//!   [`sensitivity`] and [`budget`] choose per-matrix types for `--to auto`.
+//!
+//! Module map, in layers: a module imports from its own layer and those below, never from
+//! a layer above or through the crate root, and the imports form no circle (unit tests
+//! excepted). `tests/layers.rs` holds the code to this map.
+//!
+//! 1. Leaves: `error`, `method` (the methods and their rules over the block-type table),
+//!    `factor` (the factored second moments).
+//! 2. Rules over values: `policy` (each tensor's dtype), `importance` (calibration's
+//!    statistics and their file), `rows` (rows to any dtype), `refit` (scales through the
+//!    factor).
+//! 3. `gptq` (compensated rounding), `options` (what a run is asked to do).
+//! 4. `report` (what a run did, and its progress callbacks).
+//! 5. `calibrate` (running the model over a text for the statistics).
+//! 6. `sensitivity` (each matrix's rounding weighed in the logits).
+//! 7. `pipeline` (a file through all of it).
+//! 8. `budget` (`--to auto`: the types a size budget buys, trying candidates through the
+//!    pipeline's pieces).
 //!
 //! The binary (`src/main.rs`) only parses arguments, draws the progress bar and prints the
 //! report. The policy is documented in `docs/QUANTIZE.md`.
@@ -28,9 +50,11 @@
 pub mod budget;
 pub mod calibrate;
 pub mod error;
+pub mod factor;
 pub mod gptq;
 pub mod importance;
 pub mod method;
+pub mod options;
 pub mod pipeline;
 pub mod policy;
 pub mod refit;
@@ -41,6 +65,7 @@ pub mod sensitivity;
 pub use error::{QuantizeError, Result};
 pub use kiln_kernels::ErrorStats;
 pub use method::Method;
-pub use pipeline::{quantize_file, NoProgress, Progress, QuantizeOptions, CHUNK_ELEMENTS, TOOL};
+pub use options::{QuantizeOptions, TOOL};
+pub use pipeline::{quantize_file, CHUNK_ELEMENTS};
 pub use policy::{Action, Decision, Override, Policy, Target};
-pub use report::{Report, TensorReport};
+pub use report::{NoProgress, Progress, Report, TensorReport};

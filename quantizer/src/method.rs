@@ -15,12 +15,18 @@
 //!   (weighted) squared error, never one worse than the reference block.
 //!
 //! Importance weights: every block function takes `Option<&[f32; QK]>`, one non-negative weight
-//! per column of the row the block covers. Today the command passes `None` (every weight 1);
-//! calibrated quantization will pass per-column activation statistics through the same path.
-//! The reference method ignores the weights by definition (it is GGML's rule).
+//! per column of the row the block covers (`None`: every weight 1), from calibration's
+//! per-column activation statistics. The reference method ignores the weights by definition
+//! (it is GGML's rule).
+//!
+//! Every block type is quantized the same way, through its row of the format's block-type
+//! table ([`BlockKind`]): a [`Rule`] says which of the row's rules a [`Method`] takes (GGML's
+//! reference rule, GGML's importance-weighted rule) or Kiln's scale search, which this module
+//! adds for the two types GGML has no weighted rule for ([`search_rule`]: Q8_0 and Q4_0).
 
 use half::f16;
 use kiln_format::blocks::{BlockQ4_0, BlockQ8_0, QK};
+use kiln_format::{BlockKind, BlockType, DType};
 
 /// How the scale and codes of a block are chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -207,6 +213,102 @@ pub fn quantize_block_q4_0(method: Method, x: &[f32; QK], w: Option<&[f32; QK]>)
                 None => reference,
             }
         }
+    }
+}
+
+/// Kiln's scale search over whole rows of one block type, appending the blocks' bytes to `out`:
+/// each block by the type's [`Method::Search`], with its columns' `importance` weights when
+/// given (one per column of the row).
+pub type SearchRow = fn(row: &[f32], importance: Option<&[f32]>, out: &mut Vec<u8>);
+
+/// A block type Kiln has a scale search for.
+trait Searched: BlockType {
+    /// One block by [`Method::Search`].
+    fn search(x: &[f32; QK], w: Option<&[f32; QK]>) -> Self;
+}
+
+impl Searched for BlockQ8_0 {
+    fn search(x: &[f32; QK], w: Option<&[f32; QK]>) -> Self {
+        quantize_block_q8_0(Method::Search, x, w)
+    }
+}
+
+impl Searched for BlockQ4_0 {
+    fn search(x: &[f32; QK], w: Option<&[f32; QK]>) -> Self {
+        quantize_block_q4_0(Method::Search, x, w)
+    }
+}
+
+fn search_row<T: Searched>(row: &[f32], importance: Option<&[f32]>, out: &mut Vec<u8>) {
+    for (b, x) in row.chunks_exact(QK).enumerate() {
+        let x: &[f32; QK] = x.try_into().expect("QK chunk");
+        let w = importance.map(|w| w[b * QK..(b + 1) * QK].try_into().expect("QK chunk"));
+        out.extend_from_slice(bytemuck::bytes_of(&T::search(x, w)));
+    }
+}
+
+/// The block types Kiln has a scale search for, by dtype.
+const SEARCHES: [(DType, SearchRow); 2] = [
+    (BlockQ8_0::DTYPE, search_row::<BlockQ8_0>),
+    (BlockQ4_0::DTYPE, search_row::<BlockQ4_0>),
+];
+
+/// Kiln's scale search for rows of `kind`, where it has one (Q8_0 and Q4_0).
+pub fn search_rule(kind: &BlockKind) -> Option<SearchRow> {
+    SEARCHES
+        .iter()
+        .find(|(dtype, _)| *dtype == kind.dtype)
+        .map(|&(_, search)| search)
+}
+
+/// How one row of a block type is quantized: one of the rules of its row of the block-type
+/// table, or Kiln's scale search.
+#[derive(Debug, Clone, Copy)]
+pub enum Rule<'a> {
+    /// GGML's reference rule ([`BlockKind::quantize_ref`]).
+    Reference,
+    /// GGML's importance-weighted rule ([`BlockKind::quantize_weighted`]), these weights.
+    Weighted(&'a [f32]),
+    /// Kiln's scale search ([`search_rule`]), importance-weighted when weights are given.
+    Search(SearchRow, Option<&'a [f32]>),
+}
+
+impl<'a> Rule<'a> {
+    /// The rule `method` takes for rows of `kind` with per-column `importance`: the reference
+    /// for [`Method::Reference`]; otherwise Kiln's search where the type has one (with or
+    /// without importance), the type's weighted rule where it has one and there is
+    /// importance, and the reference where neither applies.
+    pub fn choose(kind: &BlockKind, method: Method, importance: Option<&'a [f32]>) -> Rule<'a> {
+        match (method, importance) {
+            (Method::Reference, _) => Rule::Reference,
+            (_, None) => search_rule(kind).map_or(Rule::Reference, |s| Rule::Search(s, None)),
+            (_, Some(w)) => Rule::weighted(kind, w).unwrap_or(Rule::Reference),
+        }
+    }
+
+    /// The rule that fits rows of `kind` to importance weights `w`: Kiln's search where the
+    /// type has one, else GGML's weighted rule; `None` if the type has neither.
+    pub fn weighted(kind: &BlockKind, w: &'a [f32]) -> Option<Rule<'a>> {
+        match search_rule(kind) {
+            Some(search) => Some(Rule::Search(search, Some(w))),
+            None => kind.has_weighted().then_some(Rule::Weighted(w)),
+        }
+    }
+
+    /// Quantize `row` (finite values, whole blocks of `kind`, which has this rule), appending
+    /// the blocks' bytes to `out`.
+    pub fn quantize_row(self, kind: &BlockKind, row: &[f32], out: &mut Vec<u8>) {
+        match self {
+            Rule::Reference => kind.quantize_ref(row, row.len(), out),
+            Rule::Weighted(w) => kind
+                .quantize_weighted(row, w, out)
+                .expect("a type with a weighted rule"),
+            Rule::Search(search, w) => {
+                search(row, w, out);
+                Ok(())
+            }
+        }
+        .expect("a finite row of whole blocks")
     }
 }
 

@@ -2,7 +2,8 @@
 //!
 //! [`quantize_file`] runs in three steps:
 //!
-//! 1. open and validate the input ([`KilnFile::open`]); decide every tensor ([`Policy`]);
+//! 1. open and validate the input ([`KilnFile::open`]); decide every tensor
+//!    ([`Policy`](crate::Policy));
 //! 2. plan the output with [`KilnWriter::create`] (metadata = the input's, plus one
 //!    [`ProvenanceStep`] whose input sha256 is a fixed-width placeholder, filled in with
 //!    [`KilnWriter::replace_metadata`] from a whole-file hash that runs alongside the
@@ -24,7 +25,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -35,17 +36,19 @@ use kiln_format::{
     hex, DType, FormatError, KilnFile, KilnWriter, ProvenanceStep, SourceFile, TensorInfo,
     TensorSpec,
 };
+use kiln_kernels::ErrorStats;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 use crate::error::{QuantizeError, Result};
-use crate::gptq::{self, Factor};
+use crate::factor::{factor, Factor};
+use crate::gptq;
 use crate::importance::Importance;
 use crate::method::Method;
-use crate::policy::{Action, Decision, Policy, POLICY_DESCRIPTION};
-use crate::report::{Report, TensorReport};
+use crate::options::{QuantizeOptions, TOOL};
+use crate::policy::{Action, Decision, POLICY_DESCRIPTION};
+use crate::report::{Progress, Report, TensorReport};
 use crate::rows::{convert_rows, ValueError};
-use crate::ErrorStats;
 
 /// Target number of values per chunk: 64 Ki values = 256 KiB of f32, large enough to amortise
 /// the per-chunk work, small enough that a wave per thread stays in the L2/L3 caches.
@@ -59,61 +62,6 @@ const WAVE_PER_THREAD: usize = 4;
 /// How often the output's written data is flushed while tensors are converted (see
 /// [`with_writeback`]).
 const WRITEBACK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(30);
-
-/// The tool name and version recorded in provenance.
-pub const TOOL: &str = concat!("kiln-quantize ", env!("CARGO_PKG_VERSION"));
-
-/// What to quantize, and how.
-#[derive(Debug, Clone)]
-pub struct QuantizeOptions {
-    /// The source `.kiln`.
-    pub input: PathBuf,
-    /// The destination `.kiln` (must differ from `input`).
-    pub output: PathBuf,
-    /// Which dtype each tensor gets.
-    pub policy: Policy,
-    /// How blocks choose their scale.
-    pub method: Method,
-    /// Worker threads; `None` uses rayon's default (all cores or `RAYON_NUM_THREADS`).
-    pub threads: Option<usize>,
-    /// Replace an existing output.
-    pub overwrite: bool,
-    /// Calibration statistics ([`Importance`]): per-column weights by tensor name steer the
-    /// scale choice of those tensors' blocks. `None`: every weight is 1.
-    pub importance: Option<Importance>,
-}
-
-impl QuantizeOptions {
-    /// Options with the defaults: reference method, default threads, no overwrite.
-    pub fn new(input: impl Into<PathBuf>, output: impl Into<PathBuf>, policy: Policy) -> Self {
-        QuantizeOptions {
-            input: input.into(),
-            output: output.into(),
-            policy,
-            method: Method::Reference,
-            threads: None,
-            overwrite: false,
-            importance: None,
-        }
-    }
-}
-
-/// Progress callbacks; every method has an empty default. Called from worker threads.
-pub trait Progress: Sync {
-    /// A phase starts (`"quantizing"`, `"finishing"`) with `total` units (values for
-    /// quantizing, 0 when not measurable).
-    fn phase(&self, _name: &str, _total: u64) {}
-    /// `n` more units of the current phase are done.
-    fn advance(&self, _n: u64) {}
-    /// A tensor is finished.
-    fn tensor_done(&self, _tensor: &TensorReport) {}
-}
-
-/// A [`Progress`] that ignores everything.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoProgress;
-
-impl Progress for NoProgress {}
 
 /// Quantize `options.input` into `options.output`.
 pub fn quantize_file(options: &QuantizeOptions, progress: &dyn Progress) -> Result<Report> {
@@ -143,48 +91,15 @@ fn run(options: &QuantizeOptions, progress: &dyn Progress) -> Result<Report> {
         .importance
         .as_ref()
         .map_or(&no_importance, |i| &i.columns);
-    for (name, w) in columns {
-        let info = input
-            .info(name)
-            .ok_or_else(|| FormatError::TensorNotFound {
-                file: label.clone(),
-                tensor: name.clone(),
-            })?;
-        let cols = info.shape.last().copied().unwrap_or(1);
-        if w.len() as u64 != cols {
-            return Err(QuantizeError::ImportanceLength {
-                tensor: name.clone(),
-                expected: cols,
-                found: w.len() as u64,
-            });
-        }
-    }
+    check_importance(&input, &label, columns)?;
 
-    let file = File::open(&options.input).map_err(|e| QuantizeError::Io {
-        file: label.clone(),
-        action: "cannot open",
-        source: e,
-    })?;
+    let file = open_input(&options.input, &label)?;
     // The whole-file sha256 for provenance is computed while the tensors are quantized; the
     // metadata holds a placeholder of the same width until then.
-    let placeholder = "0".repeat(64);
+    let step = |sha256: &str| provenance_step(options, &options.input, &input, &decisions, sha256);
     let mut metadata = input.metadata().clone();
-    metadata.provenance.push(provenance_step(
-        options,
-        &options.input,
-        &input,
-        &decisions,
-        &placeholder,
-    ));
-    let specs = tensors
-        .iter()
-        .zip(&decisions)
-        .map(|(t, d)| TensorSpec {
-            name: t.name.clone(),
-            dtype: d.storage,
-            shape: t.shape.clone(),
-        })
-        .collect();
+    metadata.provenance.push(step(&"0".repeat(64)));
+    let specs = storage_specs(tensors, &decisions);
     let mut writer = KilnWriter::create(&options.output, &metadata, specs, options.overwrite)?;
 
     let total: u64 = tensors.iter().map(TensorInfo::numel).sum();
@@ -192,14 +107,7 @@ fn run(options: &QuantizeOptions, progress: &dyn Progress) -> Result<Report> {
     // Largest first, so the long tensors start early and the small ones fill the gaps.
     let mut order: Vec<usize> = (0..tensors.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(tensors[i].numel()));
-    let factors: BTreeMap<String, OnceLock<Arc<Factor>>> = match &options.importance {
-        Some(imp) if options.method == Method::Gptq => imp
-            .moments
-            .keys()
-            .map(|k| (k.clone(), OnceLock::new()))
-            .collect(),
-        _ => BTreeMap::new(),
-    };
+    let factors = gptq_sites(options);
     let ctx = Ctx {
         file: &file,
         label: &label,
@@ -231,13 +139,7 @@ fn run(options: &QuantizeOptions, progress: &dyn Progress) -> Result<Report> {
     let input_sha256 = input_sha256?;
     reports.sort_by_key(|(i, _)| *i);
     metadata.provenance.pop();
-    metadata.provenance.push(provenance_step(
-        options,
-        &options.input,
-        &input,
-        &decisions,
-        &input_sha256,
-    ));
+    metadata.provenance.push(step(&input_sha256));
     writer.replace_metadata(&metadata)?;
 
     progress.phase("finishing", 0);
@@ -253,6 +155,66 @@ fn run(options: &QuantizeOptions, progress: &dyn Progress) -> Result<Report> {
         [hash_seconds, finish_seconds, start.elapsed().as_secs_f64()],
         rayon::current_num_threads(),
     ))
+}
+
+/// The input file, for the positioned reads of its tensors and its hash.
+fn open_input(path: &Path, label: &str) -> Result<File> {
+    File::open(path).map_err(|e| QuantizeError::Io {
+        file: label.to_string(),
+        action: "cannot open",
+        source: e,
+    })
+}
+
+/// The output's tensors: the input's, each in its decision's storage dtype.
+fn storage_specs(tensors: &[TensorInfo], decisions: &[Decision]) -> Vec<TensorSpec> {
+    tensors
+        .iter()
+        .zip(decisions)
+        .map(|(t, d)| TensorSpec {
+            name: t.name.clone(),
+            dtype: d.storage,
+            shape: t.shape.clone(),
+        })
+        .collect()
+}
+
+/// Check that every tensor with importance weights is in `input`, one weight per column.
+fn check_importance(
+    input: &KilnFile,
+    label: &str,
+    columns: &BTreeMap<String, Vec<f32>>,
+) -> Result<()> {
+    for (name, w) in columns {
+        let info = input
+            .info(name)
+            .ok_or_else(|| FormatError::TensorNotFound {
+                file: label.to_string(),
+                tensor: name.clone(),
+            })?;
+        let cols = info.shape.last().copied().unwrap_or(1);
+        if w.len() as u64 != cols {
+            return Err(QuantizeError::ImportanceLength {
+                tensor: name.clone(),
+                expected: cols,
+                found: w.len() as u64,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The matrices whose rounding is compensated ([`Method::Gptq`] with measured second
+/// moments), each with a place for its factor, computed when its tensor is reached.
+fn gptq_sites(options: &QuantizeOptions) -> BTreeMap<String, OnceLock<Arc<Factor>>> {
+    match &options.importance {
+        Some(imp) if options.method == Method::Gptq => imp
+            .moments
+            .keys()
+            .map(|k| (k.clone(), OnceLock::new()))
+            .collect(),
+        _ => BTreeMap::new(),
+    }
 }
 
 /// Run `work` while a helper thread flushes what has been written to `writer` every
@@ -555,7 +517,7 @@ impl Ctx<'_> {
                 ),
             });
         }
-        let f = self.factors[site].get_or_init(|| Arc::new(gptq::factor(moment, cols)));
+        let f = self.factors[site].get_or_init(|| Arc::new(factor(moment, cols)));
         let mut out = Vec::with_capacity(numel / 32 * decision.dtype.block_bytes());
         let deq = gptq::quantize_matrix(&x, cols, decision.dtype, f, &mut out);
         let mut stats = ErrorStats::default();
@@ -610,15 +572,6 @@ impl Ctx<'_> {
                 },
             }
         }
-    }
-}
-
-/// Bits of storage per weight over a set of tensors.
-pub fn bits_per_weight(bytes: u64, elements: u64) -> f64 {
-    if elements == 0 {
-        0.0
-    } else {
-        bytes as f64 * 8.0 / elements as f64
     }
 }
 

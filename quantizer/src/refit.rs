@@ -15,7 +15,7 @@
 
 use kiln_format::block_type::{BlockKind, CodeGrid};
 
-use crate::gptq::Factor;
+use crate::factor::{solve_spd, Factor};
 
 /// The row's output error as a function of its group scales `s`, for fixed codes:
 /// `(w − A·s)ᵀ·H·(w − A·s) = wᵀHw − 2·sᵀr + sᵀGs`, with `A`'s column `k` the levels of group
@@ -98,7 +98,7 @@ impl Quadratic {
                 r[u] = keep[u];
             }
         }
-        crate::gptq::solve_spd(&mut g, &mut r, p).ok()?;
+        solve_spd(&mut g, &mut r, p).ok()?;
         r.iter()
             .all(|t| t.is_finite())
             .then(|| (0..m).map(|k| r[k / per_unit] * base[k]).collect())
@@ -203,7 +203,7 @@ pub fn refit_row(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gptq::tests::{inputs, rng, second_moment};
+    use crate::factor::tests::{inputs, rng, second_moment};
     use kiln_format::DType;
 
     /// `(w − y)ᵀ·H·(w − y)` through the regularised `H` of `f`, formed densely.
@@ -250,7 +250,7 @@ mod tests {
         let n = 512;
         let rows = 16;
         let x = inputs(2048, n, &mut seed);
-        let f = crate::gptq::factor(&second_moment(&x, n), n);
+        let f = crate::factor::factor(&second_moment(&x, n), n);
         let w: Vec<f32> = (0..rows * n).map(|_| rng(&mut seed) * 0.1).collect();
         for dtype in [DType::IQ4_NL, DType::IQ4_XS] {
             let kind = dtype.block();
@@ -284,7 +284,7 @@ mod tests {
         let n = 256;
         let mut seed = 9u64;
         let x = inputs(1024, n, &mut seed);
-        let f = crate::gptq::factor(&second_moment(&x, n), n);
+        let f = crate::factor::factor(&second_moment(&x, n), n);
         let w: Vec<f32> = (0..n).map(|j| (j as f32 * 0.37).sin()).collect();
         let kind = DType::IQ4_XS.block();
         let (mut blocks, mut deq) = weighted(kind, &w);

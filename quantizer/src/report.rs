@@ -1,14 +1,41 @@
 //! What a run did: one [`TensorReport`] per tensor and the totals in [`Report`], printable as a
-//! table ([`Report::table`]) or serialized as JSON (`serde`).
+//! table ([`Report::table`]) or serialized as JSON (`serde`); and how a run reports as it goes,
+//! the [`Progress`] callbacks.
 
 use std::fmt::Write;
 
 use kiln_format::{DType, TensorInfo};
+use kiln_kernels::ErrorStats;
 use serde::Serialize;
 
-use crate::pipeline::{bits_per_weight, QuantizeOptions, TOOL};
+use crate::options::{QuantizeOptions, TOOL};
 use crate::policy::{Action, Decision};
-use crate::ErrorStats;
+
+/// Progress callbacks; every method has an empty default. Called from worker threads.
+pub trait Progress: Sync {
+    /// A phase starts (`"quantizing"`, `"finishing"`) with `total` units (values for
+    /// quantizing, 0 when not measurable).
+    fn phase(&self, _name: &str, _total: u64) {}
+    /// `n` more units of the current phase are done.
+    fn advance(&self, _n: u64) {}
+    /// A tensor is finished.
+    fn tensor_done(&self, _tensor: &TensorReport) {}
+}
+
+/// A [`Progress`] that ignores everything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoProgress;
+
+impl Progress for NoProgress {}
+
+/// Bits of storage per weight over a set of tensors.
+pub fn bits_per_weight(bytes: u64, elements: u64) -> f64 {
+    if elements == 0 {
+        0.0
+    } else {
+        bytes as f64 * 8.0 / elements as f64
+    }
+}
 
 /// One tensor's conversion and its error against the source.
 #[derive(Debug, Clone, PartialEq, Serialize)]

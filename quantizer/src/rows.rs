@@ -6,11 +6,11 @@
 //! quantizes, and accumulates [`ErrorStats`] of `x` against what a reader will decode.
 
 use half::{bf16, f16};
-use kiln_format::blocks::{GROUP_ROWS, QK};
+use kiln_format::blocks::GROUP_ROWS;
 use kiln_format::{BlockKind, DType};
+use kiln_kernels::ErrorStats;
 
-use crate::method::{quantize_block_q4_0, quantize_block_q8_0, Method};
-use crate::ErrorStats;
+use crate::method::{Method, Rule};
 
 /// Why a run of values could not be converted; positions are relative to the run.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -32,10 +32,12 @@ pub enum ValueError {
 /// (IQ4_NL): the same blocks, the same statistics, written sixteen rows interleaved, so `x`
 /// must then hold whole sixteen-row groups.
 ///
-/// `importance`, when given, holds one non-negative weight per column (length `cols`) and steers
-/// [`Method::Search`] for Q8_0/Q4_0; for Q5_0, Q5_1 and the K-quants any method but
-/// [`Method::Reference`] takes GGML's importance-weighted rules (what `llama-quantize
-/// --imatrix` does). It is ignored by [`Method::Reference`] and by plain float dtypes.
+/// Every block type goes through its row of the block-type table by the rule `method` takes
+/// for it ([`Rule::choose`]). `importance`, when given, holds one non-negative weight per
+/// column (length `cols`) and steers Kiln's [`Method::Search`] for Q8_0/Q4_0; for the other
+/// block types any method but [`Method::Reference`] takes GGML's importance-weighted rules
+/// (what `llama-quantize --imatrix` does). It is ignored by [`Method::Reference`] and by
+/// plain float dtypes.
 ///
 /// # Panics
 /// If `x.len()` is not a multiple of `cols`, if `importance` has the wrong length, if `dtype`
@@ -74,38 +76,11 @@ pub fn convert_rows(
             out.extend_from_slice(bytemuck::cast_slice(x));
             stats.add(x, x);
         }
-        DType::F16 => {
-            let mut y = vec![0.0f32; x.len()];
-            out.reserve(x.len() * 2);
-            for (i, (&v, yv)) in x.iter().zip(y.iter_mut()).enumerate() {
-                let h = f16::from_f32(v);
-                if h.is_infinite() {
-                    return Err(ValueError::F16Overflow {
-                        position: i,
-                        value: v,
-                    });
-                }
-                *yv = h.to_f32();
-                out.extend_from_slice(&h.to_le_bytes());
-            }
-            stats.add(x, &y);
-        }
-        DType::BF16 => {
-            let mut y = vec![0.0f32; x.len()];
-            out.reserve(x.len() * 2);
-            for (&v, yv) in x.iter().zip(y.iter_mut()) {
-                let h = bf16::from_f32(v);
-                *yv = h.to_f32();
-                out.extend_from_slice(&h.to_le_bytes());
-            }
-            stats.add(x, &y);
-        }
-        DType::Q8_0 | DType::Q4_0 => {
-            assert_eq!(cols % QK, 0, "block rows must be a multiple of {QK}");
-            out.reserve(x.len() / QK * dtype.block_bytes());
-            quantize_rows(x, cols, dtype, method, importance, out, stats)?;
-        }
-        DType::Q4_0x16 | DType::IQ4_NLx16 | DType::IQ4_XSx16 => {
+        DType::F16 => encode_f16(x, out, stats)?,
+        DType::BF16 => encode_bf16(x, out, stats),
+        // The interleaved layouts (units spanning sixteen rows: `q4_0x16`, `iq4_nlx16`,
+        // `iq4_xsx16`).
+        _ if dtype.rows_per_unit() > 1 => {
             let block = dtype.logical().block_len();
             assert_eq!(cols % block, 0, "block rows must be a multiple of {block}");
             assert!(
@@ -119,10 +94,9 @@ pub fn convert_rows(
             convert_rows(x, cols, logical, method, importance, &mut plain, stats)?;
             out.extend_from_slice(&dtype.to_storage(cols, &plain));
         }
-        // Every other block type by its row of the table: GGML's reference rule, or its
-        // importance-weighted rule when there is importance and the method is not the
-        // reference. (Above, the floats differ in what they report, F16's overflow per value,
-        // and Q8_0/Q4_0 have the quantizer's own scale searches and the kernels' SIMD rule.)
+        // Every block type of one row through its row of the table, by the rule the method
+        // takes for it ([`Rule::choose`]). (Above, the floats differ in what they report,
+        // F16's overflow per value.)
         _ => {
             let kind = dtype.block();
             assert_eq!(kind.rows, 1, "a block type of one row");
@@ -134,11 +108,9 @@ pub fn convert_rows(
             );
             out.reserve(x.len() / kind.weights * kind.bytes);
             let start = out.len();
-            let weighted =
-                importance.filter(|_| method != Method::Reference && kind.has_weighted());
-            let r = match weighted {
-                None => quantize_ggml_blocks(x, cols, kind, out, stats),
-                Some(w) => quantize_ggml_weighted(x, cols, w, kind, out, stats),
+            let r = match Rule::choose(kind, method, importance) {
+                Rule::Reference => quantize_reference(x, kind, out, stats),
+                rule => quantize_by_rule(x, cols, rule, kind, out, stats),
             };
             r.inspect_err(|_| out.truncate(start))?;
         }
@@ -146,14 +118,45 @@ pub fn convert_rows(
     Ok(())
 }
 
-/// Quantize whole rows with the type's importance-weighted rule (the format crate's
-/// `quantize_row_*_weighted`, bit for bit with GGML's `quantize_<type>` given an importance
-/// matrix), one row at a time (Q5_0/Q5_1 weigh by the row's mean square), dequantize and
-/// accumulate the error.
-fn quantize_ggml_weighted(
+/// `x` as f16 (round to nearest even), appended to `out`, and the round trip's error;
+/// `Err` at the first finite value that becomes infinite (what was written is to discard).
+fn encode_f16(x: &[f32], out: &mut Vec<u8>, stats: &mut ErrorStats) -> Result<(), ValueError> {
+    let mut y = vec![0.0f32; x.len()];
+    out.reserve(x.len() * 2);
+    for (i, (&v, yv)) in x.iter().zip(y.iter_mut()).enumerate() {
+        let h = f16::from_f32(v);
+        if h.is_infinite() {
+            return Err(ValueError::F16Overflow {
+                position: i,
+                value: v,
+            });
+        }
+        *yv = h.to_f32();
+        out.extend_from_slice(&h.to_le_bytes());
+    }
+    stats.add(x, &y);
+    Ok(())
+}
+
+/// `x` as bf16 (round to nearest even), appended to `out`, and the round trip's error.
+fn encode_bf16(x: &[f32], out: &mut Vec<u8>, stats: &mut ErrorStats) {
+    let mut y = vec![0.0f32; x.len()];
+    out.reserve(x.len() * 2);
+    for (&v, yv) in x.iter().zip(y.iter_mut()) {
+        let h = bf16::from_f32(v);
+        *yv = h.to_f32();
+        out.extend_from_slice(&h.to_le_bytes());
+    }
+    stats.add(x, &y);
+}
+
+/// Quantize whole rows one at a time by `rule` (GGML's importance-weighted rule, bit for bit
+/// with GGML's `quantize_<type>` given an importance matrix, or Kiln's scale search),
+/// dequantize them with the type's reference dequantizer and accumulate the error.
+fn quantize_by_rule(
     x: &[f32],
     cols: usize,
-    importance: &[f32],
+    rule: Rule,
     kind: &BlockKind,
     out: &mut Vec<u8>,
     stats: &mut ErrorStats,
@@ -161,9 +164,7 @@ fn quantize_ggml_weighted(
     let mut y = vec![0.0f32; cols];
     for (r, row) in x.chunks_exact(cols).enumerate() {
         let start = out.len();
-        kind.quantize_weighted(row, importance, out)
-            .expect("called for types with a weighted rule")
-            .expect("a finite row of whole blocks, checked by the caller");
+        rule.quantize_row(kind, row, out);
         if let Err(b) = finite_units(kind, &out[start..]) {
             let n = kind.weights;
             return Err(ValueError::ScaleOverflow {
@@ -192,100 +193,31 @@ fn max_abs(x: &[f32]) -> f32 {
     x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
 }
 
-/// Quantize whole rows with the type's reference rule (the format crate's
-/// `quantize_row_*_ref`, GGML's bit for bit), dequantize them with the format crate's
-/// reference dequantizer and accumulate the error. Blocks never straddle rows (rows are whole
-/// blocks), so the blocks of the concatenated rows are the rows' blocks.
-fn quantize_ggml_blocks(
+/// Quantize whole rows with the type's reference rule (GGML's, bit for bit) and accumulate the
+/// round trip's error, through the kernels crate's dispatched [`kiln_kernels::quantize_blocks`]
+/// (a fused SIMD loop for the types a tier has one for, the row's reference rule and
+/// dequantizer for the others; the same bits in every tier). Blocks never straddle rows
+/// (rows are whole blocks), so the blocks of the concatenated rows are the rows' blocks.
+fn quantize_reference(
     x: &[f32],
-    cols: usize,
     kind: &BlockKind,
     out: &mut Vec<u8>,
     stats: &mut ErrorStats,
 ) -> Result<(), ValueError> {
-    let start = out.len();
-    kind.quantize_ref(x, cols, out)
-        .expect("finite rows of whole blocks, checked by the caller");
-    if let Err(b) = finite_units(kind, &out[start..]) {
+    kiln_kernels::quantize_blocks(kind.dtype, x, out, stats).map_err(|b| {
         let n = kind.weights;
-        return Err(ValueError::ScaleOverflow {
+        ValueError::ScaleOverflow {
             position: b * n,
             value: max_abs(&x[b * n..(b + 1) * n]),
-        });
-    }
-    let mut y = vec![0.0f32; x.len()];
-    kind.dequantize(&out[start..], cols, &mut y);
-    stats.add(x, &y);
-    Ok(())
-}
-
-/// Quantize whole rows to Q8_0/Q4_0 blocks with `method`, dequantize each block and
-/// accumulate the error. GGML's reference rule goes to the kernels crate's dispatched
-/// [`kiln_kernels::quantize_blocks`] (SIMD where the CPU has it, the same bits in every tier);
-/// the other methods are per-block searches ([`crate::method`]) in plain code.
-fn quantize_rows(
-    x: &[f32],
-    cols: usize,
-    dtype: DType,
-    method: Method,
-    importance: Option<&[f32]>,
-    out: &mut Vec<u8>,
-    stats: &mut ErrorStats,
-) -> Result<(), ValueError> {
-    if method == Method::Reference {
-        return kiln_kernels::quantize_blocks(dtype, x, out, stats)
-            .map_err(|b| scale_overflow(out, b * QK, &x[b * QK..(b + 1) * QK]));
-    }
-    let mut y = [0.0f32; QK];
-    for (r, row) in x.chunks_exact(cols).enumerate() {
-        for (b, xb) in row.chunks_exact(QK).enumerate() {
-            let xb: &[f32; QK] = xb.try_into().expect("QK chunk");
-            let w: Option<&[f32; QK]> =
-                importance.map(|w| w[b * QK..(b + 1) * QK].try_into().expect("QK chunk"));
-            let d = if dtype == DType::Q8_0 {
-                let block = quantize_block_q8_0(method, xb, w);
-                let d = block.d.to_f32();
-                for (o, &q) in y.iter_mut().zip(&block.qs) {
-                    *o = f32::from(q) * d;
-                }
-                out.extend_from_slice(bytemuck::bytes_of(&block));
-                block.d
-            } else {
-                let block = quantize_block_q4_0(method, xb, w);
-                let d = block.d.to_f32();
-                for j in 0..QK / 2 {
-                    y[j] = (i32::from(block.qs[j] & 0x0f) - 8) as f32 * d;
-                    y[j + QK / 2] = (i32::from(block.qs[j] >> 4) - 8) as f32 * d;
-                }
-                out.extend_from_slice(bytemuck::bytes_of(&block));
-                block.d
-            };
-            if !d.is_finite() {
-                out.clear();
-                return Err(ValueError::ScaleOverflow {
-                    position: r * cols + b * QK,
-                    value: max_abs(xb),
-                });
-            }
-            stats.add(xb, &y);
         }
-    }
-    Ok(())
-}
-
-/// Error for a block whose f16 scale overflowed; clears what was written.
-#[cold]
-fn scale_overflow(out: &mut Vec<u8>, position: usize, xb: &[f32]) -> ValueError {
-    out.clear();
-    ValueError::ScaleOverflow {
-        position,
-        value: max_abs(xb),
-    }
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::method::{quantize_block_q4_0, quantize_block_q8_0};
+    use kiln_format::QK;
 
     #[test]
     fn f16_overflow_is_reported_not_written() {

@@ -22,12 +22,9 @@ use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 
+use crate::calibrate::matrix_sites;
 use crate::error::{QuantizeError, Result};
-
-/// Calibration tokens the probe runs (one window from an empty cache): enough for the
-/// KL-divergence of one matrix's rounding to rank matrices apart by their orders of magnitude,
-/// few enough that a forward pass per matrix is a fraction of the candidates' quantization.
-pub const PROBE_TOKENS: usize = 256;
+use crate::importance::PROBE_TOKENS;
 
 /// Where a matrix's rounding enters the forward pass.
 #[derive(Debug, Clone)]
@@ -168,7 +165,7 @@ fn log_softmax(v: &mut [f32]) {
 /// Where each quantizable matrix of `file` enters the forward pass.
 fn sites(file: &KilnFile) -> BTreeMap<String, Sites> {
     let arch = file.metadata().config.architecture;
-    let inputs = crate::calibrate::matrix_sites(file);
+    let inputs = matrix_sites(file);
     let names: Vec<&str> = file.tensors().iter().map(|t| t.name.as_str()).collect();
     let tied = !names.contains(&Role::LmHead.suffix());
     let mut out = BTreeMap::new();

@@ -427,13 +427,9 @@ pub fn dot_iq4_nl_q8_0_seq_ref(w: &[BlockIQ4NL], x: &[BlockQ8_0]) -> f32 {
     })
 }
 
-/// IQ4_XS sub-block `s`'s scale, `ls − 32` (−32..=31).
-#[inline]
-pub fn iq4_xs_scale(w: &BlockIQ4XS, s: usize) -> i32 {
-    let lo = (w.scales_l[s / 2] >> (4 * (s % 2))) & 0x0f;
-    let hi = (w.scales_h >> (2 * s)) & 3;
-    (i32::from(lo) | i32::from(hi) << 4) - 32
-}
+/// IQ4_XS sub-block `s`'s scale, `ls − 32` (−32..=31): the format crate's decoding of the
+/// layout, which the lanes layouts ([`crate::klanes`]) read as well.
+pub use kiln_format::iq4::iq4_xs_scale;
 
 /// `Σ_s (ls_s − 32)·Σ_{j∈s} grid[q_j]·x_j` of an IQ4_XS block (eight sub-blocks of 32) against
 /// a Q8_K block (exact).
@@ -573,18 +569,21 @@ pub fn decode_bf16_ref(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Quantize `x` (whole 32-value blocks, rows laid end to end) to Q8_0 or Q4_0 blocks with
-/// GGML's reference rule ([`kiln_format::blocks::quantize_block_q8_0_ref`],
-/// [`kiln_format::blocks::quantize_block_q4_0_ref`]), appending the blocks' bytes to `out`
-/// and the round trip of each block (`x` against its dequantized block) to `stats` with
-/// [`ErrorStats::add`], block by block.
+/// Quantize `x` (whole blocks of a block type of one row, rows laid end to end) with GGML's
+/// reference rule, appending the blocks' bytes to `out` and the round trip (`x` against its
+/// dequantized blocks) to `stats` with [`ErrorStats::add`], block by block: Q8_0 and Q4_0,
+/// the types the SIMD tiers have a fused loop for, with the format crate's block functions
+/// ([`kiln_format::blocks::quantize_block_q8_0_ref`],
+/// [`kiln_format::blocks::quantize_block_q4_0_ref`]), which define every input's bits; every
+/// other type through its row of the block-type table ([`kiln_format::BlockKind`]).
 ///
-/// `Err(b)` when block `b`'s scale is not finite in f16 (its largest magnitude is beyond
+/// `Err(b)` when block `b`'s scales are not finite in f16 (its largest magnitude is beyond
 /// what the format can scale); blocks before it have been written and counted, and callers
 /// discard the partial output.
 ///
 /// # Panics
-/// If `dtype` is not Q8_0 or Q4_0, or `x.len()` is not a multiple of 32.
+/// If `dtype` is not a block type of one row, `x` is not whole blocks, or, for the types
+/// other than Q8_0 and Q4_0, `x` holds NaN or an infinity (their rows reject them).
 pub fn quantize_blocks_ref(
     dtype: DType,
     x: &[f32],
@@ -592,6 +591,9 @@ pub fn quantize_blocks_ref(
     stats: &mut ErrorStats,
 ) -> Result<(), usize> {
     crate::shape::quantize_blocks_shape(dtype, x);
+    if !matches!(dtype, DType::Q8_0 | DType::Q4_0) {
+        return quantize_blocks_by_row(dtype.block(), x, out, stats);
+    }
     let mut y = [0.0f32; QK];
     for (b, xb) in x.chunks_exact(QK).enumerate() {
         let xb: &[f32; QK] = xb.try_into().expect("QK chunk");
@@ -612,4 +614,27 @@ pub fn quantize_blocks_ref(
         stats.add(xb, &y);
     }
     Ok(())
+}
+
+/// [`quantize_blocks_ref`] for a type without a fused loop: the row's reference rule over
+/// all of `x`, then the blocks before the first with a non-finite scale dequantized and
+/// counted.
+fn quantize_blocks_by_row(
+    kind: &kiln_format::BlockKind,
+    x: &[f32],
+    out: &mut Vec<u8>,
+    stats: &mut ErrorStats,
+) -> Result<(), usize> {
+    let start = out.len();
+    kind.quantize_ref(x, x.len(), out)
+        .expect("finite values: the caller checks them");
+    let units = &out[start..];
+    let bad = units
+        .chunks_exact(kind.bytes)
+        .position(|u| !kind.scales_finite(u));
+    let good = bad.unwrap_or(x.len() / kind.weights);
+    let mut y = vec![0.0f32; good * kind.weights];
+    kind.dequantize(&units[..good * kind.bytes], kind.weights, &mut y);
+    stats.add(&x[..y.len()], &y);
+    bad.map_or(Ok(()), Err)
 }

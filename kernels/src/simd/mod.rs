@@ -22,9 +22,9 @@ pub(crate) mod x86;
 /// The safe wrappers of the SIMD tiers call this before their `unsafe` kernel calls.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) fn check_tile<'a, R, X, const T: usize>(
-    rows: &[&[R]; crate::TILE_ROWS],
+    rows: &[&[R]; crate::tile::TILE_ROWS],
     xs: &'a [&'a [X]],
-    out: &[[f32; crate::TILE_ROWS]],
+    out: &[[f32; crate::tile::TILE_ROWS]],
 ) -> &'a [&'a [X]; T] {
     let xs: &[&[X]; T] = xs.try_into().expect("tile: wrong token count");
     assert!(out.len() == T, "tile: wrong output count");

@@ -18,7 +18,8 @@ use kiln_format::{DType, QK};
 use crate::reference;
 use crate::stats::ErrorStats;
 
-/// [`reference::quantize_blocks_ref`] on AVX2 (the table entry of the x86 tiers).
+/// [`reference::quantize_blocks_ref`] on AVX2 (the table entry of the x86 tiers): Q8_0 and
+/// Q4_0 through the fused loop here, the other block types through the reference.
 pub(crate) fn quantize_blocks(
     dtype: DType,
     x: &[f32],
@@ -26,6 +27,9 @@ pub(crate) fn quantize_blocks(
     stats: &mut ErrorStats,
 ) -> Result<(), usize> {
     crate::shape::quantize_blocks_shape(dtype, x);
+    if !matches!(dtype, DType::Q8_0 | DType::Q4_0) {
+        return reference::quantize_blocks_ref(dtype, x, out, stats);
+    }
     // SAFETY: this function is only in the tables of tiers that include AVX2 and F16C, which
     // `crate::kernels` hands out only on CPUs that have them; the shape was checked above.
     unsafe { quantize_blocks_avx2(dtype, x, out, stats) }
