@@ -40,7 +40,7 @@ impl Shard {
     fn open(dir: &Path, name: &str) -> Result<Shard> {
         let path = dir.join(name);
         // A FIFO or a device named as a shard is refused without blocking on it.
-        let file = kiln_format::open_regular(&path, "safetensors")?;
+        let file = kiln_format::open_regular(&path, "safetensors file")?;
         // SAFETY: read-only private map; the checkpoint must not be modified while it is
         // being converted (the same contract as every memory-mapped model loader).
         let map =
@@ -110,7 +110,7 @@ pub struct Checkpoint {
 /// Read a side file as text: a regular file (a FIFO or a device is refused without blocking)
 /// of at most [`MAX_SIDE_FILE`] bytes (refused by its size before anything is allocated).
 pub fn read_text(path: &Path) -> Result<String> {
-    read_text_as(path, "checkpoint side")
+    read_text_as(path, "checkpoint side file")
 }
 
 /// [`read_text`], naming what the file should be (`config.json`) in its errors.
@@ -120,7 +120,7 @@ pub fn read_text_as(path: &Path, what: &'static str) -> Result<String> {
 
 /// Read and parse a JSON side file.
 pub fn read_json(path: &Path) -> Result<Value> {
-    read_json_as(path, "checkpoint side")
+    read_json_as(path, "checkpoint side file")
 }
 
 /// [`read_json`], naming what the file should be in its errors.

@@ -139,7 +139,7 @@ fn plan<'c>(
 
 /// A source file's size and sha256, for provenance (`name` is how provenance lists it).
 pub(crate) fn sha256_file(path: &Path, name: &str) -> Result<SourceFile> {
-    let f = kiln_format::open_regular(path, "source")?;
+    let f = kiln_format::open_regular(path, "source file")?;
     let bytes = f
         .metadata()
         .map_err(|e| ConvertError::io(path, "cannot read", e))?

@@ -340,8 +340,9 @@ fn run(cli: Cli) -> Result<ExitStatus, kiln_convert::ConvertError> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // SIGINT, SIGTERM, SIGHUP: remove any half-written output, then exit.
-    kiln_format::install_interrupt_handler();
+    // SIGINT, SIGTERM, SIGHUP: remove any half-written output, then exit with 128 + the
+    // signal's number.
+    kiln_format::install_interrupt_handler("kiln-convert");
     match run(cli) {
         Ok(status) => status.into(),
         Err(e) => {

@@ -150,7 +150,7 @@ pub fn read(dir: &Path, base: EmbeddingSpec, hidden: u64) -> Result<(EmbeddingSp
 /// is refused by name.
 fn dense(dir: &Path, width: u64) -> Result<DenseLayer> {
     let path = dir.join("config.json");
-    let what = "a Dense module's config.json";
+    let what = "Dense module's config.json";
     let v = read_json_as(&path, what)?;
     let field = |key: &str, reason: String| ConvertError::field(&path, key, reason);
     let size = |key: &str| -> Result<u64> {

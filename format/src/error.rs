@@ -133,8 +133,10 @@ pub enum FormatError {
     /// The output exists and overwriting was not allowed.
     #[error("{file}: already exists; pass --force to overwrite it")]
     AlreadyExists { file: String },
-    /// An input path that is not a file (a directory, a device).
-    #[error("{file}: is {what}, not a file; give the path of a {expected} file")]
+    /// An input path that is not a file (a directory, a device, a FIFO, a socket). `what` is
+    /// what it is, with its article ("a socket"); `expected`, like every `what` naming an input
+    /// below, is what it should be as read after "the" ("importance file", "prompt").
+    #[error("{file}: is {what}, not a file; give the path of the {expected}")]
     NotAFile {
         file: String,
         what: &'static str,
@@ -142,7 +144,7 @@ pub enum FormatError {
     },
     /// An input file larger than what the program reads of that kind.
     #[error(
-        "{file}: {size} bytes is over the limit of {limit} bytes for a {what}; \
+        "{file}: {size} bytes is over the limit of {limit} bytes for the {what}; \
          give a smaller file"
     )]
     InputTooLarge {

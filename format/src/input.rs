@@ -2,11 +2,12 @@
 //!
 //! Every path a user names is untrusted in two ways the `.kiln` checks do not cover: it may
 //! not be a file at all (`/dev/zero` reads forever, a FIFO nobody writes to blocks `open` and
-//! then `read` forever, a directory fails late), and it may be far larger than the job needs
-//! (a 40 MB "calibration text" tokenized whole). [`open_regular`] refuses anything but a
-//! regular file without ever blocking (the open is non-blocking, then the opened handle is
-//! checked, so no swap between a check and the open can slip a FIFO in), and [`read_bounded`]
-//! reads at most a stated number of bytes, refusing a file over it before allocating.
+//! then `read` forever, a socket cannot be opened at all, a directory fails late), and it may
+//! be far larger than the job needs (a 40 MB "calibration text" tokenized whole).
+//! [`open_regular`] refuses anything but a regular file without ever blocking, naming what
+//! the path is (the open is non-blocking, then the opened handle is checked, so no swap
+//! between a check and the open can slip a FIFO in), and [`read_bounded`] reads at most a
+//! stated number of bytes, refusing a file over it before allocating.
 
 use std::fs::File;
 use std::io::Read;
@@ -16,20 +17,26 @@ use crate::error::{FormatError, Result};
 
 /// Open `path` for reading, refusing anything that is not a regular file (a directory, a FIFO,
 /// a socket, a device such as `/dev/zero`) with [`FormatError::NotAFile`] naming it and what it
-/// should be (`expected`, e.g. "calibration text"). Never blocks: on Linux the open itself is
+/// should be (`expected`, a noun phrase read after "the": "calibration text", "importance
+/// file"). Never blocks: on Linux the open itself is
 /// non-blocking, so a FIFO without a writer is refused at once instead of hanging.
 pub fn open_regular(path: &Path, expected: &'static str) -> Result<File> {
-    let file = open_nonblocking(path).map_err(|e| FormatError::io(path, "cannot open", e))?;
+    let not_a_file = |kind: &std::fs::FileType| FormatError::NotAFile {
+        file: path.display().to_string(),
+        what: describe(kind),
+        expected,
+    };
+    // Opening a socket fails ("No such device or address"): say what the path is instead.
+    let file = open_nonblocking(path).map_err(|e| match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => not_a_file(&m.file_type()),
+        _ => FormatError::io(path, "cannot open", e),
+    })?;
     let kind = file
         .metadata()
         .map_err(|e| FormatError::io(path, "cannot inspect", e))?
         .file_type();
     if !kind.is_file() {
-        return Err(FormatError::NotAFile {
-            file: path.display().to_string(),
-            what: describe(&kind),
-            expected,
-        });
+        return Err(not_a_file(&kind));
     }
     Ok(file)
 }
@@ -172,6 +179,19 @@ mod tests {
         }
         let e = read_bounded(&p, 10, "text").unwrap_err().to_string();
         assert!(e.contains("FIFO"), "{e}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn refuses_a_socket_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&p).unwrap();
+        let e = read_bounded(&p, 10, "importance file")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is a socket, not a file"), "{e}");
+        assert!(!e.contains("os error"), "{e}");
     }
 
     #[test]

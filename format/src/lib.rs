@@ -24,9 +24,14 @@
 //!   norm module names and fused projections), the one table the converter and the runner's
 //!   activation names read instead of matching on the architecture.
 //!
+//! - [`exit`] and [`args`] hold the conventions every program's command line shares: the exit
+//!   statuses (128 + the signal's number when interrupted) and the interrupt handler, and the
+//!   range-checked parsers of numeric flags, plain functions that need no argument parser.
+//!
 //! The format is specified in `docs/FORMAT.md`. This crate knows no model maths, no SIMD and no
-//! user interface.
+//! user interface beyond those shared conventions.
 
+pub mod args;
 pub mod atomic;
 pub mod block_type;
 pub mod blocks;
@@ -41,6 +46,7 @@ pub mod kquants;
 pub mod layout;
 pub mod metadata;
 pub mod names;
+pub mod num;
 pub mod packed;
 pub mod q5;
 pub mod reader;
@@ -56,7 +62,7 @@ pub use block_type::{BlockKind, BlockType};
 pub use blocks::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0, GROUP_ROWS, QK};
 pub use dtype::DType;
 pub use error::{FormatError, Result};
-pub use exit::{install_interrupt_handler, ExitStatus};
+pub use exit::{install_interrupt_handler, signal_name, ExitStatus};
 pub use family::{FamilySpec, FAMILIES};
 pub use input::{open_regular, read_bounded, read_text_bounded};
 pub use iq4::{BlockIQ4NL, BlockIQ4NLx16, BlockIQ4XS, BlockIQ4XSx16};
@@ -67,6 +73,7 @@ pub use metadata::{
     Pooling, Positions, ProvenanceStep, RopePairing, RopeScaling, SourceFile, TokenizerFiles,
 };
 pub use names::{Role, TensorName};
+pub use num::Num;
 pub use q5::{BlockQ5_0, BlockQ5_1};
 pub use reader::{hex, ChecksumFailure, KilnFile, NonFiniteTensor, TensorInfo, TensorView};
 pub use shapes::expected_tensors;

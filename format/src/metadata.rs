@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::num::Num;
+
 /// Architectures the runner implements. They differ by configuration only: each is a row of
 /// [`crate::family::FAMILIES`] ([`Architecture::spec`]), which the converter and the observer read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -431,11 +433,27 @@ pub struct ModelConfig {
 /// enough that `dim × dim` products of activations cannot overflow).
 pub const MAX_CONFIG_DIM: u64 = 1 << 24;
 
-/// Whether `v` is a positive finite number that stays one as the f32 the runner computes
-/// with: `1e150` is finite as an f64 but infinite as an f32, `1e-300` becomes zero.
-fn positive_f32(v: f64) -> bool {
+/// Why `v` is not a positive finite number that stays one as the f32 the runner computes
+/// with, if it is not: `1e150` is finite as an f64 but infinite as an f32, `1e-300` becomes
+/// zero. The reason names the value as [`Num`] writes it, never as 309 digits.
+fn positive_f32_problem(v: f64) -> Option<String> {
     let narrow = v as f32;
-    v > 0.0 && v.is_finite() && narrow > 0.0 && narrow.is_finite()
+    if !(v > 0.0 && v.is_finite()) {
+        Some(format!("{} must be a positive number", Num(v)))
+    } else if !narrow.is_finite() {
+        Some(format!(
+            "{} does not fit in an f32 (whose largest value is about {:.1e})",
+            Num(v),
+            f32::MAX
+        ))
+    } else if narrow == 0.0 {
+        Some(format!(
+            "{} is too small for an f32 (it rounds to 0)",
+            Num(v)
+        ))
+    } else {
+        None
+    }
 }
 
 /// What is wrong with a [`ModelConfig`]: the field (as the config names it) and why.
@@ -456,6 +474,63 @@ impl ModelConfig {
     /// The one validation of a model configuration: [`crate::KilnFile::open`] runs it, so every
     /// program refuses the same files, and the runner's resolved config relies on it.
     pub fn check(&self) -> std::result::Result<(), ConfigProblem> {
+        let bad = |field: &'static str, reason: String| Err(ConfigProblem { field, reason });
+        self.check_sizes()?;
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return bad(
+                "num_kv_heads",
+                format!(
+                    "{} query heads cannot be grouped over {} key/value heads",
+                    self.num_heads, self.num_kv_heads
+                ),
+            );
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return bad(
+                "head_dim",
+                format!(
+                    "{} is odd; rotary embeddings need an even width",
+                    self.head_dim
+                ),
+            );
+        }
+        // As the runner uses it: an f32 that must be positive.
+        if let Some(reason) = positive_f32_problem(self.rms_norm_eps) {
+            return bad("rms_norm_eps", reason);
+        }
+        self.check_embedding()?;
+        self.check_positions()?;
+        for (field, v) in [
+            ("embed_scale", self.family.embed_scale),
+            ("attn_scale", self.family.attn_scale),
+        ] {
+            if let Some(v) = v {
+                if let Some(reason) = positive_f32_problem(v) {
+                    return bad(field, reason);
+                }
+            }
+        }
+        let specials = self
+            .eos_token_ids
+            .iter()
+            .map(|&id| ("eos_token_ids", id))
+            .chain(self.bos_token_id.map(|id| ("bos_token_id", id)));
+        for (field, id) in specials {
+            if u64::from(id) >= self.vocab_size {
+                return bad(
+                    field,
+                    format!(
+                        "special token {id} is outside the vocabulary ({})",
+                        self.vocab_size
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Every dimension in `1..=MAX_CONFIG_DIM`, and no more implied tensors than a file holds.
+    fn check_sizes(&self) -> std::result::Result<(), ConfigProblem> {
         let bad = |field: &'static str, reason: String| Err(ConfigProblem { field, reason });
         let dims = [
             ("hidden_size", Some(self.hidden_size)),
@@ -498,32 +573,13 @@ impl ModelConfig {
                 ),
             );
         }
-        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
-            return bad(
-                "num_kv_heads",
-                format!(
-                    "{} query heads cannot be grouped over {} key/value heads",
-                    self.num_heads, self.num_kv_heads
-                ),
-            );
-        }
-        if !self.head_dim.is_multiple_of(2) {
-            return bad(
-                "head_dim",
-                format!(
-                    "{} is odd; rotary embeddings need an even width",
-                    self.head_dim
-                ),
-            );
-        }
-        // As the runner uses it: an f32 that must be positive.
-        let eps = self.rms_norm_eps as f32;
-        if !(eps > 0.0 && eps.is_finite()) {
-            return bad(
-                "rms_norm_eps",
-                format!("{} must be positive", self.rms_norm_eps),
-            );
-        }
+        Ok(())
+    }
+
+    /// The embedding model's Dense layers chain from the hidden width, each of a bounded
+    /// width, and its default prompt is one of its prompts.
+    fn check_embedding(&self) -> std::result::Result<(), ConfigProblem> {
+        let bad = |field: &'static str, reason: String| Err(ConfigProblem { field, reason });
         if let Some(e) = &self.family.embedding {
             if e.dense.len() > MAX_DENSE_LAYERS {
                 return bad(
@@ -565,8 +621,18 @@ impl ModelConfig {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// RoPE: bases above 1, an even rotated width within the head, the scaling's factors, and
+    /// per-layer attention kinds that have their window and local base.
+    fn check_positions(&self) -> std::result::Result<(), ConfigProblem> {
+        let bad = |field: &'static str, reason: String| Err(ConfigProblem { field, reason });
         if !(self.rope_theta > 1.0 && self.rope_theta.is_finite()) {
-            return bad("rope_theta", format!("{} must exceed 1", self.rope_theta));
+            return bad(
+                "rope_theta",
+                format!("{} must exceed 1", Num(self.rope_theta)),
+            );
         }
         if let Some(r) = self.family.rotary_dim {
             if r == 0 || r > self.head_dim || !r.is_multiple_of(2) {
@@ -579,70 +645,7 @@ impl ModelConfig {
                 );
             }
         }
-        match &self.rope_scaling {
-            Some(RopeScaling::Linear { factor }) if !positive_f32(*factor) => {
-                return bad("rope_scaling.factor", format!("{factor} must be positive"));
-            }
-            Some(RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            }) if !(positive_f32(*factor)
-                && positive_f32(*low_freq_factor)
-                && positive_f32(*high_freq_factor)
-                && high_freq_factor > low_freq_factor
-                && *original_max_position_embeddings > 0) =>
-            {
-                return bad(
-                    "rope_scaling",
-                    format!(
-                        "llama3 scaling needs factor > 0 and 0 < low_freq_factor < \
-                         high_freq_factor (got factor {factor}, low {low_freq_factor}, high \
-                         {high_freq_factor}, original context {original_max_position_embeddings})"
-                    ),
-                );
-            }
-            Some(RopeScaling::LongRope {
-                short_factor,
-                long_factor,
-                original_max_position_embeddings,
-                attention_factor,
-            }) => {
-                let pairs = (self.rotary_dim() / 2) as usize;
-                for (field, f) in [
-                    ("rope_scaling.short_factor", short_factor),
-                    ("rope_scaling.long_factor", long_factor),
-                ] {
-                    if f.len() != pairs {
-                        return bad(
-                            field,
-                            format!(
-                                "{} factors for {pairs} rotated pairs (rotary_dim {})",
-                                f.len(),
-                                self.rotary_dim()
-                            ),
-                        );
-                    }
-                    if let Some(x) = f.iter().find(|x| !positive_f32(**x)) {
-                        return bad(field, format!("{x} must be a positive number"));
-                    }
-                }
-                if *original_max_position_embeddings == 0 {
-                    return bad(
-                        "rope_scaling.original_max_position_embeddings",
-                        "0 must be positive".into(),
-                    );
-                }
-                if !positive_f32(*attention_factor) {
-                    return bad(
-                        "rope_scaling.attention_factor",
-                        format!("{attention_factor} must be positive"),
-                    );
-                }
-            }
-            _ => {}
-        }
+        self.check_rope_scaling()?;
         if !self.family.layer_kinds.is_empty() {
             if self.family.layer_kinds.len() as u64 != self.num_layers {
                 return bad(
@@ -668,38 +671,92 @@ impl ModelConfig {
                 );
             }
         }
-        for (field, v) in [
-            ("embed_scale", self.family.embed_scale),
-            ("attn_scale", self.family.attn_scale),
-        ] {
-            if let Some(v) = v {
-                if !positive_f32(v) {
-                    return bad(field, format!("{v} must be a positive finite number"));
-                }
-            }
-        }
         if let Some(t) = self.family.rope_local_theta {
             if !(t > 1.0 && t.is_finite()) {
-                return bad("rope_local_theta", format!("{t} must exceed 1"));
-            }
-        }
-        let specials = self
-            .eos_token_ids
-            .iter()
-            .map(|&id| ("eos_token_ids", id))
-            .chain(self.bos_token_id.map(|id| ("bos_token_id", id)));
-        for (field, id) in specials {
-            if u64::from(id) >= self.vocab_size {
-                return bad(
-                    field,
-                    format!(
-                        "special token {id} is outside the vocabulary ({})",
-                        self.vocab_size
-                    ),
-                );
+                return bad("rope_local_theta", format!("{} must exceed 1", Num(t)));
             }
         }
         Ok(())
+    }
+
+    /// The RoPE scaling's factors: each a positive number an f32 holds, named by its field
+    /// (`rope_scaling.factor`), Llama 3's high-frequency factor above its low one.
+    fn check_rope_scaling(&self) -> std::result::Result<(), ConfigProblem> {
+        let bad = |field: &'static str, reason: String| Err(ConfigProblem { field, reason });
+        let positive = |fields: &[(&'static str, f64)]| -> std::result::Result<(), ConfigProblem> {
+            for &(field, v) in fields {
+                if let Some(reason) = positive_f32_problem(v) {
+                    return bad(field, reason);
+                }
+            }
+            Ok(())
+        };
+        match &self.rope_scaling {
+            None => Ok(()),
+            Some(RopeScaling::Linear { factor }) => positive(&[("rope_scaling.factor", *factor)]),
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) => {
+                positive(&[
+                    ("rope_scaling.factor", *factor),
+                    ("rope_scaling.low_freq_factor", *low_freq_factor),
+                    ("rope_scaling.high_freq_factor", *high_freq_factor),
+                ])?;
+                if high_freq_factor <= low_freq_factor {
+                    return bad(
+                        "rope_scaling.high_freq_factor",
+                        format!(
+                            "{} must exceed low_freq_factor ({})",
+                            Num(*high_freq_factor),
+                            Num(*low_freq_factor)
+                        ),
+                    );
+                }
+                if *original_max_position_embeddings == 0 {
+                    return bad(
+                        "rope_scaling.original_max_position_embeddings",
+                        "0 must be positive".into(),
+                    );
+                }
+                Ok(())
+            }
+            Some(RopeScaling::LongRope {
+                short_factor,
+                long_factor,
+                original_max_position_embeddings,
+                attention_factor,
+            }) => {
+                let pairs = (self.rotary_dim() / 2) as usize;
+                for (field, f) in [
+                    ("rope_scaling.short_factor", short_factor),
+                    ("rope_scaling.long_factor", long_factor),
+                ] {
+                    if f.len() != pairs {
+                        return bad(
+                            field,
+                            format!(
+                                "{} factors for {pairs} rotated pairs (rotary_dim {})",
+                                f.len(),
+                                self.rotary_dim()
+                            ),
+                        );
+                    }
+                    if let Some(reason) = f.iter().find_map(|&x| positive_f32_problem(x)) {
+                        return bad(field, reason);
+                    }
+                }
+                if *original_max_position_embeddings == 0 {
+                    return bad(
+                        "rope_scaling.original_max_position_embeddings",
+                        "0 must be positive".into(),
+                    );
+                }
+                positive(&[("rope_scaling.attention_factor", *attention_factor)])
+            }
+        }
     }
 }
 
@@ -738,6 +795,136 @@ pub fn json_depth_exceeds(bytes: &[u8], max: usize) -> bool {
         }
     }
     false
+}
+
+/// Where a data error of serde in the metadata document `bytes` is: the field it is about, as
+/// the other metadata errors name fields (`config.embedding.dense[1].activation`; `(document)`
+/// for the document itself), and serde's message without its "at line 1 column 972", which
+/// the field replaces.
+///
+/// The family options are flattened into `config`, and serde reads a flattened struct from a
+/// buffer once the whole object is read, so an error inside them points at the end of
+/// `config`: those options are then read again alone to find the field.
+pub fn locate_json_error(bytes: &[u8], e: &serde_json::Error) -> (String, String) {
+    let mut path = json_path_at(bytes, byte_offset(bytes, e.line(), e.column()));
+    let mut reason = without_position(e);
+    if path == "config" {
+        if let Some((inner, inner_reason)) = family_options_error(bytes) {
+            path = format!("config.{inner}");
+            reason = inner_reason;
+        }
+    }
+    if path.is_empty() {
+        path = "(document)".into();
+    }
+    (path, reason)
+}
+
+/// The path and message of the error reading `config`'s family options alone, if they fail.
+fn family_options_error(bytes: &[u8]) -> Option<(String, String)> {
+    let doc: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let config = serde_json::to_vec(doc.get("config")?).ok()?;
+    let e = serde_json::from_slice::<FamilyOptions>(&config).err()?;
+    let path = json_path_at(&config, byte_offset(&config, e.line(), e.column()));
+    (!path.is_empty()).then(|| (path, without_position(&e)))
+}
+
+/// serde's message without the position it appends.
+fn without_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    text.strip_suffix(&suffix).unwrap_or(&text).to_string()
+}
+
+/// The byte offset of serde's (1-based line, column counted in bytes from the line's start).
+fn byte_offset(bytes: &[u8], line: usize, column: usize) -> usize {
+    let line_start = if line <= 1 {
+        0
+    } else {
+        bytes
+            .iter()
+            .enumerate()
+            .filter(|&(_, &b)| b == b'\n')
+            .nth(line - 2)
+            .map_or(bytes.len(), |(i, _)| i + 1)
+    };
+    line_start.saturating_add(column).min(bytes.len())
+}
+
+/// The path of the value the JSON text `bytes` is inside at byte `offset`: object keys joined
+/// by `.`, array indices in brackets (`config.embedding.dense[1].activation`); empty at the
+/// top level. One pass with a stack, skipping string contents; just past a value (where serde
+/// reports an error about it) the path still names that value, and just past an object's
+/// closing brace the path names the object.
+pub fn json_path_at(bytes: &[u8], offset: usize) -> String {
+    enum Frame {
+        Object {
+            key: Option<String>,
+            wants_key: bool,
+        },
+        Array(usize),
+    }
+    let mut stack: Vec<Frame> = Vec::new();
+    let end = offset.min(bytes.len());
+    let mut i = 0;
+    while i < end {
+        match bytes[i] {
+            b'"' => {
+                let close = string_end(bytes, i + 1);
+                if let Some(Frame::Object { key, wants_key }) = stack.last_mut() {
+                    if *wants_key {
+                        let text = &bytes[i + 1..close.min(bytes.len())];
+                        *key = Some(String::from_utf8_lossy(text).into_owned());
+                        *wants_key = false;
+                    }
+                }
+                i = close;
+            }
+            b'{' => stack.push(Frame::Object {
+                key: None,
+                wants_key: true,
+            }),
+            b'[' => stack.push(Frame::Array(0)),
+            b'}' | b']' => {
+                stack.pop();
+            }
+            b',' => match stack.last_mut() {
+                Some(Frame::Array(n)) => *n += 1,
+                Some(Frame::Object { wants_key, .. }) => *wants_key = true,
+                None => {}
+            },
+            _ => {}
+        }
+        i += 1;
+    }
+    let mut path = String::new();
+    for frame in &stack {
+        match frame {
+            Frame::Object { key: Some(k), .. } => {
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(k);
+            }
+            Frame::Object { key: None, .. } => {}
+            Frame::Array(n) => path.push_str(&format!("[{n}]")),
+        }
+    }
+    path
+}
+
+/// The index of the quote closing the string whose contents start at `start` (or the end).
+fn string_end(bytes: &[u8], start: usize) -> usize {
+    let mut escaped = false;
+    for (i, &b) in bytes.iter().enumerate().skip(start) {
+        match (escaped, b) {
+            (true, _) => escaped = false,
+            (false, b'\\') => escaped = true,
+            (false, b'"') => return i,
+            _ => {}
+        }
+    }
+    bytes.len()
 }
 
 /// Tokenizer files, kept byte for byte. A file stores the large ones packed (compressed, outside
@@ -851,6 +1038,29 @@ pub fn rfc3339_from_unix(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A value's path names the keys and indices down to it, right after the value (where
+    /// serde reports an error about it) and inside escaped strings alike.
+    #[test]
+    fn json_paths_name_keys_and_indices() {
+        let doc = br#"{"config":{"a\"b":"x,]","embedding":{"dense":[{"activation":"tanh"},
+{"activation":"relu"}]}},"provenance":[]}"#;
+        let at = |needle: &str| {
+            let i = doc
+                .windows(needle.len())
+                .position(|w| w == needle.as_bytes())
+                .unwrap();
+            json_path_at(doc, i + needle.len())
+        };
+        assert_eq!(at(r#""relu""#), "config.embedding.dense[1].activation");
+        assert_eq!(at(r#""tanh""#), "config.embedding.dense[0].activation");
+        assert_eq!(at(r#""x,]""#), r#"config.a\"b"#);
+        assert_eq!(at("]}}"), "config");
+        assert_eq!(at("[]}"), "");
+        let e = serde_json::from_slice::<Metadata>(doc).unwrap_err();
+        let (field, reason) = locate_json_error(doc, &e);
+        assert!(!reason.contains("column"), "{field}: {reason}");
+    }
 
     fn phi_like() -> ModelConfig {
         ModelConfig {

@@ -141,7 +141,7 @@ impl KilnFile {
     pub fn open(path: impl AsRef<Path>) -> Result<KilnFile> {
         let path = path.as_ref();
         // A FIFO or a device is refused without blocking or reading it.
-        let file = crate::input::open_regular(path, ".kiln")?;
+        let file = crate::input::open_regular(path, ".kiln file")?;
         // SAFETY: the map is read-only and private to this process. Like every memory-mapped
         // reader (safetensors, candle, llama.cpp) we rely on the file not being truncated or
         // rewritten by another process while it is open; Kiln's own writer never modifies a
@@ -345,10 +345,17 @@ impl KilnFile {
             });
         }
         let mut metadata: Metadata = serde_json::from_slice(meta_bytes).map_err(|e| {
-            unsupported_architecture(&label, meta_bytes).unwrap_or(FormatError::BadMetadata {
-                file: label.clone(),
-                field: if e.is_data() { "(document)" } else { "(json)" }.to_string(),
-                reason: e.to_string(),
+            unsupported_architecture(&label, meta_bytes).unwrap_or_else(|| {
+                let (field, reason) = if e.is_data() {
+                    crate::metadata::locate_json_error(meta_bytes, &e)
+                } else {
+                    ("(json)".to_string(), e.to_string())
+                };
+                FormatError::BadMetadata {
+                    file: label.clone(),
+                    field,
+                    reason,
+                }
             })
         })?;
 

@@ -7,17 +7,14 @@
 //! or JSON with `--json`), and errors are printed once.
 
 use std::io::Write;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-
-use kiln_format::ExitStatus;
 use std::sync::Mutex;
 
-use clap::builder::TypedValueParser;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln_format::DType;
-use kiln_format::QK_K;
+use kiln_format::{args, DType, ExitStatus, QK_K};
 use kiln_quantize::budget;
 use kiln_quantize::calibrate::{calibrate_path, CalibrationOptions};
 use kiln_quantize::importance::Importance;
@@ -62,13 +59,12 @@ struct Args {
     /// At most this many tokens of the calibration text are used (only the part of the text
     /// that holds them is read; at most 1 000 000).
     #[arg(long, value_name = "N", default_value_t = kiln_quantize::calibrate::DEFAULT_TOKENS,
-          value_parser = clap::value_parser!(u64)
-              .range(64..=kiln_quantize::calibrate::MAX_TOKENS as u64)
-              .map(|v| v as usize))]
+          allow_negative_numbers = true,
+          value_parser = args::whole::<usize>(64, kiln_quantize::calibrate::MAX_TOKENS as u64))]
     calib_tokens: usize,
     /// Calibration window in tokens (the KV cache is reset between windows).
     #[arg(long, value_name = "N", default_value_t = kiln_quantize::calibrate::DEFAULT_CTX,
-          value_parser = clap::value_parser!(u64).range(16..=1_000_000).map(|v| v as usize))]
+          allow_negative_numbers = true, value_parser = args::whole::<usize>(16, 1_000_000))]
     calib_ctx: usize,
     /// Use importance measured earlier (a file written by --save-importance).
     #[arg(long, value_name = "FILE")]
@@ -78,10 +74,12 @@ struct Args {
     save_importance: Option<PathBuf>,
     /// With `--to auto`: bits of tensor data per weight over all tensors (as the report and
     /// llama.cpp's BPW count them), e.g. 4.5
-    #[arg(long, value_name = "B", conflicts_with = "max_bytes")]
+    #[arg(long, value_name = "B", conflicts_with = "max_bytes", allow_negative_numbers = true,
+          value_parser = args::real::<f64>(Bound::Excluded(0.0), Bound::Included(32.0)))]
     bpw: Option<f64>,
     /// With `--to auto`: the largest output file, in bytes (metadata and index included)
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true,
+          value_parser = args::at_least::<u64>(1))]
     max_bytes: Option<u64>,
     /// Per-tensor override, PATTERN=DTYPE (f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q2_k, q3_k,
     /// q4_k, q5_k, q6_k, iq4_nl, iq4_xs or copy); `*` matches any run of characters; the last
@@ -89,7 +87,8 @@ struct Args {
     #[arg(long = "keep", value_name = "PATTERN=DTYPE")]
     keep: Vec<String>,
     /// Worker threads (default: all cores).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    #[arg(long, value_name = "N", allow_negative_numbers = true,
+          value_parser = args::whole::<u32>(1, 1024))]
     threads: Option<u32>,
     /// Overwrite the output if it exists.
     #[arg(long)]
@@ -144,7 +143,8 @@ fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
         (true, None) => {
             return Err(QuantizeError::BadArgument {
                 arg: "--to auto".into(),
-                reason: "give the size to fit: --bpw B (bits per weight, e.g. 4.5) or                          --max-bytes N"
+                reason: "give the size to fit: --bpw B (bits per weight, e.g. 4.5) or \
+                         --max-bytes N"
                     .into(),
             })
         }
@@ -166,14 +166,6 @@ fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
                      --importance FILE)"
                 .into(),
         });
-    }
-    if let Some(b) = args.bpw {
-        if !(b.is_finite() && b > 0.0 && b <= 32.0) {
-            return Err(QuantizeError::BadArgument {
-                arg: format!("--bpw {b}"),
-                reason: "bits per weight must be above 0 and at most 32".into(),
-            });
-        }
     }
     let policy = match Mix::parse(&args.to) {
         _ if auto => Policy::auto(overrides),
@@ -379,9 +371,9 @@ fn budget(args: &Args) -> Option<budget::Budget> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    // SIGINT, SIGTERM, SIGHUP: remove the temporary output, then exit; libraries install no
-    // handlers.
-    kiln_format::install_interrupt_handler();
+    // SIGINT, SIGTERM, SIGHUP: remove the temporary output, then exit with 128 + the signal's
+    // number; libraries install no handlers.
+    kiln_format::install_interrupt_handler("kiln-quantize");
     match run(args) {
         Ok(()) => ExitStatus::Success.into(),
         Err(e) => {
@@ -395,7 +387,41 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::Args;
-    use clap::CommandFactory;
+    use clap::{CommandFactory, Parser};
+    use std::any::TypeId;
+
+    /// The long names of the flags whose values are numbers, by the type clap parses them to.
+    fn numeric_flags(cmd: &clap::Command) -> Vec<String> {
+        let numeric = [
+            TypeId::of::<u16>(),
+            TypeId::of::<u32>(),
+            TypeId::of::<u64>(),
+            TypeId::of::<usize>(),
+            TypeId::of::<f32>(),
+            TypeId::of::<f64>(),
+        ];
+        cmd.get_arguments()
+            .filter(|a| numeric.iter().any(|t| a.get_value_parser().type_id() == *t))
+            .filter_map(|a| a.get_long().map(str::to_string))
+            .collect()
+    }
+
+    /// Every numeric flag takes `-1` as its value and refuses it by its range, naming the flag
+    /// and the range (not as an unexpected argument `-1`, which names no flag): exit status 2.
+    #[test]
+    fn a_negative_number_is_refused_by_range_naming_the_flag() {
+        let flags = numeric_flags(&Args::command());
+        assert_eq!(flags.len(), 5, "{flags:?}");
+        for long in flags {
+            let flag = format!("--{long}");
+            let e = Args::try_parse_from(["kiln-quantize", flag.as_str(), "-1"]).unwrap_err();
+            let text = e.to_string();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{text}");
+            assert_eq!(e.exit_code(), 2, "{text}");
+            assert!(text.contains(&format!("'{flag} <")), "{text}");
+            assert!(text.contains("must be a"), "{text}");
+        }
+    }
 
     /// Every flag has its own line in `--help` (clap's built-in `--help` and `--version`
     /// aside), and the budget and override flags say what they are.

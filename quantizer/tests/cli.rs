@@ -268,7 +268,7 @@ fn size_budget_flags_are_checked() {
     refused(&["--to", "q4_0", "--max-bytes", "1000"], &["--max-bytes"]);
     refused(
         &["--to", "auto", "--bpw", "0", "--calibrate", "text.txt"],
-        &["--bpw 0"],
+        &["'0' for '--bpw <B>'", "above 0 and at most 32"],
     );
     refused(
         &["--to", "auto", "--bpw", "nan", "--calibrate", "text.txt"],

@@ -1,7 +1,8 @@
 //! `kiln-quantize` against hostile paths: no output ever replaces a file the run reads (the
 //! model, the calibration text, the importance file) or another output, `--force` or not;
-//! devices and FIFOs named as inputs are refused at once; a long calibration text costs only
-//! the part of it that the token limit needs.
+//! devices, FIFOs and sockets named as inputs are refused at once; negative numbers are
+//! refused by the flag's range; a long calibration text costs only the part of it that the
+//! token limit needs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -161,9 +162,12 @@ fn no_output_replaces_an_input_or_another_output() {
     }
 }
 
+/// Devices, FIFOs and sockets named as inputs are refused at once, saying what they are and
+/// what was expected in plain words (regression: "a importance file file"; a socket was
+/// "No such device or address (os error 6)").
 #[cfg(unix)]
 #[test]
-fn devices_and_fifos_as_inputs_are_refused_at_once() {
+fn devices_fifos_and_sockets_as_inputs_are_refused_at_once() {
     let dir = tempfile::tempdir().unwrap();
     model_and_text(dir.path());
     let fifo = dir.path().join("fifo");
@@ -172,20 +176,74 @@ fn devices_and_fifos_as_inputs_are_refused_at_once() {
         .status()
         .unwrap()
         .success());
-    for path in ["/dev/zero", "fifo"] {
-        for flag in ["--calibrate", "--importance"] {
+    let _listener = std::os::unix::net::UnixListener::bind(dir.path().join("sock")).unwrap();
+    for (path, what) in [
+        ("/dev/zero", "a device"),
+        ("fifo", "a FIFO"),
+        ("sock", "a socket"),
+    ] {
+        for (flag, expected) in [
+            ("--calibrate", "calibration text"),
+            ("--importance", "importance file"),
+        ] {
             let o = kq(
                 &["in.kiln", "out.kiln", "--to", "q4_0", flag, path, "-q"],
                 dir.path(),
             );
             let e = stderr(&o);
             assert_eq!(o.status.code(), Some(2), "{flag} {path}: {e}");
+            let said = format!("{path}: is {what}");
+            let wanted = format!("not a file; give the path of the {expected}");
             assert!(
-                e.contains(path) && e.contains("not a file"),
+                e.contains(&said) && e.contains(&wanted),
+                "{flag} {path}: {e}"
+            );
+            assert!(
+                !e.contains("os error") && !e.contains("file file"),
                 "{flag} {path}: {e}"
             );
             assert!(!dir.path().join("out.kiln").exists());
         }
+    }
+}
+
+/// A negative number given to a numeric flag is refused by the flag's range, naming the flag
+/// and the range (regression: clap's "unexpected argument '-1' found" named no flag).
+#[test]
+fn a_negative_number_is_refused_naming_the_flag_and_its_range() {
+    let dir = tempfile::tempdir().unwrap();
+    for (extra, flag, range) in [
+        (
+            &["--to", "auto", "--bpw", "-1"][..],
+            "--bpw",
+            "must be a number above 0 and at most 32",
+        ),
+        (
+            &["--to", "auto", "--max-bytes", "-1"],
+            "--max-bytes",
+            "must be a whole number, at least 1",
+        ),
+        (
+            &["--to", "q8_0", "--threads", "-1"],
+            "--threads",
+            "must be a whole number from 1 to 1024",
+        ),
+        (
+            &["--to", "q8_0", "--calib-ctx", "-1"],
+            "--calib-ctx",
+            "must be a whole number from 16 to 1000000",
+        ),
+    ] {
+        let mut args = vec!["in.kiln", "out.kiln"];
+        args.extend_from_slice(extra);
+        let o = kq(&args, dir.path());
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert!(
+            e.contains(&format!("invalid value '-1' for '{flag} <")) && e.contains(range),
+            "{args:?}: {e}"
+        );
+        assert!(!e.contains("unexpected argument"), "{args:?}: {e}");
     }
 }
 

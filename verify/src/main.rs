@@ -1,5 +1,6 @@
 //! The `kiln-verify` command line. Exit status ([`kiln_format::ExitStatus`]): 0 pass, 1 out of
-//! tolerance or a checksum mismatch, 2 could not run (bad input, I/O).
+//! tolerance or a checksum mismatch, 2 could not run (bad input, I/O), 128 + the signal's
+//! number when interrupted (SIGINT 130, SIGTERM 143, SIGHUP 129).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -7,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln_format::{ExitStatus, KilnFile};
+use kiln_format::{args, ExitStatus, KilnFile};
 use kiln_runner::CacheType;
 use kiln_verify::perplexity::{PerplexityOptions, PerplexityProgress, ScoredLogits};
 use kiln_verify::tolerance::{Tolerance, WeightClass};
@@ -41,10 +42,10 @@ enum Command {
         #[arg(long)]
         reference: PathBuf,
         /// Override the largest NMSE allowed for any activation (a finite value ≥ 0).
-        #[arg(long, value_parser = non_negative)]
+        #[arg(long, allow_negative_numbers = true, value_parser = args::non_negative::<f64>())]
         max_nmse: Option<f64>,
         /// Override the smallest top-1 agreement of the logits (0..1).
-        #[arg(long, value_parser = fraction)]
+        #[arg(long, allow_negative_numbers = true, value_parser = args::fraction::<f64>())]
         min_top1: Option<f64>,
         /// Judge by a named tolerance class instead of the file's own weight class: f32, f16,
         /// bf16 (or half), q8_0, q4_0, q3_k or q2_k (also low). --max-nmse and --min-top1
@@ -52,7 +53,8 @@ enum Command {
         #[arg(long, value_name = "CLASS")]
         tolerance: Option<String>,
         /// Worker threads (default: the machine's physical cores).
-        #[arg(short, long)]
+        #[arg(short, long, allow_negative_numbers = true,
+              value_parser = args::at_least::<usize>(1))]
         threads: Option<usize>,
         /// Print the results as JSON on stdout instead of a table.
         #[arg(long)]
@@ -91,11 +93,12 @@ enum Command {
         /// UTF-8 text file.
         #[arg(long)]
         text: PathBuf,
-        /// Tokens per chunk.
-        #[arg(short = 'c', long = "ctx", default_value_t = 512)]
+        /// Tokens per chunk (at least 8).
+        #[arg(short = 'c', long = "ctx", default_value_t = 512, allow_negative_numbers = true,
+              value_parser = args::at_least::<usize>(8))]
         ctx: usize,
         /// Use at most N chunks.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true, value_parser = args::at_least::<usize>(0))]
         chunks: Option<usize>,
         /// Save the scored log-probabilities (to compare other files against this one).
         #[arg(long)]
@@ -110,18 +113,21 @@ enum Command {
         #[arg(long)]
         kl_base: Option<PathBuf>,
         /// Fail (exit 1) if the mean KL-divergence against --kl-base is over this.
-        #[arg(long, value_parser = non_negative, requires = "kl_base")]
+        #[arg(long, requires = "kl_base", allow_negative_numbers = true,
+              value_parser = args::non_negative::<f64>())]
         max_kld: Option<f64>,
         /// Fail (exit 1) if this model's perplexity divided by the base's (computed from the
         /// --kl-base file over the same tokens) is over this.
-        #[arg(long, value_parser = non_negative, requires = "kl_base")]
+        #[arg(long, requires = "kl_base", allow_negative_numbers = true,
+              value_parser = args::non_negative::<f64>())]
         max_ppl_ratio: Option<f64>,
         /// How the KV cache stores keys and values: f32 (exact, the default here, so that the
         /// figures measure the weights), or f16 / q8_0 as `kiln-run --cache-type` runs them.
         #[arg(long = "cache-type", default_value_t = CacheType::F32)]
         cache_type: CacheType,
         /// Worker threads (default: the machine's physical cores).
-        #[arg(short, long)]
+        #[arg(short, long, allow_negative_numbers = true,
+              value_parser = args::at_least::<usize>(1))]
         threads: Option<usize>,
         /// Print the results as JSON on stdout.
         #[arg(long)]
@@ -156,11 +162,10 @@ fn results_files<'a>(paths: &[&'a Option<PathBuf>]) -> Vec<(&'a Path, bool)> {
         .collect()
 }
 
+/// `-t` (at least 1, which clap checks) capped at the CPUs available, with a notice; by
+/// default the machine's physical cores.
 fn threads(t: Option<usize>) -> Result<usize> {
     match t {
-        Some(0) => Err(VerifyError::Usage(
-            "--threads 0: use at least one thread".into(),
-        )),
         Some(n) => {
             if let Some(notice) = kiln_runner::threads::cap_notice(n) {
                 eprintln!("kiln-verify: {notice}");
@@ -168,26 +173,6 @@ fn threads(t: Option<usize>) -> Result<usize> {
             Ok(kiln_runner::threads::cap_threads(n))
         }
         None => Ok(kiln_runner::threads::physical_cores()),
-    }
-}
-
-/// A tolerance that is a finite number ≥ 0 (NaN would make every comparison fail).
-fn non_negative(s: &str) -> std::result::Result<f64, String> {
-    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
-    if v.is_finite() && v >= 0.0 {
-        Ok(v)
-    } else {
-        Err(format!("{s} is not a finite number ≥ 0"))
-    }
-}
-
-/// A fraction in 0..=1.
-fn fraction(s: &str) -> std::result::Result<f64, String> {
-    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
-    if (0.0..=1.0).contains(&v) {
-        Ok(v)
-    } else {
-        Err(format!("{s} is not a fraction between 0 and 1"))
     }
 }
 
@@ -507,7 +492,9 @@ fn run(cli: Cli) -> Result<bool> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    kiln_format::install_interrupt_handler();
+    // SIGINT, SIGTERM, SIGHUP: remove unfinished outputs, then exit with 128 + the signal's
+    // number.
+    kiln_format::install_interrupt_handler("kiln-verify");
     match run(cli) {
         Ok(true) => ExitStatus::Success.into(),
         Ok(false) => ExitStatus::VerificationFailed.into(),
@@ -521,7 +508,47 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::Cli;
-    use clap::CommandFactory;
+    use clap::{CommandFactory, Parser};
+    use std::any::TypeId;
+
+    /// The long names of the flags whose values are numbers, by the type clap parses them to.
+    fn numeric_flags(cmd: &clap::Command) -> Vec<String> {
+        let numeric = [
+            TypeId::of::<u16>(),
+            TypeId::of::<u32>(),
+            TypeId::of::<u64>(),
+            TypeId::of::<usize>(),
+            TypeId::of::<f32>(),
+            TypeId::of::<f64>(),
+        ];
+        cmd.get_arguments()
+            .filter(|a| numeric.iter().any(|t| a.get_value_parser().type_id() == *t))
+            .filter_map(|a| a.get_long().map(str::to_string))
+            .collect()
+    }
+
+    /// Every numeric flag of every subcommand takes `-1` as its value and refuses it by its
+    /// range, naming the flag and the range (not as an unexpected argument `-1`, which names
+    /// no flag): exit status 2.
+    #[test]
+    fn a_negative_number_is_refused_by_range_naming_the_flag() {
+        let cli = Cli::command();
+        let mut checked = 0;
+        for sub in cli.get_subcommands() {
+            for long in numeric_flags(sub) {
+                let flag = format!("--{long}");
+                let args = ["kiln-verify", sub.get_name(), flag.as_str(), "-1"];
+                let e = Cli::try_parse_from(args).unwrap_err();
+                let text = e.to_string();
+                assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{text}");
+                assert_eq!(e.exit_code(), 2, "{text}");
+                assert!(text.contains(&format!("'{flag} <")), "{text}");
+                assert!(text.contains("must be a"), "{text}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 8, "layers: 3 flags, perplexity: 5");
+    }
 
     /// Every flag of every subcommand has its own line in `--help` (clap's built-in `--help`
     /// and `--version` aside).

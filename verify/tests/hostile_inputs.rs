@@ -1,6 +1,7 @@
 //! `kiln-verify` against hostile inputs: a reference or base that holds NaN is the
-//! reference's fault (exit 2 naming it), never the model's (exit 1); devices and FIFOs named
-//! as inputs are refused at once; `--save-logits` never replaces what the run reads.
+//! reference's fault (exit 2 naming it), never the model's (exit 1); devices, FIFOs and
+//! sockets named as inputs are refused at once, saying what they are; `--save-logits` never
+//! replaces what the run reads; a negative number is refused by the flag's range.
 
 mod common;
 
@@ -128,7 +129,7 @@ fn saved_logits_holding_nan_are_bad_input_naming_them() {
 
 #[cfg(unix)]
 #[test]
-fn devices_and_fifos_as_inputs_are_refused_at_once() {
+fn devices_fifos_and_sockets_as_inputs_are_refused_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let m = model(dir.path());
     let m = m.to_str().unwrap();
@@ -142,7 +143,8 @@ fn devices_and_fifos_as_inputs_are_refused_at_once() {
         .status()
         .unwrap()
         .success());
-    for path in ["/dev/zero", "fifo"] {
+    let _listener = std::os::unix::net::UnixListener::bind(dir.path().join("sock")).unwrap();
+    for path in ["/dev/zero", "fifo", "sock"] {
         let runs: [Vec<&str>; 4] = [
             vec!["layers", m, "--reference", path],
             vec!["perplexity", m, "--text", path, "-c", "16"],
@@ -163,10 +165,61 @@ fn devices_and_fifos_as_inputs_are_refused_at_once() {
             let e = stderr(&o);
             assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
             assert!(
-                e.contains(path) && e.contains("not a file"),
+                e.contains(path) && e.contains("not a file; give the path of the "),
+                "{args:?}: {e}"
+            );
+            assert!(
+                !e.contains("os error") && !e.contains("file file"),
                 "{args:?}: {e}"
             );
         }
+    }
+}
+
+/// A negative number given to a numeric flag is refused by the flag's range, naming the flag
+/// and the range (regression: clap's "unexpected argument '-1' found" named no flag).
+#[test]
+fn a_negative_number_is_refused_naming_the_flag_and_its_range() {
+    let dir = tempfile::tempdir().unwrap();
+    for (args, flag, range) in [
+        (
+            &[
+                "perplexity",
+                "m.kiln",
+                "--text",
+                "t.txt",
+                "--kl-base",
+                "b",
+                "--max-kld",
+                "-1",
+            ][..],
+            "--max-kld",
+            "must be a finite number, at least 0",
+        ),
+        (
+            &["perplexity", "m.kiln", "--text", "t.txt", "-c", "-1"],
+            "--ctx",
+            "must be a whole number, at least 8",
+        ),
+        (
+            &["layers", "m.kiln", "--reference", "r", "--min-top1", "-1"],
+            "--min-top1",
+            "must be a number from 0 to 1",
+        ),
+        (
+            &["layers", "m.kiln", "--reference", "r", "-t", "-1"],
+            "--threads",
+            "must be a whole number, at least 1",
+        ),
+    ] {
+        let o = kv(args, dir.path());
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert!(
+            e.contains(&format!("invalid value '-1' for '{flag} <")) && e.contains(range),
+            "{args:?}: {e}"
+        );
+        assert!(!e.contains("unexpected argument"), "{args:?}: {e}");
     }
 }
 

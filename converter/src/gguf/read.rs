@@ -107,7 +107,7 @@ impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref().to_path_buf();
         // A FIFO or a device (`/dev/zero`) is refused without blocking or reading it.
-        let file = kiln_format::open_regular(&path, "GGUF")?;
+        let file = kiln_format::open_regular(&path, "GGUF file")?;
         // SAFETY: a read-only private map; the input must not be modified while it is being
         // read (the contract of every memory-mapped model loader). All access goes through
         // `parse`'s bounds-checked header.
