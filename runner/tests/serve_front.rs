@@ -314,7 +314,8 @@ fn a_chat_completion_carries_the_request_to_the_engine_and_the_answer_back() {
             &chat_body(
                 json!({"temperature": 0.7, "seed": 5, "max_tokens": 10, "stop": ["!"],
                 "logprobs": true, "top_logprobs": 1, "ignore_eos": true,
-                "response_format": {"type": "json_object"}}),
+                "response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "n", "schema": {"type": "integer"}}}}),
             ),
         );
         assert_eq!(r.status, 200, "{}", r.body);
@@ -343,6 +344,20 @@ fn a_chat_completion_carries_the_request_to_the_engine_and_the_answer_back() {
         assert_eq!(s.logprobs, Some(1));
         assert!(s.ignore_eos && s.constrained);
         assert_eq!(j["usage"]["prompt_tokens"], s.prompt.len());
+
+        // This vocabulary has no `{`: no object can be written, and the schema is refused
+        // before the job is queued.
+        let r = post(
+            c.addr,
+            "/v1/chat/completions",
+            &chat_body(json!({"response_format": {"type": "json_object"}})),
+        );
+        assert_eq!((r.status, r.param()), (400, json!("response_format")));
+        assert!(
+            r.body.contains("no document the model can write"),
+            "{}",
+            r.body
+        );
 
         // No max_tokens: the room left in the context.
         let r = post(c.addr, "/v1/chat/completions", &chat_body(json!({})));

@@ -10,6 +10,7 @@ use crate::generate::Interrupt;
 use crate::model::{common_prefix, Compute, Logits, Sequence};
 use crate::sampler::Sampler;
 use crate::serve::job::{Event, Finish, Job, Timings, TokenInfo, Usage};
+use crate::serve::log;
 use crate::serve::prompt_cache::{PromptCache, Reuse};
 use crate::tokenizer::{TextStream, Tokenizer};
 
@@ -372,7 +373,7 @@ pub fn run(
                         }
                         Err(e) => {
                             // The draft's failure costs its guesses, not the requests.
-                            eprintln!("kiln-run serve: the draft proposed nothing this step: {e}");
+                            log::line(format_args!("the draft proposed nothing this step: {e}"));
                             slots.iter_mut().for_each(|s| s.guesses.clear());
                         }
                     }
@@ -849,9 +850,9 @@ fn fail(mut s: Slot<'_>, message: &str) {
     drop_failed(&mut s, message);
 }
 
-/// One line on stderr about a job.
+/// One line on stderr about a job ([`log::line`] escapes messages that quote the request).
 fn log_line(job: &Job, what: &str) {
-    eprintln!("kiln-run serve: request {}: {what}", job.id);
+    log::line(format_args!("request {}: {what}", job.id));
 }
 
 /// Where the first of `stops` begins in `text`, if any does.

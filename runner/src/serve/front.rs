@@ -6,7 +6,8 @@
 //! it waits for events it looks at its socket every [`POLL`], so a client that went away has
 //! its job cancelled within that time instead of holding a sequence to the end; a write that
 //! fails or times out cancels too. Every refusal is OpenAI-shaped ([`ApiError`]) and logged as
-//! one line on stderr.
+//! one line on stderr ([`log::line`] escapes what the client sent). A request that can be
+//! refused on its head (route, method, API key, body size) is refused before its body is read.
 
 use std::io::BufReader;
 use std::net::{TcpListener, TcpStream};
@@ -26,9 +27,9 @@ use crate::serve::api::{self, embeddings, ApiError, Common, Meta, ResponseFormat
 use crate::serve::embeddings::EmbedService;
 use crate::serve::engine::{EngineHandle, SubmitError};
 use crate::serve::grammar::Grammars;
-use crate::serve::http::{self, HttpError, Limits, Request};
+use crate::serve::http::{self, Head, HttpError, Limits, Request};
 use crate::serve::job::{Job, TokenConstraint};
-use crate::serve::page;
+use crate::serve::{log, page};
 use crate::tokenizer::Tokenizer;
 use answer::{Output, Waiter};
 
@@ -145,7 +146,7 @@ pub fn serve(
                 Err(e) => {
                     // Out of descriptors or a connection reset before accept: log, back off,
                     // keep serving.
-                    eprintln!("kiln-run serve: accept failed: {e}");
+                    log::line(format_args!("accept failed: {e}"));
                     std::thread::sleep(POLL);
                     continue;
                 }
@@ -167,7 +168,7 @@ pub fn serve(
                     server.connection(stream);
                 });
             if let Err(e) = spawned {
-                eprintln!("kiln-run serve: cannot start a connection thread: {e}");
+                log::line(format_args!("cannot start a connection thread: {e}"));
             }
         }
     });
@@ -241,8 +242,25 @@ fn linger_close(stream: &TcpStream) {
     }
 }
 
+/// Answer a request that could not be read (when an answer is possible) and close.
+fn refuse_http(stream: &TcpStream, e: &HttpError) -> Next {
+    if let Some(status) = e.status() {
+        log("-", "-", status, &e.to_string());
+        let kind = if matches!(e, HttpError::Timeout) {
+            "timeout_error"
+        } else {
+            "invalid_request_error"
+        };
+        let err = ApiError::new(status, kind, e.to_string());
+        let _ = http::write_json(&mut &*stream, status, &[], &err.to_json(), false);
+        linger_close(stream);
+    }
+    Next::End
+}
+
+/// One log line about a request; [`log::line`] escapes what the client sent.
 fn log(method: &str, path: &str, status: u16, message: &str) {
-    eprintln!("kiln-run serve: {method} {path} {status}: {message}");
+    log::line(format_args!("{method} {path} {status}: {message}"));
 }
 
 fn unix_now() -> u64 {
@@ -261,6 +279,16 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
         diff |= std::hint::black_box(x ^ y);
     }
     diff == 0
+}
+
+/// What reading a request gave.
+enum Next {
+    /// A whole request and its route.
+    Request(Request, &'static str),
+    /// A request refused on its head, answered; the connection may carry another.
+    Refused,
+    /// The connection ends (any answer is written).
+    End,
 }
 
 /// What a handler produced.
@@ -313,26 +341,48 @@ impl Server<'_, '_> {
             let _ = stream.set_read_timeout(Some(self.timeout()));
             // A timeout too large to add to the clock means none.
             let deadline = Instant::now().checked_add(self.cfg.request_timeout);
-            let req = match http::read_request(&mut reader, &mut &stream, &limits, deadline) {
-                Ok(r) => r,
-                Err(e) => {
-                    if let Some(status) = e.status() {
-                        log("-", "-", status, &e.to_string());
-                        let kind = if matches!(e, HttpError::Timeout) {
-                            "timeout_error"
-                        } else {
-                            "invalid_request_error"
-                        };
-                        let err = ApiError::new(status, kind, e.to_string());
-                        let _ = http::write_json(&mut &stream, status, &[], &err.to_json(), false);
-                        linger_close(&stream);
-                    }
-                    return;
-                }
+            let (req, route) = match self.read(&mut reader, &stream, &limits, deadline) {
+                Next::Request(req, route) => (req, route),
+                Next::Refused if !self.stop.is_raised() => continue,
+                Next::Refused | Next::End => return,
             };
-            if !self.respond(&req, &stream) || !req.keep_alive || self.stop.is_raised() {
+            if !self.respond(&req, route, &stream) || !req.keep_alive || self.stop.is_raised() {
                 return;
             }
+        }
+    }
+
+    /// Read one request and the route it takes. A request refused on its head alone (no
+    /// route, a method the route does not take, no API key) is answered before its body is
+    /// read, and before a client that sent `Expect: 100-continue` is told to send it: a
+    /// client without the key gets its 401, not an invitation to upload. A body left unread
+    /// ends the connection.
+    fn read(
+        &self,
+        reader: &mut BufReader<TcpStream>,
+        stream: &TcpStream,
+        limits: &Limits,
+        deadline: Option<Instant>,
+    ) -> Next {
+        let head = match http::read_head(reader, limits, deadline) {
+            Ok(head) => head,
+            Err(e) => return refuse_http(stream, &e),
+        };
+        let route = match self.check_head(&head) {
+            Ok(route) => route,
+            Err(e) => {
+                let keep = head.keep_alive && head.length == 0;
+                let written = self.write_error(stream, &head.method, &head.path, &e, keep);
+                if written.is_ok() && keep {
+                    return Next::Refused;
+                }
+                linger_close(stream);
+                return Next::End;
+            }
+        };
+        match http::read_body(reader, &mut &*stream, head, deadline) {
+            Ok(req) => Next::Request(req, route),
+            Err(e) => refuse_http(stream, &e),
         }
     }
 
@@ -361,11 +411,11 @@ impl Server<'_, '_> {
         false
     }
 
-    /// Answer one request; whether the connection may carry another.
-    fn respond(&self, req: &Request, stream: &TcpStream) -> bool {
+    /// Answer one request on `route`; whether the connection may carry another.
+    fn respond(&self, req: &Request, route: &'static str, stream: &TcpStream) -> bool {
         let mut out = stream;
         let keep = req.keep_alive;
-        let written = match self.route(req, stream) {
+        let written = match self.route(req, route, stream) {
             Ok(Reply::Json(v)) => http::write_json(&mut out, 200, &[], &v, keep),
             Ok(Reply::Html(page)) => http::write_response(
                 &mut out,
@@ -376,43 +426,64 @@ impl Server<'_, '_> {
                 keep,
             ),
             Ok(Reply::Written(ok)) => return ok,
-            Err(e) => {
-                log(&req.method, &req.path, e.status, &e.message);
-                let allow = ROUTES
-                    .iter()
-                    .find(|(p, _)| *p == req.path)
-                    .map_or("", |(_, m)| *m);
-                let extra: &[(&str, &str)] = match e.status {
-                    503 => &[("Retry-After", "1")],
-                    401 => &[("WWW-Authenticate", "Bearer")],
-                    405 => &[("Allow", allow)],
-                    _ => &[],
-                };
-                http::write_json(&mut out, e.status, extra, &e.to_json(), keep)
-            }
+            Err(e) => self.write_error(stream, &req.method, &req.path, &e, keep),
         };
         written.is_ok()
     }
 
-    fn route(&self, req: &Request, stream: &TcpStream) -> std::result::Result<Reply, ApiError> {
-        let Some((path, method)) = ROUTES.iter().find(|(p, _)| *p == req.path) else {
+    /// Log `e` and answer with it, with the headers its status calls for.
+    fn write_error(
+        &self,
+        mut out: &TcpStream,
+        method: &str,
+        path: &str,
+        e: &ApiError,
+        keep: bool,
+    ) -> std::io::Result<()> {
+        log(method, path, e.status, &e.message);
+        let allow = ROUTES
+            .iter()
+            .find(|(p, _)| *p == path)
+            .map_or("", |(_, m)| *m);
+        let extra: &[(&str, &str)] = match e.status {
+            503 => &[("Retry-After", "1")],
+            401 => &[("WWW-Authenticate", "Bearer")],
+            405 => &[("Allow", allow)],
+            _ => &[],
+        };
+        http::write_json(&mut out, e.status, extra, &e.to_json(), keep)
+    }
+
+    /// The route `head` takes, once its method and API key are checked: what can be refused
+    /// before the body is read.
+    fn check_head(&self, head: &Head) -> std::result::Result<&'static str, ApiError> {
+        let Some((path, method)) = ROUTES.iter().find(|(p, _)| *p == head.path) else {
             return Err(ApiError::new(
                 404,
                 "invalid_request_error",
-                format!("no route {} {}", req.method, req.path),
+                format!("no route {} {}", head.method, head.path),
             ));
         };
-        if req.method != *method {
+        if head.method != *method {
             return Err(ApiError::new(
                 405,
                 "invalid_request_error",
-                format!("{} takes {method}, not {}", req.path, req.method),
+                format!("{} takes {method}, not {}", head.path, head.method),
             ));
         }
         if *path != "/" && *path != "/health" {
-            self.authorize(req)?;
+            self.authorize(head.header("authorization"))?;
         }
-        match *path {
+        Ok(path)
+    }
+
+    fn route(
+        &self,
+        req: &Request,
+        route: &'static str,
+        stream: &TcpStream,
+    ) -> std::result::Result<Reply, ApiError> {
+        match route {
             "/" => Ok(Reply::Html(page::PAGE)),
             "/health" => Ok(Reply::Json(self.health())),
             "/v1/models" => Ok(Reply::Json(api::models(
@@ -427,11 +498,12 @@ impl Server<'_, '_> {
         }
     }
 
-    fn authorize(&self, req: &Request) -> std::result::Result<(), ApiError> {
+    /// Check `authorization` (the header's value) against `--api-key`, if one is set.
+    fn authorize(&self, authorization: Option<&str>) -> std::result::Result<(), ApiError> {
         let Some(key) = &self.cfg.api_key else {
             return Ok(());
         };
-        let given = req.header("authorization").and_then(|v| {
+        let given = authorization.and_then(|v| {
             let (scheme, token) = v.split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
         });
@@ -683,10 +755,10 @@ impl Server<'_, '_> {
         &self,
         format: &ResponseFormat,
     ) -> std::result::Result<Option<Box<dyn TokenConstraint>>, ApiError> {
-        let schema = match format {
+        let (schema, param) = match format {
             ResponseFormat::Text => return Ok(None),
-            ResponseFormat::JsonObject => json!({"type": "object"}),
-            ResponseFormat::JsonSchema(s) => s.clone(),
+            ResponseFormat::JsonObject => (json!({"type": "object"}), "response_format"),
+            ResponseFormat::JsonSchema(s) => (s.clone(), "response_format.json_schema"),
         };
         let grammars = self.model.grammars.ok_or_else(|| {
             ApiError::invalid(
@@ -694,10 +766,13 @@ impl Server<'_, '_> {
                 "this server does not constrain output; send `response_format` of type text",
             )
         })?;
+        // Compiled (and its first mask computed) here, before the job is queued: a schema
+        // that cannot constrain output is the client's mistake, a 400 naming it, never a
+        // failure once the job runs.
         grammars
             .json_schema(&schema)
             .map(Some)
-            .map_err(|m| ApiError::invalid("response_format", m))
+            .map_err(|m| ApiError::invalid(param, m))
     }
 
     fn generate(

@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use llguidance::api::{ParserLimits, TopLevelGrammar};
+use llguidance::api::{ParserLimits, StopReason, TopLevelGrammar};
 use llguidance::earley::SlicedBiasComputer;
 use llguidance::toktrie::{ApproximateTokEnv, InferenceCapabilities, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
@@ -23,6 +23,9 @@ use serde_json::Value;
 use crate::error::{Result, RunnerError};
 use crate::serve::job::TokenConstraint;
 use crate::tokenizer::Tokenizer;
+use finite::Finite;
+
+mod finite;
 
 /// Largest schema accepted, serialized: the biggest real-world schemas (FHIR) are a few
 /// hundred KiB; past this a schema is more likely an attack on compile time than a format.
@@ -41,6 +44,15 @@ const MAX_VOCAB_BYTES: usize = 3_000_000;
 
 /// Most token ids the trie can number (24 bits, one value reserved for "no token").
 const MAX_VOCAB: usize = (1 << 24) - 1;
+
+/// The refusal of a schema whose grammar allows no first token.
+const NO_DOCUMENT: &str = "the JSON schema accepts no document the model can write (`$ref`s \
+                           that lead only to each other accept none)";
+
+/// The refusal of a schema whose every document would be infinite.
+const NO_FINITE_DOCUMENT: &str = "the JSON schema accepts no finite document: its `$ref`s \
+                                  recurse through required properties or non-empty arrays \
+                                  without a way out";
 
 /// Longest error message handed to a client: llguidance may append its grammar or a
 /// backtrace, which is neither useful to a client nor bounded.
@@ -157,14 +169,15 @@ impl Grammars {
     /// Compile a JSON schema (`response_format.json_schema.schema`; `{"type": "object"}` for
     /// `json_object`) into a constraint for one generation.
     ///
-    /// Err(message) when the schema is invalid or uses something unsupported: the server
-    /// answers 400 with it.
+    /// Err(message) when the schema is invalid, uses something unsupported, or accepts no
+    /// document (nothing at all, or nothing finite): the server answers 400 with it. The
+    /// first token's mask is computed here, so the schema is known to work before a request
+    /// is queued.
     pub fn json_schema(
         &self,
         schema: &Value,
     ) -> std::result::Result<Box<dyn TokenConstraint>, String> {
-        let schema = self.checked_schema(schema)?;
-        let grammar = TopLevelGrammar::from_json_schema(schema);
+        let grammar = TopLevelGrammar::from_json_schema(self.checked_schema(schema)?);
         let parser = llguidance::panic_utils::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.factory.create_parser(grammar)
         }))
@@ -173,13 +186,30 @@ impl Grammars {
         if let Some(e) = matcher.get_error() {
             return Err(client_message("the JSON schema cannot be used", &e));
         }
-        Ok(Box::new(JsonConstraint {
+        let mut constraint = JsonConstraint {
             matcher,
             mask: vec![0; self.vocab.div_ceil(32)],
             vocab: self.vocab,
             stop: self.stop.clone(),
             finished: false,
-        }))
+            ready: false,
+        };
+        // A schema can compile into a grammar that accepts no document at all (`$ref`s that
+        // only lead to each other): llguidance finds out at the first mask. Computing it here,
+        // on the connection's thread, makes that a 400 before the request is queued instead
+        // of a failure once it runs; the engine then uses this mask for the first token.
+        constraint.compute_mask().map_err(|e| match e {
+            MaskError::Empty => NO_DOCUMENT.to_string(),
+            MaskError::Engine(m) => client_message("the JSON schema cannot be used", &m),
+        })?;
+        constraint.ready = true;
+        // A grammar can also accept prefixes forever without a document that ends (a
+        // required property, or a non-empty array, whose schema is the whole again): the
+        // model would write until `max_tokens` and return no JSON.
+        if !Finite::accepts_some(schema) {
+            return Err(NO_FINITE_DOCUMENT.into());
+        }
+        Ok(Box::new(constraint))
     }
 
     /// The schema with Kiln's output options in place of any the client set: checks shape
@@ -262,6 +292,16 @@ pub struct JsonConstraint {
     stop: Vec<u32>,
     /// The document is complete and nothing may follow it.
     finished: bool,
+    /// `mask` holds the mask for the next token, computed before it was asked for.
+    ready: bool,
+}
+
+/// Why no mask could be computed.
+enum MaskError {
+    /// No token can continue: the grammar accepts nothing from here.
+    Empty,
+    /// llguidance failed (out of fuel, an internal error): its message.
+    Engine(String),
 }
 
 impl std::fmt::Debug for JsonConstraint {
@@ -280,28 +320,26 @@ impl JsonConstraint {
         }
     }
 
-    fn is_set(&self, id: u32) -> bool {
-        (id as usize) < self.vocab
-            && self
-                .mask
-                .get(id as usize / 32)
-                .is_some_and(|w| w & (1 << (id % 32)) != 0)
-    }
-}
-
-impl TokenConstraint for JsonConstraint {
-    fn allowed(&mut self) -> std::result::Result<Option<&[u32]>, String> {
+    /// The mask of the tokens that may come next, into `mask` (stop tokens only once the
+    /// document is complete).
+    fn compute_mask(&mut self) -> std::result::Result<(), MaskError> {
         self.mask.fill(0);
         if self.finished {
             for id in self.stop.clone() {
                 self.set(id);
             }
-            return Ok(Some(&self.mask));
+            return Ok(());
         }
-        let set = self
-            .matcher
-            .compute_mask()
-            .map_err(|e| client_message("structured output failed", &e.to_string()))?;
+        let set = self.matcher.compute_mask().map_err(|e| {
+            let message = e.to_string();
+            // llguidance stops with this reason when no byte can extend the output.
+            let first = message.lines().next().unwrap_or_default().trim();
+            if first == StopReason::NoExtensionBias.to_string() {
+                MaskError::Empty
+            } else {
+                MaskError::Engine(message)
+            }
+        })?;
         for (dst, src) in self.mask.iter_mut().zip(set.as_slice()) {
             *dst = *src;
         }
@@ -314,7 +352,30 @@ impl TokenConstraint for JsonConstraint {
             }
         }
         if self.mask.iter().all(|&w| w == 0) {
-            return Err("structured output failed: no token can continue the JSON".into());
+            return Err(MaskError::Empty);
+        }
+        Ok(())
+    }
+
+    fn is_set(&self, id: u32) -> bool {
+        (id as usize) < self.vocab
+            && self
+                .mask
+                .get(id as usize / 32)
+                .is_some_and(|w| w & (1 << (id % 32)) != 0)
+    }
+}
+
+impl TokenConstraint for JsonConstraint {
+    fn allowed(&mut self) -> std::result::Result<Option<&[u32]>, String> {
+        // The first mask was computed when the schema was checked.
+        if !std::mem::take(&mut self.ready) {
+            self.compute_mask().map_err(|e| match e {
+                MaskError::Empty => {
+                    "structured output failed: no token can continue the JSON".into()
+                }
+                MaskError::Engine(m) => client_message("structured output failed", &m),
+            })?;
         }
         Ok(Some(&self.mask))
     }
@@ -736,6 +797,70 @@ mod tests {
                 .unwrap_or_else(|| panic!("{schema} was accepted"));
             assert!(e.contains(want), "{schema}: {e}");
             assert!(!e.contains('\n') && e.len() < 600, "{e}");
+        }
+    }
+
+    /// Issue #65: `$ref`s that only lead to each other compiled, then failed at the first
+    /// mask inside the engine (a 500, or an error event after a 200). They, and recursion
+    /// with no finite document, are refused when the schema is compiled; recursion with a
+    /// way out is kept, and a walk under it ends.
+    #[test]
+    fn schemas_accepting_no_document_are_refused_when_compiled() {
+        let tok = tiny();
+        let grammars = Grammars::new(&tok, 323).unwrap();
+        for (schema, want) in [
+            (
+                json!({"$ref": "#"}),
+                "accepts no document the model can write",
+            ),
+            (
+                json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                       "$ref": "#/$defs/a"}),
+                "accepts no document",
+            ),
+            (json!({"anyOf": [{"$ref": "#"}]}), "accepts no document"),
+            (json!({"allOf": [{"$ref": "#"}]}), "accepts no document"),
+            (
+                json!({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}),
+                "no finite document",
+            ),
+            (
+                json!({"type": "array", "items": {"$ref": "#"}, "minItems": 1}),
+                "no finite document",
+            ),
+            (
+                json!({"$defs": {"n": {"type": "object", "properties": {"x": {"$ref": "#/$defs/n"}},
+                                       "required": ["x"]}},
+                       "type": "object", "properties": {"a": {"$ref": "#/$defs/n"}},
+                       "required": ["a"]}),
+                "no finite document",
+            ),
+        ] {
+            let e = grammars
+                .json_schema(&schema)
+                .err()
+                .unwrap_or_else(|| panic!("{schema} was accepted"));
+            assert!(e.contains(want), "{schema}: {e}");
+        }
+        let with_a_way_out = [
+            json!({"type": "object", "properties": {"a": {"$ref": "#"}}}),
+            json!({"type": "object",
+                   "properties": {"a": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+                   "required": ["a"]}),
+            json!({"type": "array", "items": {"$ref": "#"}}),
+            json!({"type": ["object", "null"], "properties": {"a": {"$ref": "#"}},
+                   "required": ["a"]}),
+            json!({"$defs": {"n": {"type": "object", "properties": {"x": {"$ref": "#/$defs/n"}},
+                                   "required": []}},
+                   "type": "object", "properties": {"a": {"$ref": "#/$defs/n"}},
+                   "required": ["a"]}),
+        ];
+        for schema in with_a_way_out {
+            for seed in 0..4 {
+                let text = walk(&grammars, &tok, &schema, seed);
+                serde_json::from_str::<Value>(&text)
+                    .unwrap_or_else(|e| panic!("{schema}, seed {seed}: {e}: {text:?}"));
+            }
         }
     }
 

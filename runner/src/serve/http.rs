@@ -1,7 +1,8 @@
 //! A small, strict HTTP/1.1 layer over any `BufRead` + `Write` (a `TcpStream` in the server,
 //! byte buffers in tests).
 //!
-//! [`read_request`] reads one request head and its `Content-Length` body, every part bounded:
+//! [`read_request`] reads one request head ([`read_head`]) and its `Content-Length` body
+//! ([`read_body`]), every part bounded:
 //! a head over [`Limits::max_head_bytes`] or [`Limits::max_headers`] is a 431, a body over
 //! [`Limits::max_body_bytes`] a 413, a chunked request body a 411 (the server has no use for
 //! streamed uploads, and refusing them keeps the body bound exact). A deadline covers the whole
@@ -64,10 +65,7 @@ pub struct Request {
 impl Request {
     /// The first value of header `name` (lowercase).
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+        header(&self.headers, name)
     }
 }
 
@@ -203,15 +201,61 @@ fn is_token(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
-/// Read one request from `r`. `w` receives `100 Continue` when the client asks for it.
-/// `deadline` bounds the whole request; a client silent until then before its first byte
-/// gives [`HttpError::Closed`].
+/// A request's head: everything but the body, whose length it declares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    /// `GET`, `POST`… as sent (methods are case-sensitive).
+    pub method: String,
+    /// The path, without the query string.
+    pub path: String,
+    /// What followed `?`, if anything.
+    pub query: Option<String>,
+    /// Header names lowercased, values trimmed, in order.
+    pub headers: Vec<(String, String)>,
+    /// Whether the connection stays open after the response (HTTP/1.1 unless
+    /// `Connection: close`; HTTP/1.0 only with `Connection: keep-alive`).
+    pub keep_alive: bool,
+    /// The body's `Content-Length` (0 when absent), within [`Limits::max_body_bytes`].
+    pub length: usize,
+    /// The client waits for `100 Continue` before it sends the body.
+    pub expect_continue: bool,
+}
+
+impl Head {
+    /// The first value of header `name` (lowercase).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        header(&self.headers, name)
+    }
+}
+
+fn header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Read one request from `r`: [`read_head`], then [`read_body`] (`w` receives `100 Continue`
+/// when the client asks for it). `deadline` bounds the whole request; a client silent until
+/// then before its first byte gives [`HttpError::Closed`].
 pub fn read_request<R: BufRead, W: Write>(
     r: &mut R,
     w: &mut W,
     limits: &Limits,
     deadline: Option<Instant>,
 ) -> Result<Request, HttpError> {
+    let head = read_head(r, limits, deadline)?;
+    read_body(r, w, head, deadline)
+}
+
+/// Read one request head from `r`, refusing one over a limit, malformed, or declaring a body
+/// over [`Limits::max_body_bytes`]. Nothing is written: a server that must refuse the request
+/// (no route, no key) answers before the client is told to send its body.
+pub fn read_head<R: BufRead>(
+    r: &mut R,
+    limits: &Limits,
+    deadline: Option<Instant>,
+) -> Result<Head, HttpError> {
     let mut budget = limits.max_head_bytes;
     let mut line = Vec::new();
     // RFC 9112 §2.2: ignore empty lines before the request line.
@@ -223,9 +267,63 @@ pub fn read_request<R: BufRead, W: Write>(
             break;
         }
     }
-    let request_line = std::str::from_utf8(&line)
-        .map_err(|_| HttpError::BadRequest("the request line is not UTF-8".into()))?
-        .to_string();
+    let (method, target, http10) = request_line(&line)?;
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p.to_string(), Some(q.to_string())),
+        None => (target.clone(), None),
+    };
+    let mut headers = Vec::new();
+    loop {
+        read_line(r, &mut line, &mut budget, deadline, true)?;
+        if line.is_empty() {
+            break;
+        }
+        if headers.len() == limits.max_headers {
+            return Err(HttpError::HeadTooLarge(format!(
+                "more than {} header lines",
+                limits.max_headers
+            )));
+        }
+        headers.push(header_line(&line)?);
+    }
+    let length = body_length(&headers, limits)?;
+    let connection = values(&headers, "connection")
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .collect::<Vec<_>>();
+    let keep_alive = if http10 {
+        connection.iter().any(|t| t == "keep-alive")
+    } else {
+        !connection.iter().any(|t| t == "close")
+    };
+    let expect = values(&headers, "expect")
+        .next()
+        .map(|v| v.to_ascii_lowercase());
+    let expect_continue = match expect.as_deref() {
+        // RFC 9110 §10.1.1: a 1.0 client cannot read a 1xx; it sends its body anyway.
+        Some("100-continue") => !http10 && length > 0,
+        None => false,
+        Some(other) => {
+            return Err(HttpError::BadRequest(format!(
+                "unsupported Expect `{other}`"
+            )))
+        }
+    };
+    Ok(Head {
+        method,
+        path,
+        query,
+        headers,
+        keep_alive,
+        length,
+        expect_continue,
+    })
+}
+
+/// The request line's method, target and whether it is HTTP/1.0.
+fn request_line(line: &[u8]) -> Result<(String, String, bool), HttpError> {
+    let request_line = std::str::from_utf8(line)
+        .map_err(|_| HttpError::BadRequest("the request line is not UTF-8".into()))?;
     let mut parts = request_line.split(' ');
     let (Some(method), Some(target), Some(version), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -252,67 +350,57 @@ pub fn read_request<R: BufRead, W: Write>(
         "HTTP/1.0" => true,
         v => return Err(HttpError::Version(v.escape_debug().to_string())),
     };
-    let (path, query) = match target.split_once('?') {
-        Some((p, q)) => (p.to_string(), Some(q.to_string())),
-        None => (target.to_string(), None),
+    Ok((method.to_string(), target.to_string(), http10))
+}
+
+/// One header line as (lowercased name, trimmed value).
+fn header_line(line: &[u8]) -> Result<(String, String), HttpError> {
+    let text = std::str::from_utf8(line)
+        .map_err(|_| HttpError::BadRequest("a header line is not UTF-8".into()))?;
+    // A stray CR or NUL is how request smuggling starts (RFC 9110 §5.5): refuse it.
+    if text.bytes().any(|b| (b < b' ' && b != b'\t') || b == 0x7f) {
+        return Err(HttpError::BadRequest(format!(
+            "the header line `{}` holds a control character",
+            text.escape_debug()
+        )));
+    }
+    let Some((name, value)) = text.split_once(':') else {
+        return Err(HttpError::BadRequest(format!(
+            "the header line `{}` has no `:`",
+            text.escape_debug()
+        )));
     };
-
-    let mut headers = Vec::new();
-    loop {
-        read_line(r, &mut line, &mut budget, deadline, true)?;
-        if line.is_empty() {
-            break;
-        }
-        if headers.len() == limits.max_headers {
-            return Err(HttpError::HeadTooLarge(format!(
-                "more than {} header lines",
-                limits.max_headers
-            )));
-        }
-        let text = std::str::from_utf8(&line)
-            .map_err(|_| HttpError::BadRequest("a header line is not UTF-8".into()))?;
-        // A stray CR or NUL is how request smuggling starts (RFC 9110 §5.5): refuse it.
-        if text.bytes().any(|b| (b < b' ' && b != b'\t') || b == 0x7f) {
-            return Err(HttpError::BadRequest(format!(
-                "the header line `{}` holds a control character",
-                text.escape_debug()
-            )));
-        }
-        let Some((name, value)) = text.split_once(':') else {
-            return Err(HttpError::BadRequest(format!(
-                "the header line `{}` has no `:`",
-                text.escape_debug()
-            )));
-        };
-        // RFC 9112 §5.1: no whitespace between the name and the colon (nor obsolete folding).
-        if !is_token(name) {
-            return Err(HttpError::BadRequest(format!(
-                "invalid header name `{}`",
-                name.escape_debug()
-            )));
-        }
-        headers.push((name.to_ascii_lowercase(), value.trim().to_string()));
+    // RFC 9112 §5.1: no whitespace between the name and the colon (nor obsolete folding).
+    if !is_token(name) {
+        return Err(HttpError::BadRequest(format!(
+            "invalid header name `{}`",
+            name.escape_debug()
+        )));
     }
+    Ok((name.to_ascii_lowercase(), value.trim().to_string()))
+}
 
-    fn values<'h>(
-        headers: &'h [(String, String)],
-        name: &'h str,
-    ) -> impl Iterator<Item = &'h String> {
-        headers
-            .iter()
-            .filter(move |(k, _)| k == name)
-            .map(|(_, v)| v)
-    }
-    let find_all = |name: &'static str| values(&headers, name);
-    if find_all("transfer-encoding").next().is_some() {
+fn values<'h>(headers: &'h [(String, String)], name: &'h str) -> impl Iterator<Item = &'h String> {
+    headers
+        .iter()
+        .filter(move |(k, _)| k == name)
+        .map(|(_, v)| v)
+}
+
+/// The body length the headers declare, refused when over the limit, conflicting, or in
+/// `Transfer-Encoding`.
+fn body_length(headers: &[(String, String)], limits: &Limits) -> Result<usize, HttpError> {
+    if values(headers, "transfer-encoding").next().is_some() {
         return Err(HttpError::LengthRequired);
     }
     let mut length: Option<u64> = None;
-    for v in find_all("content-length") {
+    for v in values(headers, "content-length") {
         let n = (!v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
             .then(|| v.parse::<u64>().ok())
             .flatten()
-            .ok_or_else(|| HttpError::BadRequest(format!("invalid Content-Length `{v}`")))?;
+            .ok_or_else(|| {
+                HttpError::BadRequest(format!("invalid Content-Length `{}`", v.escape_debug()))
+            })?;
         if length.is_some_and(|l| l != n) {
             return Err(HttpError::BadRequest(
                 "conflicting Content-Length headers".into(),
@@ -321,38 +409,30 @@ pub fn read_request<R: BufRead, W: Write>(
         length = Some(n);
     }
     let length = length.unwrap_or(0);
-    if length > limits.max_body_bytes as u64 {
-        return Err(HttpError::BodyTooLarge {
+    match usize::try_from(length) {
+        Ok(n) if n <= limits.max_body_bytes => Ok(n),
+        _ => Err(HttpError::BodyTooLarge {
             limit: limits.max_body_bytes,
             length,
-        });
+        }),
     }
-    let connection = find_all("connection")
-        .flat_map(|v| v.split(','))
-        .map(|t| t.trim().to_ascii_lowercase())
-        .collect::<Vec<_>>();
-    let keep_alive = if http10 {
-        connection.iter().any(|t| t == "keep-alive")
-    } else {
-        !connection.iter().any(|t| t == "close")
-    };
-    let expect = find_all("expect").next().map(|v| v.to_ascii_lowercase());
-    match expect.as_deref() {
-        // RFC 9110 §10.1.1: a 1.0 client cannot read a 1xx; it sends its body anyway.
-        Some("100-continue") if !http10 && length > 0 => {
-            w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-                .and_then(|()| w.flush())
-                .map_err(HttpError::Io)?;
-        }
-        None | Some("100-continue") => {}
-        Some(other) => {
-            return Err(HttpError::BadRequest(format!(
-                "unsupported Expect `{other}`"
-            )))
-        }
-    }
+}
 
-    let mut body = vec![0u8; length as usize];
+/// Read the body `head` declares, first sending `100 Continue` on `w` when the client waits
+/// for it: call this only once the request may go on (its route exists and it is
+/// authorized), so a client that will be refused is refused before it sends its body.
+pub fn read_body<R: BufRead, W: Write>(
+    r: &mut R,
+    w: &mut W,
+    head: Head,
+    deadline: Option<Instant>,
+) -> Result<Request, HttpError> {
+    if head.expect_continue {
+        w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .and_then(|()| w.flush())
+            .map_err(HttpError::Io)?;
+    }
+    let mut body = vec![0u8; head.length];
     let mut filled = 0;
     while filled < body.len() {
         if deadline.is_some_and(|d| Instant::now() > d) {
@@ -361,7 +441,8 @@ pub fn read_request<R: BufRead, W: Write>(
         match r.read(&mut body[filled..]) {
             Ok(0) => {
                 return Err(HttpError::BadRequest(format!(
-                    "the connection closed after {filled} of {length} body bytes"
+                    "the connection closed after {filled} of {} body bytes",
+                    head.length
                 )))
             }
             Ok(n) => filled += n,
@@ -370,12 +451,12 @@ pub fn read_request<R: BufRead, W: Write>(
         }
     }
     Ok(Request {
-        method: method.to_string(),
-        path,
-        query,
-        headers,
+        method: head.method,
+        path: head.path,
+        query: head.query,
+        headers: head.headers,
         body,
-        keep_alive,
+        keep_alive: head.keep_alive,
     })
 }
 
@@ -587,6 +668,32 @@ mod tests {
             status(b"POST / HTTP/1.1\r\nExpect: magic\r\n\r\n"),
             Some(400)
         );
+    }
+
+    /// Issue #65: `100 Continue` went out while the head was read, before the server knew
+    /// whether it would refuse the request (a missing API key). Reading the head writes
+    /// nothing; only reading the body, once the request may go on, sends it.
+    #[test]
+    fn reading_the_head_sends_no_continue() {
+        let bytes = b"POST / HTTP/1.1\r\nExpect: 100-Continue\r\nContent-Length: 2\r\n\r\nhi";
+        let mut r = BufReader::new(Cursor::new(bytes.to_vec()));
+        let head = read_head(&mut r, &limits(), None).unwrap();
+        assert!(head.expect_continue);
+        assert_eq!(head.length, 2);
+        let mut w = Vec::new();
+        let req = read_body(&mut r, &mut w, head, None).unwrap();
+        assert_eq!(
+            (req.body.as_slice(), w.as_slice()),
+            (&b"hi"[..], &b"HTTP/1.1 100 Continue\r\n\r\n"[..])
+        );
+        // HTTP/1.0, or no body: nothing to wait for.
+        for bytes in [
+            &b"POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n"[..],
+            &b"POST / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n"[..],
+        ] {
+            let mut r = BufReader::new(Cursor::new(bytes.to_vec()));
+            assert!(!read_head(&mut r, &limits(), None).unwrap().expect_continue);
+        }
     }
 
     #[test]

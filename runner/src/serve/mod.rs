@@ -5,6 +5,7 @@
 //! and one engine thread ([`engine`]) decodes every active sequence in one forward pass per
 //! step, reads new prompts in chunks between steps, and keeps finished conversations' KV
 //! caches for reuse ([`prompt_cache`]). Output can be held to a JSON schema ([`grammar`]).
+//! Every log line goes through [`log::line`], which escapes what a client could forge lines with.
 //! [`page`] is the chat page served at `/`. An embedding model is served by [`embeddings`]
 //! instead of the engine: `/v1/embeddings`, requests taking turns at one embedder.
 
@@ -15,5 +16,6 @@ pub mod front;
 pub mod grammar;
 pub mod http;
 pub mod job;
+pub mod log;
 pub mod page;
 pub mod prompt_cache;

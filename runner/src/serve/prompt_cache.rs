@@ -3,9 +3,12 @@
 //! A chat client sends the whole conversation every turn, so the next request's prompt starts
 //! with the previous request's prompt and answer. Instead of recomputing that prefix, the
 //! engine takes the kept [`Sequence`] sharing the longest prefix with the new prompt, rewinds
-//! it to that prefix and feeds only the rest. What is kept is bounded in bytes (`--cache-mb`):
-//! each entry counts the keys and values its longest run wrote (the pages it has touched),
-//! and the least recently used entries are dropped first.
+//! it to that prefix and feeds only the rest. What is kept is bounded in bytes (`--cache-mb`),
+//! and the least recently used entries are dropped first. Each entry is charged the memory it
+//! holds ([`Sequence::held_bytes`]), not the keys and values its tokens need: a cache's rows
+//! are stored head by head, so a short conversation still holds a whole page per head and
+//! layer (SmolLM2 at 40 tokens holds 1.6 times its values' bytes), and that is what the
+//! process's memory grows by. A dropped entry gives its pages back at once.
 //!
 //! Reusing a prefix changes how the rest of the prompt is batched: a cold request reads its
 //! prompt in chunks of `-b` tokens from position 0, a warm one from the reuse point, and the
@@ -75,7 +78,7 @@ struct Entry {
     seq: Sequence,
     /// Leading positions read in whole prefill chunks from position 0.
     exact: usize,
-    /// Bytes charged: the KV of the most positions the sequence has held.
+    /// Bytes charged: the memory the sequence holds, and the entry itself.
     bytes: usize,
     /// When it was last put back (a counter, larger is newer).
     used: u64,
@@ -138,12 +141,11 @@ impl PromptCache {
         Some((e.seq, n, e.exact))
     }
 
-    /// Keep `seq`, charged for the KV its longest run occupied, dropping the least recently
-    /// used entries until the budget holds; a sequence larger than the whole budget is dropped
-    /// at once.
+    /// Keep `seq`, charged for the memory it holds, dropping the least recently used entries
+    /// until the budget holds; a sequence larger than the whole budget is dropped at once.
     /// `exact` is how many leading positions were read in whole chunks from position 0.
     pub fn put(&mut self, seq: Sequence, exact: usize) {
-        let bytes = seq.peak_bytes();
+        let bytes = seq.held_bytes() + std::mem::size_of::<Entry>();
         if bytes > self.budget || seq.tokens().is_empty() {
             return;
         }
@@ -194,8 +196,8 @@ mod tests {
         };
         let a = run(&mut c, &[1, 2, 3, 4]);
         let b = run(&mut c, &[1, 2, 5]);
-        let per = a.peak_bytes();
-        assert!(per > 0 && b.peak_bytes() < per);
+        let per = a.held_bytes() + std::mem::size_of::<Entry>();
+        assert!(per > 0 && b.held_bytes() <= a.held_bytes());
         let mut cache = PromptCache::new(per * 2);
         let prefix = |c: &mut PromptCache, p: &[u32]| c.take(p, Reuse::Prefix, 2);
         cache.put(a, 4);
@@ -219,6 +221,54 @@ mod tests {
         let mut small = PromptCache::new(per / 2);
         small.put(run(&mut c, &[1, 2, 3, 4]), 4);
         assert!(small.is_empty());
+    }
+
+    /// The charge covers what a kept sequence really holds: whole pages of every head's
+    /// keys and values, not just the values' bytes, and its token list's capacity, not its
+    /// length; and however many sequences come, the charges stay within the budget.
+    #[test]
+    fn the_cache_charges_what_it_holds_and_stays_within_its_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = crate::model::tests_support::tiny_model(dir.path());
+        let file = kiln_format::KilnFile::open(&path).unwrap();
+        let model = Model::load(&file).unwrap();
+        let mut c = Compute::new(&model, 256, 1, CacheType::F16, SlidingCache::default()).unwrap();
+        let cfg = &model.config;
+        // f16 rows of one head, and the head's 4 KiB pages (at least) they touch: a head's
+        // rows are contiguous, 256 positions of them 8 KiB, so regions start on pages.
+        let row = cfg.head_dim * 2;
+        assert_eq!(256 * row % 4096, 0);
+        let regions = 2 * cfg.layers * cfg.kv_heads;
+        let mut filled = |n: usize| {
+            let mut s = c.sequence().unwrap();
+            let ids: Vec<u32> = (0..n as u32).map(|t| t % 300 + 3).collect();
+            c.forward(&mut s, &ids, Logits::Last, None).unwrap();
+            s
+        };
+        let charge = |s: &Sequence| s.held_bytes() + std::mem::size_of::<Entry>();
+        let budget = 4 * charge(&filled(40));
+        let mut cache = PromptCache::new(budget);
+        for i in 0..40 {
+            let n = 1 + (i * 37) % 200;
+            let mut s = filled(n);
+            // A rewind keeps the pages written and the token list's capacity.
+            s.rewind(n / 2);
+            let values = regions * n * row;
+            let pages = regions * (n * row).div_ceil(4096) * 4096;
+            let held = s.held_bytes();
+            assert!(
+                held >= pages && pages >= values,
+                "{n} tokens: {held} < {pages}"
+            );
+            assert_eq!(s.peak_bytes(), values);
+            assert!(held >= pages + n * std::mem::size_of::<u32>(), "{n} tokens");
+            cache.put(s, 0);
+            assert!(cache.bytes() <= budget, "{} > {budget}", cache.bytes());
+        }
+        assert!((1..40).contains(&cache.len()), "{} kept", cache.len());
+        // A short sequence is charged several times its values: the pages it holds.
+        let short = filled(3);
+        assert!(short.held_bytes() >= 20 * short.peak_bytes());
     }
 
     #[test]
