@@ -232,6 +232,44 @@ impl<'m> Embedder<'m> {
     }
 }
 
+/// The text put before every input: `prefix` if given (`--prefix`), else the model's prompt
+/// named `prompt_name` (`--prompt-name`; an unknown name is refused, listing the model's),
+/// else the model's default prompt, else nothing.
+pub fn input_prefix(
+    spec: Option<&EmbeddingSpec>,
+    prefix: Option<&str>,
+    prompt_name: Option<&str>,
+) -> Result<String> {
+    let Some(spec) = spec else {
+        return Ok(prefix.unwrap_or_default().to_string());
+    };
+    match (prefix, prompt_name) {
+        (Some(p), _) => Ok(p.to_string()),
+        (None, Some(name)) => {
+            spec.prompts
+                .get(name)
+                .cloned()
+                .ok_or_else(|| RunnerError::InvalidArgument {
+                    arg: "--prompt-name",
+                    reason: format!(
+                        "`{name}`: the model names {}",
+                        if spec.prompts.is_empty() {
+                            "no prompts".to_string()
+                        } else {
+                            spec.prompts.keys().cloned().collect::<Vec<_>>().join(", ")
+                        }
+                    ),
+                })
+        }
+        (None, None) => Ok(spec
+            .default_prompt_name
+            .as_ref()
+            .and_then(|n| spec.prompts.get(n))
+            .cloned()
+            .unwrap_or_default()),
+    }
+}
+
 /// Reduce `(n, h)` token states to one vector, as sentence-transformers' `Pooling` does
 /// (every token counts: nothing is padded).
 pub fn pool(states: &[f32], h: usize, pooling: Pooling) -> Vec<f32> {

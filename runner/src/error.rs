@@ -110,6 +110,34 @@ pub enum RunnerError {
     /// The prompt given on the command line or in a file is not valid UTF-8.
     #[error("the prompt {source_name} is not valid UTF-8 (first invalid byte at offset {offset})")]
     PromptNotUtf8 { source_name: String, offset: usize },
+    /// Something wrong with one text of many (`kiln-run embed`'s lines), naming it.
+    #[error("{place}: {source}")]
+    InText {
+        /// "line 12 of texts.txt", "text 3 (-p)".
+        place: String,
+        #[source]
+        source: Box<RunnerError>,
+    },
+    /// A line longer than a text file's lines may be.
+    #[error("longer than {limit} bytes, the most one line may hold; split it")]
+    LineTooLong { limit: usize },
+    /// A text that is not valid UTF-8.
+    #[error("not valid UTF-8 (first invalid byte at byte {offset} of the line)")]
+    TextNotUtf8 { offset: usize },
+    /// A text so long, and so sparse in tokens, that finding the tokens an embedding keeps
+    /// would mean tokenizing all of it (a run of characters a WordPiece vocabulary maps to one
+    /// unknown token).
+    #[error(
+        "a text of {bytes} bytes whose first {scanned} bytes make only {tokens} tokens: too \
+         few to find the {max_tokens} tokens kept without tokenizing the whole text; split \
+         it, or break its long runs without spaces"
+    )]
+    TextTooSparse {
+        bytes: usize,
+        scanned: usize,
+        tokens: usize,
+        max_tokens: usize,
+    },
     /// A sampling default in the file's generation_config.json that is out of range.
     #[error("{file}: generation_config.json `{field}`: {reason}; override it with {flag}")]
     BadGenerationConfig {

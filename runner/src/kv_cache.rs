@@ -104,6 +104,11 @@ impl<T: bytemuck::Pod> Pages<T> {
         let bytes = len.checked_mul(std::mem::size_of::<T>())?;
         // A mapping cannot be empty; a page-aligned start suits every value type here.
         let map = memmap2::MmapMut::map_anon(bytes.max(1)).ok()?;
+        // Where transparent huge pages are always on, one written position would fault in a
+        // 2 MiB page; with base pages the memory held is what [`KvCache::resident_bytes`]
+        // counts. A refusal (a kernel without THP) changes nothing.
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::NoHugePage);
         Some(Pages {
             map,
             len,
@@ -118,6 +123,33 @@ impl<T: bytemuck::Pod> Pages<T> {
     fn get_mut(&mut self) -> &mut [T] {
         bytemuck::cast_slice_mut(&mut self.map[..self.len * std::mem::size_of::<T>()])
     }
+}
+
+/// The size of the pages the system maps memory in: what a written value costs at least.
+/// Linux says in the auxiliary vector (`AT_PAGESZ`); where it cannot be read, 64 KiB, the
+/// largest base page in use, so that memory is never undercounted.
+fn page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| read_page_size().unwrap_or(64 << 10))
+}
+
+#[cfg(target_os = "linux")]
+fn read_page_size() -> Option<usize> {
+    /// `AT_PAGESZ`, the auxiliary vector's key for the page size.
+    const AT_PAGESZ: usize = 6;
+    const WORD: usize = std::mem::size_of::<usize>();
+    let auxv = std::fs::read("/proc/self/auxv").ok()?;
+    auxv.chunks_exact(2 * WORD).find_map(|entry| {
+        let word = |b: &[u8]| b.try_into().ok().map(usize::from_ne_bytes);
+        let (key, value) = (word(&entry[..WORD])?, word(&entry[WORD..])?);
+        (key == AT_PAGESZ && value.is_power_of_two()).then_some(value)
+    })
+}
+
+/// Apple silicon's 16 KiB pages, the largest of the other systems Kiln runs on.
+#[cfg(not(target_os = "linux"))]
+fn read_page_size() -> Option<usize> {
+    Some(16 << 10)
 }
 
 /// One stored tensor (all keys, or all values), `(layers, kv_heads, ctx, head_dim)`.
@@ -292,6 +324,45 @@ struct LayerSlots {
     ring_window: Option<usize>,
 }
 
+/// Where each layer's rows go, and the values every layer holds together: a layer with a
+/// window keeps a ring of `window - 1 + batch` positions where [`SlidingCache::Ring`] says so
+/// and that is less than `ctx`, every other layer `ctx` positions. `None` when the count, in
+/// f32 keys and values, passes memory's address range.
+fn layout(
+    windows: &[Option<usize>],
+    sliding: SlidingCache,
+    ctx: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Option<(Vec<LayerSlots>, usize)> {
+    let mut layers = Vec::with_capacity(windows.len());
+    let mut n = 0usize;
+    for &window in windows {
+        let ring = match (window, sliding) {
+            (Some(w), SlidingCache::Ring { batch }) => (w.max(1) - 1)
+                .checked_add(batch.max(1))
+                .filter(|&cap| cap < ctx)
+                .map(|cap| (cap, w.max(1))),
+            _ => None,
+        };
+        let capacity = ring.map_or(ctx, |(cap, _)| cap);
+        layers.push(LayerSlots {
+            base: n,
+            capacity,
+            ring_window: ring.map(|(_, w)| w),
+        });
+        n = [kv_heads, capacity, head_dim]
+            .into_iter()
+            .try_fold(1usize, usize::checked_mul)
+            .and_then(|layer| n.checked_add(layer))?;
+    }
+    // Keys and values at f32's 4 bytes, the widest type: so that `bytes` cannot overflow.
+    if n.checked_mul(8).is_none_or(|b| b > isize::MAX as usize) {
+        return None;
+    }
+    Some((layers, n))
+}
+
 impl KvCache {
     /// Allocate (zeroed) `layers` layers of `ctx` positions each. A Q8_0 cache needs a head
     /// width that is a multiple of 32; the size must fit in memory's address range.
@@ -331,36 +402,12 @@ impl KvCache {
                 ),
             });
         }
-        let too_big = || RunnerError::InvalidArgument {
-            arg: "--ctx",
-            reason: format!("a KV cache of {ctx} positions does not fit in memory"),
-        };
-        let mut layers = Vec::with_capacity(windows.len());
-        let mut n = 0usize;
-        for &window in windows {
-            let ring = match (window, sliding) {
-                (Some(w), SlidingCache::Ring { batch }) => (w.max(1) - 1)
-                    .checked_add(batch.max(1))
-                    .filter(|&cap| cap < ctx)
-                    .map(|cap| (cap, w.max(1))),
-                _ => None,
-            };
-            let capacity = ring.map_or(ctx, |(cap, _)| cap);
-            layers.push(LayerSlots {
-                base: n,
-                capacity,
-                ring_window: ring.map(|(_, w)| w),
-            });
-            n = [kv_heads, capacity, head_dim]
-                .into_iter()
-                .try_fold(1usize, usize::checked_mul)
-                .and_then(|layer| n.checked_add(layer))
-                .ok_or_else(too_big)?;
-        }
-        // Keys and values at f32's 4 bytes, the widest type: so that `bytes` cannot overflow.
-        if n.checked_mul(8).is_none_or(|b| b > isize::MAX as usize) {
-            return Err(too_big());
-        }
+        let (layers, n) = layout(windows, sliding, ctx, kv_heads, head_dim).ok_or_else(|| {
+            RunnerError::InvalidArgument {
+                arg: "--ctx",
+                reason: format!("a KV cache of {ctx} positions does not fit in memory"),
+            }
+        })?;
         let refused = || RunnerError::InvalidArgument {
             arg: "--ctx",
             reason: format!(
@@ -380,6 +427,21 @@ impl KvCache {
             len: 0,
             written: 0,
         })
+    }
+
+    /// Bytes the keys and values of a cache [`KvCache::with_windows`] would make hold once
+    /// every position is written, without making it: what a context costs, checked before
+    /// anything is built for it. `None` past memory's address range.
+    pub fn bytes_needed(
+        windows: &[Option<usize>],
+        sliding: SlidingCache,
+        ctx: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        ty: CacheType,
+    ) -> Option<usize> {
+        let (_, n) = layout(windows, sliding, ctx, kv_heads, head_dim)?;
+        Some(2 * ty.bytes(n))
     }
 
     /// How keys and values are stored.
@@ -463,6 +525,35 @@ impl KvCache {
             .map(|s| self.kv_heads * s.capacity.min(len) * self.head_dim)
             .sum();
         2 * self.ty.bytes(values)
+    }
+
+    /// Bytes of memory the first `len` positions hold once written: the pages their keys and
+    /// values touch (each head's rows are contiguous, so a head holding a few positions still
+    /// holds whole pages), and the cache's own bookkeeping. At least [`KvCache::bytes_for`];
+    /// what a server keeping this cache for reuse really spends on it.
+    pub fn resident_bytes(&self, len: usize) -> usize {
+        let page = page_size();
+        // Rows in address order: layer by layer, head by head. A page two heads share is
+        // counted once.
+        let (mut pages, mut counted_to) = (0usize, 0usize);
+        for s in &self.layers {
+            let rows = s.capacity.min(len) * self.head_dim;
+            if rows == 0 {
+                continue;
+            }
+            for h in 0..self.kv_heads {
+                let start = self.ty.bytes(s.base + h * s.capacity * self.head_dim);
+                let end = start + self.ty.bytes(rows);
+                let (first, last) = ((start / page).max(counted_to), end.div_ceil(page));
+                if last > first {
+                    pages += last - first;
+                    counted_to = last;
+                }
+            }
+        }
+        let books = std::mem::size_of::<KvCache>()
+            + self.layers.capacity() * std::mem::size_of::<LayerSlots>();
+        2 * pages * page + books
     }
 
     /// Value range of stored rows (slots) `from..to` of one head of one layer.
@@ -600,6 +691,23 @@ mod tests {
         for ty in CacheType::ALL {
             let err = KvCache::new(32, usize::MAX / 16, 8, 128, ty).unwrap_err();
             assert!(err.to_string().contains("does not fit"), "{err}");
+            let windows = [None; 32];
+            let need =
+                KvCache::bytes_needed(&windows, SlidingCache::Full, usize::MAX / 16, 8, 128, ty);
+            assert_eq!(need, None);
+        }
+    }
+
+    /// What a context is checked for before it is built is what building it allocates.
+    #[test]
+    fn bytes_needed_are_the_bytes_allocated() {
+        let windows = [None, Some(8), None, Some(8)];
+        for ty in CacheType::ALL {
+            for sliding in [SlidingCache::Full, SlidingCache::default()] {
+                let c = KvCache::with_windows(&windows, sliding, 1000, 2, 32, ty).unwrap();
+                let need = KvCache::bytes_needed(&windows, sliding, 1000, 2, 32, ty);
+                assert_eq!(need, Some(c.bytes()), "{ty} {sliding:?}");
+            }
         }
     }
 

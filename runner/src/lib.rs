@@ -17,6 +17,11 @@
 //! [`generate::Conversation`] drive generation with streamed, UTF-8-safe output;
 //! [`bench::bench`] measures prefill and decode throughput. The `kiln-run` binary is a thin
 //! command line over these.
+//!
+//! Embeddings: [`embed::Embedder`] pools an encoder's token states into vectors;
+//! [`embed_stream`] feeds it texts from the command line, a file or a stream and writes JSON
+//! lines or `.npy`, a batch at a time. Every context is weighed by [`Model::check_context`]
+//! against [`memory::available`] before anything is built for it.
 
 pub mod attention;
 pub mod bench;
@@ -24,10 +29,12 @@ pub mod chat;
 pub mod config;
 pub mod draft;
 pub mod embed;
+pub mod embed_stream;
 pub mod error;
 pub mod generate;
 pub mod kv_cache;
 pub mod lookup;
+pub mod memory;
 pub mod model;
 pub mod observer;
 pub mod rope;

@@ -5,7 +5,8 @@
 //!
 //! SIGINT, SIGTERM and SIGHUP raise an [`Interrupt`] that generation and bench check before
 //! every forward pass: the run stops at the next token, prints its summary (stop reason
-//! `interrupted`) and exits with 130 (143 for SIGTERM). A run that has not ended
+//! `interrupted`) and exits with 128 + the signal's number (SIGHUP 129, SIGINT 130, SIGTERM
+//! 143: [`ExitStatus::Interrupted`], as in every Kiln program). A run that has not ended
 //! [`SIGNAL_GRACE`] after the signal (a long prefill batch, the checksum pass), a second
 //! signal, or a chat waiting for input, exits at once with the same status.
 
@@ -23,6 +24,10 @@ use kiln_runner::bench::{
     SpecTest,
 };
 use kiln_runner::draft::{same_vocabulary, Draft, DraftOptions};
+use kiln_runner::embed_stream::{
+    EmbedStream, GivenTexts, InputTokenizer, JsonLines, Lines, NpyWriter, RowWriter, Summary,
+    TextSource,
+};
 use kiln_runner::generate::{generate_with_draft, DEFAULT_PREFILL_BATCH};
 use kiln_runner::serve::embeddings::EmbedService;
 use kiln_runner::serve::engine::{self, EngineDraft, EngineOptions};
@@ -35,7 +40,6 @@ use kiln_runner::{
     Generation, Interrupt, Model, Result, RunnerError, Sampler, SamplerConfig, Session,
     SlidingCache, StopReason, TemplateVars, Tokenizer,
 };
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 /// Largest prompt file `-f` reads: 64 MiB, far above any context's worth of text (128k tokens
 /// of English are about half a megabyte), so only a wrong file (a disk image, a log) is refused
@@ -46,10 +50,6 @@ const MAX_PROMPT_FILE_BYTES: u64 = 64 << 20;
 /// How long the signal watcher lets a run reach its next token and print its summary before
 /// it exits on its own: a forward pass over a prefill batch of a large model takes seconds.
 const SIGNAL_GRACE: Duration = Duration::from_secs(2);
-
-/// Exit status after SIGTERM: 128 + 15, what a shell reports for a process SIGTERM ended.
-/// SIGINT and SIGHUP end with [`ExitStatus::Interrupted`] (130), as in every Kiln program.
-const TERMINATED: u8 = 128 + 15;
 
 /// Set while `chat` waits for a line on stdin: a signal then ends the program at once.
 static WAITING_FOR_INPUT: AtomicBool = AtomicBool::new(false);
@@ -93,12 +93,16 @@ struct EmbedArgs {
     /// A text to embed; repeat for several.
     #[arg(short = 'p', long = "text")]
     texts: Vec<OsString>,
-    /// A file of texts, one per line (every line is a text, empty ones too); without -p or -f
-    /// the texts are read from standard input.
+    /// A file of texts, one per line; without -p or -f the texts are read from standard
+    /// input, the same way. Every line is a text, empty ones too (they share one vector,
+    /// computed once). Lines are read, embedded and written a batch at a time, so an input of
+    /// any number of lines takes the memory of one batch; a line may hold at most 64 MiB, and
+    /// one longer than the model keeps is cut before it is tokenized.
     #[arg(short = 'f', long, conflicts_with = "texts")]
     file: Option<PathBuf>,
     /// Compute threads [default: physical cores; at most the CPUs available].
-    #[arg(short = 't', long)]
+    #[arg(short = 't', long, allow_negative_numbers = true,
+          value_parser = kiln_format::args::at_least::<usize>(1))]
     threads: Option<usize>,
     /// Pool token states this way instead of the model's (mean, cls, last_token).
     #[arg(long, value_parser = parse_pooling)]
@@ -111,7 +115,8 @@ struct EmbedArgs {
     no_normalize: bool,
     /// Cut each text to this many tokens, special tokens included [default: the model's
     /// max_seq_length].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true,
+          value_parser = kiln_format::args::at_least::<usize>(1))]
     truncate: Option<usize>,
     /// Put the model's prompt of this name before every text (e.g. `query`, `document`, as
     /// the model's config_sentence_transformers.json lists them) [default: the model's
@@ -122,17 +127,24 @@ struct EmbedArgs {
     #[arg(long)]
     prefix: Option<String>,
     /// jsonl: one JSON object per text, in input order ({"index", "tokens", "truncated",
-    /// "embedding"}); npy: one float32 array of (texts, dim), which needs -o.
+    /// "embedding"}; `index` counts texts from 0, so for -f and standard input it is the
+    /// line's number less one); npy: one float32 array of (texts, dim), row i the text of
+    /// index i, which needs -o.
     #[arg(long, default_value = "jsonl", value_parser = ["jsonl", "npy"])]
     format: String,
-    /// Write to this file (atomically) instead of standard output.
+    /// Write to this file instead of standard output, atomically: vectors go to a temporary
+    /// file beside it, moved into place only once every text is embedded (an error or an
+    /// interrupt removes it).
     #[arg(short = 'o', long)]
     output: Option<PathBuf>,
     /// Replace the output file if it exists.
     #[arg(long)]
     force: bool,
     /// Tokens per forward pass.
-    #[arg(short = 'b', long = "batch-tokens", default_value_t = kiln_runner::embed::DEFAULT_BATCH_TOKENS as u32, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    #[arg(short = 'b', long = "batch-tokens",
+          default_value_t = kiln_runner::embed::DEFAULT_BATCH_TOKENS as u32,
+          allow_negative_numbers = true,
+          value_parser = kiln_format::args::whole::<u32>(1, 1 << 20))]
     batch_tokens: u32,
     /// Skip checking every tensor's sha256 and value before running.
     #[arg(long)]
@@ -158,13 +170,16 @@ struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// Port to listen on (0: any free port, printed when ready).
-    #[arg(long, default_value_t = 8080)]
+    #[arg(long, default_value_t = 8080, allow_negative_numbers = true,
+          value_parser = kiln_format::args::whole::<u16>(0, 65535))]
     port: u16,
     /// Sequences decoded together; more requests wait in the queue.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true,
+          value_parser = kiln_format::args::whole::<u16>(1, 256))]
     parallel: u16,
     /// Requests that may wait for a sequence; beyond them the server answers 503.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true,
+          value_parser = kiln_format::args::whole::<u16>(1, 65535))]
     queue: u16,
     /// Require `Authorization: Bearer KEY` on the API (not on /health and the page itself).
     #[arg(long, conflicts_with = "api_key_file")]
@@ -173,7 +188,8 @@ struct ServeArgs {
     #[arg(long)]
     api_key_file: Option<PathBuf>,
     /// Memory for finished conversations' KV caches, reused when a request continues one.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true,
+          value_parser = kiln_format::args::at_least::<usize>(0))]
     cache_mb: usize,
     /// What a request may reuse of a kept conversation: `exact` (whole prefill chunks of
     /// -b tokens, so that its output is what a cold request gives) or `prefix` (everything
@@ -181,21 +197,25 @@ struct ServeArgs {
     #[arg(long, default_value_t = Reuse::Exact)]
     cache_reuse: Reuse,
     /// Largest request body accepted, in KiB.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, allow_negative_numbers = true,
+          value_parser = kiln_format::args::at_least::<usize>(0))]
     max_body_kb: usize,
     /// Connections open at once; beyond them the server answers 503.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true,
+          value_parser = kiln_format::args::whole::<u16>(1, 65535))]
     max_connections: u16,
     /// Seconds a client may take to send a request, or to take a response's bytes.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, allow_negative_numbers = true,
+          value_parser = kiln_format::args::at_least::<u64>(0))]
     timeout: u64,
     /// Tokens a request generates when it sets no max_tokens [default: the rest of the context].
-    #[arg(short = 'n', long)]
+    #[arg(short = 'n', long, allow_negative_numbers = true,
+          value_parser = kiln_format::args::at_least::<usize>(0))]
     max_tokens: Option<usize>,
     /// Prompt tokens read per forward pass between decoding steps (as `generate` reads them:
     /// at the same size a request's output equals `generate`'s).
     #[arg(short = 'b', long = "batch-size", default_value_t = DEFAULT_PREFILL_BATCH as u32,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          allow_negative_numbers = true, value_parser = kiln_format::args::at_least::<u32>(1))]
     batch_size: u32,
     /// Speculative decoding (each sequence's guesses checked in the batched pass; output
     /// unchanged): --lookup or --draft, as for `generate`.
@@ -212,10 +232,12 @@ struct RunArgs {
     /// The .kiln model.
     model: PathBuf,
     /// Context window in tokens [default: the model's, at most 4096].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true,
+          value_parser = kiln_format::args::at_least::<usize>(1))]
     ctx: Option<usize>,
     /// Compute threads [default: physical cores; at most the CPUs available].
-    #[arg(short = 't', long)]
+    #[arg(short = 't', long, allow_negative_numbers = true,
+          value_parser = kiln_format::args::at_least::<usize>(1))]
     threads: Option<usize>,
     /// How the KV cache stores keys and values: f16 (half of f32's memory and reads), q8_0
     /// (GGML's blocks, about a quarter; heads must be a multiple of 32 wide) or f32 (exact).
@@ -235,28 +257,36 @@ struct RunArgs {
 #[derive(Debug, Args)]
 struct SamplingArgs {
     /// Temperature; 0 is greedy [default: the model's generation_config, else greedy].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true,
+          value_parser = kiln_format::args::non_negative::<f32>())]
     temp: Option<f32>,
     /// Always pick the most likely token (same as --temp 0).
     #[arg(long, conflicts_with = "temp")]
     greedy: bool,
     /// Sample from the K most likely tokens (0: all).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true,
+          value_parser = kiln_format::args::at_least::<usize>(0))]
     top_k: Option<usize>,
     /// Sample from the smallest set of tokens with this much probability (1: all).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true,
+          value_parser = kiln_format::args::real::<f32>(
+              std::ops::Bound::Excluded(0.0),
+              std::ops::Bound::Included(1.0),
+          ))]
     top_p: Option<f32>,
     /// Drop tokens less likely than this fraction of the most likely one (0: off).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = kiln_format::args::fraction::<f32>())]
     min_p: Option<f32>,
     /// Penalize tokens seen in the last --repeat-last-n tokens (1: off).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = kiln_format::args::positive::<f32>())]
     repeat_penalty: Option<f32>,
     /// How many recent tokens the repetition penalty looks at.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true,
+          value_parser = kiln_format::args::at_least::<usize>(0))]
     repeat_last_n: usize,
     /// Random seed, for reproducible sampling [default: from the clock, printed].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true,
+          value_parser = kiln_format::args::at_least::<u64>(0))]
     seed: Option<u64>,
 }
 
@@ -269,7 +299,7 @@ struct SpeculativeArgs {
     /// the last few tokens earlier in the prompt or the output, and check them in the same
     /// pass (0: off). Pays off on edits, rewrites, code and summaries that repeat their input.
     #[arg(long, value_name = "N", default_value_t = 0,
-          value_parser = clap::value_parser!(u16).range(0..=64))]
+          allow_negative_numbers = true, value_parser = kiln_format::args::whole::<u16>(0, 64))]
     lookup: u16,
     /// Speculative decoding with a draft model: a smaller or lower-precision .kiln with the
     /// same vocabulary (e.g. a q4_0 copy of an f16 model) proposes tokens, the model checks
@@ -278,17 +308,20 @@ struct SpeculativeArgs {
     draft: Option<PathBuf>,
     /// Most tokens the draft proposes per pass of the model.
     #[arg(long, value_name = "K", default_value_t = DraftOptions::default().max as u16,
-          requires = "draft", value_parser = clap::value_parser!(u16).range(1..=64))]
+          requires = "draft", allow_negative_numbers = true,
+          value_parser = kiln_format::args::whole::<u16>(1, 64))]
     draft_max: u16,
     /// Fewest tokens aimed for per pass, however few get accepted: the length adapts between
     /// this and --draft-max to the acceptance rate and the measured costs of the draft and of
     /// the model's passes. With 0, drafting pauses while it does not pay (probing now and then).
     #[arg(long, value_name = "K", default_value_t = DraftOptions::default().min as u16,
-          requires = "draft", value_parser = clap::value_parser!(u16).range(0..=64))]
+          requires = "draft", allow_negative_numbers = true,
+          value_parser = kiln_format::args::whole::<u16>(0, 64))]
     draft_min: u16,
     /// Stop proposing once the draft gives its next token less than this probability.
     #[arg(long, value_name = "P", default_value_t = DraftOptions::default().p_min,
-          requires = "draft")]
+          requires = "draft", allow_negative_numbers = true,
+          value_parser = kiln_format::args::fraction::<f32>())]
     draft_p_min: f32,
 }
 
@@ -308,12 +341,13 @@ struct GenerateArgs {
     #[arg(short = 'f', long)]
     file: Option<PathBuf>,
     /// Tokens to generate at most.
-    #[arg(short = 'n', long, default_value_t = 128)]
+    #[arg(short = 'n', long, default_value_t = 128, allow_negative_numbers = true,
+          value_parser = kiln_format::args::at_least::<usize>(0))]
     n_predict: usize,
     /// Prompt tokens per forward pass (matrix–matrix products; `serve -b` reads prompts the
     /// same way).
     #[arg(short = 'b', long = "batch-size", default_value_t = DEFAULT_PREFILL_BATCH as u32,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          allow_negative_numbers = true, value_parser = kiln_format::args::at_least::<u32>(1))]
     batch_size: u32,
     #[command(flatten)]
     speculative: SpeculativeArgs,
@@ -353,12 +387,13 @@ struct ChatArgs {
     #[arg(long = "template-var", value_name = "NAME=VALUE")]
     template_var: Vec<String>,
     /// Tokens per reply at most.
-    #[arg(short = 'n', long, default_value_t = 512)]
+    #[arg(short = 'n', long, default_value_t = 512, allow_negative_numbers = true,
+          value_parser = kiln_format::args::at_least::<usize>(0))]
     n_predict: usize,
     /// Prompt tokens per forward pass (matrix–matrix products; `serve -b` reads prompts the
     /// same way).
     #[arg(short = 'b', long = "batch-size", default_value_t = DEFAULT_PREFILL_BATCH as u32,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          allow_negative_numbers = true, value_parser = kiln_format::args::at_least::<u32>(1))]
     batch_size: u32,
     #[command(flatten)]
     speculative: SpeculativeArgs,
@@ -371,24 +406,30 @@ struct BenchArgs {
     /// The .kiln model.
     model: PathBuf,
     /// Prompt tokens for the prefill test (0: skip).
-    #[arg(short = 'p', long = "n-prompt", default_value_t = 128)]
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 128, allow_negative_numbers = true,
+          value_parser = kiln_format::args::at_least::<usize>(0))]
     n_prompt: usize,
     /// Tokens for the generation test (0: skip).
-    #[arg(short = 'n', long = "n-gen", default_value_t = 64)]
+    #[arg(short = 'n', long = "n-gen", default_value_t = 64, allow_negative_numbers = true,
+          value_parser = kiln_format::args::at_least::<usize>(0))]
     n_gen: usize,
     /// Repetitions of each test.
-    #[arg(short = 'r', long, default_value_t = 3)]
+    #[arg(short = 'r', long, default_value_t = 3, allow_negative_numbers = true,
+          value_parser = kiln_format::args::at_least::<usize>(1))]
     repetitions: usize,
     /// Thread counts to test, comma-separated [default: physical cores].
-    #[arg(short = 't', long, value_delimiter = ',')]
+    #[arg(short = 't', long, value_delimiter = ',', allow_negative_numbers = true,
+          value_parser = kiln_format::args::at_least::<usize>(1))]
     threads: Vec<usize>,
     /// Tokens already in the KV cache when each test starts, comma-separated (like
     /// llama-bench -d): `pp512 @ d4096` is a 512-token prompt after 4096 cached tokens.
-    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
+    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0",
+          allow_negative_numbers = true, value_parser = kiln_format::args::at_least::<usize>(0))]
     depth: Vec<usize>,
     /// Most prompt tokens per forward pass (like llama-bench -ub): a longer prompt is run in
     /// batches of this size, as `generate` and `chat` run it.
-    #[arg(short = 'b', long = "batch-size", default_value_t = DEFAULT_PREFILL_BATCH)]
+    #[arg(short = 'b', long = "batch-size", default_value_t = DEFAULT_PREFILL_BATCH,
+          allow_negative_numbers = true, value_parser = kiln_format::args::at_least::<usize>(1))]
     batch_size: usize,
     /// How the KV cache stores keys and values: f16 (half of f32's memory and reads), q8_0
     /// (GGML's blocks, about a quarter; heads must be a multiple of 32 wide) or f32 (exact).
@@ -452,7 +493,7 @@ fn main() -> ExitCode {
             _ => eprintln!("kiln-run: interrupted by {}", signal_name(signal)),
         }
         kiln_format::remove_pending_outputs();
-        return ExitCode::from(interrupted_status(signal));
+        return interrupted_status(signal).into();
     }
     match result {
         Ok(()) => ExitStatus::Success.into(),
@@ -478,22 +519,13 @@ fn run(cli: Cli, interrupt: &Interrupt) -> Result<()> {
     }
 }
 
-/// The exit status for a run stopped by `signal`.
-fn interrupted_status(signal: usize) -> u8 {
-    if signal == SIGTERM as usize {
-        TERMINATED
-    } else {
-        ExitStatus::Interrupted as u8
-    }
+/// The exit status for a run stopped by `signal`: 128 + its number.
+fn interrupted_status(signal: usize) -> ExitStatus {
+    ExitStatus::Interrupted(i32::try_from(signal).unwrap_or(0))
 }
 
 fn signal_name(signal: usize) -> &'static str {
-    match i32::try_from(signal) {
-        Ok(SIGINT) => "SIGINT",
-        Ok(SIGTERM) => "SIGTERM",
-        Ok(SIGHUP) => "SIGHUP",
-        _ => "a signal",
-    }
+    kiln_format::signal_name(i32::try_from(signal).unwrap_or(0))
 }
 
 /// Watch SIGINT, SIGTERM and SIGHUP on a thread of its own. The first raises `interrupt`, and
@@ -501,7 +533,7 @@ fn signal_name(signal: usize) -> &'static str {
 /// signal comes, or `chat` is waiting for input, the watcher removes unfinished outputs and
 /// exits with the signal's status itself.
 fn watch_signals(interrupt: Interrupt) -> std::io::Result<()> {
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+    let mut signals = signal_hook::iterator::Signals::new(kiln_format::exit::INTERRUPT_SIGNALS)?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -522,7 +554,7 @@ fn watch_signals(interrupt: Interrupt) -> std::io::Result<()> {
             }
             eprintln!("kiln-run: interrupted by {}", signal_name(signal));
             kiln_format::remove_pending_outputs();
-            std::process::exit(i32::from(interrupted_status(signal)));
+            std::process::exit(i32::from(interrupted_status(signal).code()));
         })?;
     Ok(())
 }
@@ -934,49 +966,26 @@ fn cmd_chat(a: ChatArgs, interrupt: &Interrupt) -> Result<()> {
     Ok(())
 }
 
-/// The texts `kiln-run embed` reads: its -p texts, the lines of -f, or standard input's.
-fn embed_texts(a: &EmbedArgs) -> Result<Vec<String>> {
+/// Where `kiln-run embed` reads its texts: its -p texts, the lines of -f, or standard
+/// input's, read as they are embedded.
+fn embed_source(a: &EmbedArgs) -> Result<Box<dyn TextSource>> {
     if !a.texts.is_empty() {
-        return a
+        let texts = a
             .texts
             .iter()
             .map(|t| prompt_text(Some(t.clone()), None))
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
+        return Ok(Box::new(GivenTexts::new(texts)));
     }
-    let (bytes, source_name) = match &a.file {
-        Some(f) => (
-            kiln_format::read_bounded(f, MAX_PROMPT_FILE_BYTES, "texts")?,
-            format!("in {}", f.display()),
-        ),
-        None => {
-            let mut buf = Vec::new();
-            std::io::Read::read_to_end(
-                &mut std::io::Read::take(std::io::stdin().lock(), MAX_PROMPT_FILE_BYTES + 1),
-                &mut buf,
-            )
-            .map_err(|e| RunnerError::InvalidArgument {
-                arg: "stdin",
-                reason: format!("cannot read the texts: {e}"),
-            })?;
-            if buf.len() as u64 > MAX_PROMPT_FILE_BYTES {
-                return Err(RunnerError::InvalidArgument {
-                    arg: "stdin",
-                    reason: format!("more than {MAX_PROMPT_FILE_BYTES} bytes of texts"),
-                });
-            }
-            (buf, "on standard input".to_string())
-        }
-    };
-    let text = String::from_utf8(bytes).map_err(|e| RunnerError::PromptNotUtf8 {
-        source_name,
-        offset: e.utf8_error().valid_up_to(),
-    })?;
-    Ok(text.lines().map(str::to_string).collect())
+    Ok(match &a.file {
+        Some(f) => Box::new(Lines::open(f)?),
+        None => Box::new(Lines::new(std::io::stdin().lock(), "standard input")),
+    })
 }
 
-fn cmd_embed(a: EmbedArgs, interrupt: &Interrupt) -> Result<()> {
-    use kiln_runner::embed::{EmbedOptions, Embedder};
-    let threads = threads_arg(a.threads)?;
+/// Refuse `embed`'s output before anything is read: .npy without -o, a destination that
+/// exists (without --force) or is not a regular file, or one that is an input.
+fn check_embed_output(a: &EmbedArgs) -> Result<()> {
     if a.format == "npy" && a.output.is_none() {
         return Err(RunnerError::InvalidArgument {
             arg: "--format",
@@ -989,145 +998,110 @@ fn cmd_embed(a: EmbedArgs, interrupt: &Interrupt) -> Result<()> {
         let inputs = std::iter::once(a.model.as_path()).chain(a.file.as_deref());
         kiln_format::refuse_output_is_input(out, inputs)?;
     }
-    let texts = embed_texts(&a)?;
+    Ok(())
+}
+
+/// `kiln-run embed`: texts through the model a batch at a time
+/// ([`kiln_runner::embed_stream`]), each vector written as it comes; with -o, to a temporary
+/// file that only a finished run moves into place.
+fn cmd_embed(a: EmbedArgs, interrupt: &Interrupt) -> Result<()> {
+    use kiln_runner::embed::{input_prefix, EmbedOptions, Embedder};
+    let threads = threads_arg(a.threads)?;
+    check_embed_output(&a)?;
+    let mut source = embed_source(&a)?;
     let file = open_model_verified(&a.model, !a.no_verify)?;
     let m = load(&file)?;
-    let spec = m.model.config.embedding.clone();
     let opts = EmbedOptions {
         pooling: a.pooling,
-        normalize: if a.normalize {
-            Some(true)
-        } else if a.no_normalize {
-            Some(false)
-        } else {
-            None
-        },
+        normalize: (a.normalize || a.no_normalize).then_some(a.normalize),
         truncate: a.truncate,
         batch_tokens: a.batch_tokens as usize,
     };
     let mut embedder = Embedder::new(&m.model, file.label(), threads, &opts)?;
-    let prefix = match (&a.prefix, &a.prompt_name, &spec) {
-        (Some(p), _, _) => p.clone(),
-        (None, Some(name), Some(spec)) => {
-            spec.prompts
-                .get(name)
-                .cloned()
-                .ok_or_else(|| RunnerError::InvalidArgument {
-                    arg: "--prompt-name",
-                    reason: format!(
-                        "`{name}`: the model names {}",
-                        if spec.prompts.is_empty() {
-                            "no prompts".to_string()
-                        } else {
-                            spec.prompts.keys().cloned().collect::<Vec<_>>().join(", ")
-                        }
-                    ),
-                })?
-        }
-        (None, None, Some(spec)) => spec
-            .default_prompt_name
-            .as_ref()
-            .and_then(|n| spec.prompts.get(n))
-            .cloned()
-            .unwrap_or_default(),
-        _ => String::new(),
+    let prefix = input_prefix(
+        m.model.config.embedding.as_ref(),
+        a.prefix.as_deref(),
+        a.prompt_name.as_deref(),
+    )?;
+    let tokenizer = InputTokenizer::new(&m.tokenizer, embedder.max_tokens())?;
+    let norm = if embedder.normalizes() {
+        ", normalised"
+    } else {
+        ""
     };
-    let tokenizer = m.tokenizer.truncating(embedder.max_tokens())?;
-    let mut ids = Vec::with_capacity(texts.len());
-    let mut cut = Vec::with_capacity(texts.len());
-    for t in &texts {
-        let (i, c) = tokenizer.encode_cut(&format!("{prefix}{t}"))?;
-        if i.is_empty() {
-            return Err(RunnerError::EmptyPrompt);
+    let settings = format!(
+        "{} dims, {} pooling{norm}",
+        embedder.dim(),
+        embedder.pooling().name(),
+    );
+    let mut stream = EmbedStream::new(&mut embedder, &tokenizer, &prefix);
+    let show = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut progress = |done: u64| {
+        if show && done > 64 {
+            eprint!("\rkiln-run: embedded {done} texts");
         }
-        ids.push(i);
-        cut.push(c);
-    }
+    };
     let t0 = Instant::now();
-    let show = std::io::IsTerminal::is_terminal(&std::io::stderr()) && texts.len() > 64;
-    let total = texts.len();
-    let mut vectors = Vec::with_capacity(total);
-    // Passes a few at a time, so that a signal stops the run between them.
-    let chunk = 256;
-    for (i, part) in ids.chunks(chunk).enumerate() {
-        if interrupt.is_raised() {
-            return Ok(());
-        }
-        let before = i * chunk;
-        vectors.extend(embedder.embed_ids(part, &mut |done| {
-            if show {
-                eprint!("\rkiln-run: embedded {}/{total} texts", before + done);
+    let done = match &a.output {
+        Some(path) => embed_to_file(
+            &mut stream,
+            &mut *source,
+            path,
+            &a,
+            interrupt,
+            &mut progress,
+        )?,
+        None => {
+            let stdout = std::io::BufWriter::new(std::io::stdout().lock());
+            let mut out = JsonLines::new(stdout, "standard output");
+            let done = stream.run(&mut *source, &mut out, Some(interrupt), &mut progress)?;
+            if !done.interrupted {
+                out.finish()?;
             }
-        })?);
-    }
-    if show {
+            done
+        }
+    };
+    if show && done.texts > 64 {
         eprintln!();
     }
-    let secs = t0.elapsed().as_secs_f64();
-    let dim = embedder.dim();
-    let bytes = if a.format == "npy" {
-        npy_f32(&vectors, dim)
-    } else {
-        let mut out = Vec::new();
-        for (i, v) in vectors.iter().enumerate() {
-            let line = serde_json::json!({
-                "index": i,
-                "tokens": ids[i].len(),
-                "truncated": cut[i],
-                "embedding": v,
-            });
-            out.extend_from_slice(line.to_string().as_bytes());
-            out.push(b'\n');
-        }
-        out
+    let Some(path) = a.output.as_ref().filter(|_| !done.interrupted) else {
+        return Ok(());
     };
-    match &a.output {
-        Some(path) => {
-            kiln_format::write_file_atomic(path, &bytes, a.force)?;
-            eprintln!(
-                "kiln-run: {total} texts ({} tokens) → {} ({dim} dims, {} pooling{}) in {secs:.2} s, {:.1} texts/s",
-                ids.iter().map(Vec::len).sum::<usize>(),
-                path.display(),
-                embedder.pooling().name(),
-                if embedder.normalizes() { ", normalised" } else { "" },
-                total as f64 / secs.max(1e-9),
-            );
-        }
-        None => {
-            let mut stdout = std::io::stdout().lock();
-            stdout
-                .write_all(&bytes)
-                .and_then(|()| stdout.flush())
-                .map_err(|e| RunnerError::InvalidArgument {
-                    arg: "stdout",
-                    reason: format!("cannot write the embeddings: {e}"),
-                })?;
-        }
-    }
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "kiln-run: {} texts ({} tokens) → {} ({settings}) in {secs:.2} s, {:.1} texts/s",
+        done.texts,
+        done.tokens,
+        path.display(),
+        done.texts as f64 / secs.max(1e-9),
+    );
     Ok(())
 }
 
-/// A `.npy` file (format 1.0) holding `rows` as one little-endian float32 array of
-/// `(rows, dim)`.
-fn npy_f32(rows: &[Vec<f32>], dim: usize) -> Vec<u8> {
-    let mut header = format!(
-        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {dim}), }}",
-        rows.len()
-    );
-    // Magic (6) + version (2) + length (2) + header + '\n', padded to a multiple of 64.
-    let unpadded = 10 + header.len() + 1;
-    header.push_str(&" ".repeat(unpadded.div_ceil(64) * 64 - unpadded));
-    header.push('\n');
-    let mut out = Vec::with_capacity(10 + header.len() + rows.len() * dim * 4);
-    out.extend_from_slice(b"\x93NUMPY\x01\x00");
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    for v in rows {
-        for x in v {
-            out.extend_from_slice(&x.to_le_bytes());
-        }
+/// Embed `source` into `-o`'s temporary file and move it into place once every text is
+/// written; an error or an interrupt drops it unfinished, which removes it.
+fn embed_to_file(
+    stream: &mut EmbedStream<'_, '_, '_>,
+    source: &mut dyn TextSource,
+    path: &Path,
+    a: &EmbedArgs,
+    interrupt: &Interrupt,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Summary> {
+    let output = kiln_format::AtomicFile::create(path, a.force)?;
+    let name = path.display().to_string();
+    let mut out: Box<dyn RowWriter> = if a.format == "npy" {
+        Box::new(NpyWriter::new(output.file(), stream.embedder.dim(), name)?)
+    } else {
+        Box::new(JsonLines::new(std::io::BufWriter::new(output.file()), name))
+    };
+    let done = stream.run(source, &mut *out, Some(interrupt), progress)?;
+    if !done.interrupted {
+        out.finish()?;
+        drop(out);
+        output.commit()?;
     }
-    out
+    Ok(done)
 }
 
 fn cmd_bench(a: BenchArgs, interrupt: &Interrupt) -> Result<()> {
@@ -1184,6 +1158,8 @@ fn cmd_bench(a: BenchArgs, interrupt: &Interrupt) -> Result<()> {
             reason: "too large".into(),
         })?
         .max(prompt.len().saturating_add(a.n_gen));
+    // The deepest test's context, weighed before any session builds it.
+    model.check_context(ctx, a.cache_type, sliding(a.swa_full), "--depth")?;
     let mut results: Vec<BenchResult> = Vec::new();
     'threads: for &t in &threads {
         let mut sess = model.session_sliding(ctx, t, a.cache_type, sliding(a.swa_full))?;

@@ -25,6 +25,7 @@ use crate::attention::{attention, AttnScratch, AttnShape};
 use crate::config::Config;
 use crate::error::{Result, RunnerError};
 use crate::kv_cache::{CacheType, KvCache, SlidingCache};
+use crate::memory;
 use crate::observer::{emit, emit_edit, wants, Activation, Observer};
 use crate::rope::{FactorSet, Rope};
 use crate::weights::{dequantize_row, Norm, Weights};
@@ -53,6 +54,73 @@ impl<'a> Model<'a> {
     /// The default context: the trained context, capped at [`DEFAULT_CTX_CAP`].
     pub fn default_ctx(&self) -> usize {
         self.config.max_position_embeddings.min(DEFAULT_CTX_CAP)
+    }
+
+    /// Refuse a context of `ctx` positions (`flag` names where it came from: `--ctx`,
+    /// `--depth`) that the model cannot hold (none, or past its trained context) or that this
+    /// process cannot afford: its RoPE tables and one sequence's KV cache, every position
+    /// written, against [`memory::available`]. [`Compute::new`] calls it before building
+    /// anything per position (2^24 positions once took 25 s and 4.1 GB of tables before the
+    /// KV cache's mapping was refused); a command whose context comes from another flag calls
+    /// it first, so the message names that flag.
+    pub fn check_context(
+        &self,
+        ctx: usize,
+        cache: CacheType,
+        sliding: SlidingCache,
+        flag: &'static str,
+    ) -> Result<()> {
+        let bad = |reason: String| RunnerError::InvalidArgument { arg: flag, reason };
+        let trained = self.config.max_position_embeddings;
+        if ctx == 0 {
+            return Err(bad("the context must hold at least one token".into()));
+        }
+        if ctx > trained {
+            return Err(bad(format!(
+                "{ctx} exceeds the model's trained context of {trained} tokens"
+            )));
+        }
+        let Some((kv, rope)) = self.context_bytes(ctx, cache, sliding) else {
+            return Err(bad(format!(
+                "a context of {ctx} positions does not fit in memory"
+            )));
+        };
+        let need = kv.saturating_add(rope) as u64;
+        match memory::available() {
+            Some(a) if need > a.bytes => Err(bad(format!(
+                "a context of {ctx} tokens needs {need} bytes ({kv} of {cache} KV cache, \
+                 {rope} of RoPE tables), but {} bytes are available ({}): lower {flag} or \
+                 use a smaller --cache-type",
+                a.bytes, a.bound
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Bytes a context of `ctx` positions takes before its first token: one sequence's KV
+    /// cache with every position written, and the RoPE tables ([`Compute::new`] builds one
+    /// set, a second for LongRoPE's long factors past the original context, a third for
+    /// sliding layers' own base). `None` past memory's address range.
+    pub fn context_bytes(
+        &self,
+        ctx: usize,
+        cache: CacheType,
+        sliding: SlidingCache,
+    ) -> Option<(usize, usize)> {
+        let c = &self.config;
+        let windows: Vec<Option<usize>> = (0..c.layers).map(|l| c.window(l)).collect();
+        // As [`Compute::sequence_of`]: a bidirectional layer keeps every key.
+        let sliding = if c.bidirectional() {
+            SlidingCache::Full
+        } else {
+            sliding
+        };
+        let kv = KvCache::bytes_needed(&windows, sliding, ctx, c.kv_heads, c.head_dim, cache)?;
+        let tables = 1
+            + usize::from(c.long_rope_from().is_some_and(|from| from < ctx))
+            + usize::from(c.rope_local_theta.is_some());
+        let rope = Rope::table_bytes(c.rope_geometry(), ctx)?.checked_mul(tables)?;
+        Some((kv, rope))
     }
 
     /// Start a session with room for `ctx` positions, computing on `threads` threads, with
@@ -185,6 +253,16 @@ impl Sequence {
         self.cache.bytes_for(self.peak)
     }
 
+    /// Bytes of memory this sequence holds: the pages of keys and values its longest run
+    /// touched (whole pages, however few positions a head holds), its token list's capacity
+    /// and its own size. At least [`Sequence::peak_bytes`]; what a prompt cache charges for
+    /// keeping it, so that `--cache-mb` bounds memory rather than a count of values.
+    pub fn held_bytes(&self) -> usize {
+        self.cache.resident_bytes(self.peak)
+            + self.tokens.capacity() * std::mem::size_of::<u32>()
+            + std::mem::size_of::<Sequence>()
+    }
+
     /// Keep only the first `len` cached tokens, and return how many are kept: `len`, or 0
     /// when a sliding layer's ring has already overwritten keys that position `len` would
     /// read (see [`KvCache::truncate`]); the caller then runs the prefix again.
@@ -267,21 +345,9 @@ impl<'m> Compute<'m> {
         sliding: SlidingCache,
     ) -> Result<Compute<'m>> {
         let c = &model.config;
-        if ctx == 0 {
-            return Err(RunnerError::InvalidArgument {
-                arg: "--ctx",
-                reason: "the context must hold at least one token".into(),
-            });
-        }
-        if ctx > c.max_position_embeddings {
-            return Err(RunnerError::InvalidArgument {
-                arg: "--ctx",
-                reason: format!(
-                    "{ctx} exceeds the model's trained context of {} tokens",
-                    c.max_position_embeddings
-                ),
-            });
-        }
+        // Before any table is built per position: an absurd context is refused in
+        // milliseconds, not after its tables.
+        model.check_context(ctx, cache, sliding, "--ctx")?;
         Ok(Compute {
             model,
             pool,

@@ -150,6 +150,15 @@ impl Rope {
         }
     }
 
+    /// Bytes the cos and sin tables of [`Rope::new`] take for `positions` positions (f32 each,
+    /// one per rotated pair and position), without computing them: a context's cost is
+    /// checked before its tables are built. `None` past memory's address range.
+    pub fn table_bytes(geometry: RopeGeometry, positions: usize) -> Option<usize> {
+        (geometry.rotary_dim / 2)
+            .checked_mul(positions)?
+            .checked_mul(2 * std::mem::size_of::<f32>())
+    }
+
     /// Number of positions covered.
     pub fn positions(&self) -> usize {
         self.cos.len() / self.half.max(1)

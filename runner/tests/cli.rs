@@ -538,7 +538,10 @@ fn rejects_zero_threads() {
         assert_fails(
             &o,
             USAGE,
-            &["invalid value for --threads", "at least one thread"],
+            &[
+                "invalid value '0' for '--threads <THREADS>'",
+                "must be a whole number, at least 1",
+            ],
         );
     }
 }
