@@ -2,19 +2,17 @@
 //! the stderr names the signal, and the exit status is 128 + the signal's number (SIGINT 130,
 //! SIGTERM 143, SIGHUP 129), the rule every Kiln program follows.
 //!
-//! The run is caught mid-write deterministically: once the temporary output appears, the
-//! process is stopped (SIGSTOP), the signal is queued, and the process is let go on (SIGCONT).
+//! The run is caught mid-write deterministically (format/tests/support/interrupt.rs).
 
 mod common;
+#[path = "../../format/tests/support/interrupt.rs"]
+mod interrupt;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use common::repo;
-
-/// Longest wait for the temporary output to appear, and for the exit after the signal.
-const DEADLINE: Duration = Duration::from_secs(60);
+use interrupt::{entries as files_in, interrupt_mid_write};
 
 /// Rows of the widened embedding: 2^19 × 64 f32 values, 128 MiB, so that writing the output
 /// takes long enough to be caught (a tenth of a second or more).
@@ -76,71 +74,6 @@ fn wide_vocabulary_checkpoint(dir: &Path, vocab: u64) -> PathBuf {
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.set_len(8 + json.len() as u64 + embed_end).unwrap();
     ckpt
-}
-
-fn kill(signal: &str, pid: u32) {
-    let ok = Command::new("kill")
-        .args(["-s", signal, &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(ok.success(), "kill -s {signal} {pid} failed");
-}
-
-fn files_in(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect()
-}
-
-/// Run `cmd` until a file appears in the empty directory `out` (the output's temporary file),
-/// stop it there, send `signal` and let it go on: its exit status and stderr. Fails if the run
-/// ends before, or if it had already published `final_name`.
-fn interrupt_mid_write(
-    cmd: &mut Command,
-    out: &Path,
-    final_name: &str,
-    signal: &str,
-) -> (Option<i32>, String) {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while files_in(out).is_empty() {
-        if let Some(status) = child.try_wait().unwrap() {
-            let o = child.wait_with_output().unwrap();
-            panic!(
-                "ended ({status}) before writing: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        assert!(start.elapsed() < DEADLINE, "no output after {DEADLINE:?}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    kill("STOP", child.id());
-    let seen = files_in(out);
-    assert!(
-        !seen.iter().any(|f| f == final_name),
-        "SIG{signal}: the run finished before it was stopped ({seen:?}); widen the model"
-    );
-    kill(signal, child.id());
-    kill("CONT", child.id());
-    let sent = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if sent.elapsed() > DEADLINE {
-            let _ = child.kill();
-            panic!("SIG{signal}: still running {DEADLINE:?} after the signal");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let o = child.wait_with_output().unwrap();
-    (
-        o.status.code(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
 }
 
 #[test]

@@ -2,20 +2,18 @@
 //! removed, the stderr names the signal, and the exit status is 128 + the signal's number
 //! (SIGTERM 143, SIGINT 130), the rule every Kiln program follows.
 //!
-//! The run is caught mid-write deterministically: once the temporary output appears, the
-//! process is stopped (SIGSTOP), the signal is queued, and the process is let go on (SIGCONT).
+//! The run is caught mid-write deterministically (format/tests/support/interrupt.rs).
 
 mod common;
+#[path = "../../format/tests/support/interrupt.rs"]
+mod interrupt;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use common::{files_in, metadata, shapes, values, HIDDEN};
+use interrupt::interrupt_mid_write;
 use kiln_format::{DType, KilnWriter, TensorSpec};
-
-/// Longest wait for the temporary output to appear, and for the exit after the signal.
-const DEADLINE: Duration = Duration::from_secs(60);
 
 /// Rows of the widened embedding: 2^19 × 64 weights, so that quantizing takes long enough to
 /// be caught (a tenth of a second or more).
@@ -55,64 +53,6 @@ fn write_wide_model(path: &Path, vocab: u64) {
         w.write_tensor(i, &bytes).unwrap();
     }
     w.finish().unwrap();
-}
-
-fn kill(signal: &str, pid: u32) {
-    let ok = Command::new("kill")
-        .args(["-s", signal, &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(ok.success(), "kill -s {signal} {pid} failed");
-}
-
-/// Run `cmd` until a file appears in the empty directory `out` (the output's temporary file),
-/// stop it there, send `signal` and let it go on: its exit status and stderr. Fails if the run
-/// ends before, or if it had already published `final_name`.
-fn interrupt_mid_write(
-    cmd: &mut Command,
-    out: &Path,
-    final_name: &str,
-    signal: &str,
-) -> (Option<i32>, String) {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while files_in(out).is_empty() {
-        if let Some(status) = child.try_wait().unwrap() {
-            let o = child.wait_with_output().unwrap();
-            panic!(
-                "ended ({status}) before writing: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        assert!(start.elapsed() < DEADLINE, "no output after {DEADLINE:?}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    kill("STOP", child.id());
-    let seen = files_in(out);
-    assert!(
-        !seen.iter().any(|f| f == final_name),
-        "SIG{signal}: the run finished before it was stopped ({seen:?}); widen the model"
-    );
-    kill(signal, child.id());
-    kill("CONT", child.id());
-    let sent = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if sent.elapsed() > DEADLINE {
-            let _ = child.kill();
-            panic!("SIG{signal}: still running {DEADLINE:?} after the signal");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let o = child.wait_with_output().unwrap();
-    (
-        o.status.code(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
 }
 
 #[test]
