@@ -5,10 +5,13 @@ use std::arch::x86_64::*;
 use half::{bf16, f16};
 use kiln_format::{BlockQ4_0, BlockQ8_0};
 
+use super::avx2_rows;
 use super::float::{self, F32Simd, Weight};
+use super::kquant::avx2 as ktiles;
 use super::quant::{self, hsum256, QBlock, QDot};
 use super::{avx2_group, avx2_group_iq4, avx2_group_iq4xs};
 use crate::isa::Isa;
+use crate::kquant::KTiles;
 use crate::table::{Kernels, SCALAR_TABLE};
 use crate::tile::{Tile, TILE_ROWS, WIDE_ROWS};
 
@@ -584,6 +587,69 @@ pub(crate) fn group_iq4_xsx16(
     )
 }
 
+/// Tokens per multi-token Q5 or K-quant tile: this tier's 16 registers, in which a K-quant
+/// block (or eight Q5 blocks) stays unpacked across the tile's tokens.
+const KQ_TOKENS: usize = 2;
+
+/// This tier's Q5 and K-quant tiles: [`super::kquant`]'s, with [`avx2_rows`]' one-token
+/// kernels for sixteen Q2_K, Q3_K, IQ4_NL or IQ4_XS rows.
+const KQ_TILES: KTiles = KTiles {
+    q5_0: Tile::new(
+        ktiles::q5_0_tile_avx2::<1>,
+        KQ_TOKENS,
+        ktiles::q5_0_tile_avx2::<KQ_TOKENS>,
+    )
+    .with_rows(ktiles::rows::q5_0_tile_avx2),
+    q5_1: Tile::new(
+        ktiles::q5_1_tile_avx2::<1>,
+        KQ_TOKENS,
+        ktiles::q5_1_tile_avx2::<KQ_TOKENS>,
+    )
+    .with_rows(ktiles::rows::q5_1_tile_avx2),
+    q4_k: Tile::new(
+        ktiles::q4_k_tile_avx2::<1>,
+        KQ_TOKENS,
+        ktiles::q4_k_tile_avx2::<KQ_TOKENS>,
+    )
+    .with_rows(ktiles::rows::q4_k_tile_avx2),
+    q5_k: Tile::new(
+        ktiles::q5_k_tile_avx2::<1>,
+        KQ_TOKENS,
+        ktiles::q5_k_tile_avx2::<KQ_TOKENS>,
+    )
+    .with_rows(ktiles::rows::q5_k_tile_avx2),
+    q6_k: Tile::new(
+        ktiles::q6_k_tile_avx2::<1>,
+        KQ_TOKENS,
+        ktiles::q6_k_tile_avx2::<KQ_TOKENS>,
+    )
+    .with_rows(ktiles::rows::q6_k_tile_avx2),
+    q2_k: Tile::new(
+        ktiles::q2_k_tile_avx2::<1>,
+        KQ_TOKENS,
+        ktiles::q2_k_tile_avx2::<KQ_TOKENS>,
+    )
+    .with_rows(avx2_rows::q2_k),
+    q3_k: Tile::new(
+        ktiles::q3_k_tile_avx2::<1>,
+        KQ_TOKENS,
+        ktiles::q3_k_tile_avx2::<KQ_TOKENS>,
+    )
+    .with_rows(avx2_rows::q3_k),
+    iq4_nl: Tile::new(
+        ktiles::iq4_nl_tile_avx2::<1>,
+        KQ_TOKENS,
+        ktiles::iq4_nl_tile_avx2::<KQ_TOKENS>,
+    )
+    .with_rows(avx2_rows::iq4_nl),
+    iq4_xs: Tile::new(
+        ktiles::iq4_xs_tile_avx2::<1>,
+        KQ_TOKENS,
+        ktiles::iq4_xs_tile_avx2::<KQ_TOKENS>,
+    )
+    .with_rows(avx2_rows::iq4_xs),
+};
+
 pub(crate) fn table() -> &'static Kernels {
     static TABLE: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| Kernels {
@@ -593,7 +659,7 @@ pub(crate) fn table() -> &'static Kernels {
         lanes: Some(lanes_tile),
         klanes: Some(klanes_tile),
         quantize_row_q8_k_act,
-        kq: super::kquant::AVX2_TILES,
+        kq: KQ_TILES,
         ..table_for(Isa::Avx2)
     })
 }

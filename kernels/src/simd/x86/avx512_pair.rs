@@ -23,7 +23,7 @@ use std::arch::x86_64::*;
 
 use kiln_format::{BlockQ4_0, BlockQ8_0};
 
-use super::avx512::Avx512;
+use super::avx512_float::Avx512;
 use super::float::{prefetch_ahead, F32Simd};
 use crate::tile::PreparedPair;
 

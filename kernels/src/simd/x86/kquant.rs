@@ -33,12 +33,12 @@ use kiln_format::{
     BlockQ8K, BlockQ8_0,
 };
 
-use super::q5::reduce8;
+use super::q5::{q5_codes, reduce8};
 use super::quant::f16_to_f32;
 use crate::klanes::scales_mins_k4;
-use crate::kquant::{tile_with, KTiles};
+use crate::kquant::tile_with;
 use crate::reference::{iq4_xs_scale, sum_lanes8, KBlock, BLOCK_LANES};
-use crate::tile::{Tile, TILE_ROWS, WIDE_ROWS};
+use crate::tile::{TILE_ROWS, WIDE_ROWS};
 
 /// Sum of eight i32 lanes (exact; any order).
 ///
@@ -79,33 +79,6 @@ unsafe fn mins_sum(m: &[u8; 8], x: &BlockQ8K) -> i32 {
         let m16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(m8, dup));
         let bs = load32(x.bsums.as_ptr());
         hsum_i32(_mm256_madd_epi16(bs, m16))
-    }
-}
-
-/// The 32 codes (0..=31) of a Q5_0/Q5_1 block, weight `j` in byte `j`.
-///
-/// # Safety
-/// AVX2 is enabled.
-#[inline(always)]
-pub(crate) unsafe fn q5_codes(qh: [u8; 4], qs: &[u8; 16]) -> __m256i {
-    // SAFETY: AVX2 enabled (caller contract); `qs` is 16 readable bytes.
-    unsafe {
-        let raw = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
-        let m4 = _mm_set1_epi8(0x0f);
-        let lo = _mm_and_si128(raw, m4);
-        let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
-        let nibbles = _mm256_set_m128i(hi, lo);
-        // Byte j gets byte j / 8 of qh; then bit j % 8 of it is tested (GGML's
-        // bytes_from_bits_32: all bits but the tested one set, compared with all ones).
-        let h = _mm256_set1_epi32(i32::from_le_bytes(qh));
-        let spread = _mm256_setr_epi8(
-            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
-            3, 3, 3,
-        );
-        let b = _mm256_shuffle_epi8(h, spread);
-        let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64);
-        let set = _mm256_cmpeq_epi8(_mm256_or_si256(b, others), _mm256_set1_epi8(-1));
-        _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
     }
 }
 
@@ -1327,124 +1300,3 @@ k_tiles!(avx512, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
         BlockIQ4NL => iq4_nl_tile_avx512, iq4_nl_tile8, dot_i8_i8_vnni, iq4_nl_avx512;
     ],
 );
-
-/// Tokens per multi-token tile: AVX2 has 16 registers, AVX-512 32, in which a K-quant block
-/// (or eight Q5 blocks) stays unpacked across the tile's tokens.
-const AVX2_TOKENS: usize = 2;
-const AVX512_TOKENS: usize = 8;
-
-/// The AVX2 tier's tiles.
-pub(crate) const AVX2_TILES: KTiles = KTiles {
-    q5_0: Tile::new(
-        avx2::q5_0_tile_avx2::<1>,
-        AVX2_TOKENS,
-        avx2::q5_0_tile_avx2::<AVX2_TOKENS>,
-    )
-    .with_rows(avx2::rows::q5_0_tile_avx2),
-    q5_1: Tile::new(
-        avx2::q5_1_tile_avx2::<1>,
-        AVX2_TOKENS,
-        avx2::q5_1_tile_avx2::<AVX2_TOKENS>,
-    )
-    .with_rows(avx2::rows::q5_1_tile_avx2),
-    q4_k: Tile::new(
-        avx2::q4_k_tile_avx2::<1>,
-        AVX2_TOKENS,
-        avx2::q4_k_tile_avx2::<AVX2_TOKENS>,
-    )
-    .with_rows(avx2::rows::q4_k_tile_avx2),
-    q5_k: Tile::new(
-        avx2::q5_k_tile_avx2::<1>,
-        AVX2_TOKENS,
-        avx2::q5_k_tile_avx2::<AVX2_TOKENS>,
-    )
-    .with_rows(avx2::rows::q5_k_tile_avx2),
-    q6_k: Tile::new(
-        avx2::q6_k_tile_avx2::<1>,
-        AVX2_TOKENS,
-        avx2::q6_k_tile_avx2::<AVX2_TOKENS>,
-    )
-    .with_rows(avx2::rows::q6_k_tile_avx2),
-    q2_k: Tile::new(
-        avx2::q2_k_tile_avx2::<1>,
-        AVX2_TOKENS,
-        avx2::q2_k_tile_avx2::<AVX2_TOKENS>,
-    )
-    .with_rows(super::avx2_rows::q2_k),
-    q3_k: Tile::new(
-        avx2::q3_k_tile_avx2::<1>,
-        AVX2_TOKENS,
-        avx2::q3_k_tile_avx2::<AVX2_TOKENS>,
-    )
-    .with_rows(super::avx2_rows::q3_k),
-    iq4_nl: Tile::new(
-        avx2::iq4_nl_tile_avx2::<1>,
-        AVX2_TOKENS,
-        avx2::iq4_nl_tile_avx2::<AVX2_TOKENS>,
-    )
-    .with_rows(super::avx2_rows::iq4_nl),
-    iq4_xs: Tile::new(
-        avx2::iq4_xs_tile_avx2::<1>,
-        AVX2_TOKENS,
-        avx2::iq4_xs_tile_avx2::<AVX2_TOKENS>,
-    )
-    .with_rows(super::avx2_rows::iq4_xs),
-};
-
-/// The AVX-512 tier's tiles.
-pub(crate) const AVX512_TILES: KTiles = KTiles {
-    q5_0: Tile::new(
-        avx512::q5_0_tile_avx512::<1>,
-        AVX512_TOKENS,
-        avx512::q5_0_tile_avx512::<AVX512_TOKENS>,
-    )
-    .with_rows(avx512::rows::q5_0_tile_avx512),
-    q5_1: Tile::new(
-        avx512::q5_1_tile_avx512::<1>,
-        AVX512_TOKENS,
-        avx512::q5_1_tile_avx512::<AVX512_TOKENS>,
-    )
-    .with_rows(avx512::rows::q5_1_tile_avx512),
-    q4_k: Tile::new(
-        avx512::q4_k_tile_avx512::<1>,
-        AVX512_TOKENS,
-        avx512::q4_k_tile_avx512::<AVX512_TOKENS>,
-    )
-    .with_rows(avx512::rows::q4_k_tile_avx512),
-    q5_k: Tile::new(
-        avx512::q5_k_tile_avx512::<1>,
-        AVX512_TOKENS,
-        avx512::q5_k_tile_avx512::<AVX512_TOKENS>,
-    )
-    .with_rows(avx512::rows::q5_k_tile_avx512),
-    q6_k: Tile::new(
-        avx512::q6_k_tile_avx512::<1>,
-        AVX512_TOKENS,
-        avx512::q6_k_tile_avx512::<AVX512_TOKENS>,
-    )
-    .with_rows(avx512::rows::q6_k_tile_avx512),
-    q2_k: Tile::new(
-        avx512::q2_k_tile_avx512::<1>,
-        AVX512_TOKENS,
-        avx512::q2_k_tile_avx512::<AVX512_TOKENS>,
-    )
-    .with_rows(avx512::rows::q2_k_tile_avx512),
-    q3_k: Tile::new(
-        avx512::q3_k_tile_avx512::<1>,
-        AVX512_TOKENS,
-        avx512::q3_k_tile_avx512::<AVX512_TOKENS>,
-    )
-    .with_rows(avx512::rows::q3_k_tile_avx512),
-    iq4_nl: Tile::new(
-        avx512::iq4_nl_tile_avx512::<1>,
-        AVX512_TOKENS,
-        avx512::iq4_nl_tile_avx512::<AVX512_TOKENS>,
-    )
-    .with_rows(avx512::rows::iq4_nl_tile_avx512),
-    iq4_xs: Tile::new(
-        avx512::iq4_xs_tile_avx512::<1>,
-        AVX512_TOKENS,
-        avx512::iq4_xs_tile_avx512::<AVX512_TOKENS>,
-    )
-    .with_rows(avx512::rows::iq4_xs_tile_avx512),
-};

@@ -6,17 +6,20 @@
 //! - [`quant`]: the [`quant::QDot`] primitives (one block's integer dot product, returned as
 //!   eight i32 lanes) and the generic Q8_0/Q4_0 kernels built on them.
 //! - [`avx2`], [`avx512`]: the primitives for each ISA and the `#[target_feature]` entry
-//!   points that instantiate the generic kernels, collected in each tier's table.
+//!   points that instantiate the generic kernels, collected in each tier's table (with the
+//!   tier's K-quant tiles); AVX-512's float primitives are [`avx512_float`]'s, below both
+//!   [`avx512`] and [`avx512_pair`].
 //! - [`avx512_pair`]: the AVX-512 tier's own Q8_0/Q4_0 tile, two blocks per 512-bit
 //!   `vpdpbusd` with the scales converted in registers (the generic block kernel spends more
 //!   on each block's scale than on its dot).
 //! - [`avx2_convert`]: weight conversion (bf16 decoding, GGML's reference Q8_0/Q4_0
 //!   quantization with its round-trip statistics), shared by both tiers.
 //! - [`kquant`]: both tiers' Q5_0, Q5_1 and K-quant block sums (exact integers, so their tiles
-//!   give the reference's bits); [`q5`]: the Q5_0/Q5_1 tile, eight blocks' terms in the lanes
-//!   of one register; [`q8k`]: both tiers' quantization of activations to Q8_K;
-//!   [`avx2_rows`]: the AVX2 one-token kernels for sixteen Q2_K, Q3_K, IQ4_XS or IQ4_NL rows,
-//!   eight blocks' terms in the lanes of one register.
+//!   give the reference's bits) and each tier's tiles over them; [`q5`], below it: the
+//!   Q5_0/Q5_1 codes and tile, eight blocks' terms in the lanes of one register; [`q8k`]: both
+//!   tiers' quantization of activations to Q8_K; [`avx2_rows`], above [`kquant`]: the AVX2
+//!   one-token kernels for sixteen Q2_K, Q3_K, IQ4_XS or IQ4_NL rows, eight blocks' terms in
+//!   the lanes of one register.
 //! - [`avx512_lanes`], [`avx2_lanes`]: the block lanes kernels ([`crate::lanes`]);
 //!   [`avx512_klanes`], [`avx2_klanes`]: the K-quant lanes kernels ([`crate::klanes`]), a token
 //!   per 32-bit lane.
@@ -39,6 +42,7 @@ pub(crate) mod avx2_klanes;
 pub(crate) mod avx2_lanes;
 pub(crate) mod avx2_rows;
 pub(crate) mod avx512;
+pub(crate) mod avx512_float;
 pub(crate) mod avx512_group;
 pub(crate) mod avx512_klanes;
 pub(crate) mod avx512_lanes;

@@ -155,9 +155,36 @@ pub(crate) unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
 /// # Safety
 /// AVX2 is enabled.
 #[inline(always)]
+pub(super) unsafe fn q5_codes(qh: [u8; 4], qs: &[u8; 16]) -> __m256i {
+    // SAFETY: AVX2 enabled (caller contract); `qs` is 16 readable bytes.
+    unsafe {
+        let raw = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
+        let m4 = _mm_set1_epi8(0x0f);
+        let lo = _mm_and_si128(raw, m4);
+        let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
+        let nibbles = _mm256_set_m128i(hi, lo);
+        // Byte j gets byte j / 8 of qh; then bit j % 8 of it is tested (GGML's
+        // bytes_from_bits_32: all bits but the tested one set, compared with all ones).
+        let h = _mm256_set1_epi32(i32::from_le_bytes(qh));
+        let spread = _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
+            3, 3, 3,
+        );
+        let b = _mm256_shuffle_epi8(h, spread);
+        let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_or_si256(b, others), _mm256_set1_epi8(-1));
+        _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+    }
+}
+
+/// [`q5_codes`] of `w`.
+///
+/// # Safety
+/// AVX2 is enabled.
+#[inline(always)]
 unsafe fn codes<W: Q5Block>(w: &W) -> __m256i {
     // SAFETY: AVX2 enabled (caller contract).
-    unsafe { super::kquant::q5_codes(w.qh(), w.qs()) }
+    unsafe { q5_codes(w.qh(), w.qs()) }
 }
 
 /// `R` Q5_0/Q5_1 rows against `T` tokens' Q8_0 blocks. `dot(u, x)` gives eight i32 lanes
