@@ -335,6 +335,24 @@ pub fn speculative(
         }
     }
     session.reset();
+    Ok(spec_results(
+        opts,
+        session.threads(),
+        &test.label,
+        &plain,
+        &spec,
+    ))
+}
+
+/// The two results of [`speculative`]: the plain runs' and the speculative runs' rates, the
+/// latter with the guesses' acceptance, tokens per pass and the speedup.
+fn spec_results(
+    opts: &BenchOptions,
+    threads: usize,
+    label: &str,
+    plain: &[Generation],
+    spec: &[Generation],
+) -> Vec<BenchResult> {
     let result = |name: String, runs: &[Generation]| {
         let samples: Vec<f64> = runs.iter().map(|g| g.stats.decode_tok_s()).collect();
         let (median, min, max, stddev) = summarize(&samples);
@@ -343,7 +361,7 @@ pub fn speculative(
             n_tokens: runs.last().map_or(0, |g| g.stats.generated_tokens),
             n_depth: 0,
             n_batch: opts.batch,
-            threads: session.threads(),
+            threads,
             tok_s: median,
             tok_s_min: min,
             tok_s_max: max,
@@ -355,8 +373,8 @@ pub fn speculative(
         }
     };
     let base = format!("tg{} text", opts.gen_tokens);
-    let p = result(base.clone(), &plain);
-    let mut s = result(format!("{base}, {}", test.label), &spec);
+    let p = result(base.clone(), plain);
+    let mut s = result(format!("{base}, {label}"), spec);
     let sum = |f: fn(&Generation) -> usize| spec.iter().map(f).sum::<usize>() as f64;
     let drafted = sum(|g| g.stats.drafted_tokens);
     s.acceptance = Some(if drafted > 0.0 {
@@ -367,7 +385,7 @@ pub fn speculative(
     s.tokens_per_pass =
         Some(sum(|g| g.stats.decoded_tokens) / sum(|g| g.stats.decode_steps).max(1.0));
     s.speedup = Some(s.tok_s / p.tok_s.max(1e-12));
-    Ok(vec![p, s])
+    vec![p, s]
 }
 
 /// The matrices of one shape and encoding in a model, and the path

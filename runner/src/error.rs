@@ -80,6 +80,9 @@ pub enum RunnerError {
     /// The chat template failed to parse or render.
     #[error("chat template: {0}")]
     ChatTemplate(String),
+    /// The engine gave up on a generation (a forward pass or the text stream failed).
+    #[error("generation failed: {0}")]
+    Generation(String),
     /// The prompt tokenized to nothing.
     #[error("the prompt is empty (0 tokens); give some text with -p")]
     EmptyPrompt,

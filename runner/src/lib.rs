@@ -13,10 +13,16 @@
 //!
 //! Text: [`Tokenizer`] wraps the embedded `tokenizer.json`; [`ChatTemplate`] renders the
 //! embedded chat template (under instruction and output limits, and for `kiln-run` in a child
-//! process with memory and CPU limits: [`sandbox`]); [`Sampler`] picks tokens; [`generate::generate`] and
-//! [`generate::Conversation`] drive generation with streamed, UTF-8-safe output;
-//! [`bench::bench`] measures prefill and decode throughput. The `kiln-run` binary is a thin
-//! command line over these.
+//! process with memory and CPU limits: [`sandbox`]); [`Sampler`] picks tokens.
+//!
+//! Decoding: one [`engine::Engine`] owns the decoding loop (admit, prefill a chunk, settle,
+//! propose guesses, decode a batch, retire), the one speculation policy (prompt lookup,
+//! [`lookup`], or a [`draft::Draft`] model) and the [`Interrupt`] check. `kiln-run serve`
+//! feeds it from a bounded queue ([`engine::EngineHandle`], behind the HTTP side in
+//! [`serve`]); [`generate::generate`] and [`generate::Conversation`] run it with one slot,
+//! streaming UTF-8-safe text and returning the run's [`generate::Stats`]; [`bench::bench`]
+//! measures prefill and decode throughput (its speculative test through the engine). The
+//! `kiln-run` binary is a thin command line over these.
 //!
 //! Embeddings: [`embed::Embedder`] pools an encoder's token states into vectors;
 //! [`embed_stream`] feeds it texts from the command line, a file or a stream and writes JSON
@@ -30,6 +36,7 @@ pub mod config;
 pub mod draft;
 pub mod embed;
 pub mod embed_stream;
+pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod kv_cache;

@@ -3,9 +3,9 @@
 //! the tokens that followed them then are a good guess for what follows now: an edit, a
 //! rewrite, code or a summary repeats long stretches of its input.
 //!
-//! The guess is only a guess: [`crate::generate`] checks it with one pass of the model
-//! ([`crate::Session::verify`]) and keeps what the model itself would have produced, so
-//! the output does not depend on it.
+//! The guess is only a guess: the engine ([`crate::engine`]) checks it in its batched pass
+//! and keeps what the model itself would have produced, so the output does not depend on it;
+//! how many tokens are guessed is the engine's one policy ([`crate::engine::speculate`]).
 
 /// The longest n-gram looked up: the last this many tokens are tried first.
 pub const NGRAM_MAX: usize = 3;

@@ -1027,6 +1027,16 @@ impl<'m> Session<'m> {
     pub fn verify(&mut self, tokens: &[u32]) -> Result<&[f32]> {
         self.compute.verify(&mut self.seq, tokens)
     }
+
+    /// Its compute and its sequence, apart: the engine runs the one over the other.
+    pub(crate) fn parts_mut(&mut self) -> (&mut Compute<'m>, &mut Sequence) {
+        (&mut self.compute, &mut self.seq)
+    }
+
+    /// Its compute and its sequence, taken apart.
+    pub(crate) fn into_parts(self) -> (Compute<'m>, Sequence) {
+        (self.compute, self.seq)
+    }
 }
 
 /// Values per piece when a prompt's row-wise steps (norms, bias and residual adds, copies) go

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use kiln_format::{DType, KilnFile};
-use kiln_runner::serve::engine::{self, EngineDraft, EngineHandle, EngineOptions, SubmitError};
+use kiln_runner::draft::{Draft, DraftOptions};
+use kiln_runner::engine::{self, Engine, EngineHandle, EngineOptions, SubmitError};
 use kiln_runner::serve::job::{Event, Finish, Job, TokenInfo, Usage};
 use kiln_runner::serve::prompt_cache::Reuse;
 use kiln_runner::{
@@ -126,16 +127,22 @@ fn run_on(
         scope.spawn(move || {
             let mut compute =
                 Compute::new(m, CTX, 2, CacheType::F16, SlidingCache::default()).unwrap();
-            let mut draft = dm.map(|dm| EngineDraft {
-                compute: compute
+            let mut draft = dm.map(|dm| {
+                let dc = compute
                     .alongside(dm, CTX, CacheType::F16, SlidingCache::default())
-                    .unwrap(),
-                max: 6,
-                min: 2,
-                p_min: 0.0,
-                target_vocab: m.config.vocab,
+                    .unwrap();
+                let opts = DraftOptions {
+                    max: 6,
+                    min: 2,
+                    p_min: 0.0,
+                    prefill_batch: 512,
+                };
+                Draft::with_compute(dc, t, t, m.config.vocab, opts).unwrap()
             });
-            engine::run(&mut compute, draft.as_mut(), t, jobs, &h, &opts, &s);
+            Engine::new(&mut compute, draft.as_mut(), t, opts)
+                .with_interrupt(s)
+                .with_state(h.state().clone())
+                .serve(jobs);
         });
         // Stops the engine even when `body` panics, so that the scope can end.
         struct Raise(Interrupt);

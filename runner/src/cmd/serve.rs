@@ -1,16 +1,16 @@
 //! `kiln-run serve`: OpenAI's API over HTTP. A generative model gets the engine thread
-//! ([`kiln_runner::serve::engine`]) decoding the requests the front ([`front::serve`]) sends
-//! it; an embedding model answers `/v1/embeddings` from one embedder.
+//! ([`kiln_runner::engine::Engine::serve`]) decoding the requests the front
+//! ([`front::serve`]) sends it; an embedding model answers `/v1/embeddings` from one embedder.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
 use kiln_format::KilnFile;
-use kiln_runner::draft::same_vocabulary;
+use kiln_runner::draft::{Draft, DraftOptions};
+use kiln_runner::engine::{self, Engine, EngineOptions};
 use kiln_runner::generate::DEFAULT_PREFILL_BATCH;
 use kiln_runner::serve::embeddings::EmbedService;
-use kiln_runner::serve::engine::{self, EngineDraft, EngineOptions};
 use kiln_runner::serve::front::{self, FrontConfig, FrontModel};
 use kiln_runner::serve::grammar::Grammars;
 use kiln_runner::serve::prompt_cache::Reuse;
@@ -162,7 +162,10 @@ pub fn run(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
         let opts = &opts;
         let draft = draft.as_mut();
         scope.spawn(move || {
-            engine::run(compute, draft, tokenizer, jobs, &engine_handle, opts, &stop)
+            Engine::new(compute, draft, tokenizer, opts.clone())
+                .with_interrupt(stop)
+                .with_state(engine_handle.state().clone())
+                .serve(jobs)
         });
         let served = front::serve(listener, &cfg, &front_model, Some(&handle), interrupt);
         engine_stop.raise(1);
@@ -250,32 +253,21 @@ fn engine_draft<'d>(
     m: &Loaded<'_>,
     compute: &Compute<'_>,
     ctx: usize,
-) -> Result<EngineDraft<'d>> {
+) -> Result<Draft<'d>> {
     let spec = &a.speculative;
-    same_vocabulary(&d.tokenizer, &m.tokenizer)?;
-    if spec.draft_min > spec.draft_max {
-        return Err(RunnerError::InvalidArgument {
-            arg: "--draft-min",
-            reason: format!(
-                "must be at most --draft-max (got {} and {})",
-                spec.draft_min, spec.draft_max
-            ),
-        });
-    }
-    if !(0.0..=1.0).contains(&spec.draft_p_min) {
-        return Err(RunnerError::InvalidArgument {
-            arg: "--draft-p-min",
-            reason: format!("must be between 0 and 1 (got {})", spec.draft_p_min),
-        });
-    }
     let dctx = ctx.min(d.model.config.max_position_embeddings.max(1));
-    Ok(EngineDraft {
-        compute: compute.alongside(&d.model, dctx, a.run.cache_type, sliding(a.run.swa_full))?,
-        max: usize::from(spec.draft_max),
-        min: usize::from(spec.draft_min),
-        p_min: spec.draft_p_min,
-        target_vocab: m.model.config.vocab,
-    })
+    Draft::with_compute(
+        compute.alongside(&d.model, dctx, a.run.cache_type, sliding(a.run.swa_full))?,
+        &d.tokenizer,
+        &m.tokenizer,
+        m.model.config.vocab,
+        DraftOptions {
+            max: usize::from(spec.draft_max),
+            min: usize::from(spec.draft_min),
+            p_min: spec.draft_p_min,
+            prefill_batch: a.batch_size as usize,
+        },
+    )
 }
 
 /// Bind `--host`/`--port`; the socket and the address it got.

@@ -1,9 +1,9 @@
 //! What the HTTP side hands the engine ([`Job`]) and what it gets back ([`Event`]).
 //!
 //! The engine owns the model and every sequence; connection threads own sockets. They meet
-//! only here: a job goes in through [`crate::serve::engine::EngineHandle::submit`] (a bounded
-//! queue, so a full server answers 503 instead of growing), and its events come back through
-//! the job's own channel. A connection that stops reading (the client went away, or a write
+//! only here: a job goes in through [`super::EngineHandle::submit`] (a bounded queue, so a
+//! full server answers 503 instead of growing), and its events come back through the job's
+//! own channel. The command line hands its one job to an engine it runs itself. A connection that stops reading (the client went away, or a write
 //! timed out) raises [`Job::cancel`] or drops its receiver, and the engine frees the sequence
 //! at its next step.
 
