@@ -182,23 +182,11 @@ impl Checkpoint {
     ) -> Result<Checkpoint> {
         let arch = config.source_architecture.as_str();
         let index_path = dir.join("model.safetensors.index.json");
-        let (files, index_map, index_file) = if index_path.is_file() {
-            let (files, map) = read_index(dir, &index_path)?;
-            (
-                files,
-                Some(map),
-                Some("model.safetensors.index.json".to_string()),
-            )
-        } else if dir.join("model.safetensors").is_file() {
-            (vec!["model.safetensors".to_string()], None, None)
-        } else {
-            return Err(ConvertError::MissingFile {
-                dir: dir.display().to_string(),
-                file: "model.safetensors or model.safetensors.index.json".into(),
-                hint: "Kiln converts checkpoints saved as safetensors (save_pretrained(..., safe_serialization=True))",
-            });
-        };
-
+        let WeightFiles {
+            files,
+            index_map,
+            index_file,
+        } = weight_files(dir, &index_path)?;
         let mut shards = files
             .iter()
             .map(|f| Shard::open(dir, f))
@@ -219,122 +207,22 @@ impl Checkpoint {
                 }
                 seen.insert(name.clone(), si);
                 if let Some(map) = &index_map {
-                    match map.get(&name) {
-                        Some(f) if *f == shard.name => {}
-                        Some(f) => {
-                            return Err(ConvertError::ShardIndex {
-                                path: index_path.display().to_string(),
-                                reason: format!(
-                                    "tensor `{name}` is listed in {f} but stored in {}",
-                                    shard.name
-                                ),
-                            })
-                        }
-                        None => {
-                            return Err(ConvertError::ShardIndex {
-                                path: index_path.display().to_string(),
-                                reason: format!(
-                                    "tensor `{name}` in {} is not in the weight_map",
-                                    shard.name
-                                ),
-                            })
-                        }
-                    }
+                    check_listed(&index_path, map, &name, &shard.name)?;
                 }
                 if names::is_ignorable_hf(&name) {
                     skipped.push(name);
                     continue;
                 }
                 let located = SourceTensor::locate(&shard.path, si, base, &name, &view)?;
-                let source = |canon: TensorName| SourceTensor {
-                    name: canon,
-                    ..located.clone()
-                };
-                // A bare decoder backbone (what `AutoModel` saves: Qwen3-Embedding, for one)
-                // spells its tensors without the `model.` prefix.
-                let bare = (!config.architecture.spec().encoder && !name.starts_with("model."))
-                    .then(|| format!("model.{name}"));
-                let spellings = [Some(name.as_str()), bare.as_deref()];
-                let family = config.architecture;
-                let resolved = match spellings
-                    .iter()
-                    .flatten()
-                    .find_map(|n| names::canonical(Source::HuggingFace, family, n))
-                {
-                    Some(canon) => vec![source(canon)],
-                    None => match spellings
-                        .iter()
-                        .flatten()
-                        .find_map(|n| names::fused_parts(names::Source::HuggingFace, family, n))
-                    {
-                        Some(parts) => split_rows(&source(parts[0]), &parts, config, &shard.path)?,
-                        None => {
-                            return Err(ConvertError::UnknownTensor {
-                                path: shard.path.display().to_string(),
-                                tensor: name.clone(),
-                                arch: arch.to_string(),
-                            })
-                        }
-                    },
-                };
-                for t in resolved {
-                    if let Some(prev) = tensors.get(&t.name) {
-                        return Err(ConvertError::DuplicateTensor {
-                            tensor: t.name.to_string(),
-                            first: format!(
-                                "`{}` in {}",
-                                prev.source_name,
-                                shards[prev.shard].path.display()
-                            ),
-                            second: format!("`{}` in {}", t.source_name, shard.path.display()),
-                        });
-                    }
-                    tensors.insert(t.name, t);
+                for t in resolve_names(&located, config, &shard.path)? {
+                    insert_new(&mut tensors, &shards, t, &shard.path)?;
                 }
             }
         }
         if let Some(map) = &index_map {
-            if let Some(missing) = map.keys().find(|k| !seen.contains_key(*k)) {
-                return Err(ConvertError::ShardIndex {
-                    path: index_path.display().to_string(),
-                    reason: format!(
-                        "tensor `{missing}` is listed in the weight_map but not stored in {}",
-                        map[missing]
-                    ),
-                });
-            }
+            check_all_stored(&index_path, map, &seen)?;
         }
-        for (k, sub) in dense_dirs.iter().enumerate() {
-            let shard = Shard::open(dir, &format!("{sub}/model.safetensors"))?;
-            let (weight, bias) = Role::dense(k).ok_or_else(|| ConvertError::UnknownTensor {
-                path: shard.path.display().to_string(),
-                tensor: "linear.weight".into(),
-                arch: format!("{arch} (more Dense modules than Kiln implements)"),
-            })?;
-            let st = shard.parse()?;
-            let base = shard.bytes().as_ptr() as usize;
-            for (name, view) in st.tensors() {
-                let role = match name.as_str() {
-                    "linear.weight" => weight,
-                    "linear.bias" => bias,
-                    _ => {
-                        return Err(ConvertError::UnknownTensor {
-                            path: shard.path.display().to_string(),
-                            tensor: name,
-                            arch: "a Dense module (linear.weight, linear.bias)".into(),
-                        })
-                    }
-                };
-                let t = SourceTensor {
-                    name: TensorName::global(role),
-                    source_name: format!("{sub}/{name}"),
-                    ..SourceTensor::locate(&shard.path, shards.len(), base, &name, &view)?
-                };
-                tensors.insert(t.name, t);
-            }
-            drop(st);
-            shards.push(shard);
-        }
+        add_dense_modules(dir, dense_dirs, arch, &mut shards, &mut tensors)?;
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
             shards,
@@ -348,6 +236,188 @@ impl Checkpoint {
     pub fn bytes(&self, t: &SourceTensor) -> &[u8] {
         &self.shards[t.shard].bytes()[t.range.clone()]
     }
+}
+
+/// The weight files of a checkpoint directory.
+struct WeightFiles {
+    /// One `model.safetensors`, or the shards its index lists.
+    files: Vec<String>,
+    /// The index's weight_map (tensor → shard), when sharded.
+    index_map: Option<HashMap<String, String>>,
+    /// The index's file name, when sharded.
+    index_file: Option<String>,
+}
+
+/// Find the weight files of `dir`: its index (at `index_path`) and the shards it lists, or
+/// one `model.safetensors`.
+fn weight_files(dir: &Path, index_path: &Path) -> Result<WeightFiles> {
+    if index_path.is_file() {
+        let (files, map) = read_index(dir, index_path)?;
+        Ok(WeightFiles {
+            files,
+            index_map: Some(map),
+            index_file: Some("model.safetensors.index.json".to_string()),
+        })
+    } else if dir.join("model.safetensors").is_file() {
+        Ok(WeightFiles {
+            files: vec!["model.safetensors".to_string()],
+            index_map: None,
+            index_file: None,
+        })
+    } else {
+        Err(ConvertError::MissingFile {
+            dir: dir.display().to_string(),
+            file: "model.safetensors or model.safetensors.index.json".into(),
+            hint: "Kiln converts checkpoints saved as safetensors (save_pretrained(..., safe_serialization=True))",
+        })
+    }
+}
+
+/// Tensor `name`, found in shard `shard_name`, is listed there by the index's weight_map.
+fn check_listed(
+    index_path: &Path,
+    map: &HashMap<String, String>,
+    name: &str,
+    shard_name: &str,
+) -> Result<()> {
+    match map.get(name) {
+        Some(f) if *f == shard_name => Ok(()),
+        Some(f) => Err(ConvertError::ShardIndex {
+            path: index_path.display().to_string(),
+            reason: format!("tensor `{name}` is listed in {f} but stored in {shard_name}"),
+        }),
+        None => Err(ConvertError::ShardIndex {
+            path: index_path.display().to_string(),
+            reason: format!("tensor `{name}` in {shard_name} is not in the weight_map"),
+        }),
+    }
+}
+
+/// Every tensor the index's weight_map lists was found in a shard.
+fn check_all_stored(
+    index_path: &Path,
+    map: &HashMap<String, String>,
+    seen: &HashMap<String, usize>,
+) -> Result<()> {
+    if let Some(missing) = map.keys().find(|k| !seen.contains_key(*k)) {
+        return Err(ConvertError::ShardIndex {
+            path: index_path.display().to_string(),
+            reason: format!(
+                "tensor `{missing}` is listed in the weight_map but not stored in {}",
+                map[missing]
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The canonical tensor(s) a located source tensor stands for: one, or the parts of a fused
+/// tensor split by rows. A name no spelling of the family knows is refused.
+fn resolve_names(
+    located: &SourceTensor,
+    config: &kiln_format::ModelConfig,
+    shard_path: &Path,
+) -> Result<Vec<SourceTensor>> {
+    let name = &located.source_name;
+    let source = |canon: TensorName| SourceTensor {
+        name: canon,
+        ..located.clone()
+    };
+    // A bare decoder backbone (what `AutoModel` saves: Qwen3-Embedding, for one)
+    // spells its tensors without the `model.` prefix.
+    let bare = (!config.architecture.spec().encoder && !name.starts_with("model."))
+        .then(|| format!("model.{name}"));
+    let spellings = [Some(name.as_str()), bare.as_deref()];
+    let family = config.architecture;
+    Ok(
+        match spellings
+            .iter()
+            .flatten()
+            .find_map(|n| names::canonical(Source::HuggingFace, family, n))
+        {
+            Some(canon) => vec![source(canon)],
+            None => match spellings
+                .iter()
+                .flatten()
+                .find_map(|n| names::fused_parts(names::Source::HuggingFace, family, n))
+            {
+                Some(parts) => split_rows(&source(parts[0]), &parts, config, shard_path)?,
+                None => {
+                    return Err(ConvertError::UnknownTensor {
+                        path: shard_path.display().to_string(),
+                        tensor: name.clone(),
+                        arch: config.source_architecture.clone(),
+                    })
+                }
+            },
+        },
+    )
+}
+
+/// Add `t` (from the shard at `shard_path`) under its canonical name, refusing a second
+/// source tensor for the same name.
+fn insert_new(
+    tensors: &mut BTreeMap<TensorName, SourceTensor>,
+    shards: &[Shard],
+    t: SourceTensor,
+    shard_path: &Path,
+) -> Result<()> {
+    if let Some(prev) = tensors.get(&t.name) {
+        return Err(ConvertError::DuplicateTensor {
+            tensor: t.name.to_string(),
+            first: format!(
+                "`{}` in {}",
+                prev.source_name,
+                shards[prev.shard].path.display()
+            ),
+            second: format!("`{}` in {}", t.source_name, shard_path.display()),
+        });
+    }
+    tensors.insert(t.name, t);
+    Ok(())
+}
+
+/// Map each sentence-transformers Dense module's `model.safetensors` (after the model's own
+/// shards) and add its `linear.weight` and `linear.bias` under the module's roles.
+fn add_dense_modules(
+    dir: &Path,
+    dense_dirs: &[String],
+    arch: &str,
+    shards: &mut Vec<Shard>,
+    tensors: &mut BTreeMap<TensorName, SourceTensor>,
+) -> Result<()> {
+    for (k, sub) in dense_dirs.iter().enumerate() {
+        let shard = Shard::open(dir, &format!("{sub}/model.safetensors"))?;
+        let (weight, bias) = Role::dense(k).ok_or_else(|| ConvertError::UnknownTensor {
+            path: shard.path.display().to_string(),
+            tensor: "linear.weight".into(),
+            arch: format!("{arch} (more Dense modules than Kiln implements)"),
+        })?;
+        let st = shard.parse()?;
+        let base = shard.bytes().as_ptr() as usize;
+        for (name, view) in st.tensors() {
+            let role = match name.as_str() {
+                "linear.weight" => weight,
+                "linear.bias" => bias,
+                _ => {
+                    return Err(ConvertError::UnknownTensor {
+                        path: shard.path.display().to_string(),
+                        tensor: name,
+                        arch: "a Dense module (linear.weight, linear.bias)".into(),
+                    })
+                }
+            };
+            let t = SourceTensor {
+                name: TensorName::global(role),
+                source_name: format!("{sub}/{name}"),
+                ..SourceTensor::locate(&shard.path, shards.len(), base, &name, &view)?
+            };
+            tensors.insert(t.name, t);
+        }
+        drop(st);
+        shards.push(shard);
+    }
+    Ok(())
 }
 
 /// The parts of a fused tensor `whole` (named as its first part; `[part; part; …]` by rows):

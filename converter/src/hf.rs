@@ -153,9 +153,154 @@ pub(crate) fn sha256_file(path: &Path, name: &str) -> Result<SourceFile> {
     })
 }
 
+/// `config.json` and what is read beside it, resolved.
+struct SourceConfig {
+    config_path: PathBuf,
+    /// `config.json` as read, for the provenance's source dtype.
+    config_text: String,
+    generation: Option<Value>,
+    config: ModelConfig,
+    /// The sentence-transformers Dense modules' directories, in order.
+    dense_dirs: Vec<String>,
+}
+
+/// What every tensor's copy shares while the tensors are written in parallel.
+struct TensorCopy<'a> {
+    ck: &'a Checkpoint,
+    writer: &'a KilnWriter,
+    opts: &'a ConvertOptions,
+    progress: &'a dyn Progress,
+    /// Tensors holding NaN or infinity, described, when `allow_non_finite` is set.
+    non_finite: &'a std::sync::Mutex<Vec<String>>,
+}
+
 /// Convert a checkpoint directory to a `.kiln` file.
 pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<ConvertSummary> {
     let start = Instant::now();
+    let dir = &opts.input;
+    check_request(opts)?;
+    let SourceConfig {
+        config_path,
+        config_text,
+        generation,
+        config,
+        dense_dirs,
+    } = read_config(dir)?;
+    let tokenizer = tokenizer_files::read(dir)?;
+    let ck = Checkpoint::open(dir, &config, &dense_dirs)?;
+    check_layer_count(&config_path, &config, &ck)?;
+    let mut skipped = ck.skipped.clone();
+    let planned = plan(&ck, &config, &mut skipped)?;
+
+    // Hash every source file (in parallel) for provenance.
+    let side = side_files(dir, &dense_dirs, &ck);
+    // Source checksums are computed while the tensors are written; the metadata holds
+    // fixed-width placeholders until then (see KilnWriter::replace_metadata).
+    let sources = unhashed_sources(dir, &side)?;
+
+    let (specs, dtypes) = tensor_specs(&planned, opts.dtype);
+    let details = conversion_details(opts, &config_text, &skipped);
+    let metadata = Metadata {
+        config: config.clone(),
+        tokenizer,
+        generation: generation.unwrap_or(Value::Null),
+        provenance: vec![conversion_step(details, sources)],
+    };
+
+    let mut writer = KilnWriter::create(&opts.output, &metadata, specs, opts.overwrite)?;
+    let bytes_in: u64 = planned.iter().map(|t| t.range.len() as u64).sum();
+    progress.start(bytes_in, planned.len());
+    // Largest first, so the long tensors do not end up alone at the tail of the schedule.
+    let mut order: Vec<usize> = (0..planned.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(planned[i].range.len()));
+    let non_finite = std::sync::Mutex::new(Vec::new());
+    let copy = TensorCopy {
+        ck: &ck,
+        writer: &writer,
+        opts,
+        progress,
+        non_finite: &non_finite,
+    };
+    let write_all = || {
+        order
+            .par_iter()
+            .try_for_each(|&i| copy.write_tensor(i, planned[i]))
+    };
+    let hash_all = || {
+        side.par_iter()
+            .map(|f| sha256_file(&dir.join(f), f))
+            .collect::<Result<Vec<_>>>()
+    };
+    let (written, hashed) = rayon::join(write_all, hash_all);
+    written?;
+    let mut metadata = metadata;
+    metadata.provenance[0].sources = hashed?;
+    writer.replace_metadata(&metadata)?;
+    let summary = writer.finish()?;
+    progress.finish();
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(ConvertSummary {
+        input: dir.display().to_string(),
+        output: opts.output.display().to_string(),
+        architecture: config.source_architecture,
+        tensors: planned.len(),
+        dtypes,
+        bytes_in,
+        bytes_out: summary.file_len,
+        seconds,
+        gb_per_s: bytes_in as f64 / seconds / 1e9,
+        header_sha256: kiln_format::hex(&summary.header_sha256),
+        skipped,
+        non_finite: non_finite.into_inner().unwrap_or_else(|e| e.into_inner()),
+    })
+}
+
+/// The output tensors (each in `dtype`, or its source dtype) and how many there are of
+/// each dtype.
+fn tensor_specs(
+    planned: &[&SourceTensor],
+    dtype: Option<DType>,
+) -> (Vec<TensorSpec>, std::collections::BTreeMap<String, usize>) {
+    let specs: Vec<TensorSpec> = planned
+        .iter()
+        .map(|t| TensorSpec {
+            name: t.name.to_string(),
+            dtype: dtype.unwrap_or(t.dtype),
+            shape: t.shape.clone(),
+        })
+        .collect();
+    let mut dtypes = std::collections::BTreeMap::new();
+    for s in &specs {
+        *dtypes.entry(s.dtype.name().to_string()).or_insert(0usize) += 1;
+    }
+    (specs, dtypes)
+}
+
+/// This conversion's provenance step.
+fn conversion_step(details: Value, sources: Vec<SourceFile>) -> ProvenanceStep {
+    ProvenanceStep {
+        tool: format!("kiln-convert {}", env!("CARGO_PKG_VERSION")),
+        created: now_rfc3339(),
+        details,
+        sources,
+    }
+}
+
+/// The provenance step's details: source and output dtypes, and the tensors skipped.
+fn conversion_details(opts: &ConvertOptions, config_text: &str, skipped: &[String]) -> Value {
+    json!({
+        "conversion": {
+            "from": "huggingface-safetensors",
+            "source_dtype": hf_config::declared_dtype(&serde_json::from_str(config_text).unwrap_or(Value::Null)),
+            "output_dtype": opts.dtype.map(|d| d.name()).unwrap_or("source"),
+            "skipped": skipped,
+        }
+    })
+}
+
+/// Refuse, before reading anything, an input that is not a directory, an output inside it
+/// that the conversion may read, and a quantized output dtype.
+fn check_request(opts: &ConvertOptions) -> Result<()> {
     let dir = &opts.input;
     if !dir.is_dir() {
         return Err(ConvertError::io(
@@ -179,6 +324,12 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
             ));
         }
     }
+    Ok(())
+}
+
+/// Read and resolve `config.json` with `generation_config.json` and, for an embedding model,
+/// the sentence-transformers modules.
+fn read_config(dir: &Path) -> Result<SourceConfig> {
     let config_path = dir.join("config.json");
     // `exists`, not `is_file`: a FIFO or a device under the name is refused as what it is
     // (without blocking on it) rather than reported missing.
@@ -223,15 +374,23 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
              model only",
         ));
     }
-    let tokenizer = tokenizer_files::read(dir)?;
-    let ck = Checkpoint::open(dir, &config, &dense_dirs)?;
-    // The layer count against the tensors the checkpoint holds, before the plan lists every
-    // tensor the layers imply.
+    Ok(SourceConfig {
+        config_path,
+        config_text,
+        generation,
+        config,
+        dense_dirs,
+    })
+}
+
+/// The layer count against the tensors the checkpoint holds, before the plan lists every
+/// tensor the layers imply.
+fn check_layer_count(config_path: &Path, config: &ModelConfig, ck: &Checkpoint) -> Result<()> {
     if let Err(need) =
         kiln_format::shapes::check_layer_count(config.num_layers, ck.tensors.len() as u64)
     {
         return Err(ConvertError::field(
-            &config_path,
+            config_path,
             "num_hidden_layers",
             format!(
                 "{} layers need at least {need} tensors, but the checkpoint holds {}",
@@ -240,10 +399,11 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
             ),
         ));
     }
-    let mut skipped = ck.skipped.clone();
-    let planned = plan(&ck, &config, &mut skipped)?;
+    Ok(())
+}
 
-    // Hash every source file (in parallel) for provenance.
+/// Every file of the checkpoint directory the conversion reads, as provenance names them.
+fn side_files(dir: &Path, dense_dirs: &[String], ck: &Checkpoint) -> Vec<String> {
     let mut side: Vec<String> = ["config.json", "generation_config.json"]
         .iter()
         .chain(tokenizer_files::FILES)
@@ -254,10 +414,12 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
     side.extend(dense_dirs.iter().map(|d| format!("{d}/config.json")));
     side.extend(ck.index_file.clone());
     side.extend(ck.shards.iter().map(|s| s.name.clone()));
-    // Source checksums are computed while the tensors are written; the metadata holds
-    // fixed-width placeholders until then (see KilnWriter::replace_metadata).
-    let sources = side
-        .iter()
+    side
+}
+
+/// Each file's provenance entry with its size and a fixed-width placeholder checksum.
+fn unhashed_sources(dir: &Path, side: &[String]) -> Result<Vec<SourceFile>> {
+    side.iter()
         .map(|f| {
             let p = dir.join(f);
             let bytes = std::fs::metadata(&p)
@@ -269,125 +431,61 @@ pub fn convert_hf(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Conv
                 sha256: "0".repeat(64),
             })
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect()
+}
 
-    let specs: Vec<TensorSpec> = planned
-        .iter()
-        .map(|t| TensorSpec {
-            name: t.name.to_string(),
-            dtype: opts.dtype.unwrap_or(t.dtype),
-            shape: t.shape.clone(),
-        })
-        .collect();
-    let mut dtypes = std::collections::BTreeMap::new();
-    for s in &specs {
-        *dtypes.entry(s.dtype.name().to_string()).or_insert(0usize) += 1;
+impl TensorCopy<'_> {
+    /// Copy source tensor `t` to output tensor `i` in chunks, cast to the output dtype,
+    /// counting the values that are not finite (refused unless `allow_non_finite`).
+    fn write_tensor(&self, i: usize, t: &SourceTensor) -> Result<()> {
+        let to = self.writer.spec(i).dtype;
+        let mut sink = self.writer.tensor_sink(i)?;
+        // 4 MiB of source per chunk: large enough for fast I/O, small for memory.
+        const CHUNK_BYTES: usize = 4 << 20;
+        let step = CHUNK_BYTES / t.dtype.block_bytes() * t.dtype.block_bytes();
+        let shard = &self.ck.shards[t.shard];
+        let mut src = vec![0u8; step.min(t.range.len())];
+        let mut cast = Vec::new();
+        let mut pos = t.range.start;
+        let (mut bad, mut first_bad) = (0usize, None);
+        while pos < t.range.end {
+            let n = step.min(t.range.end - pos);
+            let chunk = &mut src[..n];
+            shard.read_at(chunk, pos as u64)?;
+            let (count, first) = count_non_finite(t.dtype, chunk);
+            let elem = (pos - t.range.start) / t.dtype.block_bytes() * t.dtype.block_len();
+            bad += count;
+            first_bad = first_bad.or(first.map(|f| elem + f));
+            if to == t.dtype {
+                sink.write(chunk)?;
+            } else {
+                cast.clear();
+                cast_bytes(t.dtype, to, chunk, &mut cast);
+                sink.write(&cast)?;
+            }
+            pos += n;
+            self.progress.advance(n as u64, 0);
+        }
+        if let Some(index) = first_bad {
+            let file = shard.path.display().to_string();
+            if !self.opts.allow_non_finite {
+                return Err(ConvertError::NonFinite {
+                    file,
+                    tensor: t.source_name.clone(),
+                    index,
+                    count: bad,
+                });
+            }
+            self.non_finite
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(format!(
+                    "{} ({bad} values, first at element {index})",
+                    t.source_name
+                ));
+        }
+        sink.finish()?;
+        self.progress.advance(0, 1);
+        Ok(())
     }
-    let metadata = Metadata {
-        config: config.clone(),
-        tokenizer,
-        generation: generation.unwrap_or(Value::Null),
-        provenance: vec![ProvenanceStep {
-            tool: format!("kiln-convert {}", env!("CARGO_PKG_VERSION")),
-            created: now_rfc3339(),
-            details: json!({
-                "conversion": {
-                    "from": "huggingface-safetensors",
-                    "source_dtype": hf_config::declared_dtype(&serde_json::from_str(&config_text).unwrap_or(Value::Null)),
-                    "output_dtype": opts.dtype.map(|d| d.name()).unwrap_or("source"),
-                    "skipped": skipped,
-                }
-            }),
-            sources,
-        }],
-    };
-
-    let mut writer = KilnWriter::create(&opts.output, &metadata, specs, opts.overwrite)?;
-    let bytes_in: u64 = planned.iter().map(|t| t.range.len() as u64).sum();
-    progress.start(bytes_in, planned.len());
-    // Largest first, so the long tensors do not end up alone at the tail of the schedule.
-    let mut order: Vec<usize> = (0..planned.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(planned[i].range.len()));
-    let non_finite = std::sync::Mutex::new(Vec::new());
-    let write_all = || {
-        order.par_iter().try_for_each(|&i| -> Result<()> {
-            let t = planned[i];
-            let to = writer.spec(i).dtype;
-            let mut sink = writer.tensor_sink(i)?;
-            // 4 MiB of source per chunk: large enough for fast I/O, small for memory.
-            const CHUNK_BYTES: usize = 4 << 20;
-            let step = CHUNK_BYTES / t.dtype.block_bytes() * t.dtype.block_bytes();
-            let shard = &ck.shards[t.shard];
-            let mut src = vec![0u8; step.min(t.range.len())];
-            let mut cast = Vec::new();
-            let mut pos = t.range.start;
-            let (mut bad, mut first_bad) = (0usize, None);
-            while pos < t.range.end {
-                let n = step.min(t.range.end - pos);
-                let chunk = &mut src[..n];
-                shard.read_at(chunk, pos as u64)?;
-                let (count, first) = count_non_finite(t.dtype, chunk);
-                let elem = (pos - t.range.start) / t.dtype.block_bytes() * t.dtype.block_len();
-                bad += count;
-                first_bad = first_bad.or(first.map(|f| elem + f));
-                if to == t.dtype {
-                    sink.write(chunk)?;
-                } else {
-                    cast.clear();
-                    cast_bytes(t.dtype, to, chunk, &mut cast);
-                    sink.write(&cast)?;
-                }
-                pos += n;
-                progress.advance(n as u64, 0);
-            }
-            if let Some(index) = first_bad {
-                let file = shard.path.display().to_string();
-                if !opts.allow_non_finite {
-                    return Err(ConvertError::NonFinite {
-                        file,
-                        tensor: t.source_name.clone(),
-                        index,
-                        count: bad,
-                    });
-                }
-                non_finite
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(format!(
-                        "{} ({bad} values, first at element {index})",
-                        t.source_name
-                    ));
-            }
-            sink.finish()?;
-            progress.advance(0, 1);
-            Ok(())
-        })
-    };
-    let hash_all = || {
-        side.par_iter()
-            .map(|f| sha256_file(&dir.join(f), f))
-            .collect::<Result<Vec<_>>>()
-    };
-    let (written, hashed) = rayon::join(write_all, hash_all);
-    written?;
-    let mut metadata = metadata;
-    metadata.provenance[0].sources = hashed?;
-    writer.replace_metadata(&metadata)?;
-    let summary = writer.finish()?;
-    progress.finish();
-    let seconds = start.elapsed().as_secs_f64();
-    Ok(ConvertSummary {
-        input: dir.display().to_string(),
-        output: opts.output.display().to_string(),
-        architecture: config.source_architecture,
-        tensors: planned.len(),
-        dtypes,
-        bytes_in,
-        bytes_out: summary.file_len,
-        seconds,
-        gb_per_s: bytes_in as f64 / seconds / 1e9,
-        header_sha256: kiln_format::hex(&summary.header_sha256),
-        skipped,
-        non_finite: non_finite.into_inner().unwrap_or_else(|e| e.into_inner()),
-    })
 }

@@ -216,29 +216,7 @@ pub fn inspect(path: &Path, verify: bool, progress: &dyn Progress) -> Result<Ins
             }
         })
         .collect();
-    let verify = verify.then(|| {
-        progress.start(f.data_len(), f.tensors().len());
-        let t = Instant::now();
-        // One pass: each chunk hashed, then scanned for NaN and infinity while in cache.
-        let (failures, non_finite) = f.check_tensors(&|n| progress.advance(n, 0));
-        progress.finish();
-        let seconds = t.elapsed().as_secs_f64();
-        let non_finite: Vec<NonFinite> = non_finite
-            .into_iter()
-            .map(|n| NonFinite {
-                tensor: n.tensor,
-                count: n.count,
-                first: n.first,
-            })
-            .collect();
-        VerifyResult {
-            ok: failures.is_empty() && non_finite.is_empty(),
-            seconds,
-            gb_per_s: f.data_len() as f64 / seconds / 1e9,
-            failures: failures.into_iter().map(Failure::from).collect(),
-            non_finite,
-        }
-    });
+    let verify = verify.then(|| verify_tensors(&f, progress));
     let (major, minor) = f.version();
     Ok(Inspection {
         file: path.display().to_string(),
@@ -267,6 +245,31 @@ pub fn inspect(path: &Path, verify: bool, progress: &dyn Progress) -> Result<Ins
     })
 }
 
+/// Hash every tensor and scan it for NaN and infinity.
+fn verify_tensors(f: &KilnFile, progress: &dyn Progress) -> VerifyResult {
+    progress.start(f.data_len(), f.tensors().len());
+    let t = Instant::now();
+    // One pass: each chunk hashed, then scanned for NaN and infinity while in cache.
+    let (failures, non_finite) = f.check_tensors(&|n| progress.advance(n, 0));
+    progress.finish();
+    let seconds = t.elapsed().as_secs_f64();
+    let non_finite: Vec<NonFinite> = non_finite
+        .into_iter()
+        .map(|n| NonFinite {
+            tensor: n.tensor,
+            count: n.count,
+            first: n.first,
+        })
+        .collect();
+    VerifyResult {
+        ok: failures.is_empty() && non_finite.is_empty(),
+        seconds,
+        gb_per_s: f.data_len() as f64 / seconds / 1e9,
+        failures: failures.into_iter().map(Failure::from).collect(),
+        non_finite,
+    }
+}
+
 fn human(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = bytes as f64;
@@ -284,8 +287,20 @@ fn human(bytes: u64) -> String {
 
 /// The human-readable report.
 pub fn render(i: &Inspection) -> String {
-    let c = &i.metadata.config;
     let mut s = String::new();
+    render_model(&mut s, i);
+    render_metadata(&mut s, &i.metadata);
+    render_dtypes(&mut s, i);
+    render_tensor_table(&mut s, i);
+    if let Some(v) = &i.verify {
+        render_verify(&mut s, i, v);
+    }
+    s
+}
+
+/// The file, its header checksum, the model's configuration and its embedding head.
+fn render_model(s: &mut String, i: &Inspection) {
+    let c = &i.metadata.config;
     let _ = writeln!(
         s,
         "{}  (.kiln {}, {}, opened in {:.1} ms)",
@@ -343,7 +358,10 @@ pub fn render(i: &Inspection) -> String {
             }
         );
     }
-    let m = &i.metadata;
+}
+
+/// The tokenizer files, the packed fields and the provenance.
+fn render_metadata(s: &mut String, m: &MetadataSummary) {
     let _ = writeln!(
         s,
         "tokenizer      tokenizer.json {}, tokenizer_config.json {}, chat template {}, special {:?}",
@@ -378,6 +396,10 @@ pub fn render(i: &Inspection) -> String {
             );
         }
     }
+}
+
+/// The tensor count and, per dtype, its tensors, weights, bytes and layout.
+fn render_dtypes(s: &mut String, i: &Inspection) {
     let by: Vec<String> = i
         .bytes_by_dtype
         .iter()
@@ -400,6 +422,10 @@ pub fn render(i: &Inspection) -> String {
             d.layout
         );
     }
+}
+
+/// One line per tensor: name, dtype, shape, offset, bytes and the start of its sha256.
+fn render_tensor_table(s: &mut String, i: &Inspection) {
     let w = i
         .tensors
         .iter()
@@ -432,41 +458,42 @@ pub fn render(i: &Inspection) -> String {
             &t.sha256[..16]
         );
     }
-    if let Some(v) = &i.verify {
-        if v.failures.is_empty() {
+}
+
+/// The checksum and finite-value results of `--verify`.
+fn render_verify(s: &mut String, i: &Inspection, v: &VerifyResult) {
+    if v.failures.is_empty() {
+        let _ = writeln!(
+            s,
+            "checksums      all {} match ({:.3} s, {:.2} GB/s)",
+            i.tensors.len(),
+            v.seconds,
+            v.gb_per_s
+        );
+    } else {
+        let _ = writeln!(s, "checksums      {} MISMATCH:", v.failures.len());
+        for f in &v.failures {
             let _ = writeln!(
                 s,
-                "checksums      all {} match ({:.3} s, {:.2} GB/s)",
-                i.tensors.len(),
-                v.seconds,
-                v.gb_per_s
+                "  {}: stored {} computed {}",
+                f.tensor, f.stored, f.computed
             );
-        } else {
-            let _ = writeln!(s, "checksums      {} MISMATCH:", v.failures.len());
-            for f in &v.failures {
-                let _ = writeln!(
-                    s,
-                    "  {}: stored {} computed {}",
-                    f.tensor, f.stored, f.computed
-                );
-            }
-        }
-        if v.non_finite.is_empty() {
-            let _ = writeln!(s, "values         all finite");
-        } else {
-            let _ = writeln!(
-                s,
-                "values         {} tensor(s) hold NaN or infinity:",
-                v.non_finite.len()
-            );
-            for n in &v.non_finite {
-                let _ = writeln!(
-                    s,
-                    "  {}: {} value(s), the first at element {}",
-                    n.tensor, n.count, n.first
-                );
-            }
         }
     }
-    s
+    if v.non_finite.is_empty() {
+        let _ = writeln!(s, "values         all finite");
+    } else {
+        let _ = writeln!(
+            s,
+            "values         {} tensor(s) hold NaN or infinity:",
+            v.non_finite.len()
+        );
+        for n in &v.non_finite {
+            let _ = writeln!(
+                s,
+                "  {}: {} value(s), the first at element {}",
+                n.tensor, n.count, n.first
+            );
+        }
+    }
 }

@@ -196,32 +196,7 @@ fn run(cli: Cli) -> Result<ExitStatus, kiln_convert::ConvertError> {
                 overwrite: force,
                 allow_non_finite,
             };
-            let s = convert_hf(&opts, &Bar::new("converting"))?;
-            eprintln!(
-                "wrote {} ({:.1} MB): {} tensors ({}) from {} ({})\n{:.1} MB of tensor data in {:.2} s ({:.2} GB/s, checksums included)\nheader sha256 {}",
-                s.output,
-                s.bytes_out as f64 / 1e6,
-                s.tensors,
-                counts(&s.dtypes),
-                s.input,
-                s.architecture,
-                s.bytes_in as f64 / 1e6,
-                s.seconds,
-                s.gb_per_s,
-                s.header_sha256
-            );
-            for t in &s.non_finite {
-                eprintln!("warning: non-finite values converted as they are: {t}");
-            }
-            if !s.skipped.is_empty() {
-                eprintln!(
-                    "skipped {} source tensor(s): {}",
-                    s.skipped.len(),
-                    s.skipped.join(", ")
-                );
-            }
-            print_json_if(json, &s);
-            Ok(ExitStatus::Success)
+            run_hf(&opts, json)
         }
         Command::ExportGguf {
             file,
@@ -234,21 +209,7 @@ fn run(cli: Cli) -> Result<ExitStatus, kiln_convert::ConvertError> {
                 output,
                 overwrite: force,
             };
-            let s = export_gguf(&opts, &Bar::new("exporting"))?;
-            eprintln!(
-                "wrote {} ({:.1} MB): {} tensors ({}), architecture {}, in {:.2} s",
-                s.output,
-                s.bytes_out as f64 / 1e6,
-                s.tensors,
-                counts(&s.types),
-                s.architecture,
-                s.seconds
-            );
-            for n in &s.notices {
-                eprintln!("note: {n}");
-            }
-            print_json_if(json, &s);
-            Ok(ExitStatus::Success)
+            run_export_gguf(&opts, json)
         }
         Command::Gguf {
             file,
@@ -267,74 +228,141 @@ fn run(cli: Cli) -> Result<ExitStatus, kiln_convert::ConvertError> {
                 dequantize_all,
                 allow_non_finite,
             };
-            let s = import_gguf(&opts, &Bar::new("importing"))?;
-            eprintln!(
-                "wrote {} ({:.1} MB): {} tensors ({}) from {} (GGUF {}) in {:.2} s",
-                s.output,
-                s.bytes_out as f64 / 1e6,
-                s.tensors,
-                counts(&s.dtypes),
-                s.input,
-                s.architecture,
-                s.seconds
-            );
-            if !s.dequantized.is_empty() {
-                eprintln!(
-                    "note: dequantized to {} ({}): {} tensor(s)",
-                    opts.dequantize_to,
-                    if opts.dequantize_all {
-                        "--dequantize-all"
-                    } else {
-                        "GGML types Kiln does not store"
-                    },
-                    counts(&s.dequantized)
-                );
-            }
-            if !s.vectors_to_f32.is_empty() {
-                eprintln!(
-                    "note: 1-D tensors (norms, biases) stored in block types decoded to f32: {} \
-                     tensor(s)",
-                    counts(&s.vectors_to_f32)
-                );
-            }
-            for t in &s.non_finite {
-                eprintln!("warning: non-finite values imported as they are: {t}");
-            }
-            print_json_if(json, &s);
-            Ok(ExitStatus::Success)
+            run_import_gguf(&opts, json)
         }
-        Command::Inspect { file, verify, json } => {
-            let i = inspect(&file, verify, &Bar::new("verifying"))?;
-            if json {
-                print_stdout(&(serde_json::to_string_pretty(&i).expect("serializable") + "\n"));
+        Command::Inspect { file, verify, json } => run_inspect(&file, verify, json),
+    }
+}
+
+/// `kiln-convert hf`: convert, then report what was written, skipped and let through.
+fn run_hf(opts: &ConvertOptions, json: bool) -> Result<ExitStatus, kiln_convert::ConvertError> {
+    let s = convert_hf(opts, &Bar::new("converting"))?;
+    eprintln!(
+        "wrote {} ({:.1} MB): {} tensors ({}) from {} ({})\n{:.1} MB of tensor data in {:.2} s ({:.2} GB/s, checksums included)\nheader sha256 {}",
+        s.output,
+        s.bytes_out as f64 / 1e6,
+        s.tensors,
+        counts(&s.dtypes),
+        s.input,
+        s.architecture,
+        s.bytes_in as f64 / 1e6,
+        s.seconds,
+        s.gb_per_s,
+        s.header_sha256
+    );
+    for t in &s.non_finite {
+        eprintln!("warning: non-finite values converted as they are: {t}");
+    }
+    if !s.skipped.is_empty() {
+        eprintln!(
+            "skipped {} source tensor(s): {}",
+            s.skipped.len(),
+            s.skipped.join(", ")
+        );
+    }
+    print_json_if(json, &s);
+    Ok(ExitStatus::Success)
+}
+
+/// `kiln-convert export-gguf`: export, then report what was written and the notices.
+fn run_export_gguf(
+    opts: &ExportOptions,
+    json: bool,
+) -> Result<ExitStatus, kiln_convert::ConvertError> {
+    let s = export_gguf(opts, &Bar::new("exporting"))?;
+    eprintln!(
+        "wrote {} ({:.1} MB): {} tensors ({}), architecture {}, in {:.2} s",
+        s.output,
+        s.bytes_out as f64 / 1e6,
+        s.tensors,
+        counts(&s.types),
+        s.architecture,
+        s.seconds
+    );
+    for n in &s.notices {
+        eprintln!("note: {n}");
+    }
+    print_json_if(json, &s);
+    Ok(ExitStatus::Success)
+}
+
+/// `kiln-convert gguf`: import, then report what was written and what was decoded.
+fn run_import_gguf(
+    opts: &ImportOptions,
+    json: bool,
+) -> Result<ExitStatus, kiln_convert::ConvertError> {
+    let s = import_gguf(opts, &Bar::new("importing"))?;
+    eprintln!(
+        "wrote {} ({:.1} MB): {} tensors ({}) from {} (GGUF {}) in {:.2} s",
+        s.output,
+        s.bytes_out as f64 / 1e6,
+        s.tensors,
+        counts(&s.dtypes),
+        s.input,
+        s.architecture,
+        s.seconds
+    );
+    if !s.dequantized.is_empty() {
+        eprintln!(
+            "note: dequantized to {} ({}): {} tensor(s)",
+            opts.dequantize_to,
+            if opts.dequantize_all {
+                "--dequantize-all"
             } else {
-                print_stdout(&kiln_convert::inspect::render(&i));
+                "GGML types Kiln does not store"
+            },
+            counts(&s.dequantized)
+        );
+    }
+    if !s.vectors_to_f32.is_empty() {
+        eprintln!(
+            "note: 1-D tensors (norms, biases) stored in block types decoded to f32: {} \
+             tensor(s)",
+            counts(&s.vectors_to_f32)
+        );
+    }
+    for t in &s.non_finite {
+        eprintln!("warning: non-finite values imported as they are: {t}");
+    }
+    print_json_if(json, &s);
+    Ok(ExitStatus::Success)
+}
+
+/// `kiln-convert inspect`: the report, and with `--verify` the tensors that failed.
+fn run_inspect(
+    file: &std::path::Path,
+    verify: bool,
+    json: bool,
+) -> Result<ExitStatus, kiln_convert::ConvertError> {
+    let i = inspect(file, verify, &Bar::new("verifying"))?;
+    if json {
+        print_stdout(&(serde_json::to_string_pretty(&i).expect("serializable") + "\n"));
+    } else {
+        print_stdout(&kiln_convert::inspect::render(&i));
+    }
+    match &i.verify {
+        Some(v) if !v.ok => {
+            let names: Vec<&str> = v.failures.iter().map(|f| f.tensor.as_str()).collect();
+            if !names.is_empty() {
+                eprintln!(
+                    "error: {}: {} tensor checksum(s) do not match: {}",
+                    i.file,
+                    names.len(),
+                    names.join(", ")
+                );
             }
-            match &i.verify {
-                Some(v) if !v.ok => {
-                    let names: Vec<&str> = v.failures.iter().map(|f| f.tensor.as_str()).collect();
-                    if !names.is_empty() {
-                        eprintln!(
-                            "error: {}: {} tensor checksum(s) do not match: {}",
-                            i.file,
-                            names.len(),
-                            names.join(", ")
-                        );
-                    }
-                    let names: Vec<&str> = v.non_finite.iter().map(|n| n.tensor.as_str()).collect();
-                    if !names.is_empty() {
-                        eprintln!(
-                            "error: {}: {} tensor(s) hold NaN or infinity: {}",
-                            i.file,
-                            names.len(),
-                            names.join(", ")
-                        );
-                    }
-                    Ok(ExitStatus::VerificationFailed)
-                }
-                _ => Ok(ExitStatus::Success),
+            let names: Vec<&str> = v.non_finite.iter().map(|n| n.tensor.as_str()).collect();
+            if !names.is_empty() {
+                eprintln!(
+                    "error: {}: {} tensor(s) hold NaN or infinity: {}",
+                    i.file,
+                    names.len(),
+                    names.join(", ")
+                );
             }
+            Ok(ExitStatus::VerificationFailed)
         }
+        _ => Ok(ExitStatus::Success),
     }
 }
 

@@ -37,18 +37,41 @@ pub fn read(dir: &Path, base: EmbeddingSpec, hidden: u64) -> Result<(EmbeddingSp
     if !modules_path.exists() {
         return Ok((base, Vec::new()));
     }
-    let mut dense_dirs = Vec::new();
     let mut spec = base;
-    let modules = read_json_as(&modules_path, "modules.json")?;
+    let dense_dirs = read_modules(dir, &modules_path, &mut spec, hidden)?;
+    read_max_seq_length(dir, &mut spec)?;
+    read_prompts(dir, &mut spec)?;
+    if spec.dense.len() > MAX_DENSE_LAYERS {
+        return Err(bad(
+            &modules_path,
+            format!(
+                "{} Dense modules; Kiln implements at most {MAX_DENSE_LAYERS}",
+                spec.dense.len()
+            ),
+        ));
+    }
+    Ok((spec, dense_dirs))
+}
+
+/// `modules.json`: a Transformer, then Pooling, then optionally Dense modules, then
+/// optionally Normalize, read into `spec`; returns the Dense modules' directories.
+fn read_modules(
+    dir: &Path,
+    modules_path: &Path,
+    spec: &mut EmbeddingSpec,
+    hidden: u64,
+) -> Result<Vec<String>> {
+    let mut dense_dirs = Vec::new();
+    let modules = read_json_as(modules_path, "modules.json")?;
     let list = modules
         .as_array()
-        .ok_or_else(|| bad(&modules_path, "the top level is not a list of modules"))?;
+        .ok_or_else(|| bad(modules_path, "the top level is not a list of modules"))?;
     let mut pooled = false;
     for (i, m) in list.iter().enumerate() {
         let kind = m
             .get("type")
             .and_then(Value::as_str)
-            .ok_or_else(|| bad(&modules_path, format!("module {i} has no `type` string")))?;
+            .ok_or_else(|| bad(modules_path, format!("module {i} has no `type` string")))?;
         // `sentence_transformers.models.Pooling` → `Pooling`.
         let short = kind.rsplit('.').next().unwrap_or(kind);
         let sub = m.get("path").and_then(Value::as_str).unwrap_or("");
@@ -61,7 +84,7 @@ pub fn read(dir: &Path, base: EmbeddingSpec, hidden: u64) -> Result<(EmbeddingSp
             "Dense" if pooled && !spec.normalize => {
                 if sub.is_empty() || sub.contains("..") || Path::new(sub).is_absolute() {
                     return Err(bad(
-                        &modules_path,
+                        modules_path,
                         format!("module {i}'s `path` {sub:?} is not a directory inside the model"),
                     ));
                 }
@@ -72,7 +95,7 @@ pub fn read(dir: &Path, base: EmbeddingSpec, hidden: u64) -> Result<(EmbeddingSp
             "Normalize" if pooled => spec.normalize = true,
             _ => {
                 return Err(bad(
-                    &modules_path,
+                    modules_path,
                     format!(
                         "module {i} (`{kind}`) is not supported here; Kiln implements a \
                          Transformer, then Pooling, then optionally Dense modules, then optionally \
@@ -84,10 +107,15 @@ pub fn read(dir: &Path, base: EmbeddingSpec, hidden: u64) -> Result<(EmbeddingSp
     }
     if !pooled {
         return Err(bad(
-            &modules_path,
+            modules_path,
             "no Pooling module follows the Transformer",
         ));
     }
+    Ok(dense_dirs)
+}
+
+/// `sentence_bert_config.json`'s `max_seq_length`, when the file is there and sets it.
+fn read_max_seq_length(dir: &Path, spec: &mut EmbeddingSpec) -> Result<()> {
     let bert_config = dir.join("sentence_bert_config.json");
     if bert_config.exists() {
         let v = read_json_as(&bert_config, "sentence_bert_config.json")?;
@@ -105,44 +133,41 @@ pub fn read(dir: &Path, base: EmbeddingSpec, hidden: u64) -> Result<(EmbeddingSp
             }
         }
     }
+    Ok(())
+}
+
+/// `config_sentence_transformers.json`'s prompts and default prompt, when the file is there.
+fn read_prompts(dir: &Path, spec: &mut EmbeddingSpec) -> Result<()> {
     let st_config = dir.join("config_sentence_transformers.json");
-    if st_config.exists() {
-        let v = read_json_as(&st_config, "config_sentence_transformers.json")?;
-        if let Some(prompts) = v.get("prompts").filter(|p| !p.is_null()) {
-            let map = prompts.as_object().ok_or_else(|| {
-                ConvertError::field(&st_config, "prompts", "not an object of name → text")
+    if !st_config.exists() {
+        return Ok(());
+    }
+    let v = read_json_as(&st_config, "config_sentence_transformers.json")?;
+    if let Some(prompts) = v.get("prompts").filter(|p| !p.is_null()) {
+        let map = prompts.as_object().ok_or_else(|| {
+            ConvertError::field(&st_config, "prompts", "not an object of name → text")
+        })?;
+        for (name, text) in map {
+            let text = text.as_str().ok_or_else(|| {
+                ConvertError::field(&st_config, &format!("prompts.{name}"), "not a string")
             })?;
-            for (name, text) in map {
-                let text = text.as_str().ok_or_else(|| {
-                    ConvertError::field(&st_config, &format!("prompts.{name}"), "not a string")
-                })?;
-                spec.prompts.insert(name.clone(), text.to_string());
-            }
-        }
-        match v.get("default_prompt_name") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(name)) if spec.prompts.contains_key(name) => {
-                spec.default_prompt_name = Some(name.clone());
-            }
-            Some(other) => {
-                return Err(ConvertError::field(
-                    &st_config,
-                    "default_prompt_name",
-                    format!("{other} names no prompt of `prompts`"),
-                ))
-            }
+            spec.prompts.insert(name.clone(), text.to_string());
         }
     }
-    if spec.dense.len() > MAX_DENSE_LAYERS {
-        return Err(bad(
-            &modules_path,
-            format!(
-                "{} Dense modules; Kiln implements at most {MAX_DENSE_LAYERS}",
-                spec.dense.len()
-            ),
-        ));
+    match v.get("default_prompt_name") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(name)) if spec.prompts.contains_key(name) => {
+            spec.default_prompt_name = Some(name.clone());
+        }
+        Some(other) => {
+            return Err(ConvertError::field(
+                &st_config,
+                "default_prompt_name",
+                format!("{other} names no prompt of `prompts`"),
+            ))
+        }
     }
-    Ok((spec, dense_dirs))
+    Ok(())
 }
 
 /// A `Dense` module's layer, from `dir/config.json`; `width` is the vector it must read. sentence-transformers' defaults apply to absent
@@ -171,25 +196,8 @@ fn dense(dir: &Path, width: u64) -> Result<DenseLayer> {
         Some(Value::Bool(b)) => *b,
         Some(other) => return Err(field("bias", format!("{other} is not a boolean"))),
     };
-    let activation = match v.get("activation_function") {
-        None | Some(Value::Null) => DenseActivation::Tanh,
-        Some(Value::String(s)) => match s.as_str() {
-            "torch.nn.modules.linear.Identity" => DenseActivation::Identity,
-            "torch.nn.modules.activation.Tanh" => DenseActivation::Tanh,
-            other => {
-                return Err(field(
-                    "activation_function",
-                    format!("`{other}` is not supported; Kiln implements Identity and Tanh"),
-                ))
-            }
-        },
-        Some(other) => {
-            return Err(field(
-                "activation_function",
-                format!("{other} is not a class name"),
-            ))
-        }
-    };
+    let activation = dense_activation(v.get("activation_function"))
+        .map_err(|r| field("activation_function", r))?;
     for key in ["module_input_name", "module_output_name"] {
         match v.get(key) {
             None | Some(Value::Null) => {}
@@ -230,6 +238,22 @@ fn dense(dir: &Path, width: u64) -> Result<DenseLayer> {
         bias,
         activation,
     })
+}
+
+/// A Dense module's `activation_function` (Tanh when absent); the reason it is refused
+/// otherwise.
+fn dense_activation(v: Option<&Value>) -> std::result::Result<DenseActivation, String> {
+    match v {
+        None | Some(Value::Null) => Ok(DenseActivation::Tanh),
+        Some(Value::String(s)) => match s.as_str() {
+            "torch.nn.modules.linear.Identity" => Ok(DenseActivation::Identity),
+            "torch.nn.modules.activation.Tanh" => Ok(DenseActivation::Tanh),
+            other => Err(format!(
+                "`{other}` is not supported; Kiln implements Identity and Tanh"
+            )),
+        },
+        Some(other) => Err(format!("{other} is not a class name")),
+    }
 }
 
 /// A JSON value for a message, `missing` when absent.

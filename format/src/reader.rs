@@ -19,12 +19,11 @@ use sha2::{Digest, Sha256};
 use crate::blocks::{BlockQ4_0, BlockQ4_0x16, BlockQ8_0};
 use crate::dtype::DType;
 use crate::error::{FormatError, Result};
-use crate::layout::{
-    align_up, Cursor, FixedHeader, ALIGNMENT, FORMAT_MAJOR, HEADER_LEN, HEADER_SHA_RANGE, MAGIC,
-    MAX_DIM, MAX_DIMS, MAX_FILES_LEN, MAX_INDEX_LEN, MAX_METADATA_LEN, MAX_NAME_LEN, MAX_TENSORS,
-};
+use crate::layout::{FixedHeader, HEADER_LEN, MAX_METADATA_LEN};
 use crate::metadata::Metadata;
 use crate::packed::PackedInfo;
+
+mod validate;
 
 #[cfg(target_endian = "big")]
 compile_error!(
@@ -168,234 +167,25 @@ impl KilnFile {
         Self::parse(label.into(), None, Backing::Owned(bytes))
     }
 
+    /// Run every structural check ([`validate`], in its order) and decode the metadata, the
+    /// packed fields and the index.
     fn parse(label: String, path: Option<PathBuf>, backing: Backing) -> Result<KilnFile> {
         let bytes = backing.bytes();
-        let file_len = bytes.len() as u64;
-        let truncated = |what: &str, start: u64, end: u64| FormatError::Truncated {
-            file: label.clone(),
-            what: what.to_string(),
-            start,
-            end,
-            len: file_len,
-        };
-        let bad = |field: &'static str, reason: String| FormatError::BadHeader {
-            file: label.clone(),
-            field,
-            reason,
-        };
-
-        if file_len < 8 || bytes[..8] != MAGIC {
-            if file_len >= 8 || (file_len > 0 && !MAGIC.starts_with(bytes)) {
-                let n = bytes.len().min(8);
-                return Err(FormatError::BadMagic {
-                    file: label.clone(),
-                    found: format!("{:02x?}", &bytes[..n]),
-                    expected: format!("{MAGIC:02x?}"),
-                });
-            }
-            return Err(truncated("the fixed header", 0, HEADER_LEN));
-        }
-        let Some(head) = bytes.get(..HEADER_LEN as usize) else {
-            return Err(truncated("the fixed header", 0, HEADER_LEN));
-        };
-        let header = FixedHeader::decode(head.try_into().expect("128 bytes"));
-        if header.major != FORMAT_MAJOR {
-            return Err(FormatError::UnsupportedVersion {
-                file: label.clone(),
-                major: header.major,
-                minor: header.minor,
-                supported: FORMAT_MAJOR,
-            });
-        }
-        if header.flags != 0 {
-            return Err(bad(
-                "flags",
-                format!("reserved flags {:#x} must be 0", header.flags),
-            ));
-        }
-        if header.alignment as u64 != ALIGNMENT {
-            return Err(bad(
-                "alignment",
-                format!("{} (this version requires {ALIGNMENT})", header.alignment),
-            ));
-        }
-        if header.reserved.iter().any(|&b| b != 0) {
-            return Err(bad("reserved", "reserved header bytes must be zero".into()));
-        }
-        if header.metadata_offset != HEADER_LEN {
-            return Err(bad(
-                "metadata_offset",
-                format!("{} (must be {HEADER_LEN})", header.metadata_offset),
-            ));
-        }
-        if header.metadata_len > MAX_METADATA_LEN {
-            return Err(bad(
-                "metadata_len",
-                format!(
-                    "{} exceeds the limit of {MAX_METADATA_LEN} bytes",
-                    header.metadata_len
-                ),
-            ));
-        }
-        let meta_end = HEADER_LEN + header.metadata_len;
-        if header.index_offset != meta_end {
-            return Err(bad(
-                "index_offset",
-                format!(
-                    "{} (must follow the metadata at {meta_end})",
-                    header.index_offset
-                ),
-            ));
-        }
-        if header.index_len > MAX_INDEX_LEN {
-            return Err(bad(
-                "index_len",
-                format!(
-                    "{} exceeds the limit of {MAX_INDEX_LEN} bytes",
-                    header.index_len
-                ),
-            ));
-        }
-        let index_end = meta_end + header.index_len;
-        if header.files_len > MAX_FILES_LEN {
-            return Err(bad(
-                "files_len",
-                format!(
-                    "{} exceeds the limit of {MAX_FILES_LEN} bytes",
-                    header.files_len
-                ),
-            ));
-        }
-        let files_end = index_end + header.files_len;
-        let expected_data = align_up(files_end).expect("bounded by limits");
-        if header.data_offset != expected_data {
-            return Err(bad(
-                "data_offset",
-                format!(
-                    "{} (must be the end of the index and files section, {files_end}, rounded \
-                     up to {ALIGNMENT}: {expected_data})",
-                    header.data_offset
-                ),
-            ));
-        }
-        if header.tensor_count > MAX_TENSORS {
-            return Err(bad(
-                "tensor_count",
-                format!("{} exceeds the limit of {MAX_TENSORS}", header.tensor_count),
-            ));
-        }
-        let data_end = header
-            .data_offset
-            .checked_add(header.data_len)
-            .ok_or_else(|| bad("data_len", format!("{} overflows", header.data_len)))?;
-        if index_end > file_len {
-            return Err(truncated(
-                "the metadata and tensor index",
-                HEADER_LEN,
-                index_end,
-            ));
-        }
-        if files_end > file_len {
-            return Err(truncated("the files section", index_end, files_end));
-        }
-        if data_end > file_len {
-            return Err(truncated("the tensor data", header.data_offset, data_end));
-        }
-        if data_end < file_len {
-            return Err(bad(
-                "data_len",
-                format!(
-                    "the file has {} bytes after the data section ends at {data_end}",
-                    file_len - data_end
-                ),
-            ));
-        }
-
-        // Header checksum: fixed header (minus the checksum itself), metadata, index and files.
-        let mut h = Sha256::new();
-        h.update(&bytes[..HEADER_SHA_RANGE.start]);
-        h.update(&bytes[HEADER_LEN as usize..files_end as usize]);
-        let computed: [u8; 32] = h.finalize().into();
-        if computed != header.header_sha256 {
-            return Err(FormatError::HeaderChecksum {
-                file: label.clone(),
-                stored: hex(&header.header_sha256),
-                computed: hex(&computed),
-            });
-        }
-        if bytes[files_end as usize..header.data_offset as usize]
-            .iter()
-            .any(|&b| b != 0)
-        {
-            return Err(bad(
-                "data_offset",
-                "padding before the data section is not zero".into(),
-            ));
-        }
-
-        let meta_bytes = &bytes[HEADER_LEN as usize..meta_end as usize];
-        if crate::metadata::json_depth_exceeds(meta_bytes, crate::metadata::MAX_JSON_DEPTH) {
-            return Err(FormatError::BadMetadata {
-                file: label.clone(),
-                field: "(document)".into(),
-                reason: format!(
-                    "JSON nested deeper than {} levels",
-                    crate::metadata::MAX_JSON_DEPTH
-                ),
-            });
-        }
-        let mut metadata: Metadata = serde_json::from_slice(meta_bytes).map_err(|e| {
-            unsupported_architecture(&label, meta_bytes).unwrap_or_else(|| {
-                let (field, reason) = if e.is_data() {
-                    crate::metadata::locate_json_error(meta_bytes, &e)
-                } else {
-                    ("(json)".to_string(), e.to_string())
-                };
-                FormatError::BadMetadata {
-                    file: label.clone(),
-                    field,
-                    reason,
-                }
-            })
-        })?;
-
+        let header = validate::read_fixed_header(&label, bytes)?;
+        let ends = validate::check_header(&label, &header, bytes.len() as u64)?;
+        validate::check_header_checksum(&label, bytes, &header, ends.files_end)?;
+        let meta_bytes = &bytes[HEADER_LEN as usize..ends.meta_end as usize];
+        let mut metadata = validate::parse_metadata(&label, meta_bytes)?;
         let packed = crate::packed::unpack(
             &label,
-            &bytes[index_end as usize..files_end as usize],
+            &bytes[ends.index_end as usize..ends.files_end as usize],
             &mut metadata,
             MAX_METADATA_LEN - header.metadata_len,
         )?;
-
-        // The one validation, before anything is sized by the configuration: it also bounds
-        // the tensors `num_layers` implies (counted, not listed) by what a file can hold.
-        if let Err(p) = metadata.config.check() {
-            let reason = if p.field == "num_layers" {
-                format!(
-                    "{} (this file's index declares {})",
-                    p.reason, header.tensor_count
-                )
-            } else {
-                p.reason
-            };
-            return Err(FormatError::BadMetadata {
-                file: label.clone(),
-                field: format!("config.{}", p.field),
-                reason,
-            });
-        }
-
-        let index = &bytes[meta_end as usize..index_end as usize];
-        let tensors = parse_index(&label, index, &header, bytes)?;
-        let mut by_name = HashMap::with_capacity(tensors.len());
-        for (i, t) in tensors.iter().enumerate() {
-            if by_name.insert(t.name.clone(), i).is_some() {
-                return Err(FormatError::BadTensor {
-                    file: label.clone(),
-                    tensor: t.name.clone(),
-                    reason: "the name appears twice in the index".into(),
-                });
-            }
-        }
+        validate::check_config(&label, &metadata, header.tensor_count)?;
+        let index = &bytes[ends.meta_end as usize..ends.index_end as usize];
+        let tensors = validate::parse_index(&label, index, &header, bytes)?;
+        let by_name = validate::index_by_name(&label, &tensors)?;
         Ok(KilnFile {
             label,
             path,
@@ -652,137 +442,6 @@ fn may_hold_non_finite(dtype: DType, bytes: &[u8]) -> bool {
         4 => any_exponent_all_ones::<4>(bytes, float.exponent_mask()),
         _ => any_exponent_all_ones::<2>(bytes, float.exponent_mask()),
     }
-}
-
-fn parse_index(
-    label: &str,
-    index: &[u8],
-    header: &FixedHeader,
-    bytes: &[u8],
-) -> Result<Vec<TensorInfo>> {
-    let mut cur = Cursor::new(index);
-    // Every record is at least 60 bytes, so the count is also bounded by the index length;
-    // capping the capacity this way means a corrupt count cannot force a large allocation.
-    let cap = (header.tensor_count as usize).min(index.len() / 60);
-    let mut tensors = Vec::with_capacity(cap);
-    let mut expected_offset = 0u64;
-    for entry in 0..header.tensor_count as usize {
-        let err = |reason: String| FormatError::BadIndexEntry {
-            file: label.to_string(),
-            entry,
-            reason,
-        };
-        let name_len = cur.u32("name length").map_err(err)?;
-        if name_len == 0 || name_len > MAX_NAME_LEN {
-            return Err(err(format!(
-                "name length {name_len} is outside 1..={MAX_NAME_LEN}"
-            )));
-        }
-        let name_bytes = cur.take(name_len as usize, "name").map_err(err)?;
-        let name = std::str::from_utf8(name_bytes)
-            .map_err(|e| err(format!("name is not UTF-8: {e}")))?
-            .to_string();
-        if name.chars().any(char::is_control) {
-            return Err(err(format!("name {name:?} contains control characters")));
-        }
-        let terr = |reason: String| FormatError::BadTensor {
-            file: label.to_string(),
-            tensor: name.clone(),
-            reason,
-        };
-        let dtype_id = cur.u32("dtype").map_err(terr)?;
-        let dtype = DType::from_id(dtype_id).ok_or_else(|| {
-            terr(format!(
-                "unknown dtype id {dtype_id} (this build knows {}); the file may come from a newer Kiln",
-                DType::ALL.map(|d| format!("{}={}", d.name(), d.id())).join(", ")
-            ))
-        })?;
-        let ndim = cur.u32("rank").map_err(terr)?;
-        if ndim == 0 || ndim > MAX_DIMS {
-            return Err(terr(format!("rank {ndim} is outside 1..={MAX_DIMS}")));
-        }
-        let mut shape = Vec::with_capacity(ndim as usize);
-        for _ in 0..ndim {
-            let d = cur.u64("dimension").map_err(terr)?;
-            if d == 0 || d > MAX_DIM {
-                return Err(terr(format!("dimension {d} is outside 1..={MAX_DIM}")));
-            }
-            shape.push(d);
-        }
-        let offset = cur.u64("offset").map_err(terr)?;
-        let len = cur.u64("length").map_err(terr)?;
-        let sha256: [u8; 32] = cur
-            .take(32, "sha256")
-            .map_err(terr)?
-            .try_into()
-            .expect("32 bytes");
-        let expected_len = dtype.byte_len(&shape).map_err(terr)?;
-        if len != expected_len {
-            return Err(terr(format!(
-                "byte length {len} does not match {dtype} {shape:?} ({expected_len} bytes)"
-            )));
-        }
-        if offset != expected_offset {
-            let why = if offset < expected_offset {
-                "overlaps the previous tensor"
-            } else {
-                "leaves a gap after the previous tensor"
-            };
-            return Err(terr(format!(
-                "data offset {offset} {why}: tensors are stored in index order, each at the \
-                 previous end rounded up to {ALIGNMENT} (expected {expected_offset})"
-            )));
-        }
-        let end = offset
-            .checked_add(len)
-            .filter(|&e| e <= header.data_len)
-            .ok_or_else(|| {
-                terr(format!(
-                    "bytes {offset}..{} run past the end of the data section ({} bytes)",
-                    offset.saturating_add(len),
-                    header.data_len
-                ))
-            })?;
-        let next = align_up(end).expect("end <= data_len, far below u64::MAX");
-        // Padding between this tensor and the next must be zero.
-        let pad_start = (header.data_offset + end) as usize;
-        let pad_end = (header.data_offset + next.min(header.data_len)) as usize;
-        if bytes[pad_start..pad_end].iter().any(|&b| b != 0) {
-            return Err(terr("the padding after the tensor is not zero".into()));
-        }
-        expected_offset = next;
-        tensors.push(TensorInfo {
-            name,
-            dtype,
-            shape,
-            offset: header.data_offset + offset,
-            len,
-            sha256,
-        });
-    }
-    if cur.remaining() != 0 {
-        return Err(FormatError::BadHeader {
-            file: label.to_string(),
-            field: "index_len",
-            reason: format!(
-                "{} bytes are left in the index after {} records",
-                cur.remaining(),
-                header.tensor_count
-            ),
-        });
-    }
-    let last_end = tensors
-        .last()
-        .map(|t| t.offset + t.len - header.data_offset)
-        .unwrap_or(0);
-    if last_end != header.data_len {
-        return Err(FormatError::BadHeader {
-            file: label.to_string(),
-            field: "data_len",
-            reason: format!("{} but the last tensor ends at {last_end}", header.data_len),
-        });
-    }
-    Ok(tensors)
 }
 
 /// A borrowed view of one tensor's bytes, with typed accessors that never copy.

@@ -115,77 +115,10 @@ impl KilnWriter {
             field: "(document)".into(),
             reason: e.to_string(),
         })?;
-        let mut slots = Vec::with_capacity(tensors.len());
-        let mut seen = std::collections::HashSet::new();
-        let mut offset = 0u64;
-        let mut index_len = 0u64;
-        for spec in tensors {
-            let bad_shape = |reason: String| FormatError::BadShape {
-                file: label.clone(),
-                tensor: spec.name.clone(),
-                dtype: spec.dtype,
-                shape: spec.shape.clone(),
-                reason,
-            };
-            if spec.name.is_empty()
-                || spec.name.len() > MAX_NAME_LEN as usize
-                || spec.name.chars().any(char::is_control)
-            {
-                return Err(FormatError::BadTensorName {
-                    file: label,
-                    tensor: spec.name,
-                    max: MAX_NAME_LEN,
-                });
-            }
-            if !seen.insert(spec.name.clone()) {
-                return Err(FormatError::DuplicateTensor {
-                    file: label,
-                    tensor: spec.name,
-                });
-            }
-            if spec.shape.is_empty()
-                || spec.shape.len() > MAX_DIMS as usize
-                || spec.shape.iter().any(|&d| d == 0 || d > MAX_DIM)
-            {
-                return Err(bad_shape(format!(
-                    "a shape must have 1 to {MAX_DIMS} dimensions of 1..={MAX_DIM}"
-                )));
-            }
-            let len = spec.dtype.byte_len(&spec.shape).map_err(bad_shape)?;
-            index_len += IndexRecord::encoded_len(spec.name.len(), spec.shape.len()) as u64;
-            slots.push(Slot {
-                spec,
-                offset,
-                len,
-                sha256: Mutex::new(None),
-            });
-            // Checked: shapes are only bounded per dimension, so a few huge tensors can sum
-            // past 64 bits; that must be an error, not an overflow panic.
-            offset = offset
-                .checked_add(len)
-                .and_then(align_up)
-                .ok_or_else(|| overflow(&label))?;
-        }
+        let (slots, index_len) = lay_out(&label, tensors)?;
         let data_len = slots.last().map(|s| s.offset + s.len).unwrap_or(0);
         // Refuse what a reader would refuse, before writing (or compressing) anything.
-        let decoded_len = split.json.len() as u64 + split.packed_len();
-        if decoded_len > MAX_METADATA_LEN {
-            return Err(FormatError::BadMetadata {
-                file: label,
-                field: "(document)".into(),
-                reason: format!(
-                    "{decoded_len} bytes of JSON and packed fields exceed the limit of \
-                     {MAX_METADATA_LEN} bytes"
-                ),
-            });
-        }
-        if index_len > MAX_INDEX_LEN {
-            return Err(FormatError::IndexTooLarge {
-                file: label,
-                bytes: index_len,
-                limit: MAX_INDEX_LEN,
-            });
-        }
+        check_section_limits(&label, &split, index_len)?;
         let files = split.section();
         if files.len() as u64 > MAX_FILES_LEN {
             return Err(FormatError::BadMetadata {
@@ -456,6 +389,100 @@ impl TensorSink<'_> {
         *sha = Some(self.hasher.finalize().into());
         Ok(())
     }
+}
+
+/// Check each tensor's name and shape and place it in the data section, in order, each at
+/// the previous end rounded up to the alignment; returns the slots and the index's length.
+fn lay_out(label: &str, tensors: Vec<TensorSpec>) -> Result<(Vec<Slot>, u64)> {
+    let mut slots = Vec::with_capacity(tensors.len());
+    let mut seen = std::collections::HashSet::new();
+    let mut offset = 0u64;
+    let mut index_len = 0u64;
+    for spec in tensors {
+        let len = check_spec(label, &spec, &mut seen)?;
+        index_len += IndexRecord::encoded_len(spec.name.len(), spec.shape.len()) as u64;
+        slots.push(Slot {
+            spec,
+            offset,
+            len,
+            sha256: Mutex::new(None),
+        });
+        // Checked: shapes are only bounded per dimension, so a few huge tensors can sum
+        // past 64 bits; that must be an error, not an overflow panic.
+        offset = offset
+            .checked_add(len)
+            .and_then(align_up)
+            .ok_or_else(|| overflow(label))?;
+    }
+    Ok((slots, index_len))
+}
+
+/// A tensor's name (non-empty, bounded, no control characters, not seen before) and shape
+/// (1 to [`MAX_DIMS`] dimensions of 1..=[`MAX_DIM`]); returns its byte length.
+fn check_spec(
+    label: &str,
+    spec: &TensorSpec,
+    seen: &mut std::collections::HashSet<String>,
+) -> Result<u64> {
+    let bad_shape = |reason: String| FormatError::BadShape {
+        file: label.to_string(),
+        tensor: spec.name.clone(),
+        dtype: spec.dtype,
+        shape: spec.shape.clone(),
+        reason,
+    };
+    if spec.name.is_empty()
+        || spec.name.len() > MAX_NAME_LEN as usize
+        || spec.name.chars().any(char::is_control)
+    {
+        return Err(FormatError::BadTensorName {
+            file: label.to_string(),
+            tensor: spec.name.clone(),
+            max: MAX_NAME_LEN,
+        });
+    }
+    if !seen.insert(spec.name.clone()) {
+        return Err(FormatError::DuplicateTensor {
+            file: label.to_string(),
+            tensor: spec.name.clone(),
+        });
+    }
+    if spec.shape.is_empty()
+        || spec.shape.len() > MAX_DIMS as usize
+        || spec.shape.iter().any(|&d| d == 0 || d > MAX_DIM)
+    {
+        return Err(bad_shape(format!(
+            "a shape must have 1 to {MAX_DIMS} dimensions of 1..={MAX_DIM}"
+        )));
+    }
+    spec.dtype.byte_len(&spec.shape).map_err(bad_shape)
+}
+
+/// The metadata (JSON and packed fields, decoded) and the index within a reader's limits.
+fn check_section_limits(
+    label: &str,
+    split: &crate::packed::Split<'_>,
+    index_len: u64,
+) -> Result<()> {
+    let decoded_len = split.json.len() as u64 + split.packed_len();
+    if decoded_len > MAX_METADATA_LEN {
+        return Err(FormatError::BadMetadata {
+            file: label.to_string(),
+            field: "(document)".into(),
+            reason: format!(
+                "{decoded_len} bytes of JSON and packed fields exceed the limit of \
+                 {MAX_METADATA_LEN} bytes"
+            ),
+        });
+    }
+    if index_len > MAX_INDEX_LEN {
+        return Err(FormatError::IndexTooLarge {
+            file: label.to_string(),
+            bytes: index_len,
+            limit: MAX_INDEX_LEN,
+        });
+    }
+    Ok(())
 }
 
 fn overflow(label: &str) -> FormatError {

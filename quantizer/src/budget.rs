@@ -32,26 +32,21 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::sync::Arc;
 
-use kiln_format::io::read_exact_at;
 use kiln_format::layout::ALIGNMENT;
-use kiln_format::values::decode_rows_f32;
 use kiln_format::{DType, KilnFile, TensorInfo};
-use kiln_kernels::ErrorStats;
 use kiln_runner::Model;
-use rayon::prelude::*;
 
 use crate::error::{QuantizeError, Result};
-use crate::factor::{self, Factor};
-use crate::gptq;
 use crate::importance::Importance;
 use crate::method::Method;
-use crate::pipeline::decode_values;
-use crate::policy::{Action, Policy};
+use crate::policy::{Action, Decision, Policy};
 use crate::report::{bits_per_weight, Progress};
-use crate::rows::convert_rows;
 use crate::sensitivity::Probe;
+
+mod measure;
+
+use measure::Measure;
 
 /// Bits per weight of the rounding [`Probe`] measures each matrix at: the first candidate of
 /// at least this size (Q4_0, IQ4_NL or Q4_K), near the budgets people ask for, where the
@@ -239,21 +234,13 @@ pub fn plan(
         action: "cannot open",
         source: e,
     })?;
-    let mut fixed_bytes = 0u64;
-    let mut planned = Vec::new();
-    for (t, d) in tensors.iter().zip(&decisions) {
-        if d.action == Action::Convert && d.rule.starts_with("matrix") {
-            planned.push((t, d));
-        } else {
-            fixed_bytes += d.storage.byte_len(&t.shape).unwrap_or(t.len);
-        }
-    }
+    let (planned, mut fixed_bytes) = split_matrices(tensors, &decisions);
     let total: u64 = planned.iter().map(|(t, _)| t.numel()).sum();
     let model = Model::load(&input).map_err(|e| QuantizeError::Calibration {
         file: label.clone(),
         reason: e.to_string(),
     })?;
-    let mut probe = Probe::new(
+    let probe = Probe::new(
         &input,
         &model,
         &importance.probe,
@@ -261,86 +248,17 @@ pub fn plan(
     )?;
     let probe_tokens = probe.as_ref().map_or(0, Probe::tokens);
     progress.phase("measuring", total);
-    let mut factors: BTreeMap<String, Arc<Factor>> = BTreeMap::new();
+    let mut measure = Measure {
+        file: &file,
+        label: &label,
+        method,
+        importance,
+        factors: BTreeMap::new(),
+        probe,
+    };
     let mut choices = Vec::with_capacity(planned.len());
     for (t, d) in planned {
-        let cols = t.shape.last().copied().unwrap_or(1) as usize;
-        let numel = t.numel() as usize;
-        let mut bytes = vec![0u8; numel * t.dtype.block_bytes()];
-        read_exact_at(&file, &mut bytes, t.offset).map_err(|e| QuantizeError::Io {
-            file: label.clone(),
-            action: "cannot read",
-            source: e,
-        })?;
-        let w = decode_values(t.dtype, &bytes, numel);
-        drop(bytes);
-        let finite = w.iter().all(|v| v.is_finite());
-        let moment = importance
-            .moment(&t.name)
-            .filter(|m| m.len() == cols * cols && method == Method::Gptq);
-        let factor = match (moment, importance.sites.get(&t.name)) {
-            (Some(m), Some(site)) => Some(
-                factors
-                    .entry(site.clone())
-                    .or_insert_with(|| Arc::new(factor::factor(m, cols)))
-                    .clone(),
-            ),
-            _ => None,
-        };
-        let columns = importance
-            .columns
-            .get(&t.name)
-            .filter(|c| c.len() == cols)
-            .map(Vec::as_slice);
-        let weight = match (importance.moment(&t.name), columns) {
-            (Some(m), _) if m.len() == cols * cols => Weight::Full(m),
-            (_, Some(c)) => Weight::Diagonal(c),
-            _ => Weight::Plain,
-        };
-        let mut candidates = Vec::new();
-        // The rounding the probe runs: the first candidate of at least PROBE_BITS.
-        let mut probed: Option<(Vec<f32>, f64)> = None;
-        for dtype in CANDIDATES {
-            if !(cols as u64).is_multiple_of(dtype.block_len() as u64) {
-                continue;
-            }
-            let Ok(bytes) = dtype.byte_len(&t.shape) else {
-                continue;
-            };
-            let error = if finite {
-                let deq = quantized(&w, cols, dtype, method, columns, factor.as_deref());
-                let error = deq
-                    .as_ref()
-                    .map_or(f64::INFINITY, |deq| weight.output_error(&w, deq, cols));
-                if let Some(deq) = deq {
-                    if probed.is_none() && bytes as f64 * 8.0 >= PROBE_BITS * t.numel() as f64 {
-                        probed = Some((deq, error));
-                    }
-                }
-                error
-            } else {
-                0.0
-            };
-            candidates.push(Candidate {
-                dtype,
-                bytes,
-                error,
-            });
-        }
-        // Convert the output errors to KL-divergence: what the probe's rounding costs in the
-        // logits, per unit of its output error.
-        let gain = match (probe.as_mut(), probed) {
-            (Some(p), Some((mut deq, error))) if p.covers(&t.name) => {
-                deq.iter_mut().zip(&w).for_each(|(d, &x)| *d -= x);
-                let kl = p.kl(&t.name, &deq, cols)?;
-                let gain = if error > 0.0 { kl / error } else { 0.0 };
-                for c in &mut candidates {
-                    c.error *= gain;
-                }
-                Some(gain)
-            }
-            _ => None,
-        };
+        let (candidates, gain) = measure.candidates(t)?;
         progress.advance(t.numel());
         if candidates.is_empty() {
             // Rows no block fits (not a multiple of 32): the policy's own decision stands.
@@ -365,6 +283,24 @@ pub fn plan(
     };
     solve(&mut plan, &label)?;
     Ok(plan)
+}
+
+/// The matrices the plan chooses types for, and the bytes of every other tensor as the
+/// policy stores it.
+fn split_matrices<'t>(
+    tensors: &'t [TensorInfo],
+    decisions: &'t [Decision],
+) -> (Vec<(&'t TensorInfo, &'t Decision)>, u64) {
+    let mut fixed_bytes = 0u64;
+    let mut planned = Vec::new();
+    for (t, d) in tensors.iter().zip(decisions) {
+        if d.action == Action::Convert && d.rule.starts_with("matrix") {
+            planned.push((t, d));
+        } else {
+            fixed_bytes += d.storage.byte_len(&t.shape).unwrap_or(t.len);
+        }
+    }
+    (planned, fixed_bytes)
 }
 
 /// An upper bound on the output's bytes outside tensor data: the input's (header, metadata,
@@ -616,94 +552,9 @@ fn upgrade_many(choices: &mut [Choice], room: u64) -> u64 {
     }
 }
 
-/// What a matrix's error is weighed by.
-enum Weight<'a> {
-    /// The input's second moment, `cols × cols`.
-    Full(&'a [f32]),
-    /// The mean square of each input column.
-    Diagonal(&'a [f32]),
-    /// Nothing measured: every weight counts the same.
-    Plain,
-}
-
-impl Weight<'_> {
-    /// `Σ_r e_rᵀ·H·e_r` with `e = w − ŵ`; without `H`, the mean over rows of `‖e_r‖²`.
-    fn output_error(&self, w: &[f32], deq: &[f32], cols: usize) -> f64 {
-        let sum: f64 = w
-            .par_chunks(cols)
-            .zip(deq.par_chunks(cols))
-            .map(|(w, q)| {
-                let e: Vec<f32> = w.iter().zip(q).map(|(a, b)| a - b).collect();
-                self.quadratic(&e)
-            })
-            .sum();
-        match self {
-            Weight::Plain => sum / (w.len() / cols).max(1) as f64,
-            _ => sum,
-        }
-    }
-
-    /// `vᵀ·H·v`.
-    fn quadratic(&self, v: &[f32]) -> f64 {
-        match self {
-            Weight::Full(h) => v
-                .iter()
-                .zip(h.chunks_exact(v.len()))
-                .filter(|(&x, _)| x != 0.0)
-                .map(|(&x, row)| f64::from(x) * f64::from(dot(row, v)))
-                .sum(),
-            Weight::Diagonal(d) => v
-                .iter()
-                .zip(*d)
-                .map(|(&x, &h)| f64::from(h) * f64::from(x) * f64::from(x))
-                .sum(),
-            Weight::Plain => v.iter().map(|&x| f64::from(x) * f64::from(x)).sum(),
-        }
-    }
-}
-
-/// Dot product with sixteen independent accumulators (so it vectorizes).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 16];
-    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
-    let (ar, br) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for i in 0..16 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in ar.iter().zip(br) {
-        s += x * y;
-    }
-    s
-}
-
-/// The values a reader will decode from `w` quantized to `dtype` as the pipeline writes it
-/// (compensated rounding where there is a factor and the type supports it); `None` if a block
-/// cannot be made (a scale beyond f16).
-fn quantized(
-    w: &[f32],
-    cols: usize,
-    dtype: DType,
-    method: Method,
-    columns: Option<&[f32]>,
-    factor: Option<&Factor>,
-) -> Option<Vec<f32>> {
-    if let Some(f) = factor.filter(|_| gptq::supports(dtype)) {
-        let mut out = Vec::new();
-        return Some(gptq::quantize_matrix(w, cols, dtype, f, &mut out));
-    }
-    let mut out = Vec::new();
-    let mut stats = ErrorStats::default();
-    convert_rows(w, cols, dtype, method, columns, &mut out, &mut stats).ok()?;
-    let mut deq = vec![0.0f32; w.len()];
-    decode_rows_f32(dtype, cols, &out, &mut deq);
-    Some(deq)
-}
-
 #[cfg(test)]
 mod tests {
+    use super::measure::Weight;
     use super::*;
 
     fn cand(dtype: DType, bytes: u64, error: f64) -> Candidate {

@@ -150,67 +150,14 @@ impl Importance {
             .map_err(|e| bad(path, format!("not a safetensors file: {e}")))?;
         let st = SafeTensors::deserialize(&bytes)
             .map_err(|e| bad(path, format!("not a safetensors file: {e}")))?;
-        let meta = header.metadata().clone().unwrap_or_default();
-        let get = |k: &str| -> Result<&String> {
-            meta.get(k).ok_or_else(|| {
-                bad(
-                    path,
-                    format!(
-                        "metadata `{k}` is missing; was this written by kiln-quantize \
-                         --save-importance?"
-                    ),
-                )
-            })
+        let meta = FileMetadata {
+            path,
+            meta: header.metadata().clone().unwrap_or_default(),
         };
-        if get("content")? != CONTENT {
-            return Err(bad(path, format!("metadata `content` is not `{CONTENT}`")));
-        }
-        if get("version")? != VERSION {
-            return Err(bad(
-                path,
-                format!(
-                    "version {} is not supported (this kiln-quantize reads version {VERSION})",
-                    get("version")?
-                ),
-            ));
-        }
-        let num = |k: &str| -> Result<u64> {
-            get(k)?
-                .parse()
-                .map_err(|_| bad(path, format!("metadata `{k}` is not a whole number")))
-        };
-        let info = CalibrationInfo {
-            model_sha256: get("model_sha256")?.clone(),
-            text_sha256: get("text_sha256")?.clone(),
-            tokens: num("tokens")?,
-            chunks: num("chunks")?,
-            ctx: num("ctx")?,
-        };
-        let sites: BTreeMap<String, String> = serde_json::from_str(get("sites")?).map_err(|e| {
-            bad(
-                path,
-                format!("metadata `sites` is not a JSON string map: {e}"),
-            )
-        })?;
-        let probe: Vec<u32> = match meta.get("probe_tokens") {
-            None => Vec::new(),
-            Some(p) => serde_json::from_str(p).map_err(|e| {
-                bad(
-                    path,
-                    format!("metadata `probe_tokens` is not a JSON list of token ids: {e}"),
-                )
-            })?,
-        };
-        if probe.len() > PROBE_TOKENS {
-            return Err(bad(
-                path,
-                format!(
-                    "metadata `probe_tokens` holds {} ids; at most {} are kept",
-                    probe.len(),
-                    PROBE_TOKENS
-                ),
-            ));
-        }
+        meta.check_content()?;
+        let info = meta.calibration_info()?;
+        let sites = meta.sites()?;
+        let probe = meta.probe()?;
         let mut columns = BTreeMap::new();
         let mut moments = BTreeMap::new();
         for (name, t) in st.tensors() {
@@ -226,85 +173,14 @@ impl Importance {
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect();
             if let Some(site) = name.strip_prefix(MOMENT_PREFIX) {
-                let shape = t.shape();
-                if shape.len() != 2 || shape[0] != shape[1] {
-                    return Err(bad(
-                        path,
-                        format!("`{name}` has shape {shape:?}; a second moment is square"),
-                    ));
-                }
-                let n = shape[0];
-                if let Some(i) = (0..n).find(|&i| data[i * n + i].is_nan() || data[i * n + i] < 0.0)
-                {
-                    return Err(bad(
-                        path,
-                        format!(
-                            "`{name}`: diagonal element {i} is {}; mean squares are \
-                             non-negative",
-                            data[i * n + i]
-                        ),
-                    ));
-                }
-                if let Some(p) = data
-                    .iter()
-                    .position(|v| v.is_nan() || v.abs() > MAX_MEAN_SQUARE)
-                {
-                    return Err(bad(
-                        path,
-                        format!(
-                            "`{name}`: element {p} is {}; second moments must be finite and \
-                             at most {MAX_MEAN_SQUARE:e} in magnitude",
-                            data[p]
-                        ),
-                    ));
-                }
+                check_moment(path, &name, t.shape(), &data)?;
                 moments.insert(site.to_string(), Arc::new(data));
             } else {
-                if TensorName::parse(&name).is_none() {
-                    return Err(bad(
-                        path,
-                        format!("tensor `{name}` is not a canonical matrix name"),
-                    ));
-                }
-                if t.shape().len() != 1 {
-                    return Err(bad(
-                        path,
-                        format!(
-                            "`{name}` has shape {:?}; column importance is 1-D",
-                            t.shape()
-                        ),
-                    ));
-                }
-                if let Some(p) = data
-                    .iter()
-                    .position(|v| !(*v >= 0.0 && *v <= MAX_MEAN_SQUARE))
-                {
-                    return Err(bad(
-                        path,
-                        format!(
-                            "`{name}`: element {p} is {}; importance must be finite, \
-                             non-negative and at most {MAX_MEAN_SQUARE:e}",
-                            data[p]
-                        ),
-                    ));
-                }
+                check_columns(path, &name, t.shape(), &data)?;
                 columns.insert(name, data);
             }
         }
-        for name in columns.keys() {
-            let site = sites
-                .get(name)
-                .ok_or_else(|| bad(path, format!("metadata `sites` has no entry for `{name}`")))?;
-            if let Some(m) = moments.get(site) {
-                let cols = columns[name].len();
-                if m.len() != cols * cols {
-                    return Err(bad(
-                        path,
-                        format!("`{MOMENT_PREFIX}{site}` does not match `{name}`'s {cols} columns"),
-                    ));
-                }
-            }
-        }
+        check_sites(path, &columns, &sites, &moments)?;
         Ok(Importance {
             columns,
             sites,
@@ -313,6 +189,187 @@ impl Importance {
             probe,
         })
     }
+}
+
+/// An importance file's string metadata, read field by field.
+struct FileMetadata<'a> {
+    path: &'a Path,
+    meta: std::collections::HashMap<String, String>,
+}
+
+impl FileMetadata<'_> {
+    fn get(&self, k: &str) -> Result<&String> {
+        self.meta.get(k).ok_or_else(|| {
+            bad(
+                self.path,
+                format!(
+                    "metadata `{k}` is missing; was this written by kiln-quantize \
+                     --save-importance?"
+                ),
+            )
+        })
+    }
+
+    fn num(&self, k: &str) -> Result<u64> {
+        self.get(k)?
+            .parse()
+            .map_err(|_| bad(self.path, format!("metadata `{k}` is not a whole number")))
+    }
+
+    /// The file says it holds importance, in the version this build reads.
+    fn check_content(&self) -> Result<()> {
+        if self.get("content")? != CONTENT {
+            return Err(bad(
+                self.path,
+                format!("metadata `content` is not `{CONTENT}`"),
+            ));
+        }
+        if self.get("version")? != VERSION {
+            return Err(bad(
+                self.path,
+                format!(
+                    "version {} is not supported (this kiln-quantize reads version {VERSION})",
+                    self.get("version")?
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn calibration_info(&self) -> Result<CalibrationInfo> {
+        Ok(CalibrationInfo {
+            model_sha256: self.get("model_sha256")?.clone(),
+            text_sha256: self.get("text_sha256")?.clone(),
+            tokens: self.num("tokens")?,
+            chunks: self.num("chunks")?,
+            ctx: self.num("ctx")?,
+        })
+    }
+
+    fn sites(&self) -> Result<BTreeMap<String, String>> {
+        serde_json::from_str(self.get("sites")?).map_err(|e| {
+            bad(
+                self.path,
+                format!("metadata `sites` is not a JSON string map: {e}"),
+            )
+        })
+    }
+
+    /// The probe tokens (none in files written before they were kept), at most
+    /// [`PROBE_TOKENS`].
+    fn probe(&self) -> Result<Vec<u32>> {
+        let probe: Vec<u32> = match self.meta.get("probe_tokens") {
+            None => Vec::new(),
+            Some(p) => serde_json::from_str(p).map_err(|e| {
+                bad(
+                    self.path,
+                    format!("metadata `probe_tokens` is not a JSON list of token ids: {e}"),
+                )
+            })?,
+        };
+        if probe.len() > PROBE_TOKENS {
+            return Err(bad(
+                self.path,
+                format!(
+                    "metadata `probe_tokens` holds {} ids; at most {} are kept",
+                    probe.len(),
+                    PROBE_TOKENS
+                ),
+            ));
+        }
+        Ok(probe)
+    }
+}
+
+/// A second moment is square, its diagonal non-negative, every element finite and at most
+/// [`MAX_MEAN_SQUARE`] in magnitude.
+fn check_moment(path: &Path, name: &str, shape: &[usize], data: &[f32]) -> Result<()> {
+    if shape.len() != 2 || shape[0] != shape[1] {
+        return Err(bad(
+            path,
+            format!("`{name}` has shape {shape:?}; a second moment is square"),
+        ));
+    }
+    let n = shape[0];
+    if let Some(i) = (0..n).find(|&i| data[i * n + i].is_nan() || data[i * n + i] < 0.0) {
+        return Err(bad(
+            path,
+            format!(
+                "`{name}`: diagonal element {i} is {}; mean squares are \
+                 non-negative",
+                data[i * n + i]
+            ),
+        ));
+    }
+    if let Some(p) = data
+        .iter()
+        .position(|v| v.is_nan() || v.abs() > MAX_MEAN_SQUARE)
+    {
+        return Err(bad(
+            path,
+            format!(
+                "`{name}`: element {p} is {}; second moments must be finite and \
+                 at most {MAX_MEAN_SQUARE:e} in magnitude",
+                data[p]
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Column importance is named by a canonical matrix name, 1-D, every element finite,
+/// non-negative and at most [`MAX_MEAN_SQUARE`].
+fn check_columns(path: &Path, name: &str, shape: &[usize], data: &[f32]) -> Result<()> {
+    if TensorName::parse(name).is_none() {
+        return Err(bad(
+            path,
+            format!("tensor `{name}` is not a canonical matrix name"),
+        ));
+    }
+    if shape.len() != 1 {
+        return Err(bad(
+            path,
+            format!("`{name}` has shape {shape:?}; column importance is 1-D"),
+        ));
+    }
+    if let Some(p) = data
+        .iter()
+        .position(|v| !(*v >= 0.0 && *v <= MAX_MEAN_SQUARE))
+    {
+        return Err(bad(
+            path,
+            format!(
+                "`{name}`: element {p} is {}; importance must be finite, \
+                 non-negative and at most {MAX_MEAN_SQUARE:e}",
+                data[p]
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Every matrix has a site, and a site's second moment matches its matrices' columns.
+fn check_sites(
+    path: &Path,
+    columns: &BTreeMap<String, Vec<f32>>,
+    sites: &BTreeMap<String, String>,
+    moments: &BTreeMap<String, Arc<Vec<f32>>>,
+) -> Result<()> {
+    for name in columns.keys() {
+        let site = sites
+            .get(name)
+            .ok_or_else(|| bad(path, format!("metadata `sites` has no entry for `{name}`")))?;
+        if let Some(m) = moments.get(site) {
+            let cols = columns[name].len();
+            if m.len() != cols * cols {
+                return Err(bad(
+                    path,
+                    format!("`{MOMENT_PREFIX}{site}` does not match `{name}`'s {cols} columns"),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {

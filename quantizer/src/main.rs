@@ -20,7 +20,7 @@ use kiln_quantize::calibrate::{calibrate_path, CalibrationOptions};
 use kiln_quantize::importance::Importance;
 use kiln_quantize::policy::{Mix, Target, TARGETS};
 use kiln_quantize::{
-    quantize_file, Method, Override, Policy, Progress, QuantizeError, QuantizeOptions,
+    quantize_file, Method, Override, Policy, Progress, QuantizeError, QuantizeOptions, Report,
 };
 
 /// Turn a converted .kiln model into a smaller one (F16, or GGML's Q8_0, Q4_0, Q5_0, Q5_1,
@@ -134,6 +134,37 @@ fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
         .collect::<Result<Vec<_>, _>>()?;
     let auto = args.to.eq_ignore_ascii_case("auto");
     let calibrated = args.calibrate.is_some() || args.importance.is_some();
+    check_budget_flags(args, auto, calibrated)?;
+    let policy = match Mix::parse(&args.to) {
+        _ if auto => Policy::auto(overrides),
+        Some(mix) => Policy::mix(mix, overrides),
+        None => {
+            let to = DType::parse(&args.to)
+                .filter(|d| TARGETS.contains(d))
+                .ok_or_else(|| QuantizeError::BadTarget {
+                    dtype: args.to.clone(),
+                })?;
+            Policy::new(to, overrides)?
+        }
+    };
+    let policy = policy.with_importance(calibrated);
+    let method = method(args, calibrated)?;
+    check_ggml_only_types(&policy, method, calibrated)?;
+    let mut o = QuantizeOptions::new(&args.input, &args.output, policy);
+    o.method = method;
+    o.threads = args.threads.map(|t| {
+        if let Some(notice) = kiln_runner::threads::cap_notice(t as usize) {
+            eprintln!("kiln-quantize: {notice}");
+        }
+        kiln_runner::threads::cap_threads(t as usize)
+    });
+    o.overwrite = args.force;
+    Ok(o)
+}
+
+/// `--to auto` needs a size budget (`--bpw` or `--max-bytes`) and calibration; a budget
+/// needs `--to auto`.
+fn check_budget_flags(args: &Args, auto: bool, calibrated: bool) -> Result<(), QuantizeError> {
     let budget_flag = match (args.bpw, args.max_bytes) {
         (Some(_), _) => Some("--bpw"),
         (_, Some(_)) => Some("--max-bytes"),
@@ -167,19 +198,13 @@ fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
                 .into(),
         });
     }
-    let policy = match Mix::parse(&args.to) {
-        _ if auto => Policy::auto(overrides),
-        Some(mix) => Policy::mix(mix, overrides),
-        None => {
-            let to = DType::parse(&args.to)
-                .filter(|d| TARGETS.contains(d))
-                .ok_or_else(|| QuantizeError::BadTarget {
-                    dtype: args.to.clone(),
-                })?;
-            Policy::new(to, overrides)?
-        }
-    };
-    let policy = policy.with_importance(calibrated);
+    Ok(())
+}
+
+/// The rounding method: `--method`, or by default GPTQ with calibration and GGML's
+/// reference rule without; GPTQ without calibration and the reference rule with it are
+/// refused.
+fn method(args: &Args, calibrated: bool) -> Result<Method, QuantizeError> {
     let method = match &args.method {
         // Downgraded to `search` in `run` if an importance file has no second moments.
         None if calibrated => Method::Gptq,
@@ -205,6 +230,16 @@ fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
                 .into(),
         });
     }
+    Ok(method)
+}
+
+/// Types that have only GGML's rules (K-quants, Q5_0, Q5_1, IQ4_NL) take no `--method`
+/// without calibration.
+fn check_ggml_only_types(
+    policy: &Policy,
+    method: Method,
+    calibrated: bool,
+) -> Result<(), QuantizeError> {
     let ggml_only = std::iter::once(policy.to)
         .chain(policy.overrides.iter().filter_map(|o| match o.target {
             Target::DType(d) => Some(d),
@@ -223,33 +258,12 @@ fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
             ),
         });
     }
-    let mut o = QuantizeOptions::new(&args.input, &args.output, policy);
-    o.method = method;
-    o.threads = args.threads.map(|t| {
-        if let Some(notice) = kiln_runner::threads::cap_notice(t as usize) {
-            eprintln!("kiln-quantize: {notice}");
-        }
-        kiln_runner::threads::cap_threads(t as usize)
-    });
-    o.overwrite = args.force;
-    Ok(o)
+    Ok(())
 }
 
 fn run(args: Args) -> Result<(), QuantizeError> {
     let mut options = options(&args)?;
-    // Before an hour of calibration, not after it: no output may replace anything this run
-    // reads (the model, the calibration text, the importance file) or another output.
-    let outputs: Vec<&Path> = std::iter::once(args.output.as_path())
-        .chain(args.save_importance.as_deref())
-        .collect();
-    let inputs: Vec<&Path> = std::iter::once(args.input.as_path())
-        .chain(args.calibrate.as_deref())
-        .chain(args.importance.as_deref())
-        .collect();
-    kiln_format::refuse_clobbering(&outputs, &inputs)?;
-    for out in &outputs {
-        kiln_format::check_destination(out, args.force)?;
-    }
+    check_outputs(&args)?;
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("{msg:>14} [{bar:40}] {percent:>3}% {elapsed_precise}")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
@@ -261,88 +275,143 @@ fn run(args: Args) -> Result<(), QuantizeError> {
         phase: Mutex::new(String::new()),
     };
     if let Some(path) = &args.importance {
-        let importance = Importance::load(path)?;
-        if args.method.is_none() && importance.moments.is_empty() {
-            options.method = Method::Search;
-        }
-        if options.method == Method::Gptq && importance.moments.is_empty() {
-            return Err(QuantizeError::ImportanceMismatch {
-                file: path.display().to_string(),
-                reason: "--method gptq needs second moments, and this file has none; \
-                         calibrate again with --method gptq --save-importance"
-                    .into(),
-            });
-        }
-        options.importance = Some(importance);
+        load_importance(&args, path, &mut options)?;
     }
     if let Some(text) = &args.calibrate {
-        let calibration = CalibrationOptions {
-            max_tokens: args.calib_tokens,
-            ctx: args.calib_ctx,
-            threads: options
-                .threads
-                .unwrap_or_else(kiln_runner::threads::physical_cores),
-            second_moments: options.method == Method::Gptq,
-        };
-        let start = std::time::Instant::now();
-        let importance = calibrate_path(&args.input, text, &calibration, &progress);
-        let importance = importance.inspect_err(|_| progress.bar.finish_and_clear())?;
-        if !args.quiet {
-            progress.bar.suspend(|| {
-                eprintln!(
-                    "calibrated on {} tokens ({} windows of {}) in {:.1} s",
-                    importance.info.tokens,
-                    importance.info.chunks,
-                    importance.info.ctx,
-                    start.elapsed().as_secs_f64()
-                )
-            });
-        }
-        if let Some(path) = &args.save_importance {
-            importance.save(path, args.force)?;
-        }
-        options.importance = Some(importance);
+        calibrate(&args, text, &mut options, &progress)?;
     }
     if let Some(budget) = budget(&args) {
-        let importance = options
-            .importance
-            .as_ref()
-            .expect("--to auto requires calibration, checked in options()");
-        let plan = budget::plan(
-            &args.input,
-            &options.policy,
-            options.method,
-            importance,
-            budget,
-            &progress,
-        );
-        let plan = plan.inspect_err(|_| progress.bar.finish_and_clear())?;
-        if !args.quiet {
-            progress.bar.suspend(|| {
-                let weighed = match plan.probe_tokens {
-                    0 => "output errors not weighed in KL-divergence (the importance keeps no \
-                          probe tokens, or the model has no logits; calibrate again to weigh \
-                          them)"
-                        .to_string(),
-                    n => format!("errors weighed in KL-divergence on {n} calibration tokens"),
-                };
-                eprintln!(
-                    "{budget}: {} bytes of tensor data ({:.3} bits per weight) of {} allowed; \
-                     {}; {weighed}",
-                    plan.total_bytes,
-                    plan.bits_per_weight(),
-                    plan.budget_bytes,
-                    plan.summary()
-                )
-            });
-        }
-        options.policy = plan.apply(options.policy);
+        options = plan_budget(&args, budget, options, &progress)?;
     }
     let report = quantize_file(&options, &progress);
     progress.bar.finish_and_clear();
-    let report = report?;
-    let text = if args.json {
-        let mut s = serde_json::to_string_pretty(&report).expect("the report serializes");
+    print_report(args.json, &report?)
+}
+
+/// Before an hour of calibration, not after it: no output may replace anything this run
+/// reads (the model, the calibration text, the importance file) or another output.
+fn check_outputs(args: &Args) -> Result<(), QuantizeError> {
+    let outputs: Vec<&Path> = std::iter::once(args.output.as_path())
+        .chain(args.save_importance.as_deref())
+        .collect();
+    let inputs: Vec<&Path> = std::iter::once(args.input.as_path())
+        .chain(args.calibrate.as_deref())
+        .chain(args.importance.as_deref())
+        .collect();
+    kiln_format::refuse_clobbering(&outputs, &inputs)?;
+    for out in &outputs {
+        kiln_format::check_destination(out, args.force)?;
+    }
+    Ok(())
+}
+
+/// `--importance`: read the file; without second moments the method defaults to search, and
+/// GPTQ is refused.
+fn load_importance(
+    args: &Args,
+    path: &Path,
+    options: &mut QuantizeOptions,
+) -> Result<(), QuantizeError> {
+    let importance = Importance::load(path)?;
+    if args.method.is_none() && importance.moments.is_empty() {
+        options.method = Method::Search;
+    }
+    if options.method == Method::Gptq && importance.moments.is_empty() {
+        return Err(QuantizeError::ImportanceMismatch {
+            file: path.display().to_string(),
+            reason: "--method gptq needs second moments, and this file has none; \
+                     calibrate again with --method gptq --save-importance"
+                .into(),
+        });
+    }
+    options.importance = Some(importance);
+    Ok(())
+}
+
+/// `--calibrate`: measure the importance on `text` (and with `--save-importance` keep it).
+fn calibrate(
+    args: &Args,
+    text: &Path,
+    options: &mut QuantizeOptions,
+    progress: &Bar,
+) -> Result<(), QuantizeError> {
+    let calibration = CalibrationOptions {
+        max_tokens: args.calib_tokens,
+        ctx: args.calib_ctx,
+        threads: options
+            .threads
+            .unwrap_or_else(kiln_runner::threads::physical_cores),
+        second_moments: options.method == Method::Gptq,
+    };
+    let start = std::time::Instant::now();
+    let importance = calibrate_path(&args.input, text, &calibration, progress);
+    let importance = importance.inspect_err(|_| progress.bar.finish_and_clear())?;
+    if !args.quiet {
+        progress.bar.suspend(|| {
+            eprintln!(
+                "calibrated on {} tokens ({} windows of {}) in {:.1} s",
+                importance.info.tokens,
+                importance.info.chunks,
+                importance.info.ctx,
+                start.elapsed().as_secs_f64()
+            )
+        });
+    }
+    if let Some(path) = &args.save_importance {
+        importance.save(path, args.force)?;
+    }
+    options.importance = Some(importance);
+    Ok(())
+}
+
+/// `--to auto`: choose each tensor's type within the budget and apply the plan to the policy.
+fn plan_budget(
+    args: &Args,
+    budget: budget::Budget,
+    mut options: QuantizeOptions,
+    progress: &Bar,
+) -> Result<QuantizeOptions, QuantizeError> {
+    let importance = options
+        .importance
+        .as_ref()
+        .expect("--to auto requires calibration, checked in options()");
+    let plan = budget::plan(
+        &args.input,
+        &options.policy,
+        options.method,
+        importance,
+        budget,
+        progress,
+    );
+    let plan = plan.inspect_err(|_| progress.bar.finish_and_clear())?;
+    if !args.quiet {
+        progress.bar.suspend(|| {
+            let weighed = match plan.probe_tokens {
+                0 => "output errors not weighed in KL-divergence (the importance keeps no \
+                      probe tokens, or the model has no logits; calibrate again to weigh \
+                      them)"
+                    .to_string(),
+                n => format!("errors weighed in KL-divergence on {n} calibration tokens"),
+            };
+            eprintln!(
+                "{budget}: {} bytes of tensor data ({:.3} bits per weight) of {} allowed; \
+                 {}; {weighed}",
+                plan.total_bytes,
+                plan.bits_per_weight(),
+                plan.budget_bytes,
+                plan.summary()
+            )
+        });
+    }
+    options.policy = plan.apply(options.policy);
+    Ok(options)
+}
+
+/// The report on stdout, as a table or JSON; a closed pipe (`| head`) is not a failure: the
+/// output file is already written.
+fn print_report(json: bool, report: &Report) -> Result<(), QuantizeError> {
+    let text = if json {
+        let mut s = serde_json::to_string_pretty(report).expect("the report serializes");
         s.push('\n');
         s
     } else {
@@ -350,7 +419,6 @@ fn run(args: Args) -> Result<(), QuantizeError> {
     };
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        // A closed pipe (`| head`) is not a failure: the output file is already written.
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(QuantizeError::Io {
             file: "<stdout>".into(),
             action: "cannot write the report",
@@ -360,7 +428,6 @@ fn run(args: Args) -> Result<(), QuantizeError> {
     }
 }
 
-/// The size budget of `--to auto`.
 fn budget(args: &Args) -> Option<budget::Budget> {
     match (args.bpw, args.max_bytes) {
         (Some(b), _) => Some(budget::Budget::Bpw(b)),

@@ -1,7 +1,7 @@
 //! `kiln-verify diff`: tensor-by-tensor error between two files of the same model, e.g. a
 //! BF16 conversion and its Q4_0 quantization.
 
-use kiln_format::KilnFile;
+use kiln_format::{KilnFile, TensorInfo};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -51,19 +51,7 @@ pub struct DiffChecksumFailure {
 /// stored checksums are verified, never trusted as a stand-in for the bytes (a file with one
 /// flipped byte and an unchanged index is not "identical" to its source).
 pub fn diff(a: &KilnFile, b: &KilnFile) -> Result<DiffReport> {
-    let checksum_failures: Vec<DiffChecksumFailure> = [a, b]
-        .iter()
-        .flat_map(|f| {
-            f.verify_checksums(&|_| {})
-                .into_iter()
-                .map(|x| DiffChecksumFailure {
-                    file: f.label().to_string(),
-                    tensor: x.tensor,
-                    stored: x.stored,
-                    computed: x.computed,
-                })
-        })
-        .collect();
+    let checksum_failures = checksum_failures(a, b);
     let only_in_a: Vec<String> = a
         .tensors()
         .iter()
@@ -100,30 +88,7 @@ pub fn diff(a: &KilnFile, b: &KilnFile) -> Result<DiffReport> {
     }
     let rows: Vec<DiffRow> = shared
         .par_iter()
-        .map(|(t, u)| {
-            let (x, y) = if t.dtype == u.dtype && a.view(t).bytes() == b.view(u).bytes() {
-                (Vec::new(), Vec::new())
-            } else {
-                (a.view(t).to_f32_vec(), b.view(u).to_f32_vec())
-            };
-            let m = Metrics::compare(&y, &x);
-            let signal: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
-            let noise = m.nmse * signal;
-            DiffRow {
-                name: t.name.clone(),
-                shape: t.shape.clone(),
-                dtype_a: t.dtype.to_string(),
-                dtype_b: u.dtype.to_string(),
-                rmse: m.rms,
-                max_abs: m.max_abs,
-                snr_db: if noise == 0.0 {
-                    f64::INFINITY
-                } else {
-                    10.0 * (signal / noise).log10()
-                },
-                cosine: m.cosine,
-            }
-        })
+        .map(|(t, u)| diff_row(a, t, b, u))
         .collect();
     let identical = rows.iter().filter(|r| r.max_abs == 0.0).count();
     Ok(DiffReport {
@@ -135,6 +100,50 @@ pub fn diff(a: &KilnFile, b: &KilnFile) -> Result<DiffReport> {
         identical,
         checksum_failures,
     })
+}
+
+/// Every tensor checksum of either file that does not match its data.
+fn checksum_failures(a: &KilnFile, b: &KilnFile) -> Vec<DiffChecksumFailure> {
+    [a, b]
+        .iter()
+        .flat_map(|f| {
+            f.verify_checksums(&|_| {})
+                .into_iter()
+                .map(|x| DiffChecksumFailure {
+                    file: f.label().to_string(),
+                    tensor: x.tensor,
+                    stored: x.stored,
+                    computed: x.computed,
+                })
+        })
+        .collect()
+}
+
+/// The error of tensor `u` of `b` against the same tensor `t` of `a` (none, without decoding,
+/// when the two are byte-identical).
+fn diff_row(a: &KilnFile, t: &TensorInfo, b: &KilnFile, u: &TensorInfo) -> DiffRow {
+    let (x, y) = if t.dtype == u.dtype && a.view(t).bytes() == b.view(u).bytes() {
+        (Vec::new(), Vec::new())
+    } else {
+        (a.view(t).to_f32_vec(), b.view(u).to_f32_vec())
+    };
+    let m = Metrics::compare(&y, &x);
+    let signal: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let noise = m.nmse * signal;
+    DiffRow {
+        name: t.name.clone(),
+        shape: t.shape.clone(),
+        dtype_a: t.dtype.to_string(),
+        dtype_b: u.dtype.to_string(),
+        rmse: m.rms,
+        max_abs: m.max_abs,
+        snr_db: if noise == 0.0 {
+            f64::INFINITY
+        } else {
+            10.0 * (signal / noise).log10()
+        },
+        cosine: m.cosine,
+    }
 }
 
 /// The human-readable table.

@@ -50,35 +50,7 @@ impl Dump {
         let ids = st
             .tensor("input_ids")
             .map_err(|_| bad("no `input_ids` tensor".into()))?;
-        let ids_shape = unbatched("input_ids", ids.shape(), 1).map_err(&bad)?;
-        if ids_shape.len() != 1 || ids_shape[0] == 0 {
-            return Err(bad(format!(
-                "`input_ids` has shape {:?}, expected [T] or [1, T] with T ≥ 1",
-                ids.shape()
-            )));
-        }
-        let t = ids_shape[0];
-        let input_ids: Vec<u32> = match ids.dtype() {
-            Dtype::I64 => ids
-                .data()
-                .chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .map(|v| {
-                    u32::try_from(v)
-                        .map_err(|_| bad(format!("`input_ids` holds {v}, not a token id")))
-                })
-                .collect::<Result<_>>()?,
-            Dtype::I32 => ids
-                .data()
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
-                .map(|v| {
-                    u32::try_from(v)
-                        .map_err(|_| bad(format!("`input_ids` holds {v}, not a token id")))
-                })
-                .collect::<Result<_>>()?,
-            d => return Err(bad(format!("`input_ids` is {d:?}, expected I64 or I32"))),
-        };
+        let (t, input_ids) = token_ids(&ids).map_err(&bad)?;
         let mut activations = Vec::new();
         let mut other = Vec::new();
         let mut sentence_embedding = None;
@@ -94,47 +66,12 @@ impl Dump {
                 sentence_embedding = Some(vector(&name, &v).map_err(&bad)?);
                 continue;
             }
-            // Decoders' module paths start with `model.`; a BERT encoder's with `embeddings`
-            // or `encoder.`.
-            let is_activation = name == "logits"
-                || (["model.", "embeddings.", "encoder."]
-                    .iter()
-                    .any(|p| name.starts_with(p))
-                    && name.ends_with(".output"));
-            if !is_activation {
+            if !is_activation(&name) {
                 other.push(name);
                 continue;
             }
-            if v.dtype() != Dtype::F32 {
-                return Err(bad(format!(
-                    "`{name}` is {:?}, activations must be F32",
-                    v.dtype()
-                )));
-            }
-            let shape = unbatched(&name, v.shape(), 2).map_err(&bad)?;
-            if shape.len() != 2 || shape[0] != t || shape[1] == 0 {
-                return Err(bad(format!(
-                    "`{name}` has shape {:?}, expected [{t}, width] or [1, {t}, width] (T from \
-                     input_ids)",
-                    v.shape()
-                )));
-            }
-            let data: Vec<f32> = v
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-                .collect();
-            // A reference that is not a number cannot judge the model: bad input, not a
-            // model out of tolerance.
-            if let Some(p) = data.iter().position(|x| !x.is_finite()) {
-                let count = data.iter().filter(|x| !x.is_finite()).count();
-                return Err(bad(format!(
-                    "`{name}` holds {count} NaN or infinite value(s), the first at element {p} \
-                     ({}); regenerate the reference",
-                    data[p]
-                )));
-            }
-            activations.push((name, [shape[0], shape[1]], data));
+            let (shape, data) = activation(&name, &v, t).map_err(&bad)?;
+            activations.push((name, shape, data));
         }
         Ok(Dump {
             path: path.display().to_string(),
@@ -152,9 +89,84 @@ impl Dump {
     }
 }
 
-/// `shape` without a leading batch dimension, for a tensor whose unbatched rank is `rank`: a
-/// shape of rank `rank + 1` must lead with a batch of 1 (transformers' `[1, T, …]`); any other
-/// shape is returned as it is, for the caller's own check.
+/// The prompt's length T and token ids, from `input_ids` (`[T]` or `[1, T]`, I64 or I32).
+fn token_ids(ids: &safetensors::tensor::TensorView<'_>) -> Result<(usize, Vec<u32>), String> {
+    let ids_shape = unbatched("input_ids", ids.shape(), 1)?;
+    if ids_shape.len() != 1 || ids_shape[0] == 0 {
+        return Err(format!(
+            "`input_ids` has shape {:?}, expected [T] or [1, T] with T ≥ 1",
+            ids.shape()
+        ));
+    }
+    let t = ids_shape[0];
+    let id =
+        |v: i64| u32::try_from(v).map_err(|_| format!("`input_ids` holds {v}, not a token id"));
+    let input_ids: Vec<u32> = match ids.dtype() {
+        Dtype::I64 => ids
+            .data()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .map(id)
+            .collect::<Result<_, String>>()?,
+        Dtype::I32 => ids
+            .data()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .map(|v| id(v.into()))
+            .collect::<Result<_, String>>()?,
+        d => return Err(format!("`input_ids` is {d:?}, expected I64 or I32")),
+    };
+    Ok((t, input_ids))
+}
+
+/// Whether a tensor is an activation Kiln compares. Decoders' module paths start with
+/// `model.`; a BERT encoder's with `embeddings` or `encoder.`.
+fn is_activation(name: &str) -> bool {
+    name == "logits"
+        || (["model.", "embeddings.", "encoder."]
+            .iter()
+            .any(|p| name.starts_with(p))
+            && name.ends_with(".output"))
+}
+
+/// An activation's `[T, width]` shape and values: F32, T rows, every value finite.
+fn activation(
+    name: &str,
+    v: &safetensors::tensor::TensorView<'_>,
+    t: usize,
+) -> Result<([usize; 2], Vec<f32>), String> {
+    if v.dtype() != Dtype::F32 {
+        return Err(format!(
+            "`{name}` is {:?}, activations must be F32",
+            v.dtype()
+        ));
+    }
+    let shape = unbatched(name, v.shape(), 2)?;
+    if shape.len() != 2 || shape[0] != t || shape[1] == 0 {
+        return Err(format!(
+            "`{name}` has shape {:?}, expected [{t}, width] or [1, {t}, width] (T from \
+             input_ids)",
+            v.shape()
+        ));
+    }
+    let data: Vec<f32> = v
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect();
+    // A reference that is not a number cannot judge the model: bad input, not a
+    // model out of tolerance.
+    if let Some(p) = data.iter().position(|x| !x.is_finite()) {
+        let count = data.iter().filter(|x| !x.is_finite()).count();
+        return Err(format!(
+            "`{name}` holds {count} NaN or infinite value(s), the first at element {p} \
+             ({}); regenerate the reference",
+            data[p]
+        ));
+    }
+    Ok(([shape[0], shape[1]], data))
+}
+
 /// The name of an embedding model's final vector in a dump (`[dim]` or `[1, dim]`): what
 /// sentence-transformers' `encode` returns (pooled, projected, normalised).
 pub const SENTENCE_EMBEDDING: &str = "sentence_embedding";
@@ -185,6 +197,9 @@ fn vector(name: &str, v: &safetensors::tensor::TensorView<'_>) -> Result<Vec<f32
     Ok(data)
 }
 
+/// `shape` without a leading batch dimension, for a tensor whose unbatched rank is `rank`: a
+/// shape of rank `rank + 1` must lead with a batch of 1 (transformers' `[1, T, …]`); any other
+/// shape is returned as it is, for the caller's own check.
 fn unbatched<'a>(name: &str, shape: &'a [usize], rank: usize) -> Result<&'a [usize], String> {
     match shape.split_first() {
         Some((&1, rest)) if shape.len() == rank + 1 => Ok(rest),

@@ -67,6 +67,63 @@ pub fn verify_layers(
 ) -> Result<LayersReport> {
     let class = WeightClass::of_file(file);
     let tol = tolerance.unwrap_or_else(|| Tolerance::for_class(class));
+    let rec = record_activations(file, dump, threads)?;
+    let mut entries = Vec::new();
+    let sentence = dump
+        .sentence_embedding
+        .as_ref()
+        .map(|v| (SENTENCE_EMBEDDING.to_string(), [1, v.len()], v.clone()));
+    for (name, shape, got) in &rec.records {
+        let Some((_, rshape, reference)) = dump
+            .activations
+            .iter()
+            .chain(&sentence)
+            .find(|(n, _, _)| n == name)
+        else {
+            continue;
+        };
+        if shape != rshape {
+            return Err(VerifyError::BadDump {
+                path: dump.path.clone(),
+                reason: format!(
+                    "`{name}` is {rshape:?} in the dump but the model produces {shape:?}"
+                ),
+            });
+        }
+        entries.push(compare(name, *shape, got, reference, &tol));
+    }
+    let compared: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+    let mut not_compared: Vec<String> = dump
+        .activations
+        .iter()
+        .map(|(n, _, _)| n.clone())
+        .filter(|n| !compared.contains(&n.as_str()))
+        .chain(dump.other.iter().cloned())
+        .collect();
+    not_compared.sort();
+    if entries.is_empty() {
+        return Err(VerifyError::BadDump {
+            path: dump.path.clone(),
+            reason: "no tensor in the dump names an activation the model produces".into(),
+        });
+    }
+    let first_failure = entries.iter().find(|e| !e.pass).map(|e| e.name.clone());
+    Ok(LayersReport {
+        model: file.label().to_string(),
+        reference: dump.path.clone(),
+        weight_class: class,
+        tolerance: tol,
+        tokens: dump.input_ids.len(),
+        pass: first_failure.is_none(),
+        first_failure,
+        entries,
+        not_compared,
+    })
+}
+
+/// Run the model over the dump's prompt, recording the activations the dump names, and for
+/// an embedding model whose dump holds one, its final vector.
+fn record_activations(file: &KilnFile, dump: &Dump, threads: usize) -> Result<Recorder> {
     let model = Model::load(file)?;
     let encoder = model.config.is_encoder();
     let mut session = model.session(dump.input_ids.len(), threads)?;
@@ -99,79 +156,40 @@ pub fn verify_layers(
         rec.records
             .push((SENTENCE_EMBEDDING.into(), [1, got.len()], got));
     }
+    Ok(rec)
+}
 
-    let mut entries = Vec::new();
-    let sentence = dump
-        .sentence_embedding
-        .as_ref()
-        .map(|v| (SENTENCE_EMBEDDING.to_string(), [1, v.len()], v.clone()));
-    for (name, shape, got) in &rec.records {
-        let Some((_, rshape, reference)) = dump
-            .activations
-            .iter()
-            .chain(&sentence)
-            .find(|(n, _, _)| n == name)
-        else {
-            continue;
-        };
-        if shape != rshape {
-            return Err(VerifyError::BadDump {
-                path: dump.path.clone(),
-                reason: format!(
-                    "`{name}` is {rshape:?} in the dump but the model produces {shape:?}"
-                ),
-            });
-        }
-        let m = Metrics::compare(got, reference);
-        let top1 = (name == "logits").then(|| {
-            let w = shape[1];
-            let same = got
-                .chunks_exact(w)
-                .zip(reference.chunks_exact(w))
-                .filter(|(g, r)| argmax(g) == argmax(r))
-                .count();
-            same as f64 / shape[0] as f64
-        });
-        let pass = m.nmse <= tol.max_nmse && top1.is_none_or(|t| t >= tol.min_top1);
-        entries.push(Entry {
-            name: name.clone(),
-            shape: *shape,
-            max_abs: m.max_abs,
-            rms: m.rms,
-            rel: m.rel,
-            cosine: m.cosine,
-            nmse: m.nmse,
-            top1,
-            pass,
-        });
+/// One activation's figures against the reference, and whether they are within `tol` (the
+/// logits' top-1 agreement too).
+fn compare(
+    name: &str,
+    shape: [usize; 2],
+    got: &[f32],
+    reference: &[f32],
+    tol: &Tolerance,
+) -> Entry {
+    let m = Metrics::compare(got, reference);
+    let top1 = (name == "logits").then(|| {
+        let w = shape[1];
+        let same = got
+            .chunks_exact(w)
+            .zip(reference.chunks_exact(w))
+            .filter(|(g, r)| argmax(g) == argmax(r))
+            .count();
+        same as f64 / shape[0] as f64
+    });
+    let pass = m.nmse <= tol.max_nmse && top1.is_none_or(|t| t >= tol.min_top1);
+    Entry {
+        name: name.to_string(),
+        shape,
+        max_abs: m.max_abs,
+        rms: m.rms,
+        rel: m.rel,
+        cosine: m.cosine,
+        nmse: m.nmse,
+        top1,
+        pass,
     }
-    let compared: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
-    let mut not_compared: Vec<String> = dump
-        .activations
-        .iter()
-        .map(|(n, _, _)| n.clone())
-        .filter(|n| !compared.contains(&n.as_str()))
-        .chain(dump.other.iter().cloned())
-        .collect();
-    not_compared.sort();
-    if entries.is_empty() {
-        return Err(VerifyError::BadDump {
-            path: dump.path.clone(),
-            reason: "no tensor in the dump names an activation the model produces".into(),
-        });
-    }
-    let first_failure = entries.iter().find(|e| !e.pass).map(|e| e.name.clone());
-    Ok(LayersReport {
-        model: file.label().to_string(),
-        reference: dump.path.clone(),
-        weight_class: class,
-        tolerance: tol,
-        tokens: dump.input_ids.len(),
-        pass: first_failure.is_none(),
-        first_failure,
-        entries,
-        not_compared,
-    })
 }
 
 /// The human-readable table.

@@ -200,7 +200,7 @@ pub fn perplexity(
 pub fn perplexity_tokens(
     file: &KilnFile,
     text_path: &Path,
-    mut tokens: Vec<u32>,
+    tokens: Vec<u32>,
     opts: &PerplexityOptions,
     base: Option<&ScoredLogits>,
     keep: bool,
@@ -214,6 +214,68 @@ pub fn perplexity_tokens(
     }
     let model = Model::load(file)?;
     let bos = file.metadata().config.bos_token_id;
+    let (tokens, n_chunks) = chunk_tokens(text_path, tokens, opts, bos)?;
+    let vocab = model.config.vocab;
+    let first = ctx / 2;
+    let scored_per_chunk = ctx - 1 - first;
+    if let Some(b) = base {
+        check_base(b, ctx, vocab, &tokens)?;
+    }
+    let mut session = model.session_with(ctx, opts.threads, opts.cache_type)?;
+    let start = Instant::now();
+    let mut sums = Sums::default();
+    let mut kept = Vec::new();
+    let mut logp = vec![0f32; vocab];
+    for c in 0..n_chunks {
+        let chunk_start = Instant::now();
+        let (chunk_nll, chunk_kl) = (sums.nll, sums.kl);
+        session.reset();
+        let chunk = &tokens[c * ctx..(c + 1) * ctx];
+        let logits = session.forward(chunk, Logits::All, None)?;
+        let mut block = if keep {
+            Vec::with_capacity(scored_per_chunk * vocab)
+        } else {
+            Vec::new()
+        };
+        for (k, j) in (first..ctx - 1).enumerate() {
+            let row = &logits[j * vocab..(j + 1) * vocab];
+            log_softmax(row, &mut logp);
+            let base_row = base.map(|b| &b.chunks[c][k * vocab..(k + 1) * vocab]);
+            sums.add(&logp, chunk[j + 1] as usize, base_row);
+            if keep {
+                block.extend(logp.iter().map(|&v| f16::from_f32(v)));
+            }
+        }
+        if keep {
+            kept.push(block);
+        }
+        sums.per_chunk.push(ChunkFigures {
+            ppl: ((sums.nll - chunk_nll) / scored_per_chunk as f64).exp(),
+            kld_mean: base.map(|_| (sums.kl - chunk_kl) / scored_per_chunk as f64),
+            seconds: chunk_start.elapsed().as_secs_f64(),
+        });
+        progress.chunk(c + 1, n_chunks, (sums.nll / sums.count as f64).exp());
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let report = sums.report(file, text_path, opts, seconds, base.is_some());
+    let kept = keep.then_some(ScoredLogits {
+        tokens,
+        ctx,
+        vocab,
+        chunks: kept,
+    });
+    Ok((report, kept))
+}
+
+/// The tokens cut to whole chunks of `-c` (at most `--chunks`, at least two needed), each
+/// chunk starting with BOS when the text does; returns them and the chunk count.
+fn chunk_tokens(
+    text_path: &Path,
+    mut tokens: Vec<u32>,
+    opts: &PerplexityOptions,
+    bos: Option<u32>,
+) -> Result<(Vec<u32>, usize)> {
+    let ctx = opts.ctx;
     let add_bos = bos.is_some() && tokens.first().copied() == bos;
     if tokens.len() < 2 * ctx {
         return Err(VerifyError::Text {
@@ -235,102 +297,96 @@ pub fn perplexity_tokens(
             tokens[c * ctx] = bos.expect("add_bos implies bos");
         }
     }
-    let vocab = model.config.vocab;
-    let first = ctx / 2;
-    let scored_per_chunk = ctx - 1 - first;
-    if let Some(b) = base {
-        if b.ctx != ctx
-            || b.vocab != vocab
-            || b.tokens.len() < tokens.len()
-            || b.tokens[..tokens.len()] != tokens[..]
-        {
-            return Err(VerifyError::BadLogits {
-                path: "--kl-base".into(),
-                reason: format!(
-                    "the base logits were made with -c {} on {} tokens (vocab {}); this run uses -c {ctx} on {} tokens (vocab {vocab}) of a different tokenization — use the same text, -c and tokenizer",
-                    b.ctx, b.tokens.len(), b.vocab, tokens.len()
-                ),
-            });
-        }
-    }
-    let mut session = model.session_with(ctx, opts.threads, opts.cache_type)?;
-    let start = Instant::now();
-    let (mut nll_sum, mut nll2_sum, mut count) = (0f64, 0f64, 0usize);
-    let (mut kl_sum, mut same, mut base_nll_sum) = (0f64, 0usize, 0f64);
-    let mut kept = Vec::new();
-    let mut per_chunk = Vec::with_capacity(n_chunks);
-    let mut kld_positions = Vec::new();
-    let mut logp = vec![0f32; vocab];
-    for c in 0..n_chunks {
-        let chunk_start = Instant::now();
-        let (chunk_nll, chunk_kl) = (nll_sum, kl_sum);
-        session.reset();
-        let chunk = &tokens[c * ctx..(c + 1) * ctx];
-        let logits = session.forward(chunk, Logits::All, None)?;
-        let mut block = if keep {
-            Vec::with_capacity(scored_per_chunk * vocab)
-        } else {
-            Vec::new()
-        };
-        for (k, j) in (first..ctx - 1).enumerate() {
-            let row = &logits[j * vocab..(j + 1) * vocab];
-            log_softmax(row, &mut logp);
-            let nll = -(logp[chunk[j + 1] as usize] as f64);
-            nll_sum += nll;
-            nll2_sum += nll * nll;
-            count += 1;
-            if let Some(b) = base {
-                let brow = &b.chunks[c][k * vocab..(k + 1) * vocab];
-                let blogp: Vec<f32> = brow.iter().map(|v| v.to_f32()).collect();
-                let kl = kl_divergence(&blogp, &logp);
-                kl_sum += kl;
-                kld_positions.push(kl as f32);
-                same += usize::from(argmax(&blogp) == argmax(&logp));
-                base_nll_sum -= blogp[chunk[j + 1] as usize] as f64;
-            }
-            if keep {
-                block.extend(logp.iter().map(|&v| f16::from_f32(v)));
-            }
-        }
-        if keep {
-            kept.push(block);
-        }
-        per_chunk.push(ChunkFigures {
-            ppl: ((nll_sum - chunk_nll) / scored_per_chunk as f64).exp(),
-            kld_mean: base.map(|_| (kl_sum - chunk_kl) / scored_per_chunk as f64),
-            seconds: chunk_start.elapsed().as_secs_f64(),
+    Ok((tokens, n_chunks))
+}
+
+/// The base's saved logits were made with the same `-c`, vocabulary and tokens.
+fn check_base(b: &ScoredLogits, ctx: usize, vocab: usize, tokens: &[u32]) -> Result<()> {
+    if b.ctx != ctx
+        || b.vocab != vocab
+        || b.tokens.len() < tokens.len()
+        || b.tokens[..tokens.len()] != tokens[..]
+    {
+        return Err(VerifyError::BadLogits {
+            path: "--kl-base".into(),
+            reason: format!(
+                "the base logits were made with -c {} on {} tokens (vocab {}); this run uses -c {ctx} on {} tokens (vocab {vocab}) of a different tokenization — use the same text, -c and tokenizer",
+                b.ctx, b.tokens.len(), b.vocab, tokens.len()
+            ),
         });
-        progress.chunk(c + 1, n_chunks, (nll_sum / count as f64).exp());
     }
-    let mean = nll_sum / count as f64;
-    let var = (nll2_sum / count as f64 - mean * mean).max(0.0);
-    let nll_se = (var / (count as f64 - 1.0).max(1.0)).sqrt();
-    let ppl = mean.exp();
-    let seconds = start.elapsed().as_secs_f64();
-    let report = PerplexityReport {
-        model: file.label().to_string(),
-        text: text_path.display().to_string(),
-        ctx,
-        cache_type: opts.cache_type.name(),
-        chunks: n_chunks,
-        tokens_scored: count,
-        ppl,
-        ppl_stderr: ppl * nll_se,
-        kld_mean: base.map(|_| kl_sum / count as f64),
-        same_top_p: base.map(|_| same as f64 / count as f64),
-        base_ppl: base.map(|_| (base_nll_sum / count as f64).exp()),
-        tok_s: (n_chunks * ctx) as f64 / seconds,
-        per_chunk,
-        kld_positions,
-        gates: Vec::new(),
-    };
-    let kept = keep.then_some(ScoredLogits {
-        tokens,
-        ctx,
-        vocab,
-        chunks: kept,
-    });
-    Ok((report, kept))
+    Ok(())
+}
+
+/// Running sums over the scored positions, in text order.
+#[derive(Default)]
+struct Sums {
+    /// Negative log-likelihood, and its square.
+    nll: f64,
+    nll2: f64,
+    /// Positions scored.
+    count: usize,
+    /// KL(base ‖ model), with a base.
+    kl: f64,
+    /// Positions whose top token is the base's.
+    same: usize,
+    /// The base's negative log-likelihood.
+    base_nll: f64,
+    kld_positions: Vec<f32>,
+    per_chunk: Vec<ChunkFigures>,
+}
+
+impl Sums {
+    /// Score one position: this model's log-probabilities `logp`, the token that follows,
+    /// and the base's saved log-probabilities when comparing.
+    fn add(&mut self, logp: &[f32], next: usize, base_row: Option<&[f16]>) {
+        let nll = -(logp[next] as f64);
+        self.nll += nll;
+        self.nll2 += nll * nll;
+        self.count += 1;
+        if let Some(brow) = base_row {
+            let blogp: Vec<f32> = brow.iter().map(|v| v.to_f32()).collect();
+            let kl = kl_divergence(&blogp, logp);
+            self.kl += kl;
+            self.kld_positions.push(kl as f32);
+            self.same += usize::from(argmax(&blogp) == argmax(logp));
+            self.base_nll -= blogp[next] as f64;
+        }
+    }
+
+    /// The report of a run over `self.per_chunk.len()` chunks that took `seconds`.
+    fn report(
+        self,
+        file: &KilnFile,
+        text_path: &Path,
+        opts: &PerplexityOptions,
+        seconds: f64,
+        has_base: bool,
+    ) -> PerplexityReport {
+        let count = self.count;
+        let n_chunks = self.per_chunk.len();
+        let mean = self.nll / count as f64;
+        let var = (self.nll2 / count as f64 - mean * mean).max(0.0);
+        let nll_se = (var / (count as f64 - 1.0).max(1.0)).sqrt();
+        let ppl = mean.exp();
+        PerplexityReport {
+            model: file.label().to_string(),
+            text: text_path.display().to_string(),
+            ctx: opts.ctx,
+            cache_type: opts.cache_type.name(),
+            chunks: n_chunks,
+            tokens_scored: count,
+            ppl,
+            ppl_stderr: ppl * nll_se,
+            kld_mean: has_base.then(|| self.kl / count as f64),
+            same_top_p: has_base.then(|| self.same as f64 / count as f64),
+            base_ppl: has_base.then(|| (self.base_nll / count as f64).exp()),
+            tok_s: (n_chunks * opts.ctx) as f64 / seconds,
+            per_chunk: self.per_chunk,
+            kld_positions: self.kld_positions,
+            gates: Vec::new(),
+        }
+    }
 }
 
 impl ScoredLogits {

@@ -196,11 +196,18 @@ pub fn layers_html(r: &LayersReport) -> String {
     });
     body += &series(&cf, &cos, "#2a8a3a");
     body += "</svg>\n";
-    body += "<table><tr><th>#</th><th>activation</th><th>shape</th><th>NMSE</th>\
+    body += &layers_table(r);
+    page(&format!("kiln-verify layers {}", r.model), &body)
+}
+
+/// The table of every activation site's figures, and the tensors not compared.
+fn layers_table(r: &LayersReport) -> String {
+    let mut s = String::new();
+    s += "<table><tr><th>#</th><th>activation</th><th>shape</th><th>NMSE</th>\
              <th>cosine</th><th>max_abs</th><th>rms</th><th>top-1</th><th>result</th></tr>\n";
     for (i, e) in r.entries.iter().enumerate() {
         let _ = writeln!(
-            body,
+            s,
             "<tr{}><td>{i}</td><td>{}</td><td>{}×{}</td><td>{:.3e}</td><td>{:.9}</td>\
              <td>{:.3e}</td><td>{:.3e}</td><td>{}</td><td>{}</td></tr>",
             if e.pass { "" } else { " class=\"fail\"" },
@@ -215,15 +222,15 @@ pub fn layers_html(r: &LayersReport) -> String {
             if e.pass { "ok" } else { "FAIL" }
         );
     }
-    body += "</table>\n";
+    s += "</table>\n";
     if !r.not_compared.is_empty() {
         let _ = writeln!(
-            body,
+            s,
             "<p>Not compared: {}</p>",
             escape(&r.not_compared.join(", "))
         );
     }
-    page(&format!("kiln-verify layers {}", r.model), &body)
+    s
 }
 
 /// The `perplexity` page: perplexity (and mean KL-divergence) by chunk, the histogram of

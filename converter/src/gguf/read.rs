@@ -338,32 +338,57 @@ pub fn parse(file: &str, bytes: &[u8]) -> Result<GgufHeader> {
         bytes,
         pos: 0,
     };
-    let magic: [u8; 4] = c.array(&|| "the magic".into())?;
-    if magic != MAGIC {
-        return Err(ConvertError::GgufBadMagic {
-            file: file.to_string(),
-            found: format!("{magic:02x?}"),
-        });
-    }
-    let version = c.u32(&|| "the version".into())?;
-    if !SUPPORTED_VERSIONS.contains(&version) {
-        return Err(ConvertError::GgufVersion {
-            file: file.to_string(),
-            version,
-            byte_swapped: SUPPORTED_VERSIONS.contains(&version.swap_bytes()),
-        });
-    }
-    // Minimum bytes of one tensor-info record (name length, n_dims, type, offset) and of one
-    // key/value record (key length, type, a one-byte value).
-    const MIN_TENSOR_INFO: u64 = 8 + 4 + 4 + 8;
-    const MIN_KV: u64 = 8 + 4 + 1;
+    let version = read_version(&mut c)?;
     let n_tensors = c.u64(&|| "the tensor count".into())?;
     if n_tensors > MAX_TENSORS {
         return Err(c.limit("tensor count".into(), n_tensors, MAX_TENSORS));
     }
     let n_kv = c.count(&|| "the metadata count".into(), MAX_KV, MIN_KV)?;
     // The tensor count is checked against the bytes left after the metadata, below.
+    let metadata = read_metadata(&mut c, n_kv)?;
+    let alignment = alignment_of(file, &metadata)?;
+    let mut tensors = read_tensor_table(&mut c, n_tensors, alignment)?;
+    let data_offset = (c.pos as u64)
+        .checked_next_multiple_of(alignment)
+        .ok_or_else(|| c.malformed(c.pos, "data offset overflows"))?;
+    place_tensors(file, bytes.len() as u64, &mut tensors, data_offset)?;
+    check_no_overlap(file, &tensors)?;
+    Ok(GgufHeader {
+        version,
+        metadata,
+        tensors,
+        alignment,
+        data_offset,
+    })
+}
 
+// Minimum bytes of one tensor-info record (name length, n_dims, type, offset) and of one
+// key/value record (key length, type, a one-byte value).
+const MIN_TENSOR_INFO: u64 = 8 + 4 + 4 + 8;
+const MIN_KV: u64 = 8 + 4 + 1;
+
+/// The magic, then the version, which must be one this reader supports.
+fn read_version(c: &mut Cursor<'_>) -> Result<u32> {
+    let magic: [u8; 4] = c.array(&|| "the magic".into())?;
+    if magic != MAGIC {
+        return Err(ConvertError::GgufBadMagic {
+            file: c.file.to_string(),
+            found: format!("{magic:02x?}"),
+        });
+    }
+    let version = c.u32(&|| "the version".into())?;
+    if !SUPPORTED_VERSIONS.contains(&version) {
+        return Err(ConvertError::GgufVersion {
+            file: c.file.to_string(),
+            version,
+            byte_swapped: SUPPORTED_VERSIONS.contains(&version.swap_bytes()),
+        });
+    }
+    Ok(version)
+}
+
+/// `n_kv` key/value records, each key unique.
+fn read_metadata(c: &mut Cursor<'_>, n_kv: u64) -> Result<Vec<(String, Value)>> {
     let mut metadata: Vec<(String, Value)> = Vec::new();
     let mut keys = HashSet::new();
     for i in 0..n_kv {
@@ -376,89 +401,112 @@ pub fn parse(file: &str, bytes: &[u8]) -> Result<GgufHeader> {
         }
         metadata.push((key, value));
     }
+    Ok(metadata)
+}
 
-    let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
-        None => DEFAULT_ALIGNMENT,
+/// `general.alignment` (a u32 power of two up to [`MAX_ALIGNMENT`]), or GGUF's default.
+fn alignment_of(file: &str, metadata: &[(String, Value)]) -> Result<u64> {
+    match metadata.iter().find(|(k, _)| k == "general.alignment") {
+        None => Ok(DEFAULT_ALIGNMENT),
         Some((_, Value::U32(a))) if a.is_power_of_two() && u64::from(*a) <= MAX_ALIGNMENT => {
-            u64::from(*a)
+            Ok(u64::from(*a))
         }
-        Some((_, v)) => {
-            return Err(ConvertError::GgufKey {
-                file: file.to_string(),
-                key: "general.alignment".into(),
-                reason: format!("expected a u32 power of two up to {MAX_ALIGNMENT}, found {v:?}"),
-            })
-        }
-    };
+        Some((_, v)) => Err(ConvertError::GgufKey {
+            file: file.to_string(),
+            key: "general.alignment".into(),
+            reason: format!("expected a u32 power of two up to {MAX_ALIGNMENT}, found {v:?}"),
+        }),
+    }
+}
 
+/// The tensor table: `n_tensors` records (bounded first by the bytes left), names unique,
+/// offsets relative to the data section.
+fn read_tensor_table(
+    c: &mut Cursor<'_>,
+    n_tensors: u64,
+    alignment: u64,
+) -> Result<Vec<GgufTensor>> {
+    let file = c.file;
     if n_tensors.saturating_mul(MIN_TENSOR_INFO) > c.left() {
         return Err(ConvertError::GgufTruncated {
             file: file.to_string(),
             what: format!("the tensor table ({n_tensors} tensors declared)"),
             offset: c.pos as u64,
             need: n_tensors.saturating_mul(MIN_TENSOR_INFO),
-            len: bytes.len() as u64,
+            len: c.bytes.len() as u64,
         });
     }
     let mut tensors = Vec::with_capacity(n_tensors as usize);
     let mut names = HashSet::new();
     for i in 0..n_tensors {
-        let name = c.string(&|| format!("name of tensor #{i}"), MAX_TENSOR_NAME)?;
-        let n_dims = c.u32(&|| format!("dimension count of tensor `{name}`"))?;
-        if n_dims > MAX_DIMS {
+        let t = read_tensor_info(c, i, alignment)?;
+        if !names.insert(t.name.clone()) {
             return Err(tensor_error(
                 file,
-                &name,
-                format!("{n_dims} dimensions, GGML allows at most {MAX_DIMS}"),
-            ));
-        }
-        let mut dims = Vec::with_capacity(n_dims as usize);
-        for d in 0..n_dims {
-            let v = c.u64(&|| format!("dimension {d} of tensor `{name}`"))?;
-            if v > i64::MAX as u64 {
-                return Err(tensor_error(
-                    file,
-                    &name,
-                    format!("dimension {d} is {v}, negative as GGML's int64"),
-                ));
-            }
-            dims.push(v);
-        }
-        let type_id = c.u32(&|| format!("type of tensor `{name}`"))?;
-        let ggml_type = GgmlType::from_id(type_id)
-            .ok_or_else(|| tensor_error(file, &name, format!("unknown GGML type id {type_id}")))?;
-        let offset = c.u64(&|| format!("offset of tensor `{name}`"))?;
-        let len = ggml_type
-            .byte_len(&dims)
-            .map_err(|r| tensor_error(file, &name, r))?;
-        if !offset.is_multiple_of(alignment) {
-            return Err(tensor_error(
-                file,
-                &name,
-                format!("data offset {offset} is not a multiple of the alignment {alignment}"),
-            ));
-        }
-        if !names.insert(name.clone()) {
-            return Err(tensor_error(
-                file,
-                &name,
+                &t.name,
                 "the name appears twice in the tensor table",
             ));
         }
-        tensors.push(GgufTensor {
-            name,
-            dims,
-            ggml_type,
-            offset,
-            len,
-        });
+        tensors.push(t);
     }
+    Ok(tensors)
+}
 
-    let data_offset = (c.pos as u64)
-        .checked_next_multiple_of(alignment)
-        .ok_or_else(|| c.malformed(c.pos, "data offset overflows"))?;
-    let file_len = bytes.len() as u64;
-    for t in &mut tensors {
+/// Tensor record `i`: name, dimensions, GGML type and an aligned offset.
+fn read_tensor_info(c: &mut Cursor<'_>, i: u64, alignment: u64) -> Result<GgufTensor> {
+    let file = c.file;
+    let name = c.string(&|| format!("name of tensor #{i}"), MAX_TENSOR_NAME)?;
+    let n_dims = c.u32(&|| format!("dimension count of tensor `{name}`"))?;
+    if n_dims > MAX_DIMS {
+        return Err(tensor_error(
+            file,
+            &name,
+            format!("{n_dims} dimensions, GGML allows at most {MAX_DIMS}"),
+        ));
+    }
+    let mut dims = Vec::with_capacity(n_dims as usize);
+    for d in 0..n_dims {
+        let v = c.u64(&|| format!("dimension {d} of tensor `{name}`"))?;
+        if v > i64::MAX as u64 {
+            return Err(tensor_error(
+                file,
+                &name,
+                format!("dimension {d} is {v}, negative as GGML's int64"),
+            ));
+        }
+        dims.push(v);
+    }
+    let type_id = c.u32(&|| format!("type of tensor `{name}`"))?;
+    let ggml_type = GgmlType::from_id(type_id)
+        .ok_or_else(|| tensor_error(file, &name, format!("unknown GGML type id {type_id}")))?;
+    let offset = c.u64(&|| format!("offset of tensor `{name}`"))?;
+    let len = ggml_type
+        .byte_len(&dims)
+        .map_err(|r| tensor_error(file, &name, r))?;
+    if !offset.is_multiple_of(alignment) {
+        return Err(tensor_error(
+            file,
+            &name,
+            format!("data offset {offset} is not a multiple of the alignment {alignment}"),
+        ));
+    }
+    Ok(GgufTensor {
+        name,
+        dims,
+        ggml_type,
+        offset,
+        len,
+    })
+}
+
+/// Make each tensor's offset absolute, refusing data that lies outside the file.
+fn place_tensors(
+    file: &str,
+    file_len: u64,
+    tensors: &mut [GgufTensor],
+    data_offset: u64,
+) -> Result<()> {
+    for t in tensors {
         let start = data_offset.checked_add(t.offset);
         let end = start.and_then(|s| s.checked_add(t.len));
         match (start, end) {
@@ -475,6 +523,11 @@ pub fn parse(file: &str, bytes: &[u8]) -> Result<GgufHeader> {
             }
         }
     }
+    Ok(())
+}
+
+/// No two tensors' data overlap.
+fn check_no_overlap(file: &str, tensors: &[GgufTensor]) -> Result<()> {
     let mut order: Vec<&GgufTensor> = tensors.iter().filter(|t| t.len > 0).collect();
     order.sort_by_key(|t| t.offset);
     for w in order.windows(2) {
@@ -486,11 +539,5 @@ pub fn parse(file: &str, bytes: &[u8]) -> Result<GgufHeader> {
             ));
         }
     }
-    Ok(GgufHeader {
-        version,
-        metadata,
-        tensors,
-        alignment,
-        data_offset,
-    })
+    Ok(())
 }

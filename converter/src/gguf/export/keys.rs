@@ -91,6 +91,26 @@ pub fn config_metadata(arch: &str, c: &ModelConfig) -> Vec<(String, Value)> {
         }
         _ => {}
     }
+    kv.extend(rope_scaling_keys(arch, c));
+    // A decoder-based embedder (Qwen3-Embedding) is the decoder plus its pooling, as
+    // llama.cpp's converter writes one, and the rest of its embedding for Kiln's import.
+    if let Some(e) = &c.family.embedding {
+        kv.extend(embedding_keys(arch, e));
+        // EmbeddingGemma's projections, as llama.cpp's converter states them.
+        for (d, name) in e.dense.iter().zip(["dense_2", "dense_3"]) {
+            kv.push((k(&format!("{name}_feat_in")), u(d.in_features)));
+            kv.push((k(&format!("{name}_feat_out")), u(d.out_features)));
+        }
+    }
+    kv
+}
+
+/// The RoPE scaling's keys: llama.cpp's, and Kiln's own exact copy of what the factor tensors
+/// round.
+fn rope_scaling_keys(arch: &str, c: &ModelConfig) -> Vec<(String, Value)> {
+    let k = |s: &str| format!("{arch}.{s}");
+    let u = |v: u64| Value::U32(v.min(u64::from(u32::MAX)) as u32);
+    let mut kv = Vec::new();
     match &c.rope_scaling {
         Some(RopeScaling::Linear { factor }) => {
             kv.push((k("rope.scaling.type"), Value::Str("linear".into())));
@@ -123,16 +143,6 @@ pub fn config_metadata(arch: &str, c: &ModelConfig) -> Vec<(String, Value)> {
             ));
         }
         None => {}
-    }
-    // A decoder-based embedder (Qwen3-Embedding) is the decoder plus its pooling, as
-    // llama.cpp's converter writes one, and the rest of its embedding for Kiln's import.
-    if let Some(e) = &c.family.embedding {
-        kv.extend(embedding_keys(arch, e));
-        // EmbeddingGemma's projections, as llama.cpp's converter states them.
-        for (d, name) in e.dense.iter().zip(["dense_2", "dense_3"]) {
-            kv.push((k(&format!("{name}_feat_in")), u(d.in_features)));
-            kv.push((k(&format!("{name}_feat_out")), u(d.out_features)));
-        }
     }
     kv
 }

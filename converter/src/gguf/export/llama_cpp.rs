@@ -22,6 +22,38 @@ pub fn hard_wired_mismatch(c: &ModelConfig) -> Option<(&'static str, String)> {
     if !spec.gguf.hard_wired {
         return None;
     }
+    if let Some(m) = family_option_mismatch(c) {
+        return Some(m);
+    }
+    if let (GgufWindow::Absent, Some(w)) = (spec.gguf.window, c.sliding_window) {
+        return Some((
+            "sliding_window",
+            // (The families without a window are GLM's.)
+            format!("{w}: llama.cpp's GLM graphs attend over the whole context"),
+        ));
+    }
+    if let Some(m) = rope_scaling_mismatch(c) {
+        return Some(m);
+    }
+    // `phi3` and `chatglm` load the output projection as hidden × hidden.
+    let q = c.num_heads * c.head_dim;
+    if spec.gguf.square_attn_output && q != c.hidden_size {
+        return Some((
+            "head_dim",
+            format!(
+                "{} heads of {} make {q} query rows, but llama.cpp's graph for this family \
+                 needs them to equal hidden_size ({})",
+                c.num_heads, c.head_dim, c.hidden_size
+            ),
+        ));
+    }
+    None
+}
+
+/// The first family option of `c` that differs from what the family's llama.cpp graph
+/// assumes.
+fn family_option_mismatch(c: &ModelConfig) -> Option<(&'static str, String)> {
+    let spec = c.architecture.spec();
     let want = spec.options();
     let f = &c.family;
     // Each option beside the family's, both as Debug prints them (equal exactly when the values
@@ -50,60 +82,40 @@ pub fn hard_wired_mismatch(c: &ModelConfig) -> Option<(&'static str, String)> {
             show(&want.rope_pairing),
         ),
     ];
-    if let Some((field, found, want)) = fields.into_iter().find(|(_, a, b)| a != b) {
-        return Some((
-            field,
-            format!(
-                "{found}, where llama.cpp's graph for this family assumes {want} and no GGUF \
-                 key says otherwise"
-            ),
-        ));
-    }
-    if let (GgufWindow::Absent, Some(w)) = (spec.gguf.window, c.sliding_window) {
-        return Some((
-            "sliding_window",
-            // (The families without a window are GLM's.)
-            format!("{w}: llama.cpp's GLM graphs attend over the whole context"),
-        ));
-    }
+    let (field, found, want) = fields.into_iter().find(|(_, a, b)| a != b)?;
+    Some((
+        field,
+        format!(
+            "{found}, where llama.cpp's graph for this family assumes {want} and no GGUF \
+             key says otherwise"
+        ),
+    ))
+}
+
+/// A RoPE scaling whose factors llama.cpp does not read for this family.
+fn rope_scaling_mismatch(c: &ModelConfig) -> Option<(&'static str, String)> {
+    let spec = c.architecture.spec();
     match &c.rope_scaling {
-        Some(RopeScaling::Llama3 { .. }) => {
-            return Some((
-                "rope_scaling",
-                "Llama 3 scaling: llama.cpp reads its factors (`rope_freqs`) for Llama-family \
+        Some(RopeScaling::Llama3 { .. }) => Some((
+            "rope_scaling",
+            "Llama 3 scaling: llama.cpp reads its factors (`rope_freqs`) for Llama-family \
                  graphs only"
-                    .into(),
-            ))
-        }
-        Some(RopeScaling::LongRope { .. }) if !spec.longrope => {
-            return Some((
-                "rope_scaling",
-                format!(
-                    "LongRoPE: llama.cpp reads its factors for {} only",
-                    FAMILIES
-                        .iter()
-                        .filter(|s| s.longrope)
-                        .map(|s| format!("`{}`", s.gguf.name))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ))
-        }
-        _ => {}
-    }
-    // `phi3` and `chatglm` load the output projection as hidden × hidden.
-    let q = c.num_heads * c.head_dim;
-    if spec.gguf.square_attn_output && q != c.hidden_size {
-        return Some((
-            "head_dim",
+                .into(),
+        )),
+        Some(RopeScaling::LongRope { .. }) if !spec.longrope => Some((
+            "rope_scaling",
             format!(
-                "{} heads of {} make {q} query rows, but llama.cpp's graph for this family \
-                 needs them to equal hidden_size ({})",
-                c.num_heads, c.head_dim, c.hidden_size
+                "LongRoPE: llama.cpp reads its factors for {} only",
+                FAMILIES
+                    .iter()
+                    .filter(|s| s.longrope)
+                    .map(|s| format!("`{}`", s.gguf.name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
-        ));
+        )),
+        _ => None,
     }
-    None
 }
 
 /// The `general.architecture` an export writes: the family's graph, or, for a decoder family

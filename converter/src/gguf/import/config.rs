@@ -622,31 +622,7 @@ fn longrope_scaling(
             });
         }
     };
-    let pairs = rotary_dim / 2;
-    let factors = |t: &GgufTensor| -> Result<Vec<f64>> {
-        let bad = |reason: String| ConvertError::GgufTensor {
-            file: file.into(),
-            tensor: t.name.clone(),
-            reason,
-        };
-        if t.dims != [pairs] {
-            return Err(bad(format!(
-                "shape {:?}, but the {rotary_dim} rotated elements of a head make {pairs} pairs",
-                t.shape()
-            )));
-        }
-        let mut x = Vec::new();
-        dequantize(
-            t.ggml_type,
-            super::super::read::tensor_bytes(bytes, t),
-            &mut x,
-        )
-        .ok_or_else(|| bad(format!("cannot decode {} factors", t.ggml_type.name)))?;
-        if let Some(v) = x.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
-            return Err(bad(format!("{v} is not a positive factor")));
-        }
-        Ok(x.into_iter().map(f64::from).collect())
-    };
+    let factors = |t: &GgufTensor| longrope_factors(file, bytes, t, rotary_dim);
     let (long_factor, short_factor) = (factors(long)?, factors(short)?);
     let orig_key = format!("{}.rope.scaling.original_context_length", k.arch);
     let original_max_position_embeddings = k
@@ -664,9 +640,47 @@ fn longrope_scaling(
         original_max_position_embeddings,
         attention_factor,
     };
-    let Some(stored) = h.get("kiln.rope_scaling") else {
-        return Ok(Some(from_tensors));
+    match h.get("kiln.rope_scaling") {
+        None => Ok(Some(from_tensors)),
+        Some(stored) => check_stored_longrope(k, stored, from_tensors, &orig_key).map(Some),
+    }
+}
+
+/// One LongRoPE factor tensor: one positive, finite factor per rotated pair.
+fn longrope_factors(file: &str, bytes: &[u8], t: &GgufTensor, rotary_dim: u64) -> Result<Vec<f64>> {
+    let pairs = rotary_dim / 2;
+    let bad = |reason: String| ConvertError::GgufTensor {
+        file: file.into(),
+        tensor: t.name.clone(),
+        reason,
     };
+    if t.dims != [pairs] {
+        return Err(bad(format!(
+            "shape {:?}, but the {rotary_dim} rotated elements of a head make {pairs} pairs",
+            t.shape()
+        )));
+    }
+    let mut x = Vec::new();
+    dequantize(
+        t.ggml_type,
+        super::super::read::tensor_bytes(bytes, t),
+        &mut x,
+    )
+    .ok_or_else(|| bad(format!("cannot decode {} factors", t.ggml_type.name)))?;
+    if let Some(v) = x.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
+        return Err(bad(format!("{v} is not a positive factor")));
+    }
+    Ok(x.into_iter().map(f64::from).collect())
+}
+
+/// The exact scaling Kiln stored (`kiln.rope_scaling`), kept when it agrees, at f32, with what
+/// llama.cpp reads (`from_tensors`); a disagreement is refused.
+fn check_stored_longrope(
+    k: &Keys,
+    stored: &Value,
+    from_tensors: RopeScaling,
+    orig_key: &str,
+) -> Result<RopeScaling> {
     let parsed = stored
         .as_str()
         .and_then(|s| serde_json::from_str::<RopeScaling>(s).ok());
@@ -685,7 +699,7 @@ fn longrope_scaling(
         _ => None,
     };
     match parsed {
-        Some(p) if as_f32(&p).is_some() && as_f32(&p) == as_f32(&from_tensors) => Ok(Some(p)),
+        Some(p) if as_f32(&p).is_some() && as_f32(&p) == as_f32(&from_tensors) => Ok(p),
         _ => Err(k.err(
             "kiln.rope_scaling",
             format!(

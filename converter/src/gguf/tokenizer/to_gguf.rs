@@ -31,6 +31,68 @@ pub fn to_gguf(
         let kv = super::wordpiece::to_gguf(file, &tj, &tok.special_tokens, config.vocab_size)?;
         return Ok((kv, notices));
     }
+    let sentencepiece = is_sentencepiece_bpe(file, &tj, config)?;
+    let (strings, types) = vocabulary(file, &tj, config.vocab_size, &mut notices)?;
+    let merges = merges(file, model)?;
+    let pre = match tj.get("pre_tokenizer").and_then(recognise_pre) {
+        Some(p) => p,
+        None if sentencepiece => "default",
+        None => {
+            notices.push(
+                "pre-tokenizer not recognised; written as \"default\" (GPT-2's split), which \
+                 llama.cpp may tokenize differently from the original"
+                    .into(),
+            );
+            "default"
+        }
+    };
+    let id_of = |role: &str| -> Option<u32> {
+        let s = tok.special_tokens.get(role)?;
+        strings.iter().position(|t| t == s).map(|i| i as u32)
+    };
+    let mut kv = if sentencepiece {
+        let (scores, types, notice) = sentencepiece_scores(&strings, types, &merges);
+        notices.extend(notice);
+        sentencepiece_vocabulary_keys(pre, strings.clone(), scores, types)
+    } else {
+        bpe_vocabulary_keys(pre, strings.clone(), types, merges)
+    };
+    let bos = config.bos_token_id.or_else(|| id_of("bos_token"));
+    let eos = config
+        .eos_token_ids
+        .first()
+        .copied()
+        .or_else(|| id_of("eos_token"));
+    let (eos, add_eos) = appended_eos(file, &tj, &strings, eos, config, &mut notices)?;
+    for (key, id) in [
+        ("tokenizer.ggml.bos_token_id", bos),
+        ("tokenizer.ggml.eos_token_id", eos),
+        ("tokenizer.ggml.unknown_token_id", id_of("unk_token")),
+        ("tokenizer.ggml.padding_token_id", id_of("pad_token")),
+    ] {
+        if let Some(id) = id {
+            kv.push((key.into(), Value::U32(id)));
+        }
+    }
+    let add_bos = tok.add_bos_token.unwrap_or_else(|| {
+        // No explicit flag: a template post-processor that starts with a special token adds it.
+        tj.pointer("/post_processor/single/0/SpecialToken")
+            .is_some()
+    });
+    kv.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(add_bos)));
+    kv.push(("tokenizer.ggml.add_eos_token".into(), Value::Bool(add_eos)));
+    kv.push(("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false)));
+    if let Some(t) = &tok.chat_template {
+        kv.push(("tokenizer.chat_template".into(), Value::Str(t.clone())));
+    }
+    Ok((kv, notices))
+}
+
+/// Whether a (non-WordPiece) tokenizer is written as a SentencePiece vocabulary (true) or as
+/// byte-level BPE (false); anything else is refused.
+fn is_sentencepiece_bpe(file: &str, tj: &Json, config: &ModelConfig) -> Result<bool> {
+    let model = tj.get("model").unwrap_or(&Json::Null);
+    let model_type = model.get("type").and_then(Json::as_str).unwrap_or("?");
     let byte_level = has_byte_level(tj.get("pre_tokenizer").unwrap_or(&Json::Null))
         || has_byte_level(tj.get("decoder").unwrap_or(&Json::Null));
     // Gemma's: BPE over `▁`-spelled text with byte fallback, written as llama.cpp's
@@ -56,7 +118,20 @@ pub fn to_gguf(
             ),
         ));
     }
-    let vocab = model
+    Ok(sentencepiece)
+}
+
+/// Every token's text and GGUF type by id: the model's vocabulary, then the added tokens, with
+/// the ids up to `vocab_size` the tokenizer does not define padded (and a notice saying so).
+fn vocabulary(
+    file: &str,
+    tj: &Json,
+    vocab_size: u64,
+    notices: &mut Vec<String>,
+) -> Result<(Vec<String>, Vec<i32>)> {
+    let vocab = tj
+        .get("model")
+        .unwrap_or(&Json::Null)
         .get("vocab")
         .and_then(Json::as_object)
         .ok_or_else(|| unsupported(file, "tokenizer.json model.vocab is not an object"))?;
@@ -99,7 +174,28 @@ pub fn to_gguf(
         };
         put(max_id(id)?, content, ty);
     }
-    let n = tokens.len().max(config.vocab_size as usize);
+    let (strings, types) = pad_undefined(tokens, vocab_size, notices);
+    if strings.len() as u64 > vocab_size {
+        return Err(unsupported(
+            file,
+            format!(
+                "the tokenizer defines {} tokens, more than the model's vocab_size {}",
+                strings.len(),
+                vocab_size
+            ),
+        ));
+    }
+    Ok((strings, types))
+}
+
+/// The tokens up to `vocab_size`, the ids the tokenizer does not define written as
+/// `[PAD<id>]` of type unused (with a notice saying how many).
+fn pad_undefined(
+    mut tokens: Vec<Option<(String, i32)>>,
+    vocab_size: u64,
+    notices: &mut Vec<String>,
+) -> (Vec<String>, Vec<i32>) {
+    let n = tokens.len().max(vocab_size as usize);
     tokens.resize(n, None);
     let mut padded = 0usize;
     let (strings, types): (Vec<String>, Vec<i32>) = tokens
@@ -117,17 +213,12 @@ pub fn to_gguf(
             "{padded} token id(s) the tokenizer does not define written as [PAD<id>] (unused)"
         ));
     }
-    if strings.len() as u64 > config.vocab_size {
-        return Err(unsupported(
-            file,
-            format!(
-                "the tokenizer defines {} tokens, more than the model's vocab_size {}",
-                strings.len(),
-                config.vocab_size
-            ),
-        ));
-    }
-    let merges = model
+    (strings, types)
+}
+
+/// The BPE merges as GGUF spells them (`"a b"`), from either of `tokenizer.json`'s spellings.
+fn merges(file: &str, model: &Json) -> Result<Vec<String>> {
+    model
         .get("merges")
         .and_then(Json::as_array)
         .map(Vec::as_slice)
@@ -142,73 +233,75 @@ pub fn to_gguf(
             _ => None,
         })
         .collect::<Option<Vec<String>>>()
-        .ok_or_else(|| unsupported(file, "tokenizer.json has a malformed merge"))?;
+        .ok_or_else(|| unsupported(file, "tokenizer.json has a malformed merge"))
+}
 
-    let pre = match tj.get("pre_tokenizer").and_then(recognise_pre) {
-        Some(p) => p,
-        None if sentencepiece => "default",
-        None => {
-            notices.push(
-                "pre-tokenizer not recognised; written as \"default\" (GPT-2's split), which \
-                 llama.cpp may tokenize differently from the original"
-                    .into(),
-            );
-            "default"
-        }
-    };
-    let id_of = |role: &str| -> Option<u32> {
-        let s = tok.special_tokens.get(role)?;
-        strings.iter().position(|t| t == s).map(|i| i as u32)
-    };
-    let mut kv: Vec<(String, Value)> = if sentencepiece {
-        let (scores, types, notice) = sentencepiece_scores(&strings, types, &merges);
-        notices.extend(notice);
-        vec![
-            ("tokenizer.ggml.model".into(), Value::Str("llama".into())),
-            ("tokenizer.ggml.pre".into(), Value::Str(pre.into())),
-            (
-                "tokenizer.ggml.tokens".into(),
-                Value::Array(Array::Str(strings.clone())),
-            ),
-            (
-                "tokenizer.ggml.scores".into(),
-                Value::Array(Array::F32(scores)),
-            ),
-            (
-                "tokenizer.ggml.token_type".into(),
-                Value::Array(Array::I32(types)),
-            ),
-        ]
-    } else {
-        vec![
-            ("tokenizer.ggml.model".into(), Value::Str("gpt2".into())),
-            ("tokenizer.ggml.pre".into(), Value::Str(pre.into())),
-            (
-                "tokenizer.ggml.tokens".into(),
-                Value::Array(Array::Str(strings.clone())),
-            ),
-            (
-                "tokenizer.ggml.token_type".into(),
-                Value::Array(Array::I32(types)),
-            ),
-            (
-                "tokenizer.ggml.merges".into(),
-                Value::Array(Array::Str(merges)),
-            ),
-        ]
-    };
-    let bos = config.bos_token_id.or_else(|| id_of("bos_token"));
-    let mut eos = config
-        .eos_token_ids
-        .first()
-        .copied()
-        .or_else(|| id_of("eos_token"));
-    // A template that puts a special token after the text (Qwen3-Embedding's `<|endoftext|>`)
-    // is GGUF's `add_eos_token`, which llama.cpp and Kiln's import both honour: that token
-    // must then be the EOS. An embedding model does not generate, so its EOS becomes the
-    // appended token; a decoder whose EOS (where generation stops) is another token is
-    // refused rather than written with either meaning lost.
-    let add_eos = match appended_token(&tj) {
+/// The vocabulary keys of llama.cpp's SentencePiece (`llama`) tokenizer.
+fn sentencepiece_vocabulary_keys(
+    pre: &str,
+    strings: Vec<String>,
+    scores: Vec<f32>,
+    types: Vec<i32>,
+) -> Vec<(String, Value)> {
+    vec![
+        ("tokenizer.ggml.model".into(), Value::Str("llama".into())),
+        ("tokenizer.ggml.pre".into(), Value::Str(pre.into())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(Array::Str(strings)),
+        ),
+        (
+            "tokenizer.ggml.scores".into(),
+            Value::Array(Array::F32(scores)),
+        ),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(Array::I32(types)),
+        ),
+    ]
+}
+
+/// The vocabulary keys of llama.cpp's byte-level BPE (`gpt2`) tokenizer.
+fn bpe_vocabulary_keys(
+    pre: &str,
+    strings: Vec<String>,
+    types: Vec<i32>,
+    merges: Vec<String>,
+) -> Vec<(String, Value)> {
+    vec![
+        ("tokenizer.ggml.model".into(), Value::Str("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::Str(pre.into())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(Array::Str(strings)),
+        ),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(Array::I32(types)),
+        ),
+        (
+            "tokenizer.ggml.merges".into(),
+            Value::Array(Array::Str(merges)),
+        ),
+    ]
+}
+
+/// The EOS to write and whether GGUF's `add_eos_token` is set.
+///
+/// A template that puts a special token after the text (Qwen3-Embedding's `<|endoftext|>`)
+/// is GGUF's `add_eos_token`, which llama.cpp and Kiln's import both honour: that token
+/// must then be the EOS. An embedding model does not generate, so its EOS becomes the
+/// appended token; a decoder whose EOS (where generation stops) is another token is
+/// refused rather than written with either meaning lost.
+fn appended_eos(
+    file: &str,
+    tj: &Json,
+    strings: &[String],
+    mut eos: Option<u32>,
+    config: &ModelConfig,
+    notices: &mut Vec<String>,
+) -> Result<(Option<u32>, bool)> {
+    let add_eos = match appended_token(tj) {
         Appended::Nothing => false,
         Appended::Other(why) => {
             let why = format!("the tokenizer's post-processor {why}, which GGUF cannot state");
@@ -244,28 +337,7 @@ pub fn to_gguf(
             true
         }
     };
-    for (key, id) in [
-        ("tokenizer.ggml.bos_token_id", bos),
-        ("tokenizer.ggml.eos_token_id", eos),
-        ("tokenizer.ggml.unknown_token_id", id_of("unk_token")),
-        ("tokenizer.ggml.padding_token_id", id_of("pad_token")),
-    ] {
-        if let Some(id) = id {
-            kv.push((key.into(), Value::U32(id)));
-        }
-    }
-    let add_bos = tok.add_bos_token.unwrap_or_else(|| {
-        // No explicit flag: a template post-processor that starts with a special token adds it.
-        tj.pointer("/post_processor/single/0/SpecialToken")
-            .is_some()
-    });
-    kv.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(add_bos)));
-    kv.push(("tokenizer.ggml.add_eos_token".into(), Value::Bool(add_eos)));
-    kv.push(("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false)));
-    if let Some(t) = &tok.chat_template {
-        kv.push(("tokenizer.chat_template".into(), Value::Str(t.clone())));
-    }
-    Ok((kv, notices))
+    Ok((eos, add_eos))
 }
 
 /// What a `tokenizer.json`'s post-processor puts after a single text.

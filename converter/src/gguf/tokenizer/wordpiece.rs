@@ -34,29 +34,7 @@ pub(super) fn from_gguf<'h>(
         v => return Err(wrong(file, tokens_key, v, "an array of strings")),
     };
     let types = super::from_gguf::token_types(file, get, tokens)?;
-    // A default outside this vocabulary counts as absent.
-    let id = |k: &str, default: Option<u32>| -> Result<Option<u32>> {
-        match get(k) {
-            None => Ok(default.filter(|&d| (d as usize) < tokens.len())),
-            Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
-                Some(n) if (n as usize) < tokens.len() => Ok(Some(n)),
-                _ => Err(wrong(file, k, v, "a token id inside the vocabulary")),
-            },
-        }
-    };
-    // llama.cpp's defaults for a `bert` vocabulary when the file leaves a key out.
-    let cls = id("tokenizer.ggml.bos_token_id", Some(101))?;
-    let sep = id("tokenizer.ggml.seperator_token_id", Some(102))?
-        .or(id("tokenizer.ggml.eos_token_id", None)?);
-    let unk = id("tokenizer.ggml.unknown_token_id", Some(100))?;
-    let pad = id("tokenizer.ggml.padding_token_id", Some(0))?;
-    let mask = id("tokenizer.ggml.mask_token_id", Some(103))?;
-    let (Some(cls), Some(sep), Some(unk)) = (cls, sep, unk) else {
-        return Err(unsupported(
-            file,
-            "a bert vocabulary needs [CLS], [SEP] and [UNK] ids",
-        ));
-    };
+    let ids = BertIds::from_gguf(file, get, tokens.len())?;
     let lowercase = match get("tokenizer.ggml.normalizer.lowercase") {
         None => true,
         Some(Value::Bool(b)) => *b,
@@ -69,58 +47,18 @@ pub(super) fn from_gguf<'h>(
             ))
         }
     };
-    let mut vocab = Map::new();
-    let mut added = Vec::new();
-    for (i, (t, &ty)) in tokens.iter().zip(&types).enumerate() {
-        let spelled = if ty == token_type::CONTROL {
-            added.push(
-                json!({"id": i, "content": t, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": true}),
-            );
-            t.clone()
-        } else if let Some(word) = t.strip_prefix(PHANTOM) {
-            word.to_string()
-        } else {
-            format!("{CONTINUATION}{t}")
-        };
-        if vocab.insert(spelled.clone(), json!(i)).is_some() {
-            return Err(unsupported(
-                file,
-                format!("token {i} (`{t}`) spells `{spelled}`, as an earlier token does"),
-            ));
-        }
-    }
+    let (vocab, added) = wordpiece_vocabulary(file, tokens, &types)?;
     let name = |i: u32| tokens[i as usize].clone();
-    let (cls_s, sep_s, unk_s) = (name(cls), name(sep), name(unk));
-    let tokenizer = json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added,
-        "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true,
-            "strip_accents": null, "lowercase": lowercase},
-        "pre_tokenizer": {"type": "BertPreTokenizer"},
-        "post_processor": {"type": "TemplateProcessing",
-            "single": [{"SpecialToken": {"id": cls_s, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                       {"SpecialToken": {"id": sep_s, "type_id": 0}}],
-            "pair": [{"SpecialToken": {"id": cls_s, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                     {"SpecialToken": {"id": sep_s, "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}},
-                     {"SpecialToken": {"id": sep_s, "type_id": 1}}],
-            "special_tokens": {
-                cls_s.clone(): {"id": cls_s, "ids": [cls], "tokens": [cls_s]},
-                sep_s.clone(): {"id": sep_s, "ids": [sep], "tokens": [sep_s]}}},
-        "decoder": {"type": "WordPiece", "prefix": CONTINUATION, "cleanup": true},
-        "model": {"type": "WordPiece", "unk_token": unk_s, "continuing_subword_prefix": CONTINUATION,
-            "max_input_chars_per_word": 100, "vocab": vocab},
-    });
+    let tokenizer = bert_tokenizer_json(tokens, &ids, vocab, added, lowercase);
+    let (cls_s, sep_s, unk_s) = (name(ids.cls), name(ids.sep), name(ids.unk));
     let mut special_tokens = BTreeMap::new();
     special_tokens.insert("cls_token".to_string(), cls_s.clone());
     special_tokens.insert("sep_token".to_string(), sep_s.clone());
     special_tokens.insert("unk_token".to_string(), unk_s.clone());
-    if let Some(p) = pad {
+    if let Some(p) = ids.pad {
         special_tokens.insert("pad_token".to_string(), name(p));
     }
-    if let Some(m) = mask {
+    if let Some(m) = ids.mask {
         special_tokens.insert("mask_token".to_string(), name(m));
     }
     let mut config = Map::new();
@@ -142,6 +80,121 @@ pub(super) fn from_gguf<'h>(
     })
 }
 
+/// The special tokens of a `bert` vocabulary, by id.
+struct BertIds {
+    cls: u32,
+    sep: u32,
+    unk: u32,
+    pad: Option<u32>,
+    mask: Option<u32>,
+}
+
+impl BertIds {
+    /// The ids the GGUF keys give, or llama.cpp's defaults for a `bert` vocabulary when the
+    /// file leaves a key out; [CLS], [SEP] and [UNK] are required.
+    fn from_gguf<'h>(
+        file: &str,
+        get: &dyn Fn(&str) -> Option<&'h Value>,
+        n_tokens: usize,
+    ) -> Result<BertIds> {
+        // A default outside this vocabulary counts as absent.
+        let id = |k: &str, default: Option<u32>| -> Result<Option<u32>> {
+            match get(k) {
+                None => Ok(default.filter(|&d| (d as usize) < n_tokens)),
+                Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+                    Some(n) if (n as usize) < n_tokens => Ok(Some(n)),
+                    _ => Err(wrong(file, k, v, "a token id inside the vocabulary")),
+                },
+            }
+        };
+        let cls = id("tokenizer.ggml.bos_token_id", Some(101))?;
+        let sep = id("tokenizer.ggml.seperator_token_id", Some(102))?
+            .or(id("tokenizer.ggml.eos_token_id", None)?);
+        let unk = id("tokenizer.ggml.unknown_token_id", Some(100))?;
+        let pad = id("tokenizer.ggml.padding_token_id", Some(0))?;
+        let mask = id("tokenizer.ggml.mask_token_id", Some(103))?;
+        let (Some(cls), Some(sep), Some(unk)) = (cls, sep, unk) else {
+            return Err(unsupported(
+                file,
+                "a bert vocabulary needs [CLS], [SEP] and [UNK] ids",
+            ));
+        };
+        Ok(BertIds {
+            cls,
+            sep,
+            unk,
+            pad,
+            mask,
+        })
+    }
+}
+
+/// The WordPiece vocabulary (a word start without `▁`, a continuation with `##`) and the
+/// added special tokens; two tokens spelled alike are refused.
+fn wordpiece_vocabulary(
+    file: &str,
+    tokens: &[String],
+    types: &[i32],
+) -> Result<(Map<String, Json>, Vec<Json>)> {
+    let mut vocab = Map::new();
+    let mut added = Vec::new();
+    for (i, (t, &ty)) in tokens.iter().zip(types).enumerate() {
+        let spelled = if ty == token_type::CONTROL {
+            added.push(
+                json!({"id": i, "content": t, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true}),
+            );
+            t.clone()
+        } else if let Some(word) = t.strip_prefix(PHANTOM) {
+            word.to_string()
+        } else {
+            format!("{CONTINUATION}{t}")
+        };
+        if vocab.insert(spelled.clone(), json!(i)).is_some() {
+            return Err(unsupported(
+                file,
+                format!("token {i} (`{t}`) spells `{spelled}`, as an earlier token does"),
+            ));
+        }
+    }
+    Ok((vocab, added))
+}
+
+/// BERT's `tokenizer.json`: its normalizer and pre-tokenizer, `[CLS] A [SEP]` templates and
+/// the WordPiece model.
+fn bert_tokenizer_json(
+    tokens: &[String],
+    ids: &BertIds,
+    vocab: Map<String, Json>,
+    added: Vec<Json>,
+    lowercase: bool,
+) -> Json {
+    let name = |i: u32| tokens[i as usize].clone();
+    let (cls, sep) = (ids.cls, ids.sep);
+    let (cls_s, sep_s, unk_s) = (name(cls), name(sep), name(ids.unk));
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true,
+            "strip_accents": null, "lowercase": lowercase},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+        "post_processor": {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": cls_s, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                       {"SpecialToken": {"id": sep_s, "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": cls_s, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": sep_s, "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}},
+                     {"SpecialToken": {"id": sep_s, "type_id": 1}}],
+            "special_tokens": {
+                cls_s.clone(): {"id": cls_s, "ids": [cls], "tokens": [cls_s]},
+                sep_s.clone(): {"id": sep_s, "ids": [sep], "tokens": [sep_s]}}},
+        "decoder": {"type": "WordPiece", "prefix": CONTINUATION, "cleanup": true},
+        "model": {"type": "WordPiece", "unk_token": unk_s, "continuing_subword_prefix": CONTINUATION,
+            "max_input_chars_per_word": 100, "vocab": vocab},
+    })
+}
+
 /// A Hugging Face WordPiece `tokenizer.json` (`tj`) as GGUF `tokenizer.ggml.*` keys, spelled as
 /// llama.cpp's converter spells them. `special` names the roles (`cls_token`, `sep_token`, …).
 pub(super) fn to_gguf(
@@ -150,8 +203,63 @@ pub(super) fn to_gguf(
     special: &BTreeMap<String, String>,
     vocab_size: u64,
 ) -> Result<Vec<(String, Value)>> {
-    let model = &tj["model"];
-    if model
+    check_bert_wordpiece(file, tj)?;
+    let lowercase = tj
+        .pointer("/normalizer/lowercase")
+        .and_then(Json::as_bool)
+        .unwrap_or(true);
+    let vocab = tj["model"]
+        .get("vocab")
+        .and_then(Json::as_object)
+        .ok_or_else(|| unsupported(file, "tokenizer.json model.vocab is not an object"))?;
+    let (tokens, types) = gguf_vocabulary(file, tj, vocab, vocab_size)?;
+    let id_of = |role: &str| -> Option<u32> {
+        let s = special.get(role)?;
+        vocab.get(s).and_then(Json::as_u64).map(|i| i as u32)
+    };
+    let mut kv = vec![
+        (
+            "tokenizer.ggml.model".to_string(),
+            Value::Str("bert".into()),
+        ),
+        (
+            "tokenizer.ggml.pre".to_string(),
+            Value::Str("default".into()),
+        ),
+        (
+            "tokenizer.ggml.tokens".to_string(),
+            Value::Array(Array::Str(tokens)),
+        ),
+        (
+            "tokenizer.ggml.token_type".to_string(),
+            Value::Array(Array::I32(types)),
+        ),
+    ];
+    for (k, role) in [
+        ("tokenizer.ggml.bos_token_id", "cls_token"),
+        ("tokenizer.ggml.eos_token_id", "sep_token"),
+        ("tokenizer.ggml.seperator_token_id", "sep_token"),
+        ("tokenizer.ggml.unknown_token_id", "unk_token"),
+        ("tokenizer.ggml.padding_token_id", "pad_token"),
+        ("tokenizer.ggml.mask_token_id", "mask_token"),
+    ] {
+        if let Some(id) = id_of(role) {
+            kv.push((k.to_string(), Value::U32(id)));
+        }
+    }
+    kv.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(true)));
+    kv.push(("tokenizer.ggml.add_eos_token".into(), Value::Bool(true)));
+    kv.push((
+        "tokenizer.ggml.normalizer.lowercase".into(),
+        Value::Bool(lowercase),
+    ));
+    Ok(kv)
+}
+
+/// GGUF's `bert` tokenizer is BERT's: `##` continuations, the BertNormalizer and the
+/// BertPreTokenizer; any other WordPiece tokenizer is refused.
+fn check_bert_wordpiece(file: &str, tj: &Json) -> Result<()> {
+    if tj["model"]
         .get("continuing_subword_prefix")
         .and_then(Json::as_str)
         != Some(CONTINUATION)
@@ -170,14 +278,17 @@ pub(super) fn to_gguf(
              BertNormalizer and BertPreTokenizer",
         ));
     }
-    let lowercase = tj
-        .pointer("/normalizer/lowercase")
-        .and_then(Json::as_bool)
-        .unwrap_or(true);
-    let vocab = model
-        .get("vocab")
-        .and_then(Json::as_object)
-        .ok_or_else(|| unsupported(file, "tokenizer.json model.vocab is not an object"))?;
+    Ok(())
+}
+
+/// The `vocab_size` tokens as GGUF spells them (a word start after `▁`, a continuation
+/// without `##`, a special token as it is) with their types.
+fn gguf_vocabulary(
+    file: &str,
+    tj: &Json,
+    vocab: &Map<String, Json>,
+    vocab_size: u64,
+) -> Result<(Vec<String>, Vec<i32>)> {
     let n = usize::try_from(vocab_size).unwrap_or(usize::MAX);
     let mut tokens: Vec<Option<String>> = vec![None; n.min(1 << 24)];
     let control: Vec<&str> = tj
@@ -223,47 +334,7 @@ pub(super) fn to_gguf(
             })
         })
         .collect();
-    let id_of = |role: &str| -> Option<u32> {
-        let s = special.get(role)?;
-        vocab.get(s).and_then(Json::as_u64).map(|i| i as u32)
-    };
-    let mut kv = vec![
-        (
-            "tokenizer.ggml.model".to_string(),
-            Value::Str("bert".into()),
-        ),
-        (
-            "tokenizer.ggml.pre".to_string(),
-            Value::Str("default".into()),
-        ),
-        (
-            "tokenizer.ggml.tokens".to_string(),
-            Value::Array(Array::Str(tokens)),
-        ),
-        (
-            "tokenizer.ggml.token_type".to_string(),
-            Value::Array(Array::I32(types)),
-        ),
-    ];
-    for (k, role) in [
-        ("tokenizer.ggml.bos_token_id", "cls_token"),
-        ("tokenizer.ggml.eos_token_id", "sep_token"),
-        ("tokenizer.ggml.seperator_token_id", "sep_token"),
-        ("tokenizer.ggml.unknown_token_id", "unk_token"),
-        ("tokenizer.ggml.padding_token_id", "pad_token"),
-        ("tokenizer.ggml.mask_token_id", "mask_token"),
-    ] {
-        if let Some(id) = id_of(role) {
-            kv.push((k.to_string(), Value::U32(id)));
-        }
-    }
-    kv.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(true)));
-    kv.push(("tokenizer.ggml.add_eos_token".into(), Value::Bool(true)));
-    kv.push((
-        "tokenizer.ggml.normalizer.lowercase".into(),
-        Value::Bool(lowercase),
-    ));
-    Ok(kv)
+    Ok((tokens, types))
 }
 
 #[cfg(test)]
