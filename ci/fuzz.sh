@@ -63,7 +63,7 @@ cargo fuzz run gguf "$scratch/gguf" fuzz/corpus/gguf -- \
     -max_total_time="$gguf_duration" -max_len=4096 -timeout=10 -print_final_stats=1
 # The template target's renderer child is the release kiln-run, as users run it. Its timeout
 # is above the child's own 20 s CPU limit, which ends a slow rendering as a reported error.
-cargo build --release -p kiln-runner --bin kiln-run
+cargo build --release -p kiln-run --bin kiln-run
 KILN_RUN="$PWD/target/release/kiln-run" cargo fuzz run template "$scratch/template" fuzz/corpus/template -- \
     -max_total_time="$gguf_duration" -max_len=4096 -timeout=30 -print_final_stats=1
 cargo fuzz run tokenizer "$scratch/tokenizer" fuzz/corpus/tokenizer -- \

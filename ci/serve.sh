@@ -4,7 +4,7 @@
 # - the OpenAI API with the official `openai` Python client: chat and completions, streamed
 #   and not, chunk rules, usage and temperature-0 text equal to `kiln-run generate --json`'s,
 #   logprobs, JSON-schema output validated with `jsonschema`, and the refusals (400 naming the
-#   parameter, 401, 404) (runner/tests/serve/test_api.py);
+#   parameter, 401, 404) (cli/tests/serve/test_api.py);
 # - batch invariance: eight questions asked together answer exactly as each asked alone
 #   (test_batch.py);
 # - the chat page at / in Debian's chromium (installed if missing), driven over the DevTools
@@ -51,7 +51,7 @@ part() {  # part SECONDS FILE DESCRIPTION
     local limit="$1" file="$2" what="$3"
     echo "--    $what ($file, at most ${limit} s)"
     local rc=0
-    timeout -k 10 "$limit" "$py" -m unittest discover -s runner/tests/serve -p "$file" -v \
+    timeout -k 10 "$limit" "$py" -m unittest discover -s cli/tests/serve -p "$file" -v \
         > "$out/${file%.py}.log" 2>&1 || rc=$?
     if [ "$rc" -eq 0 ]; then
         passed=$((passed + 1)); echo "ok    $what"

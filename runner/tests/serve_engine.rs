@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use common::*;
 use kiln_format::{DType, KilnFile};
 use kiln_runner::draft::{Draft, DraftOptions};
+use kiln_runner::engine::job::{Event, Finish, Job, TokenInfo, Usage};
+use kiln_runner::engine::prompt_cache::Reuse;
 use kiln_runner::engine::{self, Engine, EngineHandle, EngineOptions, SubmitError};
-use kiln_runner::serve::job::{Event, Finish, Job, TokenInfo, Usage};
-use kiln_runner::serve::prompt_cache::Reuse;
 use kiln_runner::{
     generate, CacheType, Compute, GenerateOptions, Interrupt, Model, Sampler, SamplerConfig,
     SlidingCache, Tokenizer,

@@ -14,8 +14,6 @@ use std::time::{Duration, Instant};
 use crate::embed::{l2_normalize, EmbedOptions, Embedder};
 use crate::error::Result;
 use crate::model::Model;
-use crate::serve::api::embeddings::{EmbedInput, EmbeddingRequest};
-use crate::serve::api::ApiError;
 use crate::tokenizer::Tokenizer;
 
 /// Inputs embedded between two looks at the client and the stop flag.
@@ -25,6 +23,83 @@ const CHECK_EVERY: usize = 64;
 /// request holds the embedder while it runs, so this bounds how long others wait behind one
 /// (a few seconds a thread at a small model's speed).
 pub const MAX_REQUEST_TOKENS: usize = 65_536;
+
+/// What to embed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EmbedInput {
+    /// Texts to tokenize.
+    Texts(Vec<String>),
+    /// Token id sequences, used as they are.
+    Tokens(Vec<Vec<u32>>),
+}
+
+impl EmbedInput {
+    /// How many inputs.
+    pub fn len(&self) -> usize {
+        match self {
+            EmbedInput::Texts(t) => t.len(),
+            EmbedInput::Tokens(t) => t.len(),
+        }
+    }
+
+    /// Whether there are none (never, once parsed).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One embedding job: what a front end asks of [`EmbedService::embed`], whatever protocol it
+/// arrived in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmbedJob {
+    /// The inputs, in order.
+    pub input: EmbedInput,
+    /// The vector length the client expects, if it said (refused unless the model's).
+    pub dimensions: Option<usize>,
+    /// Cut long inputs instead of refusing them.
+    pub truncate: bool,
+    /// Scale vectors to unit length.
+    pub normalize: bool,
+    /// A prompt the model names, put before every text.
+    pub prompt_name: Option<String>,
+}
+
+/// Why an embedding job was refused or failed; a front end maps each to its protocol's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EmbedError {
+    /// The job is wrong: `param` names the field at fault (the client's to fix).
+    Invalid {
+        /// The field at fault, as `input[3]` or `dimensions`.
+        param: String,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+    /// No turn at the model (queue full, timeout, abandoned): retrying later may succeed.
+    Busy(String),
+    /// The model failed on the job.
+    Failed(String),
+}
+
+impl EmbedError {
+    fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        EmbedError::Invalid {
+            param: param.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for EmbedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EmbedError::Invalid { message, .. }
+            | EmbedError::Busy(message)
+            | EmbedError::Failed(message) => f.write_str(message),
+        }
+    }
+}
+
+impl std::error::Error for EmbedError {}
 
 /// What the server embeds with.
 #[derive(Debug)]
@@ -103,10 +178,10 @@ impl<'m> EmbedService<'m> {
     }
 
     /// Tokenize and check a request's inputs (no turn needed).
-    fn prepare(&self, req: &EmbeddingRequest) -> std::result::Result<Vec<Vec<u32>>, ApiError> {
+    fn prepare(&self, req: &EmbedJob) -> std::result::Result<Vec<Vec<u32>>, EmbedError> {
         if let Some(d) = req.dimensions {
             if d != self.dim {
-                return Err(ApiError::invalid(
+                return Err(EmbedError::invalid(
                     "dimensions",
                     format!(
                         "`dimensions` is {d}, but this model's vectors have {} (it cannot \
@@ -125,7 +200,7 @@ impl<'m> EmbedService<'m> {
                 .map(|(_, p)| p.as_str())
                 .ok_or_else(|| {
                     let names: Vec<&str> = self.prompts.iter().map(|(k, _)| k.as_str()).collect();
-                    ApiError::invalid(
+                    EmbedError::invalid(
                         "prompt_name",
                         format!(
                             "`prompt_name` is `{name}`; the model names {}",
@@ -141,7 +216,7 @@ impl<'m> EmbedService<'m> {
         let limit = self.max_tokens;
         let too_long = |i: usize, count: Option<usize>| {
             let has = count.map_or(format!("more than {limit}"), |n| n.to_string());
-            ApiError::invalid(
+            EmbedError::invalid(
                 format!("input[{i}]"),
                 format!(
                     "input {i} has {has} tokens; the model takes at most {limit}: shorten it \
@@ -157,12 +232,12 @@ impl<'m> EmbedService<'m> {
                     let (ids, cut) = self
                         .tokenizer
                         .encode_cut(&format!("{prefix}{t}"))
-                        .map_err(|e| ApiError::invalid(format!("input[{i}]"), e.to_string()))?;
+                        .map_err(|e| EmbedError::invalid(format!("input[{i}]"), e.to_string()))?;
                     if cut && !req.truncate {
                         return Err(too_long(i, None));
                     }
                     if ids.is_empty() {
-                        return Err(ApiError::invalid(
+                        return Err(EmbedError::invalid(
                             format!("input[{i}]"),
                             format!("input {i} has no tokens"),
                         ));
@@ -175,7 +250,7 @@ impl<'m> EmbedService<'m> {
                 .enumerate()
                 .map(|(i, ids)| {
                     if let Some(j) = ids.iter().position(|&id| id as usize >= self.vocab) {
-                        return Err(ApiError::invalid(
+                        return Err(EmbedError::invalid(
                             format!("input[{i}][{j}]"),
                             format!(
                                 "token {} is not a token id (0 to {})",
@@ -197,14 +272,14 @@ impl<'m> EmbedService<'m> {
     /// between passes whether to stop (the client went away or the server stops).
     pub fn embed(
         &self,
-        req: &EmbeddingRequest,
+        req: &EmbedJob,
         deadline: Option<Instant>,
         abandoned: &dyn Fn() -> bool,
-    ) -> std::result::Result<Embedded, ApiError> {
+    ) -> std::result::Result<Embedded, EmbedError> {
         let ids = self.prepare(req)?;
         let total: usize = ids.iter().map(Vec::len).sum();
         if total > MAX_REQUEST_TOKENS {
-            return Err(ApiError::invalid(
+            return Err(EmbedError::invalid(
                 "input",
                 format!(
                     "the inputs total {total} tokens; at most {MAX_REQUEST_TOKENS} in one \
@@ -212,7 +287,7 @@ impl<'m> EmbedService<'m> {
                 ),
             ));
         }
-        let busy = |why: &str| ApiError::new(503, "server_error", format!("{why}; retry"));
+        let busy = |why: &str| EmbedError::Busy(format!("{why}; retry"));
         let _turn = match self.turns.wait(deadline, abandoned) {
             Ok(t) => t,
             Err(Refused::Full) => {
@@ -233,9 +308,9 @@ impl<'m> EmbedService<'m> {
             if abandoned() {
                 return Err(busy("the request was abandoned"));
             }
-            let got = embedder.embed_ids(part, &mut |_| {}).map_err(|e| {
-                ApiError::new(500, "server_error", format!("embedding failed: {e}"))
-            })?;
+            let got = embedder
+                .embed_ids(part, &mut |_| {})
+                .map_err(|e| EmbedError::Failed(format!("embedding failed: {e}")))?;
             vectors.extend(got);
         }
         if req.normalize {

@@ -20,8 +20,8 @@ use llguidance::toktrie::{ApproximateTokEnv, InferenceCapabilities, TokEnv, TokR
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 
+use crate::engine::job::TokenConstraint;
 use crate::error::{Result, RunnerError};
-use crate::serve::job::TokenConstraint;
 use crate::tokenizer::Tokenizer;
 use finite::Finite;
 

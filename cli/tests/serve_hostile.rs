@@ -3,8 +3,11 @@
 //! schema is a 400 naming `response_format.json_schema` before any 200 (streamed or not); a
 //! request field holding a newline and an escape sequence cannot forge a log line or reach
 //! the terminal; a client without the API key that sends `Expect: 100-continue` reads its 401
-//! first; the prompt cache stays within `--cache-mb`. Every wait is bounded: the server is
-//! killed when a test ends, and every socket read times out.
+//! first; the prompt cache stays within `--cache-mb`; idle and slowloris connections keep no
+//! one waiting; the server speaks standard HTTP/1.1 (HEAD, Date, chunked bodies, HTTP/1.0
+//! keep-alive, absolute-form targets, one Host) and CORS only to `--cors-origin`s, and sends
+//! the page with its security headers. Every wait is bounded: the server is killed when a
+//! test ends, and every socket read times out.
 
 mod common;
 
@@ -251,11 +254,11 @@ fn a_forged_role_path_or_header_cannot_forge_a_log_line() {
     );
     assert_eq!(r.status, 404);
     let r = server.raw(
-        "POST /v1/completions HTTP/1.1\r\nExpect: \u{9b}2J\u{2029}\r\nContent-Length: 2\r\n\
-         Connection: close\r\n\r\n{}"
+        "POST /v1/completions HTTP/1.1\r\nHost: t\r\nExpect: \u{9b}2J\u{2029}\r\n\
+         Content-Length: 2\r\nConnection: close\r\n\r\n{}"
             .as_bytes(),
     );
-    assert_eq!(r.status, 400);
+    assert_eq!(r.status, 417);
     server.wait_for_log("forged", READ_TIMEOUT);
     server.wait_for_log("/v1/\\u{85}x\\u{2028}y", READ_TIMEOUT);
     server.wait_for_log("unsupported Expect", READ_TIMEOUT);
@@ -339,4 +342,163 @@ fn the_prompt_cache_stays_within_cache_mb() {
     // About 33 KiB each (a page per head, layer, keys and values): some were evicted.
     assert!(cached.is_some_and(|n| (1..48).contains(&n)), "{h}");
     assert!(bytes.is_some_and(|b| b > 0 && b <= 1 << 20), "{h}");
+}
+
+/// Read one response on a kept-alive connection: its head, and a body of `Content-Length`.
+fn read_one(s: &mut TcpStream) -> Response {
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "closed after {got:?}");
+        got.push(byte[0]);
+    }
+    let head = String::from_utf8(got).unwrap();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .map_or(0, |n| n.parse().unwrap());
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).unwrap();
+    Response {
+        status: head[9..12].parse().unwrap(),
+        head,
+        body: String::from_utf8(body).unwrap(),
+    }
+}
+
+/// A header line of `head`, by its name.
+fn header<'h>(head: &'h str, name: &str) -> Option<&'h str> {
+    head.lines().find_map(|l| {
+        let (n, v) = l.split_once(": ")?;
+        n.eq_ignore_ascii_case(name).then_some(v)
+    })
+}
+
+/// What a standard HTTP/1.1 server does: HEAD, Date, chunked request bodies, HTTP/1.0
+/// keep-alive, absolute-form targets, one Host required; CORS only for a named origin; the
+/// page's security headers.
+#[test]
+fn the_server_speaks_standard_http_and_cors_only_to_named_origins() {
+    let allowed = "http://allowed.test";
+    let server = Server::start(&["--cors-origin", allowed]);
+    let close = "Host: t\r\nConnection: close\r\n";
+    let r = server.raw(format!("HEAD /health HTTP/1.1\r\n{close}\r\n").as_bytes());
+    assert_eq!((r.status, r.body.as_str()), (200, ""), "{}", r.head);
+    let r = server.raw(format!("GET /health HTTP/1.1\r\n{close}\r\n").as_bytes());
+    assert!(
+        header(&r.head, "Date").is_some_and(|d| d.ends_with(" GMT")),
+        "{}",
+        r.head
+    );
+    let r = server.raw(b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n");
+    assert_eq!(r.status, 400, "no Host");
+    let r = server.raw(format!("GET /health HTTP/1.1\r\nHost: u\r\n{close}\r\n").as_bytes());
+    assert_eq!(r.status, 400, "two Hosts");
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("Host"));
+    let r = server.raw(format!("GET http://t/health HTTP/1.1\r\n{close}\r\n").as_bytes());
+    assert_eq!(r.status, 200, "absolute form: {}", r.body);
+    let chunked = format!(
+        "POST /tokenize HTTP/1.1\r\n{close}Transfer-Encoding: chunked\r\n\r\n\
+         b\r\n{{\"content\":\r\n9\r\n \"Hello\"}}\r\n0\r\n\r\n"
+    );
+    let r = server.raw(chunked.as_bytes());
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.json()["tokens"].is_array());
+    // HTTP/1.0 with keep-alive: two requests on one connection.
+    let mut s = server.connect();
+    for _ in 0..2 {
+        s.write_all(b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            .unwrap();
+        let r = read_one(&mut s);
+        assert_eq!(r.status, 200, "{}", r.head);
+        assert_eq!(r.json()["status"], "ok");
+    }
+    let origin = |o: &str| {
+        let r =
+            server.raw(format!("GET /v1/models HTTP/1.1\r\n{close}Origin: {o}\r\n\r\n").as_bytes());
+        assert_eq!(r.status, 200);
+        assert!(header(&r.head, "Access-Control-Allow-Credentials").is_none());
+        header(&r.head, "Access-Control-Allow-Origin").map(str::to_string)
+    };
+    assert_eq!(origin(allowed).as_deref(), Some(allowed));
+    assert_eq!(origin("http://evil.test"), None);
+    let r = server.raw(
+        format!(
+            "OPTIONS /v1/chat/completions HTTP/1.1\r\n{close}Origin: {allowed}\r\n\
+             Access-Control-Request-Method: POST\r\n\
+             Access-Control-Request-Headers: authorization, content-type\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    assert_eq!(
+        header(&r.head, "Access-Control-Allow-Origin"),
+        Some(allowed),
+        "{}",
+        r.head
+    );
+    let r = server.raw(format!("GET / HTTP/1.1\r\n{close}\r\n").as_bytes());
+    assert_eq!(r.status, 200);
+    assert_eq!(header(&r.head, "X-Frame-Options"), Some("DENY"));
+    assert_eq!(header(&r.head, "X-Content-Type-Options"), Some("nosniff"));
+    let csp = header(&r.head, "Content-Security-Policy").unwrap();
+    assert!(csp.contains("frame-ancestors 'none'") && csp.contains("default-src 'none'"));
+}
+
+/// Without --cors-origin no response carries CORS headers, whatever the Origin.
+#[test]
+fn cors_is_off_by_default() {
+    let server = Server::start(&[]);
+    for path in ["/v1/models", "/health"] {
+        let r = server.raw(
+            format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nOrigin: http://a.test\r\n\r\n")
+                .as_bytes(),
+        );
+        assert_eq!(r.status, 200);
+        assert!(
+            !r.head.to_ascii_lowercase().contains("access-control-"),
+            "{}",
+            r.head
+        );
+    }
+}
+
+/// Idle connections, and slowloris senders dribbling a head, hold no place the server
+/// serves from: with 100 of each open, /health and a completion still answer at once.
+#[test]
+fn idle_and_slow_connections_do_not_keep_others_waiting() {
+    let server = Server::start(&["--max-connections", "4"]);
+    let idle: Vec<TcpStream> = (0..100).map(|_| server.connect()).collect();
+    let mut slow: Vec<TcpStream> = (0..100).map(|_| server.connect()).collect();
+    for s in &mut slow {
+        s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nX-A: ")
+            .unwrap();
+    }
+    // Another byte on every slow head, as a slowloris keeps its sockets alive.
+    for s in &mut slow {
+        s.write_all(b"a").unwrap();
+    }
+    let t0 = Instant::now();
+    let r = server.raw(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    let health = t0.elapsed();
+    assert_eq!(r.status, 200);
+    let t0 = Instant::now();
+    let r = server.post(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 2}),
+    );
+    let completion = t0.elapsed();
+    assert_eq!(r.status, 200, "{}", r.body);
+    // About a millisecond each on an idle machine; the bounds leave room for a loaded one.
+    assert!(
+        health < Duration::from_millis(500),
+        "/health took {health:?}"
+    );
+    assert!(
+        completion < Duration::from_secs(2),
+        "completion took {completion:?}"
+    );
+    drop((idle, slow));
 }

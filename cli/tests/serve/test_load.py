@@ -183,8 +183,8 @@ class LoadAndFaults(unittest.TestCase):
                                      timeout=30)
             self.assertEqual(su.status_of(got), 400, got[:300])
 
-            # The burst comes once the round's streams hold their connections, so that it is
-            # the burst that meets --max-connections (64), not the streams.
+            # The burst comes once the round's streams hold their connections: /health is
+            # outside the in-flight limit (--max-connections), so the burst is served.
             time.sleep(1.0)
             codes = burst(s, BURST)
             # Every connection was answered: served, or refused with 503 when over a limit.

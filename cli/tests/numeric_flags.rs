@@ -105,6 +105,7 @@ const NOT_NUMERIC: &[&str] = &[
     "--host",
     "--api-key",
     "--api-key-file",
+    "--cors-origin",
     "--cache-reuse",
     "--text",
     "--pooling",

@@ -13,7 +13,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::chat::Message;
+use kiln_runner::chat::Message;
 
 pub mod embeddings;
 pub mod response;

@@ -1,7 +1,8 @@
 //! `kiln-run`: generate text, chat, or benchmark a `.kiln` model on the CPU.
 //!
-//! A thin layer over `kiln_runner`: clap arguments are validated into library settings, every
-//! error is printed once with its context, and a closed stdout (`| head`) ends quietly.
+//! A thin layer over `kiln_runner` (and `kiln_server` for `serve`): clap arguments are
+//! validated into library settings, every error is printed once with its context, and a closed
+//! stdout (`| head`) ends quietly.
 //!
 //! SIGINT, SIGTERM and SIGHUP raise an [`Interrupt`] that generation and bench check before
 //! every forward pass: the run stops at the next token, prints its summary (stop reason

@@ -3,7 +3,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::serve::job::{Finish, Usage};
+use kiln_runner::engine::job::{Finish, Usage};
 
 /// What every response object of one request shares.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,29 +17,8 @@ use super::{boolean, integer, string, unsupported, wrong_type, ApiError, Res, HA
 /// Most inputs in one request (OpenAI's limit).
 pub const MAX_INPUTS: usize = 2048;
 
-/// What to embed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EmbedInput {
-    /// Texts to tokenize.
-    Texts(Vec<String>),
-    /// Token id sequences, used as they are.
-    Tokens(Vec<Vec<u32>>),
-}
-
-impl EmbedInput {
-    /// How many inputs.
-    pub fn len(&self) -> usize {
-        match self {
-            EmbedInput::Texts(t) => t.len(),
-            EmbedInput::Tokens(t) => t.len(),
-        }
-    }
-
-    /// Whether there are none (never, once parsed).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+pub use kiln_runner::serve::embeddings::EmbedInput;
+use kiln_runner::serve::embeddings::EmbedJob;
 
 /// How vectors are written in the response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +46,19 @@ pub struct EmbeddingRequest {
     pub normalize: bool,
     /// A prompt the model names, put before every text.
     pub prompt_name: Option<String>,
+}
+
+impl EmbeddingRequest {
+    /// The engine-side job: what to embed and how, without the protocol's fields.
+    pub fn job(&self) -> EmbedJob {
+        EmbedJob {
+            input: self.input.clone(),
+            dimensions: self.dimensions,
+            truncate: self.truncate,
+            normalize: self.normalize,
+            prompt_name: self.prompt_name.clone(),
+        }
+    }
 }
 
 fn parse_input(v: &Value) -> Res<EmbedInput> {
@@ -205,8 +197,13 @@ pub fn embeddings_response(
 
 /// The standard base64 (with padding) of `v`'s little-endian float32 bytes.
 pub fn base64_f32(v: &[f32]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    base64(&bytes)
+}
+
+/// The standard base64 (with padding) of `bytes`.
+pub fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
         let b = [

@@ -1,6 +1,8 @@
 //! `kiln-run serve`: OpenAI's API over HTTP. A generative model gets the engine thread
-//! ([`kiln_runner::engine::Engine::serve`]) decoding the requests the front
-//! ([`front::serve`]) sends it; an embedding model answers `/v1/embeddings` from one embedder.
+//! ([`kiln_runner::engine::Engine::serve`]) decoding the requests the server ([`kiln_server::serve`])
+//! sends it; an embedding model answers `/v1/embeddings` from one embedder. The server holds
+//! the model until the process ends, so what it borrows (the file, the weights, the template)
+//! is leaked to `'static` once, here.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -8,16 +10,16 @@ use std::time::Duration;
 use clap::Args;
 use kiln_format::KilnFile;
 use kiln_runner::draft::{Draft, DraftOptions};
+use kiln_runner::engine::prompt_cache::Reuse;
 use kiln_runner::engine::{self, Engine, EngineOptions};
 use kiln_runner::generate::DEFAULT_PREFILL_BATCH;
 use kiln_runner::serve::embeddings::EmbedService;
-use kiln_runner::serve::front::{self, FrontConfig, FrontModel};
 use kiln_runner::serve::grammar::Grammars;
-use kiln_runner::serve::prompt_cache::Reuse;
 use kiln_runner::{
     open_model_verified, ChatTemplate, Compute, Interrupt, Result, RunnerError, SamplerConfig,
     TemplateVars,
 };
+use kiln_server::{FrontConfig, FrontModel, ServerError};
 
 use super::args::{RunArgs, SamplingArgs, SpeculativeArgs};
 use super::common::{
@@ -67,11 +69,17 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 1024, allow_negative_numbers = true,
           value_parser = kiln_format::args::at_least::<usize>(0))]
     pub max_body_kb: usize,
-    /// Connections open at once; beyond them the server answers 503.
+    /// Requests served at once (/health aside); beyond them the server answers 503. Idle,
+    /// silent and slow connections do not count: only requests whose head has arrived.
     #[arg(long, default_value_t = 64, allow_negative_numbers = true,
           value_parser = kiln_format::args::whole::<u16>(1, 65535))]
     pub max_connections: u16,
-    /// Seconds a client may take to send a request, or to take a response's bytes.
+    /// Let pages from ORIGIN (as `https://app.example`) call the API from a browser
+    /// (repeatable). Without it the server sends no CORS headers.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origin: Vec<String>,
+    /// Seconds a client may take to send a request's head or body, or to take a response's
+    /// bytes; also how long an idle keep-alive connection is kept.
     #[arg(long, default_value_t = 30, allow_negative_numbers = true,
           value_parser = kiln_format::args::at_least::<u64>(0))]
     pub timeout: u64,
@@ -98,13 +106,16 @@ pub fn run(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
     let threads = threads_arg(a.run.threads)?;
     let vars = template_vars(&a.template_var)?;
     let api_key = api_key(&a)?;
-    let file = open_model_verified(&a.run.model, !a.run.no_verify)?;
-    let m = load(&file)?;
+    let file: &'static _ = Box::leak(Box::new(open_model_verified(
+        &a.run.model,
+        !a.run.no_verify,
+    )?));
+    let m: &'static Loaded<'static> = Box::leak(Box::new(load(file)?));
     let sampling = sampler_config(file.label(), &file.metadata().generation, &a.sampling)?;
     let cfg = front_config(&a, api_key, sampling);
     let id = ModelId::new(&a.run.model);
     if m.model.config.embedding.is_some() {
-        return serve_embeddings(&a, &file, &m, threads, &cfg, id, interrupt);
+        return serve_embeddings(&a, file, m, threads, &cfg, id, interrupt);
     }
     let ctx = a.run.ctx.unwrap_or_else(|| m.model.default_ctx());
     let mut compute = Compute::new(
@@ -114,7 +125,9 @@ pub fn run(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
         a.run.cache_type,
         sliding(a.run.swa_full),
     )?;
-    let (template, grammars) = chat_features(&file, &m, vars);
+    let (template, grammars) = chat_features(file, m, vars);
+    let (template, grammars): (&'static _, &'static _) =
+        (Box::leak(Box::new(template)), Box::leak(Box::new(grammars)));
     let (listener, addr) = listen(&a)?;
     let front_model = FrontModel {
         name: id.name,
@@ -136,7 +149,7 @@ pub fn run(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
     let draft_file = open_draft(&a.speculative, a.run.no_verify)?;
     let draft_loaded = draft_file.as_ref().map(load).transpose()?;
     let mut draft = match &draft_loaded {
-        Some(d) => Some(engine_draft(&a, d, &m, &compute, ctx)?),
+        Some(d) => Some(engine_draft(&a, d, m, &compute, ctx)?),
         None => None,
     };
     let (handle, jobs) = engine::queue(opts.parallel, usize::from(a.queue));
@@ -148,7 +161,7 @@ pub fn run(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
     eprintln!(
         "kiln-run serve: {} ({}), {} sequences of {ctx} tokens, {} threads, {} KV cache{guessing}",
         file.label(),
-        weight_summary(&file),
+        weight_summary(file),
         opts.parallel,
         compute.threads(),
         compute.cache_type()
@@ -167,9 +180,9 @@ pub fn run(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
                 .with_state(engine_handle.state().clone())
                 .serve(jobs)
         });
-        let served = front::serve(listener, &cfg, &front_model, Some(&handle), interrupt);
+        let served = kiln_server::serve(listener, &cfg, front_model, Some(handle), interrupt);
         engine_stop.raise(1);
-        served
+        served.map_err(server_error)
     })
 }
 
@@ -213,9 +226,9 @@ fn front_config(a: &ServeArgs, api_key: Option<String>, sampling: SamplerConfig)
     FrontConfig {
         api_key,
         max_body_bytes: a.max_body_kb.saturating_mul(1024),
-        max_connections: usize::from(a.max_connections),
+        max_requests: usize::from(a.max_connections),
         request_timeout: timeout,
-        idle_timeout: timeout.max(Duration::from_secs(60)),
+        cors_origins: a.cors_origin.clone(),
         default_max_tokens: a.max_tokens,
         sampling,
     }
@@ -288,8 +301,8 @@ fn listen(a: &ServeArgs) -> Result<(std::net::TcpListener, std::net::SocketAddr)
 /// tokenize routes), requests taking turns at one embedder, `--queue` of them waiting.
 fn serve_embeddings(
     a: &ServeArgs,
-    file: &KilnFile,
-    m: &Loaded<'_>,
+    file: &'static KilnFile,
+    m: &'static Loaded<'static>,
     threads: usize,
     cfg: &FrontConfig,
     id: ModelId,
@@ -308,13 +321,13 @@ fn serve_embeddings(
             ),
         });
     }
-    let service = EmbedService::new(
+    let service: &'static _ = Box::leak(Box::new(EmbedService::new(
         &m.model,
         &m.tokenizer,
         file.label(),
         threads,
         usize::from(a.queue),
-    )?;
+    )?));
     let (listener, addr) = listen(a)?;
     let front_model = FrontModel {
         name: id.name,
@@ -324,7 +337,7 @@ fn serve_embeddings(
         vocab: m.model.config.vocab,
         grammars: None,
         created: id.created,
-        embeddings: Some(&service),
+        embeddings: Some(service),
     };
     eprintln!(
         "kiln-run serve: {} ({}), embeddings of {} dims, inputs of at most {} tokens, {threads} threads",
@@ -334,7 +347,14 @@ fn serve_embeddings(
         service.max_tokens(),
     );
     eprintln!("kiln-run serve: listening on http://{addr}");
-    front::serve(listener, cfg, &front_model, None, interrupt)
+    kiln_server::serve(listener, cfg, front_model, None, interrupt).map_err(server_error)
+}
+
+/// The server's failure as the command's error.
+fn server_error(e: ServerError) -> RunnerError {
+    match e {
+        ServerError::Io { what, source } => RunnerError::io(what, source),
+    }
 }
 
 /// The API key in the first line of `path`.

@@ -1,0 +1,244 @@
+//! Waiting for a job's events and turning them into a response: one JSON body, or a stream of
+//! Server-Sent Events. [`Events`] carries the engine's events from its blocking channel to the
+//! async handler, and cancels the job when the handler (or the stream) is dropped: a client
+//! that goes away, or stops taking bytes, cancels its sequence.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+
+use axum::response::sse::Event as SseEvent;
+use futures_util::stream::{self, Stream, StreamExt};
+use kiln_runner::engine::job::{Event, TokenInfo};
+use kiln_runner::generate::Interrupt;
+use kiln_runner::serve::log;
+use kiln_runner::tokenizer::Tokenizer;
+use serde_json::Value;
+
+use super::{Kind, POLL};
+use crate::api::{self, ApiError, Meta, TokenLogprob};
+
+/// Events held between the engine and a client slower than it: beyond them the bridge waits,
+/// so a stalled client costs bounded memory until the write timeout drops it.
+const EVENT_BUFFER: usize = 64;
+
+/// A job's events on the async side; dropping it cancels the job.
+pub(crate) struct Events {
+    rx: tokio::sync::mpsc::Receiver<Event>,
+    cancel: CancelOnDrop,
+}
+
+/// Raises a job's cancel flag when dropped, unless the job finished.
+struct CancelOnDrop {
+    flag: Arc<AtomicBool>,
+    finished: bool,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.flag.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Events {
+    /// Carry `rx`'s events to the async side on a blocking-pool thread. That thread also
+    /// cancels the job (through `cancel`) once the async side has gone or `stop` is raised,
+    /// looking every [`POLL`] while no event comes.
+    pub(crate) fn bridge(rx: Receiver<Event>, cancel: Arc<AtomicBool>, stop: Interrupt) -> Events {
+        let (tx, arx) = tokio::sync::mpsc::channel(EVENT_BUFFER);
+        let flag = cancel.clone();
+        tokio::task::spawn_blocking(move || loop {
+            match rx.recv_timeout(POLL) {
+                Ok(e) => {
+                    let last = matches!(e, Event::Done { .. } | Event::Failed { .. });
+                    if tx.blocking_send(e).is_err() {
+                        flag.store(true, Ordering::SeqCst);
+                        return;
+                    }
+                    if last {
+                        return;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if tx.is_closed() || stop.is_raised() {
+                        flag.store(true, Ordering::SeqCst);
+                        return;
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        });
+        Events {
+            rx: arx,
+            cancel: CancelOnDrop {
+                flag: cancel,
+                finished: false,
+            },
+        }
+    }
+
+    /// The next event; a failure once the engine has dropped the job without finishing it.
+    async fn next(&mut self) -> Event {
+        let e = self.rx.recv().await.unwrap_or_else(|| Event::Failed {
+            message: "the engine stopped before finishing the request".into(),
+        });
+        if matches!(e, Event::Done { .. } | Event::Failed { .. }) {
+            self.cancel.finished = true;
+        }
+        e
+    }
+}
+
+/// Builds one request's response objects.
+/// Builds one request's response objects.
+pub(crate) struct Output {
+    pub(crate) meta: Meta,
+    pub(crate) kind: Kind,
+    pub(crate) logprobs: bool,
+    /// The legacy `text_offset` of the next token.
+    pub(crate) offset: usize,
+    pub(crate) tokenizer: &'static Tokenizer,
+}
+
+impl Output {
+    fn token_text(&self, id: u32) -> String {
+        self.tokenizer.decode(&[id]).unwrap_or_default()
+    }
+
+    fn token_logprobs(&self, tokens: &[TokenInfo]) -> Vec<TokenLogprob> {
+        tokens
+            .iter()
+            .map(|t| TokenLogprob {
+                text: self.token_text(t.id),
+                logprob: t.logprob,
+                top: t
+                    .top
+                    .iter()
+                    .map(|&(id, lp)| (self.token_text(id), lp))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// The `logprobs` value for `tokens`, advancing the legacy offset.
+    fn logprobs(&mut self, tokens: &[TokenInfo]) -> Option<Value> {
+        if !self.logprobs {
+            return None;
+        }
+        let list = self.token_logprobs(tokens);
+        Some(match self.kind {
+            Kind::Chat => api::chat_logprobs(&list),
+            Kind::Completion => {
+                let v = api::legacy_logprobs(&list, self.offset);
+                self.offset += list.iter().map(|t| t.text.chars().count()).sum::<usize>();
+                v
+            }
+        })
+    }
+
+    /// Wait for the whole answer: one JSON body.
+    pub(crate) async fn collect(mut self, mut events: Events) -> Result<Value, ApiError> {
+        let mut text = String::new();
+        let mut tokens = Vec::new();
+        loop {
+            match events.next().await {
+                Event::Text {
+                    text: t,
+                    tokens: ts,
+                } => {
+                    text.push_str(&t);
+                    tokens.extend(ts);
+                }
+                Event::Failed { message } => {
+                    return Err(ApiError::new(500, "server_error", message))
+                }
+                Event::Done { finish, usage, .. } => {
+                    let lp = self.logprobs(&tokens);
+                    return Ok(match self.kind {
+                        Kind::Chat => api::chat_completion(&self.meta, &text, finish, &usage, lp),
+                        Kind::Completion => {
+                            api::text_completion(&self.meta, &text, Some(finish), Some(&usage), lp)
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    /// The answer as Server-Sent Events: each chunk's JSON, then `[DONE]`. `what` names the
+    /// request in the log line of an engine failure.
+    pub(crate) fn stream(
+        self,
+        events: Events,
+        include_usage: bool,
+        what: String,
+    ) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
+        let first = (self.kind == Kind::Chat).then(|| api::chat_chunk_role(&self.meta));
+        let state = Some((self, events));
+        let chunks = stream::unfold(state, move |state| {
+            let what = what.clone();
+            async move {
+                let (mut out, mut events) = state?;
+                loop {
+                    let (values, done) = out.chunks(events.next().await, include_usage, &what);
+                    if done {
+                        return Some((values, None));
+                    }
+                    if !values.is_empty() {
+                        return Some((values, Some((out, events))));
+                    }
+                }
+            }
+        });
+        stream::iter(first.map(|v| vec![v.to_string()]))
+            .chain(chunks)
+            .flat_map(|datas| {
+                stream::iter(datas.into_iter().map(|d| Ok(SseEvent::default().data(d))))
+            })
+    }
+
+    /// The SSE data `event` adds, and whether the stream ends with them.
+    fn chunks(&mut self, event: Event, include_usage: bool, what: &str) -> (Vec<String>, bool) {
+        let meta = &self.meta;
+        match event {
+            Event::Text { text, tokens } => {
+                if text.is_empty() && (tokens.is_empty() || !self.logprobs) {
+                    return (Vec::new(), false);
+                }
+                let lp = self.logprobs(&tokens);
+                let meta = &self.meta;
+                let chunk = match self.kind {
+                    Kind::Chat => api::chat_chunk_text(meta, &text, lp),
+                    Kind::Completion => api::text_completion(meta, &text, None, None, lp),
+                };
+                (vec![chunk.to_string()], false)
+            }
+            Event::Failed { message } => {
+                log::line(format_args!("{what} 500: {message}"));
+                let err = ApiError::new(500, "server_error", message).to_json();
+                (vec![err.to_string(), "[DONE]".into()], true)
+            }
+            Event::Done { finish, usage, .. } => {
+                let (last, usage) = match self.kind {
+                    Kind::Chat => (
+                        api::chat_chunk_finish(meta, finish),
+                        api::chat_chunk_usage(meta, &usage),
+                    ),
+                    Kind::Completion => (
+                        api::text_completion(meta, "", Some(finish), None, None),
+                        api::text_completion_usage(meta, &usage),
+                    ),
+                };
+                let mut out = vec![last.to_string()];
+                if include_usage {
+                    out.push(usage.to_string());
+                }
+                out.push("[DONE]".into());
+                (out, true)
+            }
+        }
+    }
+}
