@@ -139,13 +139,7 @@ pub fn run(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
         created: id.created,
         embeddings: None,
     };
-    let opts = EngineOptions {
-        parallel: usize::from(a.parallel),
-        prefill_batch: a.batch_size as usize,
-        cache_bytes: a.cache_mb.saturating_mul(1 << 20),
-        reuse: a.cache_reuse,
-        lookup: usize::from(a.speculative.lookup),
-    };
+    let opts = engine_options(&a);
     let draft_file = open_draft(&a.speculative, a.run.no_verify)?;
     let draft_loaded = draft_file.as_ref().map(load).transpose()?;
     let mut draft = match &draft_loaded {
@@ -153,20 +147,7 @@ pub fn run(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
         None => None,
     };
     let (handle, jobs) = engine::queue(opts.parallel, usize::from(a.queue));
-    let guessing = match (&draft_file, opts.lookup) {
-        (Some(d), _) => format!(", draft {}", d.label()),
-        (None, n) if n > 0 => format!(", prompt lookup of {n} tokens"),
-        _ => String::new(),
-    };
-    eprintln!(
-        "kiln-run serve: {} ({}), {} sequences of {ctx} tokens, {} threads, {} KV cache{guessing}",
-        file.label(),
-        weight_summary(file),
-        opts.parallel,
-        compute.threads(),
-        compute.cache_type()
-    );
-    eprintln!("kiln-run serve: listening on http://{addr}");
+    announce(file, &compute, &opts, draft_file.as_ref(), addr);
     let engine_stop = Interrupt::new();
     std::thread::scope(|scope| {
         let engine_handle = handle.clone();
@@ -184,6 +165,42 @@ pub fn run(a: ServeArgs, interrupt: &Interrupt) -> Result<()> {
         engine_stop.raise(1);
         served.map_err(server_error)
     })
+}
+
+/// The engine's settings, from the flags.
+fn engine_options(a: &ServeArgs) -> EngineOptions {
+    EngineOptions {
+        parallel: usize::from(a.parallel),
+        prefill_batch: a.batch_size as usize,
+        cache_bytes: a.cache_mb.saturating_mul(1 << 20),
+        reuse: a.cache_reuse,
+        lookup: usize::from(a.speculative.lookup),
+    }
+}
+
+/// What is served and where, on stderr, before the first request.
+fn announce(
+    file: &KilnFile,
+    compute: &Compute<'_>,
+    opts: &EngineOptions,
+    draft: Option<&KilnFile>,
+    addr: std::net::SocketAddr,
+) {
+    let guessing = match (draft, opts.lookup) {
+        (Some(d), _) => format!(", draft {}", d.label()),
+        (None, n) if n > 0 => format!(", prompt lookup of {n} tokens"),
+        _ => String::new(),
+    };
+    eprintln!(
+        "kiln-run serve: {} ({}), {} sequences of {} tokens, {} threads, {} KV cache{guessing}",
+        file.label(),
+        weight_summary(file),
+        opts.parallel,
+        compute.ctx(),
+        compute.threads(),
+        compute.cache_type()
+    );
+    eprintln!("kiln-run serve: listening on http://{addr}");
 }
 
 /// How `/v1/models` lists the model: the file's stem, and when the server started.
