@@ -1,6 +1,8 @@
 //! The `kiln-run` binary end to end on a tiny fixture: output formats, chat sessions, bench, and
 //! one test per bad-input case (clear message, usage exit status 2 or failure status 1).
 
+/// The runner's test helpers (fixtures, reference dumps, metrics), shared rather than copied.
+#[path = "../../runner/tests/common/mod.rs"]
 mod common;
 
 use std::io::Write;

@@ -10,6 +10,8 @@
 //!   the KV cache's mapping was refused (or aborted under a memory limit); the context's cost
 //!   is now weighed first and refused in milliseconds, naming the flag and both byte counts.
 
+/// The runner's test helpers (fixtures, reference dumps, metrics), shared rather than copied.
+#[path = "../../runner/tests/common/mod.rs"]
 mod common;
 
 use std::ffi::OsStr;

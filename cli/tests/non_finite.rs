@@ -2,6 +2,8 @@
 //! block scale) is refused before the first token by `kiln-run` (exit status 2, naming the
 //! tensor) and by GGUF export (no output file), unless `--no-verify` skips the check.
 
+/// The runner's test helpers (fixtures, reference dumps, metrics), shared rather than copied.
+#[path = "../../runner/tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -2,6 +2,8 @@
 //! forever (`/dev/zero`) or a FIFO nobody writes to is refused at once, naming the file, with
 //! exit status 2. Each run is killed past a deadline, so a regression cannot hang the tests.
 
+/// The runner's test helpers (fixtures, reference dumps, metrics), shared rather than copied.
+#[path = "../../runner/tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -9,6 +9,8 @@
 //! the page with its security headers. Every wait is bounded: the server is killed when a
 //! test ends, and every socket read times out.
 
+/// The runner's test helpers (fixtures, reference dumps, metrics), shared rather than copied.
+#[path = "../../runner/tests/common/mod.rs"]
 mod common;
 
 use std::io::{Read, Write};

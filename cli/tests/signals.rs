@@ -4,6 +4,8 @@
 //! `chat` waiting for input ends at once. Every test runs the real
 //! binary and kills it (SIGKILL) past a deadline, so none can hang.
 
+/// The runner's test helpers (fixtures, reference dumps, metrics), shared rather than copied.
+#[path = "../../runner/tests/common/mod.rs"]
 mod common;
 
 use std::io::Read;
