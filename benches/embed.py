@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Sentence embedding throughput: `kiln-run embed` against sentence-transformers on PyTorch
-(CPU) and, with --llama, llama.cpp's `llama-embedding`, interleaved round by round.
+(CPU) and, with --llama, llama.cpp's `llama-embedding`, and with --kiln-python, the `kiln`
+Python package's `Model.embed` (the same embedder in-process), interleaved round by round.
 
 The texts: 1,000 sentences of mixed length (1 to ~120 words) cut from the repository's text
 fixtures, the same for every engine. Each round runs every engine once over all of them as a
@@ -51,6 +52,19 @@ print(json.dumps({"load_s": t1 - t0, "embed_s": t2 - t1, "n": len(e)}))
 """
 
 
+KILN_PY_CHILD = r"""
+import sys, time, json
+t0 = time.perf_counter()
+import kiln
+m = kiln.Model(sys.argv[1], threads=int(sys.argv[3]), verify=False)
+texts = open(sys.argv[2], encoding="utf-8").read().split("\n")[:-1]
+t1 = time.perf_counter()
+e = m.embed(texts)
+t2 = time.perf_counter()
+print(json.dumps({"load_s": t1 - t0, "embed_s": t2 - t1, "n": len(e)}))
+"""
+
+
 def sentences(n):
     """`n` texts of mixed length from the text fixtures: sentences and runs of them."""
     text = ""
@@ -89,6 +103,7 @@ def main():
     ap.add_argument("-n", "--texts", type=int, default=1000)
     ap.add_argument("-r", "--rounds", type=int, default=3)
     ap.add_argument("--kiln", default=os.path.join(ROOT, "target/release/kiln-run"))
+    ap.add_argument("--kiln-python", help="a Python with the kiln package installed")
     ap.add_argument("--st-python")
     ap.add_argument("--st-model")
     ap.add_argument("--llama", help="llama.cpp's build/bin")
@@ -110,6 +125,12 @@ def main():
         m = re.search(r"in ([0-9.]+) s", err)
         embed_s = float(m.group(1)) if m else wall
         results.setdefault("kiln", []).append((len(texts) / embed_s, len(texts) / wall, rss))
+        if a.kiln_python:
+            wall, rss, out, _ = run_measured([a.kiln_python, "-c", KILN_PY_CHILD, a.model, path,
+                                              str(a.threads)])
+            py = json.loads(out.strip().splitlines()[-1])
+            results.setdefault("kiln (Python)", []).append(
+                (len(texts) / py["embed_s"], len(texts) / wall, rss))
         if a.st_python and a.st_model:
             wall, rss, out, _ = run_measured([a.st_python, "-c", ST_CHILD, a.st_model, path,
                                               str(a.threads)],

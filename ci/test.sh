@@ -14,7 +14,9 @@
 # schema (ci/verify-reports.sh); `kiln-run embed` on the real all-MiniLM-L6-v2 against
 # sentence-transformers' vectors and served at /v1/embeddings (ci/embeddings.sh); also the reference-dump tool's input checks, and `kiln-run
 # serve` through its clients: the openai package, concurrent requests, Debian's chromium on
-# the chat page, a bounded load-and-fault run on loopback (ci/serve.sh).
+# the chat page, a bounded load-and-fault run on loopback (ci/serve.sh); the `kiln` Python
+# package built as a wheel by `pip install ./python` into a fresh venv and tested with pytest
+# against the command line, with its LangChain and LlamaIndex adapters (ci/python.sh).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -97,6 +99,10 @@ ci/serve.sh
 step "embedding models: the real all-MiniLM-L6-v2 against sentence-transformers (F32, Q8_0, Q4_0), and served at /v1/embeddings"
 ci/embeddings.sh
 drop target/embeddings
+
+step "the kiln Python package: its wheel built by pip into a fresh venv, then python/tests (pytest)"
+ci/python.sh
+drop target/python/venv
 
 step "cargo test (including real-model tests)"
 cargo test --workspace --release -- --include-ignored

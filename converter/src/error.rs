@@ -182,6 +182,9 @@ pub enum ConvertError {
     /// Errors from the `.kiln` reader and writer.
     #[error(transparent)]
     Format(#[from] FormatError),
+    /// An option that does not apply, or a value it does not take.
+    #[error("{option}: {reason}")]
+    BadOption { option: String, reason: String },
     /// Checksums that do not match (from `inspect --verify`).
     #[error("{file}: {count} tensor checksum(s) do not match: {tensors}")]
     ChecksumMismatch {

@@ -12,11 +12,14 @@
 //!   [`kiln_format::KilnWriter`];
 //! - [`inspect`] reports on (and verifies) a `.kiln` file;
 //! - [`gguf`] exports a `.kiln` file to llama.cpp's GGUF and imports GGUF files, each
-//!   direction in steps (configuration, tensor plan, write) of its own submodule.
+//!   direction in steps (configuration, tensor plan, write) of its own submodule;
+//! - [`convert::convert`] chooses among those three conversions by the source and destination
+//!   paths, for front ends without subcommands (the Python package).
 //!
 //! Progress is reported through the [`Progress`] trait; the binary draws the bar.
 
 pub mod checkpoint;
+pub mod convert;
 pub mod error;
 pub mod gguf;
 pub mod hf;

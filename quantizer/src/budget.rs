@@ -41,7 +41,7 @@ use crate::error::{QuantizeError, Result};
 use crate::importance::Importance;
 use crate::method::Method;
 use crate::policy::{Action, Decision, Policy};
-use crate::report::{bits_per_weight, Progress};
+use crate::report::{advance, bits_per_weight, Progress};
 use crate::sensitivity::Probe;
 
 mod measure;
@@ -259,7 +259,7 @@ pub fn plan(
     let mut choices = Vec::with_capacity(planned.len());
     for (t, d) in planned {
         let (candidates, gain) = measure.candidates(t)?;
-        progress.advance(t.numel());
+        advance(progress, t.numel())?;
         if candidates.is_empty() {
             // Rows no block fits (not a multiple of 32): the policy's own decision stands.
             fixed_bytes += d.storage.byte_len(&t.shape).unwrap_or(t.len);

@@ -28,7 +28,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{QuantizeError, Result};
 use crate::importance::{CalibrationInfo, Importance, PROBE_TOKENS};
-use crate::report::Progress;
+use crate::report::{advance, Progress};
 
 /// Default number of calibration tokens.
 pub const DEFAULT_TOKENS: usize = 12 * 1024;
@@ -221,7 +221,7 @@ fn calibrate_tokens(
         session
             .forward(w, Logits::None, Some(&mut collector))
             .map_err(&runner)?;
-        progress.advance(w.len() as u64);
+        advance(progress, w.len() as u64)?;
     }
     let n = tokens.len() as f64;
     let mut by_site: HashMap<&str, usize> = HashMap::new();

@@ -116,6 +116,10 @@ pub enum QuantizeError {
     #[error("{arg}: {reason}")]
     BadArgument { arg: String, reason: String },
 
+    /// The caller asked the run to stop ([`crate::Progress::stop_requested`]).
+    #[error("stopped at the caller's request; no output was written")]
+    Stopped,
+
     #[error("cannot start {threads} worker threads: {reason}")]
     ThreadPool { threads: usize, reason: String },
 }

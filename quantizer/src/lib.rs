@@ -26,6 +26,9 @@
 //!   ([`report`]): per-tensor RMSE, max abs error and SNR, and the totals.
 //! - [`calibrate`] measures the importance statistics ([`importance`]) a run can take;
 //!   [`sensitivity`] and [`budget`] choose per-matrix types for `--to auto`.
+//! - [`request::run`] is a whole run as `kiln-quantize` states it ([`request::Request`]: its
+//!   flags, validated here so every front end refuses the same requests with the same
+//!   messages), through importance, calibration and the budget to [`quantize_file`].
 //!
 //! Module map, in layers: a module imports from its own layer and those below, never from
 //! a layer above or through the crate root, and the imports form no circle (unit tests
@@ -43,9 +46,10 @@
 //! 7. `pipeline` (a file through all of it).
 //! 8. `budget` (`--to auto`: the types a size budget buys, trying candidates through the
 //!    pipeline's pieces).
+//! 9. `request` (a whole run from the command line's flags).
 //!
-//! The binary (`src/main.rs`) only parses arguments, draws the progress bar and prints the
-//! report. The policy is documented in `docs/QUANTIZE.md`.
+//! The binary (`src/main.rs`) only parses arguments into a [`request::Request`], draws the
+//! progress bar and prints the report. The policy is documented in `docs/QUANTIZE.md`.
 
 pub mod budget;
 pub mod calibrate;
@@ -59,6 +63,7 @@ pub mod pipeline;
 pub mod policy;
 pub mod refit;
 pub mod report;
+pub mod request;
 pub mod rows;
 pub mod sensitivity;
 
@@ -69,3 +74,4 @@ pub use options::{QuantizeOptions, TOOL};
 pub use pipeline::{quantize_file, CHUNK_ELEMENTS};
 pub use policy::{Action, Decision, Override, Policy, Target};
 pub use report::{NoProgress, Progress, Report, TensorReport};
+pub use request::Request;

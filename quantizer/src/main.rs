@@ -2,26 +2,20 @@
 //! [--method reference|search|gptq]
 //! [--keep PATTERN=DTYPE]… [--threads N] [--force] [--json]`
 //!
-//! A thin shell over [`kiln_quantize::quantize_file`]: arguments are validated into
-//! [`QuantizeOptions`], a progress bar is drawn on stderr, the report goes to stdout (a table,
+//! A thin shell over [`kiln_quantize::request::run`]: arguments become a [`Request`], which the
+//! library validates and runs, a progress bar is drawn on stderr, the report goes to stdout (a table,
 //! or JSON with `--json`), and errors are printed once.
 
 use std::io::Write;
-use std::ops::Bound;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Mutex;
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln_format::{args, DType, ExitStatus, QK_K};
-use kiln_quantize::budget;
-use kiln_quantize::calibrate::{calibrate_path, CalibrationOptions};
-use kiln_quantize::importance::Importance;
-use kiln_quantize::policy::{Mix, Target, TARGETS};
-use kiln_quantize::{
-    quantize_file, Method, Override, Policy, Progress, QuantizeError, QuantizeOptions, Report,
-};
+use kiln_format::ExitStatus;
+use kiln_quantize::request::{self, Request};
+use kiln_quantize::{Progress, QuantizeError, Report};
 
 /// Turn a converted .kiln model into a smaller one (F16, or GGML's Q8_0, Q4_0, Q5_0, Q5_1,
 /// Q2_K…Q6_K, IQ4_NL, IQ4_XS blocks, or llama.cpp's mixes of them).
@@ -60,11 +54,11 @@ struct Args {
     /// that holds them is read; at most 1 000 000).
     #[arg(long, value_name = "N", default_value_t = kiln_quantize::calibrate::DEFAULT_TOKENS,
           allow_negative_numbers = true,
-          value_parser = args::whole::<usize>(64, kiln_quantize::calibrate::MAX_TOKENS as u64))]
+          value_parser = request::calib_tokens_arg())]
     calib_tokens: usize,
     /// Calibration window in tokens (the KV cache is reset between windows).
     #[arg(long, value_name = "N", default_value_t = kiln_quantize::calibrate::DEFAULT_CTX,
-          allow_negative_numbers = true, value_parser = args::whole::<usize>(16, 1_000_000))]
+          allow_negative_numbers = true, value_parser = request::calib_ctx_arg())]
     calib_ctx: usize,
     /// Use importance measured earlier (a file written by --save-importance).
     #[arg(long, value_name = "FILE")]
@@ -75,11 +69,11 @@ struct Args {
     /// With `--to auto`: bits of tensor data per weight over all tensors (as the report and
     /// llama.cpp's BPW count them), e.g. 4.5
     #[arg(long, value_name = "B", conflicts_with = "max_bytes", allow_negative_numbers = true,
-          value_parser = args::real::<f64>(Bound::Excluded(0.0), Bound::Included(32.0)))]
+          value_parser = request::bpw_arg())]
     bpw: Option<f64>,
     /// With `--to auto`: the largest output file, in bytes (metadata and index included)
     #[arg(long, value_name = "N", allow_negative_numbers = true,
-          value_parser = args::at_least::<u64>(1))]
+          value_parser = request::max_bytes_arg())]
     max_bytes: Option<u64>,
     /// Per-tensor override, PATTERN=DTYPE (f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q2_k, q3_k,
     /// q4_k, q5_k, q6_k, iq4_nl, iq4_xs or copy); `*` matches any run of characters; the last
@@ -88,7 +82,7 @@ struct Args {
     keep: Vec<String>,
     /// Worker threads (default: all cores).
     #[arg(long, value_name = "N", allow_negative_numbers = true,
-          value_parser = args::whole::<u32>(1, 1024))]
+          value_parser = request::threads_arg())]
     threads: Option<u32>,
     /// Overwrite the output if it exists.
     #[arg(long)]
@@ -124,146 +118,43 @@ impl Progress for Bar {
             self.bar.inc(n);
         }
     }
+
+    fn notice(&self, text: &str) {
+        if !self.quiet {
+            self.bar.suspend(|| eprintln!("{text}"));
+        }
+    }
 }
 
-fn options(args: &Args) -> Result<QuantizeOptions, QuantizeError> {
-    let overrides = args
-        .keep
-        .iter()
-        .map(|k| Override::parse(k))
-        .collect::<Result<Vec<_>, _>>()?;
-    let auto = args.to.eq_ignore_ascii_case("auto");
-    let calibrated = args.calibrate.is_some() || args.importance.is_some();
-    check_budget_flags(args, auto, calibrated)?;
-    let policy = match Mix::parse(&args.to) {
-        _ if auto => Policy::auto(overrides),
-        Some(mix) => Policy::mix(mix, overrides),
-        None => {
-            let to = DType::parse(&args.to)
-                .filter(|d| TARGETS.contains(d))
-                .ok_or_else(|| QuantizeError::BadTarget {
-                    dtype: args.to.clone(),
-                })?;
-            Policy::new(to, overrides)?
-        }
-    };
-    let policy = policy.with_importance(calibrated);
-    let method = method(args, calibrated)?;
-    check_ggml_only_types(&policy, method, calibrated)?;
-    let mut o = QuantizeOptions::new(&args.input, &args.output, policy);
-    o.method = method;
-    o.threads = args.threads.map(|t| {
+/// The flags as the library's [`Request`], which validates them; a `--threads` beyond the
+/// CPUs available is capped, with a notice.
+fn request(args: Args) -> Request {
+    let threads = args.threads.map(|t| {
         if let Some(notice) = kiln_runner::threads::cap_notice(t as usize) {
             eprintln!("kiln-quantize: {notice}");
         }
         kiln_runner::threads::cap_threads(t as usize)
     });
-    o.overwrite = args.force;
-    Ok(o)
-}
-
-/// `--to auto` needs a size budget (`--bpw` or `--max-bytes`) and calibration; a budget
-/// needs `--to auto`.
-fn check_budget_flags(args: &Args, auto: bool, calibrated: bool) -> Result<(), QuantizeError> {
-    let budget_flag = match (args.bpw, args.max_bytes) {
-        (Some(_), _) => Some("--bpw"),
-        (_, Some(_)) => Some("--max-bytes"),
-        _ => None,
-    };
-    match (auto, budget_flag) {
-        (true, None) => {
-            return Err(QuantizeError::BadArgument {
-                arg: "--to auto".into(),
-                reason: "give the size to fit: --bpw B (bits per weight, e.g. 4.5) or \
-                         --max-bytes N"
-                    .into(),
-            })
-        }
-        (false, Some(flag)) => {
-            return Err(QuantizeError::BadArgument {
-                arg: flag.into(),
-                reason: format!(
-                    "a size budget goes with --to auto (this run has --to {})",
-                    args.to
-                ),
-            })
-        }
-        _ => {}
+    Request {
+        input: args.input,
+        output: args.output,
+        to: args.to,
+        method: args.method,
+        calibrate: args.calibrate,
+        calib_tokens: args.calib_tokens,
+        calib_ctx: args.calib_ctx,
+        importance: args.importance,
+        save_importance: args.save_importance,
+        bpw: args.bpw,
+        max_bytes: args.max_bytes,
+        keep: args.keep,
+        threads,
+        force: args.force,
     }
-    if auto && !calibrated {
-        return Err(QuantizeError::BadArgument {
-            arg: "--to auto".into(),
-            reason: "the types are chosen from calibration: add --calibrate TEXT (or \
-                     --importance FILE)"
-                .into(),
-        });
-    }
-    Ok(())
-}
-
-/// The rounding method: `--method`, or by default GPTQ with calibration and GGML's
-/// reference rule without; GPTQ without calibration and the reference rule with it are
-/// refused.
-fn method(args: &Args, calibrated: bool) -> Result<Method, QuantizeError> {
-    let method = match &args.method {
-        // Downgraded to `search` in `run` if an importance file has no second moments.
-        None if calibrated => Method::Gptq,
-        None => Method::Reference,
-        Some(m) => Method::parse(m).ok_or_else(|| QuantizeError::BadOverride {
-            arg: format!("--method {m}"),
-            reason: "use `reference` or `search`".into(),
-        })?,
-    };
-    if method == Method::Gptq && !calibrated {
-        return Err(QuantizeError::BadOverride {
-            arg: "--method gptq".into(),
-            reason: "error-compensating rounding needs calibration: add --calibrate TEXT \
-                     (or --importance FILE saved by a --method gptq calibration)"
-                .into(),
-        });
-    }
-    if calibrated && method == Method::Reference {
-        return Err(QuantizeError::BadOverride {
-            arg: "--method reference".into(),
-            reason: "the reference method is GGML's fixed rule and ignores importance; drop \
-                     --method (or use `search`) with --calibrate/--importance"
-                .into(),
-        });
-    }
-    Ok(method)
-}
-
-/// Types that have only GGML's rules (K-quants, Q5_0, Q5_1, IQ4_NL) take no `--method`
-/// without calibration.
-fn check_ggml_only_types(
-    policy: &Policy,
-    method: Method,
-    calibrated: bool,
-) -> Result<(), QuantizeError> {
-    let ggml_only = std::iter::once(policy.to)
-        .chain(policy.overrides.iter().filter_map(|o| match o.target {
-            Target::DType(d) => Some(d),
-            Target::Copy => None,
-        }))
-        .find(|d| d.block_len() == QK_K || matches!(d, DType::Q5_0 | DType::Q5_1 | DType::IQ4_NL));
-    // Without calibration these types have only GGML's reference rule; with it, any method
-    // other than `reference` gives them GGML's importance-weighted rule (llama.cpp's imatrix).
-    if let (Some(d), false, false) = (ggml_only, method == Method::Reference, calibrated) {
-        return Err(QuantizeError::BadOverride {
-            arg: format!("--method {}", method.name()),
-            reason: format!(
-                "{} blocks are made by GGML's reference rule, or its importance-weighted rule \
-                 with --calibrate/--importance; drop --method",
-                d.name()
-            ),
-        });
-    }
-    Ok(())
 }
 
 fn run(args: Args) -> Result<(), QuantizeError> {
-    let mut options = options(&args)?;
-    check_outputs(&args)?;
+    let (json, quiet) = (args.json, args.quiet);
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("{msg:>14} [{bar:40}] {percent:>3}% {elapsed_precise}")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
@@ -271,140 +162,12 @@ fn run(args: Args) -> Result<(), QuantizeError> {
     );
     let progress = Bar {
         bar,
-        quiet: args.quiet,
+        quiet,
         phase: Mutex::new(String::new()),
     };
-    if let Some(path) = &args.importance {
-        load_importance(&args, path, &mut options)?;
-    }
-    if let Some(text) = &args.calibrate {
-        calibrate(&args, text, &mut options, &progress)?;
-    }
-    if let Some(budget) = budget(&args) {
-        options = plan_budget(&args, budget, options, &progress)?;
-    }
-    let report = quantize_file(&options, &progress);
+    let report = request::run(&request(args), &progress);
     progress.bar.finish_and_clear();
-    print_report(args.json, &report?)
-}
-
-/// Before an hour of calibration, not after it: no output may replace anything this run
-/// reads (the model, the calibration text, the importance file) or another output.
-fn check_outputs(args: &Args) -> Result<(), QuantizeError> {
-    let outputs: Vec<&Path> = std::iter::once(args.output.as_path())
-        .chain(args.save_importance.as_deref())
-        .collect();
-    let inputs: Vec<&Path> = std::iter::once(args.input.as_path())
-        .chain(args.calibrate.as_deref())
-        .chain(args.importance.as_deref())
-        .collect();
-    kiln_format::refuse_clobbering(&outputs, &inputs)?;
-    for out in &outputs {
-        kiln_format::check_destination(out, args.force)?;
-    }
-    Ok(())
-}
-
-/// `--importance`: read the file; without second moments the method defaults to search, and
-/// GPTQ is refused.
-fn load_importance(
-    args: &Args,
-    path: &Path,
-    options: &mut QuantizeOptions,
-) -> Result<(), QuantizeError> {
-    let importance = Importance::load(path)?;
-    if args.method.is_none() && importance.moments.is_empty() {
-        options.method = Method::Search;
-    }
-    if options.method == Method::Gptq && importance.moments.is_empty() {
-        return Err(QuantizeError::ImportanceMismatch {
-            file: path.display().to_string(),
-            reason: "--method gptq needs second moments, and this file has none; \
-                     calibrate again with --method gptq --save-importance"
-                .into(),
-        });
-    }
-    options.importance = Some(importance);
-    Ok(())
-}
-
-/// `--calibrate`: measure the importance on `text` (and with `--save-importance` keep it).
-fn calibrate(
-    args: &Args,
-    text: &Path,
-    options: &mut QuantizeOptions,
-    progress: &Bar,
-) -> Result<(), QuantizeError> {
-    let calibration = CalibrationOptions {
-        max_tokens: args.calib_tokens,
-        ctx: args.calib_ctx,
-        threads: options
-            .threads
-            .unwrap_or_else(kiln_runner::threads::physical_cores),
-        second_moments: options.method == Method::Gptq,
-    };
-    let start = std::time::Instant::now();
-    let importance = calibrate_path(&args.input, text, &calibration, progress);
-    let importance = importance.inspect_err(|_| progress.bar.finish_and_clear())?;
-    if !args.quiet {
-        progress.bar.suspend(|| {
-            eprintln!(
-                "calibrated on {} tokens ({} windows of {}) in {:.1} s",
-                importance.info.tokens,
-                importance.info.chunks,
-                importance.info.ctx,
-                start.elapsed().as_secs_f64()
-            )
-        });
-    }
-    if let Some(path) = &args.save_importance {
-        importance.save(path, args.force)?;
-    }
-    options.importance = Some(importance);
-    Ok(())
-}
-
-/// `--to auto`: choose each tensor's type within the budget and apply the plan to the policy.
-fn plan_budget(
-    args: &Args,
-    budget: budget::Budget,
-    mut options: QuantizeOptions,
-    progress: &Bar,
-) -> Result<QuantizeOptions, QuantizeError> {
-    let importance = options
-        .importance
-        .as_ref()
-        .expect("--to auto requires calibration, checked in options()");
-    let plan = budget::plan(
-        &args.input,
-        &options.policy,
-        options.method,
-        importance,
-        budget,
-        progress,
-    );
-    let plan = plan.inspect_err(|_| progress.bar.finish_and_clear())?;
-    if !args.quiet {
-        progress.bar.suspend(|| {
-            let weighed = match plan.probe_tokens {
-                0 => "output errors not weighed in KL-divergence (the importance keeps no \
-                      probe tokens, or the model has no logits; calibrate again to weigh \
-                      them)"
-                    .to_string(),
-                n => format!("errors weighed in KL-divergence on {n} calibration tokens"),
-            };
-            eprintln!(
-                "{budget}: {} bytes of tensor data ({:.3} bits per weight) of {} allowed; \
-                 {}; {weighed}",
-                plan.total_bytes,
-                plan.bits_per_weight(),
-                plan.budget_bytes,
-                plan.summary()
-            )
-        });
-    }
-    options.policy = plan.apply(options.policy);
-    Ok(options)
+    print_report(json, &report?)
 }
 
 /// The report on stdout, as a table or JSON; a closed pipe (`| head`) is not a failure: the
@@ -425,14 +188,6 @@ fn print_report(json: bool, report: &Report) -> Result<(), QuantizeError> {
             source: e,
         }),
         _ => Ok(()),
-    }
-}
-
-fn budget(args: &Args) -> Option<budget::Budget> {
-    match (args.bpw, args.max_bytes) {
-        (Some(b), _) => Some(budget::Budget::Bpw(b)),
-        (_, Some(n)) => Some(budget::Budget::MaxBytes(n)),
-        _ => None,
     }
 }
 

@@ -47,7 +47,7 @@ use crate::importance::Importance;
 use crate::method::Method;
 use crate::options::{QuantizeOptions, TOOL};
 use crate::policy::{Action, Decision, POLICY_DESCRIPTION};
-use crate::report::{Progress, Report, TensorReport};
+use crate::report::{advance, Progress, Report, TensorReport};
 use crate::rows::{convert_rows, ValueError};
 
 /// Target number of values per chunk: 64 Ki values = 256 KiB of f32, large enough to amortise
@@ -376,7 +376,7 @@ impl Ctx<'_> {
                     sink.write(&buf[..n])?;
                     pos += n as u64;
                 }
-                self.progress.advance(numel);
+                advance(self.progress, numel)?;
             }
             Action::Convert if self.moment(info, decision).is_some() => {
                 let (bytes, s) = self
@@ -384,7 +384,7 @@ impl Ctx<'_> {
                     .map_err(|e| self.checksum_first(info, e))?;
                 sink.write(&bytes)?;
                 stats.merge(&s);
-                self.progress.advance(numel);
+                advance(self.progress, numel)?;
             }
             Action::Convert => {
                 let cols = info.shape.last().copied().unwrap_or(1) as usize;
@@ -410,7 +410,7 @@ impl Ctx<'_> {
                         input_sha.update(&c.input);
                         sink.write(&c.output)?;
                         stats.merge(&c.stats);
-                        self.progress.advance(c.stats.count);
+                        advance(self.progress, c.stats.count)?;
                     }
                 }
             }

@@ -8,6 +8,7 @@ use kiln_format::{DType, TensorInfo};
 use kiln_kernels::ErrorStats;
 use serde::Serialize;
 
+use crate::error::{QuantizeError, Result};
 use crate::options::{QuantizeOptions, TOOL};
 use crate::policy::{Action, Decision};
 
@@ -20,6 +21,25 @@ pub trait Progress: Sync {
     fn advance(&self, _n: u64) {}
     /// A tensor is finished.
     fn tensor_done(&self, _tensor: &TensorReport) {}
+    /// Something the user should know, between phases (what calibration measured, the types
+    /// a budget bought).
+    fn notice(&self, _text: &str) {}
+    /// Whether the caller wants the run stopped (a Python callback raised, Ctrl-C in Python):
+    /// asked between chunks, calibration windows and measured tensors, after each
+    /// [`Progress::advance`]; the run then fails with [`QuantizeError::Stopped`] and, like any
+    /// failed run, leaves no output. The command line never asks: its signal handler exits.
+    fn stop_requested(&self) -> bool {
+        false
+    }
+}
+
+/// `n` more units done, then [`QuantizeError::Stopped`] if the caller asked to stop.
+pub(crate) fn advance(progress: &dyn Progress, n: u64) -> Result<()> {
+    progress.advance(n);
+    if progress.stop_requested() {
+        return Err(QuantizeError::Stopped);
+    }
+    Ok(())
 }
 
 /// A [`Progress`] that ignores everything.

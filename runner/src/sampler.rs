@@ -50,6 +50,26 @@ impl Default for SamplerConfig {
 }
 
 impl SamplerConfig {
+    /// The defaults a model's `generation_config.json` (`gen`) sets, as transformers reads
+    /// them: greedy unless `do_sample`, then its temperature, top-k, top-p and min-p (with
+    /// transformers' defaults 1, 50, 1 and 0 for those it leaves out); its repetition penalty
+    /// either way. Every front end starts from these, then applies its own settings.
+    pub fn from_generation_config(gen: &serde_json::Value) -> SamplerConfig {
+        let num = |k: &str| gen.get(k).and_then(serde_json::Value::as_f64);
+        let do_sample = gen.get("do_sample").and_then(serde_json::Value::as_bool) == Some(true);
+        let mut c = SamplerConfig {
+            repetition_penalty: num("repetition_penalty").unwrap_or(1.0) as f32,
+            ..SamplerConfig::default()
+        };
+        if do_sample {
+            c.temperature = num("temperature").unwrap_or(1.0) as f32;
+            c.top_k = num("top_k").unwrap_or(50.0) as usize;
+            c.top_p = num("top_p").unwrap_or(1.0) as f32;
+            c.min_p = num("min_p").unwrap_or(0.0) as f32;
+        }
+        c
+    }
+
     /// Check every value's range.
     pub fn validate(&self) -> Result<()> {
         let bad = |arg, reason: String| Err(RunnerError::InvalidArgument { arg, reason });

@@ -191,6 +191,9 @@ pub struct Sampling {
     pub presence_penalty: Option<f32>,
     /// −2..2.
     pub frequency_penalty: Option<f32>,
+    /// llama.cpp's and transformers' multiplicative penalty on tokens already in the context
+    /// (`repeat_penalty`; 1 is off): 0.01–10.
+    pub repeat_penalty: Option<f32>,
 }
 
 /// What the output must look like.
@@ -261,6 +264,7 @@ impl Common {
             }
             "presence_penalty" => s.presence_penalty = Some(number(key, v, -2.0, 2.0)?),
             "frequency_penalty" => s.frequency_penalty = Some(number(key, v, -2.0, 2.0)?),
+            "repeat_penalty" => s.repeat_penalty = Some(number(key, v, 0.01, 10.0)?),
             "max_tokens" | "max_completion_tokens" => {
                 self.max_tokens = Some(integer(key, v, 1, u32::MAX as u64)? as usize)
             }

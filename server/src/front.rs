@@ -11,11 +11,12 @@
 //! [`Event`]: kiln_runner::engine::job::Event
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kiln_runner::chat::ChatTemplate;
-use kiln_runner::engine::job::{Job, TokenConstraint};
+use kiln_runner::engine::job::{Event, Job, TokenConstraint};
 use kiln_runner::engine::{EngineHandle, SubmitError};
 use kiln_runner::generate::Interrupt;
 use kiln_runner::sampler::SamplerConfig;
@@ -28,7 +29,7 @@ use serde_json::{json, Value};
 pub mod answer;
 
 use crate::api::{self, embeddings, ApiError, Common, Meta, ResponseFormat};
-use answer::{Events, Output};
+use answer::Output;
 
 /// How often a waiting task looks at the stop flag and whether its client is still there:
 /// short enough that a vanished client frees its sequence within a decode step or two, long
@@ -113,11 +114,13 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-/// The server's state, shared by every handler: the configuration, the model and the
-/// engine's handle.
-pub(crate) struct App {
+/// What the API means, without HTTP: the configuration, the model and the engine's handle.
+/// The server shares one among its handlers; an in-process front end (the Python package)
+/// calls the same methods with a request's JSON body, so both validate, refuse and answer
+/// alike.
+pub struct App<'a> {
     pub(crate) cfg: FrontConfig,
-    pub(crate) model: FrontModel<'static>,
+    pub(crate) model: FrontModel<'a>,
     engine: Option<EngineHandle>,
     pub(crate) stop: Interrupt,
     next_id: AtomicU64,
@@ -128,20 +131,31 @@ pub(crate) struct App {
 
 /// Which endpoint a generation answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub enum Kind {
+    /// `/v1/chat/completions`.
     Chat,
+    /// `/v1/completions`.
     Completion,
 }
 
-/// A generation the engine has accepted: its events, and how to answer with them.
-pub(crate) struct Started {
-    pub(crate) events: Events,
-    pub(crate) output: Output,
-    pub(crate) stream: bool,
-    pub(crate) include_usage: bool,
+/// A generation the engine has accepted: its events as the engine sends them (a front end
+/// waits on `events` in its own way, and raises `cancel` when its client has gone), and how
+/// to answer with them.
+#[derive(Debug)]
+pub struct Pending<'a> {
+    /// The job's events, in order; the last is `Done` or `Failed`.
+    pub events: Receiver<Event>,
+    /// Raise to drop the job at the engine's next step.
+    pub cancel: Arc<AtomicBool>,
+    /// Turns the events into the response's JSON.
+    pub output: Output<'a>,
+    /// Whether the client asked for chunks.
+    pub stream: bool,
+    /// Whether a streamed answer ends with a usage chunk.
+    pub include_usage: bool,
 }
 
-impl std::fmt::Debug for App {
+impl std::fmt::Debug for App<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("App")
             .field("model", &self.model.name)
@@ -149,13 +163,15 @@ impl std::fmt::Debug for App {
     }
 }
 
-impl App {
-    pub(crate) fn new(
+impl<'a> App<'a> {
+    /// The front over `model`; `engine` generates (an embedding model has none), and `stop`
+    /// raised ends waits and streams.
+    pub fn new(
         cfg: FrontConfig,
-        model: FrontModel<'static>,
+        model: FrontModel<'a>,
         engine: Option<EngineHandle>,
         stop: Interrupt,
-    ) -> App {
+    ) -> App<'a> {
         App {
             cfg,
             model,
@@ -165,6 +181,11 @@ impl App {
             prefix: format!("{:x}", unix_now()),
             fingerprint: format!("kiln-{}", env!("CARGO_PKG_VERSION")),
         }
+    }
+
+    /// The model served.
+    pub fn model(&self) -> &FrontModel<'a> {
+        &self.model
     }
 
     /// Check `authorization` (the header's value) against `--api-key`, if one is set.
@@ -196,7 +217,7 @@ impl App {
         }
     }
 
-    pub(crate) fn health(&self) -> Value {
+    pub fn health(&self) -> Value {
         let Some(engine) = &self.engine else {
             let (queued, active) = self.model.embeddings.map_or((0, false), |e| e.load());
             return json!({
@@ -219,7 +240,7 @@ impl App {
         })
     }
 
-    pub(crate) fn tokenize(&self, body: &[u8]) -> std::result::Result<Value, ApiError> {
+    pub fn tokenize(&self, body: &[u8]) -> std::result::Result<Value, ApiError> {
         let obj = api::parse_object(body)?;
         let mut content = None;
         let mut add_special = false;
@@ -255,7 +276,7 @@ impl App {
         Ok(json!({ "tokens": ids }))
     }
 
-    pub(crate) fn detokenize(&self, body: &[u8]) -> std::result::Result<Value, ApiError> {
+    pub fn detokenize(&self, body: &[u8]) -> std::result::Result<Value, ApiError> {
         let obj = api::parse_object(body)?;
         if let Some(k) = obj.keys().find(|k| *k != "tokens") {
             return Err(ApiError::invalid(
@@ -309,7 +330,7 @@ impl App {
     }
 
     /// Validate a chat completion and hand it to the engine.
-    pub(crate) fn chat(&self, body: &[u8]) -> std::result::Result<Started, ApiError> {
+    pub fn chat(&self, body: &[u8]) -> std::result::Result<Pending<'a>, ApiError> {
         let r = api::parse_chat(body)?;
         self.engine("messages")?;
         let template = self.model.template.ok_or_else(|| {
@@ -335,7 +356,7 @@ impl App {
     }
 
     /// Validate a completion and hand it to the engine.
-    pub(crate) fn completion(&self, body: &[u8]) -> std::result::Result<Started, ApiError> {
+    pub fn completion(&self, body: &[u8]) -> std::result::Result<Pending<'a>, ApiError> {
         let r = api::parse_completion(body)?;
         self.engine("prompt")?;
         let (prompt, text_offset) = match &r.prompt {
@@ -365,7 +386,7 @@ impl App {
 
     /// Embed a request's inputs, taking a turn at the embedder; `gone` is raised when the
     /// client goes away.
-    pub(crate) fn embeddings(
+    pub fn embeddings(
         &self,
         body: &[u8],
         gone: &AtomicBool,
@@ -417,6 +438,9 @@ impl App {
         if let Some(p) = s.frequency_penalty {
             c.frequency_penalty = p;
         }
+        if let Some(p) = s.repeat_penalty {
+            c.repetition_penalty = p;
+        }
         c.seed = s.seed.unwrap_or_else(|| {
             SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -449,7 +473,7 @@ impl App {
             .map_err(|m| ApiError::invalid(param, m))
     }
 
-    fn generate(&self, gen: Generation<'_>) -> std::result::Result<Started, ApiError> {
+    fn generate(&self, gen: Generation<'_>) -> std::result::Result<Pending<'a>, ApiError> {
         let n = gen.prompt.len();
         let ctx = self.model.ctx;
         if n == 0 {
@@ -504,7 +528,6 @@ impl App {
             Kind::Chat => "chatcmpl",
             Kind::Completion => "cmpl",
         };
-        let events = Events::bridge(rx, cancel, self.stop.clone());
         let output = Output {
             meta: Meta {
                 id: format!("{prefix}-{}{id:06x}", self.prefix),
@@ -516,9 +539,12 @@ impl App {
             logprobs: gen.logprobs.is_some(),
             offset: gen.text_offset,
             tokenizer: self.model.tokenizer,
+            text: String::new(),
+            tokens: Vec::new(),
         };
-        Ok(Started {
-            events,
+        Ok(Pending {
+            events: rx,
+            cancel,
             output,
             stream: common.stream,
             include_usage: common.include_usage,

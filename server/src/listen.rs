@@ -69,7 +69,7 @@ pub fn serve(
 /// Accept connections until `stop`, each served on its own task; then drop them all.
 async fn accept_loop(
     listener: std::net::TcpListener,
-    app: Arc<App>,
+    app: Arc<App<'static>>,
     timeout: Duration,
     stop: &Interrupt,
 ) -> Result<(), ServerError> {

@@ -26,13 +26,14 @@ use tower::{BoxError, ServiceBuilder};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::api::ApiError;
-use crate::front::{App, Kind, Started};
+use crate::front::answer::Events;
+use crate::front::{App, Kind, Pending};
 use crate::page;
 
-type Shared = State<Arc<App>>;
+type Shared = State<Arc<App<'static>>>;
 
 /// The routes, their limits and their answers.
-pub(crate) fn router(app: Arc<App>) -> Router {
+pub(crate) fn router(app: Arc<App<'static>>) -> Router {
     let auth = || middleware::from_fn_with_state(app.clone(), authorize);
     let busy = app.cfg.max_requests;
     let in_flight = ServiceBuilder::new()
@@ -229,7 +230,7 @@ async fn models(State(app): Shared) -> Response {
 
 /// A request's body, read within the request timeout and the body limit. A declared length
 /// over the limit is refused before a byte of the body is read.
-async fn body(app: &App, req: Request) -> Result<Bytes, ApiError> {
+async fn body(app: &App<'_>, req: Request) -> Result<Bytes, ApiError> {
     let limit = app.cfg.max_body_bytes;
     if let Some(length) = declared_length(req.headers()).filter(|&n| n > limit as u64) {
         return Err(too_large(Some(length), limit));
@@ -273,9 +274,9 @@ fn too_large(length: Option<u64>, limit: usize) -> ApiError {
 /// Run `work` on the blocking pool with the request's body: what the API's routes do
 /// (tokenizing, rendering, compiling a schema, embedding) must not hold a runtime thread.
 async fn blocking<T: Send + 'static>(
-    app: &Arc<App>,
+    app: &Arc<App<'static>>,
     req: Request,
-    work: impl FnOnce(&App, &[u8]) -> Result<T, ApiError> + Send + 'static,
+    work: impl FnOnce(&App<'static>, &[u8]) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let bytes = body(app, req).await?;
     let app = app.clone();
@@ -336,15 +337,16 @@ async fn completions(State(app): Shared, req: Request) -> Response {
 
 /// Validate and submit a generation, then answer with its events: one JSON body, or
 /// Server-Sent Events. Dropping this future (the client went away) cancels the job.
-async fn generation(app: Arc<App>, kind: Kind, req: Request) -> Response {
+async fn generation(app: Arc<App<'static>>, kind: Kind, req: Request) -> Response {
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
     let started = blocking(&app, req, move |app, body| match kind {
         Kind::Chat => app.chat(body),
         Kind::Completion => app.completion(body),
     })
     .await;
-    let Started {
+    let Pending {
         events,
+        cancel,
         output,
         stream,
         include_usage,
@@ -352,6 +354,7 @@ async fn generation(app: Arc<App>, kind: Kind, req: Request) -> Response {
         Ok(s) => s,
         Err(e) => return error(&method, &path, &e),
     };
+    let events = Events::bridge(events, cancel, app.stop.clone());
     if stream {
         let what = format!("{method} {path}");
         Sse::new(output.stream(events, include_usage, what)).into_response()

@@ -10,7 +10,9 @@
 //!   KL-divergence against a base model's saved log-probabilities;
 //! - [`diff::diff`] compares two files tensor by tensor;
 //! - [`junit`] turns any of these reports into JUnit XML for CI, and [`report`] renders the
-//!   `layers` and `perplexity` reports as a self-contained HTML page of inline SVG charts.
+//!   `layers` and `perplexity` reports as a self-contained HTML page of inline SVG charts;
+//! - [`request::layers`] is `kiln-verify layers` from its flags ([`request::LayersRequest`]),
+//!   results files included, for every front end (the command line, the Python package).
 //!
 //! Checksums are verified by `kiln_format::KilnFile::verify_checksums`.
 
@@ -22,6 +24,7 @@ pub mod layers;
 pub mod metrics;
 pub mod perplexity;
 pub mod report;
+pub mod request;
 pub mod tolerance;
 
 pub use error::{Result, VerifyError};

@@ -11,8 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kiln_format::{args, ExitStatus, KilnFile};
 use kiln_runner::CacheType;
 use kiln_verify::perplexity::{PerplexityOptions, PerplexityProgress, ScoredLogits};
-use kiln_verify::tolerance::{Tolerance, WeightClass};
-use kiln_verify::{diff, dump, junit, layers, perplexity, report, Result, VerifyError};
+use kiln_verify::{diff, junit, layers, perplexity, report, request, Result, VerifyError};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -53,10 +52,10 @@ struct LayersArgs {
     #[arg(long)]
     reference: PathBuf,
     /// Override the largest NMSE allowed for any activation (a finite value ≥ 0).
-    #[arg(long, allow_negative_numbers = true, value_parser = args::non_negative::<f64>())]
+    #[arg(long, allow_negative_numbers = true, value_parser = request::max_nmse_arg())]
     max_nmse: Option<f64>,
     /// Override the smallest top-1 agreement of the logits (0..1).
-    #[arg(long, allow_negative_numbers = true, value_parser = args::fraction::<f64>())]
+    #[arg(long, allow_negative_numbers = true, value_parser = request::min_top1_arg())]
     min_top1: Option<f64>,
     /// Judge by a named tolerance class instead of the file's own weight class: f32, f16,
     /// bf16 (or half), q8_0, q4_0, q3_k or q2_k (also low). --max-nmse and --min-top1
@@ -65,7 +64,7 @@ struct LayersArgs {
     tolerance: Option<String>,
     /// Worker threads (default: the machine's physical cores).
     #[arg(short, long, allow_negative_numbers = true,
-          value_parser = args::at_least::<usize>(1))]
+          value_parser = request::threads_arg())]
     threads: Option<usize>,
     /// Print the results as JSON on stdout instead of a table.
     #[arg(long)]
@@ -181,15 +180,15 @@ fn results_files<'a>(paths: &[&'a Option<PathBuf>]) -> Vec<(&'a Path, bool)> {
 /// `-t` (at least 1, which clap checks) capped at the CPUs available, with a notice; by
 /// default the machine's physical cores.
 fn threads(t: Option<usize>) -> Result<usize> {
-    match t {
-        Some(n) => {
-            if let Some(notice) = kiln_runner::threads::cap_notice(n) {
-                eprintln!("kiln-verify: {notice}");
-            }
-            Ok(kiln_runner::threads::cap_threads(n))
-        }
-        None => Ok(kiln_runner::threads::physical_cores()),
+    Ok(t.map_or_else(kiln_runner::threads::physical_cores, capped))
+}
+
+/// `-t N` capped at the CPUs available, with a notice when it is.
+fn capped(n: usize) -> usize {
+    if let Some(notice) = kiln_runner::threads::cap_notice(n) {
+        eprintln!("kiln-verify: {notice}");
     }
+    kiln_runner::threads::cap_threads(n)
 }
 
 fn out(s: &str) {
@@ -220,34 +219,19 @@ fn run(cli: Cli) -> Result<bool> {
     }
 }
 
-/// `kiln-verify layers`: every activation against the reference dump.
+/// `kiln-verify layers`: every activation against the reference dump ([`request::layers`]).
 fn run_layers(a: LayersArgs) -> Result<bool> {
-    let t0 = std::time::Instant::now();
-    let class = a
-        .tolerance
-        .as_deref()
-        .map(WeightClass::from_name)
-        .transpose()?;
-    check_outputs(
-        &results_files(&[&a.junit, &a.report]),
-        &[&a.model, &a.reference],
-    )?;
-    // The data under test must be the data the file claims: checksums first.
-    let f = kiln_runner::open_model_verified(&a.model, true)?;
-    let d = dump::Dump::load(&a.reference)?;
-    let default = Tolerance::for_class(class.unwrap_or_else(|| WeightClass::of_file(&f)));
-    let tol =
-        (class.is_some() || a.max_nmse.is_some() || a.min_top1.is_some()).then(|| Tolerance {
-            max_nmse: a.max_nmse.unwrap_or(default.max_nmse),
-            min_top1: a.min_top1.unwrap_or(default.min_top1),
-        });
-    let r = layers::verify_layers(&f, &d, tol, threads(a.threads)?)?;
-    if let Some(p) = &a.junit {
-        junit::write(p, &[junit::layers_suite(&r, t0.elapsed().as_secs_f64())])?;
-    }
-    if let Some(p) = &a.report {
-        report::write(p, &report::layers_html(&r))?;
-    }
+    let req = request::LayersRequest {
+        threads: a.threads.map(capped),
+        model: a.model,
+        reference: a.reference,
+        max_nmse: a.max_nmse,
+        min_top1: a.min_top1,
+        tolerance: a.tolerance,
+        junit: a.junit,
+        report: a.report,
+    };
+    let r = request::layers(&req)?;
     if a.json {
         json(&r);
     } else {

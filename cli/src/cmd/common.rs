@@ -61,21 +61,11 @@ pub fn sampler_config(
     gen: &serde_json::Value,
     a: &SamplingArgs,
 ) -> Result<SamplerConfig> {
-    let num = |k: &str| gen.get(k).and_then(serde_json::Value::as_f64);
-    let do_sample = gen.get("do_sample").and_then(serde_json::Value::as_bool) == Some(true);
     let mut c = SamplerConfig {
-        repetition_penalty: num("repetition_penalty").unwrap_or(1.0) as f32,
         repeat_last_n: a.repeat_last_n,
         seed: a.seed.unwrap_or_else(clock_seed),
-        ..SamplerConfig::default()
+        ..SamplerConfig::from_generation_config(gen)
     };
-    if do_sample {
-        // transformers' GenerationConfig defaults: temperature 1, top_k 50, top_p 1.
-        c.temperature = num("temperature").unwrap_or(1.0) as f32;
-        c.top_k = num("top_k").unwrap_or(50.0) as usize;
-        c.top_p = num("top_p").unwrap_or(1.0) as f32;
-        c.min_p = num("min_p").unwrap_or(0.0) as f32;
-    }
     if let Some(t) = a.temp {
         c.temperature = t;
     }

@@ -287,6 +287,47 @@ impl<'m> EmbedService<'m> {
                 ),
             ));
         }
+        self.run(&ids, req.normalize, deadline, abandoned)
+    }
+
+    /// [`EmbedService::embed`] for an in-process caller, which may send any number of
+    /// inputs: they are embedded in turns of at most [`MAX_REQUEST_TOKENS`] tokens, so others
+    /// waiting for the embedder still get theirs between.
+    pub fn embed_all(
+        &self,
+        req: &EmbedJob,
+        abandoned: &dyn Fn() -> bool,
+    ) -> std::result::Result<Embedded, EmbedError> {
+        let ids = self.prepare(req)?;
+        let mut out = Embedded {
+            vectors: Vec::with_capacity(ids.len()),
+            tokens: 0,
+        };
+        let mut start = 0;
+        while start < ids.len() {
+            let mut end = start;
+            let mut tokens = 0;
+            while end < ids.len() && (end == start || tokens + ids[end].len() <= MAX_REQUEST_TOKENS)
+            {
+                tokens += ids[end].len();
+                end += 1;
+            }
+            let part = self.run(&ids[start..end], req.normalize, None, abandoned)?;
+            out.vectors.extend(part.vectors);
+            out.tokens += part.tokens;
+            start = end;
+        }
+        Ok(out)
+    }
+
+    /// Embed checked inputs `ids` in one turn at the embedder.
+    fn run(
+        &self,
+        ids: &[Vec<u32>],
+        normalize: bool,
+        deadline: Option<Instant>,
+        abandoned: &dyn Fn() -> bool,
+    ) -> std::result::Result<Embedded, EmbedError> {
         let busy = |why: &str| EmbedError::Busy(format!("{why}; retry"));
         let _turn = match self.turns.wait(deadline, abandoned) {
             Ok(t) => t,
@@ -313,7 +354,7 @@ impl<'m> EmbedService<'m> {
                 .map_err(|e| EmbedError::Failed(format!("embedding failed: {e}")))?;
             vectors.extend(got);
         }
-        if req.normalize {
+        if normalize {
             vectors.iter_mut().for_each(|v| l2_normalize(v));
         }
         Ok(Embedded {

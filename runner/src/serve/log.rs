@@ -10,6 +10,7 @@
 //! in one place means none can forget it.
 
 use std::fmt::{self, Display, Write as _};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Most characters of a message a log line carries: far above any message the server writes
 /// itself, and small enough that a client quoting a megabyte field cannot flood the log.
@@ -68,9 +69,20 @@ pub fn render(what: impl Display) -> String {
     out
 }
 
-/// Write one log line about `what` on stderr (see the module doc).
+/// Whether [`line`] writes: on for `kiln-run`, which logs; an embedding program (the Python
+/// package) turns it off so that its users' stderr stays theirs unless they ask.
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Turn the log on or off for the whole process.
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Write one log line about `what` on stderr (see the module doc), unless the log is off.
 pub fn line(what: impl Display) {
-    eprintln!("{}", render(what));
+    if ENABLED.load(Ordering::Relaxed) {
+        eprintln!("{}", render(what));
+    }
 }
 
 #[cfg(test)]

@@ -92,18 +92,32 @@ impl Events {
     }
 }
 
-/// Builds one request's response objects.
-/// Builds one request's response objects.
-pub(crate) struct Output {
+/// Builds one request's response objects from its events, as one JSON body
+/// ([`Output::absorb`]) or chunks ([`Output::step`]); the HTTP side and in-process front ends
+/// drive it alike.
+#[derive(Debug)]
+pub struct Output<'a> {
     pub(crate) meta: Meta,
     pub(crate) kind: Kind,
     pub(crate) logprobs: bool,
     /// The legacy `text_offset` of the next token.
     pub(crate) offset: usize,
-    pub(crate) tokenizer: &'static Tokenizer,
+    pub(crate) tokenizer: &'a Tokenizer,
+    /// The text and tokens so far, for a whole answer.
+    pub(crate) text: String,
+    pub(crate) tokens: Vec<TokenInfo>,
 }
 
-impl Output {
+/// What one event adds to a streamed answer.
+#[derive(Debug)]
+pub struct Step {
+    /// Chunks to send, in order.
+    pub chunks: Vec<Value>,
+    /// `Some` once the answer has ended: normally, or with the engine's failure.
+    pub end: Option<Result<(), ApiError>>,
+}
+
+impl Output<'_> {
     fn token_text(&self, id: u32) -> String {
         self.tokenizer.decode(&[id]).unwrap_or_default()
     }
@@ -139,31 +153,90 @@ impl Output {
         })
     }
 
+    /// Take one event toward the whole answer: the response once the last event has come.
+    pub fn absorb(&mut self, event: Event) -> Option<Result<Value, ApiError>> {
+        match event {
+            Event::Text { text, tokens } => {
+                self.text.push_str(&text);
+                self.tokens.extend(tokens);
+                None
+            }
+            Event::Failed { message } => Some(Err(ApiError::new(500, "server_error", message))),
+            Event::Done { finish, usage, .. } => {
+                let tokens = std::mem::take(&mut self.tokens);
+                let lp = self.logprobs(&tokens);
+                let (meta, text) = (&self.meta, &self.text);
+                Some(Ok(match self.kind {
+                    Kind::Chat => api::chat_completion(meta, text, finish, &usage, lp),
+                    Kind::Completion => {
+                        api::text_completion(meta, text, Some(finish), Some(&usage), lp)
+                    }
+                }))
+            }
+        }
+    }
+
+    /// The chunk a streamed answer opens with (a chat's role), before any event.
+    pub fn opening(&self) -> Option<Value> {
+        (self.kind == Kind::Chat).then(|| api::chat_chunk_role(&self.meta))
+    }
+
+    /// The chunks `event` adds to a streamed answer, and whether (and how) it ends there.
+    pub fn step(&mut self, event: Event, include_usage: bool) -> Step {
+        let meta = &self.meta;
+        match event {
+            Event::Text { text, tokens } => {
+                if text.is_empty() && (tokens.is_empty() || !self.logprobs) {
+                    return Step {
+                        chunks: Vec::new(),
+                        end: None,
+                    };
+                }
+                let lp = self.logprobs(&tokens);
+                let meta = &self.meta;
+                let chunk = match self.kind {
+                    Kind::Chat => api::chat_chunk_text(meta, &text, lp),
+                    Kind::Completion => api::text_completion(meta, &text, None, None, lp),
+                };
+                Step {
+                    chunks: vec![chunk],
+                    end: None,
+                }
+            }
+            Event::Failed { message } => Step {
+                chunks: Vec::new(),
+                end: Some(Err(ApiError::new(500, "server_error", message))),
+            },
+            Event::Done { finish, usage, .. } => {
+                let (last, usage) = match self.kind {
+                    Kind::Chat => (
+                        api::chat_chunk_finish(meta, finish),
+                        api::chat_chunk_usage(meta, &usage),
+                    ),
+                    Kind::Completion => (
+                        api::text_completion(meta, "", Some(finish), None, None),
+                        api::text_completion_usage(meta, &usage),
+                    ),
+                };
+                let mut chunks = vec![last];
+                if include_usage {
+                    chunks.push(usage);
+                }
+                Step {
+                    chunks,
+                    end: Some(Ok(())),
+                }
+            }
+        }
+    }
+}
+
+impl Output<'static> {
     /// Wait for the whole answer: one JSON body.
     pub(crate) async fn collect(mut self, mut events: Events) -> Result<Value, ApiError> {
-        let mut text = String::new();
-        let mut tokens = Vec::new();
         loop {
-            match events.next().await {
-                Event::Text {
-                    text: t,
-                    tokens: ts,
-                } => {
-                    text.push_str(&t);
-                    tokens.extend(ts);
-                }
-                Event::Failed { message } => {
-                    return Err(ApiError::new(500, "server_error", message))
-                }
-                Event::Done { finish, usage, .. } => {
-                    let lp = self.logprobs(&tokens);
-                    return Ok(match self.kind {
-                        Kind::Chat => api::chat_completion(&self.meta, &text, finish, &usage, lp),
-                        Kind::Completion => {
-                            api::text_completion(&self.meta, &text, Some(finish), Some(&usage), lp)
-                        }
-                    });
-                }
+            if let Some(answer) = self.absorb(events.next().await) {
+                return answer;
             }
         }
     }
@@ -176,7 +249,7 @@ impl Output {
         include_usage: bool,
         what: String,
     ) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
-        let first = (self.kind == Kind::Chat).then(|| api::chat_chunk_role(&self.meta));
+        let first = self.opening();
         let state = Some((self, events));
         let chunks = stream::unfold(state, move |state| {
             let what = what.clone();
@@ -202,43 +275,17 @@ impl Output {
 
     /// The SSE data `event` adds, and whether the stream ends with them.
     fn chunks(&mut self, event: Event, include_usage: bool, what: &str) -> (Vec<String>, bool) {
-        let meta = &self.meta;
-        match event {
-            Event::Text { text, tokens } => {
-                if text.is_empty() && (tokens.is_empty() || !self.logprobs) {
-                    return (Vec::new(), false);
-                }
-                let lp = self.logprobs(&tokens);
-                let meta = &self.meta;
-                let chunk = match self.kind {
-                    Kind::Chat => api::chat_chunk_text(meta, &text, lp),
-                    Kind::Completion => api::text_completion(meta, &text, None, None, lp),
-                };
-                (vec![chunk.to_string()], false)
-            }
-            Event::Failed { message } => {
-                log::line(format_args!("{what} 500: {message}"));
-                let err = ApiError::new(500, "server_error", message).to_json();
-                (vec![err.to_string(), "[DONE]".into()], true)
-            }
-            Event::Done { finish, usage, .. } => {
-                let (last, usage) = match self.kind {
-                    Kind::Chat => (
-                        api::chat_chunk_finish(meta, finish),
-                        api::chat_chunk_usage(meta, &usage),
-                    ),
-                    Kind::Completion => (
-                        api::text_completion(meta, "", Some(finish), None, None),
-                        api::text_completion_usage(meta, &usage),
-                    ),
-                };
-                let mut out = vec![last.to_string()];
-                if include_usage {
-                    out.push(usage.to_string());
-                }
-                out.push("[DONE]".into());
-                (out, true)
+        let step = self.step(event, include_usage);
+        let mut out: Vec<String> = step.chunks.iter().map(Value::to_string).collect();
+        match step.end {
+            None => return (out, false),
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                log::line(format_args!("{what} 500: {}", e.message));
+                out.push(e.to_json().to_string());
             }
         }
+        out.push("[DONE]".into());
+        (out, true)
     }
 }
