@@ -1,7 +1,8 @@
 """Type stubs of the extension module `kiln._kiln` (the `kiln` package's Rust side)."""
 
 from os import PathLike
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
+from pathlib import Path
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Union, final
 
 import numpy as np
 import numpy.typing as npt
@@ -19,6 +20,7 @@ class InvalidRequestError(KilnError):
 
 def log_to_stderr(on: bool) -> None: ...
 
+@final
 class Request:
     """A generation in flight: iterate for the server's JSON answers."""
 
@@ -26,9 +28,10 @@ class Request:
     def __next__(self) -> str: ...
     def cancel(self) -> None: ...
 
+@final
 class Model:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         path: Union[str, PathLike[str]],
         *,
         n_ctx: Optional[int] = None,
@@ -40,9 +43,9 @@ class Model:
         cache_type: str = "f16",
         cache_mb: int = 256,
         verify: bool = True,
-    ) -> None: ...
+    ) -> "Model": ...
     @property
-    def path(self) -> str: ...
+    def path(self) -> Path: ...
     @property
     def n_ctx(self) -> int: ...
     @property
