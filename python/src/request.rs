@@ -181,8 +181,8 @@ fn answer(app: &App<'_>, kind: Kind, body: &[u8], tx: &SyncSender<Msg>, abandon:
     } else {
         whole(&mut p, tx, abandon)
     };
-    if !answered {
-        p.cancel.store(true, Ordering::SeqCst);
+    if answered {
+        p.cancel.finished();
     }
 }
 

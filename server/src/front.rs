@@ -145,14 +145,54 @@ pub enum Kind {
 pub struct Pending<'a> {
     /// The job's events, in order; the last is `Done` or `Failed`.
     pub events: Receiver<Event>,
-    /// Raise to drop the job at the engine's next step.
-    pub cancel: Arc<AtomicBool>,
+    /// The job's cancel flag, raised when this is dropped before the job finished: a front end
+    /// that goes away at any point (even before it takes the events) cancels the job.
+    pub cancel: Cancel,
     /// Turns the events into the response's JSON.
     pub output: Output<'a>,
     /// Whether the client asked for chunks.
     pub stream: bool,
     /// Whether a streamed answer ends with a usage chunk.
     pub include_usage: bool,
+}
+
+/// A job's cancel flag that raises itself when dropped, unless the job has finished: whatever
+/// path a front end leaves by (an error, a client gone, a future dropped mid-await), the
+/// engine frees the sequence at its next step.
+#[derive(Debug)]
+pub struct Cancel {
+    flag: Arc<AtomicBool>,
+    armed: bool,
+}
+
+impl Cancel {
+    /// A guard over `flag`.
+    pub fn new(flag: Arc<AtomicBool>) -> Cancel {
+        Cancel { flag, armed: true }
+    }
+
+    /// Cancel the job now.
+    pub fn raise(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+    }
+
+    /// The job has ended (its last event came): dropping the guard no longer cancels.
+    pub fn finished(&mut self) {
+        self.armed = false;
+    }
+
+    /// The flag itself, for a thread that watches the job on the guard's behalf.
+    pub fn flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.flag)
+    }
+}
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        if self.armed {
+            self.raise();
+        }
+    }
 }
 
 impl std::fmt::Debug for App<'_> {
@@ -544,7 +584,7 @@ impl<'a> App<'a> {
         };
         Ok(Pending {
             events: rx,
-            cancel,
+            cancel: Cancel::new(cancel),
             output,
             stream: common.stream,
             include_usage: common.include_usage,

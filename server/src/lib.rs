@@ -32,5 +32,5 @@ pub mod page;
 mod routes;
 
 pub use error::ServerError;
-pub use front::{App, FrontConfig, FrontModel, Kind, Pending};
+pub use front::{App, Cancel, FrontConfig, FrontModel, Kind, Pending};
 pub use listen::{serve, WORKER_THREADS};

@@ -4,9 +4,8 @@
 //! that goes away, or stops taking bytes, cancels its sequence.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::Arc;
 
 use axum::response::sse::Event as SseEvent;
 use futures_util::stream::{self, Stream, StreamExt};
@@ -16,7 +15,7 @@ use kiln_runner::serve::log;
 use kiln_runner::tokenizer::Tokenizer;
 use serde_json::Value;
 
-use super::{Kind, POLL};
+use super::{Cancel, Kind, POLL};
 use crate::api::{self, ApiError, Meta, TokenLogprob};
 
 /// Events held between the engine and a client slower than it: beyond them the bridge waits,
@@ -26,30 +25,16 @@ const EVENT_BUFFER: usize = 64;
 /// A job's events on the async side; dropping it cancels the job.
 pub(crate) struct Events {
     rx: tokio::sync::mpsc::Receiver<Event>,
-    cancel: CancelOnDrop,
-}
-
-/// Raises a job's cancel flag when dropped, unless the job finished.
-struct CancelOnDrop {
-    flag: Arc<AtomicBool>,
-    finished: bool,
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if !self.finished {
-            self.flag.store(true, Ordering::SeqCst);
-        }
-    }
+    cancel: Cancel,
 }
 
 impl Events {
     /// Carry `rx`'s events to the async side on a blocking-pool thread. That thread also
     /// cancels the job (through `cancel`) once the async side has gone or `stop` is raised,
     /// looking every [`POLL`] while no event comes.
-    pub(crate) fn bridge(rx: Receiver<Event>, cancel: Arc<AtomicBool>, stop: Interrupt) -> Events {
+    pub(crate) fn bridge(rx: Receiver<Event>, cancel: Cancel, stop: Interrupt) -> Events {
         let (tx, arx) = tokio::sync::mpsc::channel(EVENT_BUFFER);
-        let flag = cancel.clone();
+        let flag = cancel.flag();
         tokio::task::spawn_blocking(move || loop {
             match rx.recv_timeout(POLL) {
                 Ok(e) => {
@@ -71,13 +56,7 @@ impl Events {
                 Err(RecvTimeoutError::Disconnected) => return,
             }
         });
-        Events {
-            rx: arx,
-            cancel: CancelOnDrop {
-                flag: cancel,
-                finished: false,
-            },
-        }
+        Events { rx: arx, cancel }
     }
 
     /// The next event; a failure once the engine has dropped the job without finishing it.
@@ -86,7 +65,7 @@ impl Events {
             message: "the engine stopped before finishing the request".into(),
         });
         if matches!(e, Event::Done { .. } | Event::Failed { .. }) {
-            self.cancel.finished = true;
+            self.cancel.finished();
         }
         e
     }
