@@ -392,13 +392,14 @@ impl Model {
                 path,
             });
         }
-        let handle = spawn_engine(Arc::clone(&opened), &s, stop.clone())?;
         let name = path
             .file_stem()
             .map_or("model".into(), |n| n.to_string_lossy().into_owned());
         let generation = &opened.borrow_owner().metadata().generation;
         let sampling = SamplerConfig::from_generation_config(generation);
         sampling.validate()?;
+        // Last, once nothing else can fail: a started engine runs until `stop` is raised.
+        let handle = spawn_engine(Arc::clone(&opened), &s, stop.clone())?;
         let cfg = FrontConfig {
             sampling,
             ..FrontConfig::default()
